@@ -1,0 +1,331 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/postbox-events/postbox/client"
+	"github.com/postbox-events/postbox/internal/groupcommit"
+	"github.com/postbox-events/postbox/internal/server"
+	"github.com/postbox-events/postbox/internal/sqlitedb"
+)
+
+// benchResult is what bench --json prints as its last line.
+type benchResult struct {
+	Devices      int     `json:"devices"`
+	Events       int     `json:"events"`
+	Acked        int64   `json:"acked"`
+	Nacked       int64   `json:"nacked"`
+	Stored       int64   `json:"stored"` // distinct bench events found in the store; -1 when not checked
+	Duplicates   int64   `json:"duplicates_stored"`
+	DurationS    float64 `json:"duration_s"`
+	EventsPerS   float64 `json:"events_per_s"`
+	AckP50Ms     float64 `json:"ack_p50_ms"`
+	AckP99Ms     float64 `json:"ack_p99_ms"`
+	AckMaxMs     float64 `json:"ack_max_ms"`
+	MaxBatch     int     `json:"max_batch"`
+	Synchronous  string  `json:"synchronous"`
+	PayloadBytes int     `json:"payload_bytes"`
+	FrameEvents  int     `json:"frame_events"`
+	Window       int     `json:"window"`
+	Rate         float64 `json:"offered_rate"`
+	PeakRSSMB    float64 `json:"peak_rss_mb"` // of this process (server and loader when in-process)
+	Server       string  `json:"server"`
+}
+
+func runBench(ctx context.Context, env *cmdEnv, args []string) error {
+	fs := newFlags(env, "bench", "[flags]", `Plays N devices, each on its own WebSocket connection, sending events with pipelining
+(many frames in flight) to a server it starts itself on a temporary database (or to --server),
+then checks the store holds every event exactly once. Progress goes to stderr; --json prints
+one JSON object as the last line of stdout.`)
+	devices := positiveInt(50)
+	fs.Var(&devices, "devices", "devices (connections)")
+	events := positiveInt(200000)
+	fs.Var(&events, "events", "events in all, shared among the devices")
+	maxBatch := positiveInt(groupcommit.DefaultMaxBatch)
+	fs.Var(&maxBatch, "max-batch", "the started server's most events per group commit (1 = a transaction per event)")
+	frame := positiveInt(64)
+	fs.Var(&frame, "frame", "envelopes per frame")
+	window := positiveInt(1024)
+	fs.Var(&window, "window", "most unacknowledged envelopes per device")
+	payloadBytes := positiveInt(300)
+	fs.Var(&payloadBytes, "payload-bytes", "approximate size of each payload")
+	rate := fs.Float64("rate", 0, "offered events/s over all devices (0 = as fast as acks allow)")
+	srvURL := fs.String("server", "", "a running server (ws://host:port) instead of starting one")
+	dbPath := fs.String("db", "", "with --server: its database file, to check what was stored")
+	sync := fs.String("synchronous", "FULL", "the started server's SQLite synchronous mode")
+	token := fs.String("token", "", "bearer token for --server")
+	asJSON := fs.Bool("json", false, "print the result as one JSON object on the last line")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (server and loader) to this file")
+	if err := parse(env, fs, args); err != nil {
+		return err
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	res := benchResult{Devices: int(devices), Events: int(events), MaxBatch: int(maxBatch), Synchronous: strings.ToUpper(*sync),
+		PayloadBytes: int(payloadBytes), FrameEvents: int(frame), Window: int(window), Rate: *rate, Stored: -1}
+
+	g, gctx := errgroup.WithContext(ctx)
+	srvCtx, stopSrv := context.WithCancel(gctx)
+	defer stopSrv()
+	var srv *server.Server
+	if *srvURL == "" {
+		dir, err := os.MkdirTemp("", "postbox-bench-*")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		srv, err = server.New(server.Config{Listener: ln, DBPath: filepath.Join(dir, "postbox.db"), MaxBatch: int(maxBatch), Synchronous: res.Synchronous})
+		if err != nil {
+			return err
+		}
+		g.Go(func() error { return srv.Run(srvCtx) })
+		*srvURL = "ws://" + ln.Addr().String()
+		res.Server = "in-process"
+	} else {
+		res.Server = *srvURL
+		res.MaxBatch, res.Synchronous = 0, ""
+	}
+
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	prefix := "evt_bench_" + run + "_"
+	var acked, nacked atomic.Int64
+	lat := &latencies{}
+	start := time.Now()
+	progressDone := make(chan struct{})
+	go benchProgress(env, &acked, int64(events), start, progressDone)
+	load, lctx := errgroup.WithContext(gctx)
+	payload := benchPayload(int(payloadBytes))
+	for d := 0; d < int(devices); d++ {
+		n := int(events) / int(devices)
+		if d < int(events)%int(devices) {
+			n++
+		}
+		perDevice := 0.0
+		if *rate > 0 {
+			perDevice = *rate / float64(devices)
+		}
+		load.Go(func() error {
+			return benchDevice(lctx, *srvURL, *token, fmt.Sprintf("%sd%03d_", prefix, d), fmt.Sprintf("bench-%03d", d), n,
+				int(frame), int(window), perDevice, payload, &acked, &nacked, lat)
+		})
+	}
+	err := load.Wait()
+	res.DurationS = since(start)
+	close(progressDone)
+	res.Acked, res.Nacked = acked.Load(), nacked.Load()
+	res.EventsPerS = float64(res.Acked) / res.DurationS
+	res.AckP50Ms, res.AckP99Ms, res.AckMaxMs = lat.quantile(0.50), lat.quantile(0.99), lat.quantile(1)
+	res.PeakRSSMB = peakRSSMB()
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+
+	switch {
+	case srv != nil:
+		res.Stored, res.Duplicates, err = countBench(ctx, srv.Store().ReadDB().QueryRowContext, prefix)
+	case *dbPath != "":
+		db, oerr := sqlitedb.Open(*dbPath, sqlitedb.Options{ReadOnly: true})
+		if oerr != nil {
+			return oerr
+		}
+		res.Stored, res.Duplicates, err = countBench(ctx, db.QueryRowContext, prefix)
+		db.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("bench: check store: %w", err)
+	}
+	stopSrv()
+	if err := g.Wait(); err != nil && ctx.Err() == nil {
+		return err
+	}
+	fmt.Fprintf(env.stderr, "bench: %d events acked in %.2fs: %.0f events/s, ack p50 %.2f ms, p99 %.2f ms, stored %d (%d duplicate rows), peak RSS %.0f MB\n",
+		res.Acked, res.DurationS, res.EventsPerS, res.AckP50Ms, res.AckP99Ms, res.Stored, res.Duplicates, res.PeakRSSMB)
+	if *asJSON {
+		b, _ := json.Marshal(res)
+		fmt.Fprintln(env.stdout, string(b))
+	}
+	if res.Acked != int64(events) || (res.Stored >= 0 && (res.Stored != int64(events) || res.Duplicates != 0)) {
+		return fmt.Errorf("bench: %d events sent, %d acked, %d nacked, %d stored, %d stored twice", events, res.Acked, res.Nacked, res.Stored, res.Duplicates)
+	}
+	return nil
+}
+
+
+// countBench counts the run's events in the store: distinct identities and
+// rows beyond one per identity (which the unique key forbids).
+func countBench(ctx context.Context, q func(context.Context, string, ...any) *sql.Row, prefix string) (stored, dups int64, err error) {
+	err = q(ctx, `SELECT count(*), count(*) - count(DISTINCT source_native_id) FROM stream_events
+		WHERE stream_id = ? AND source_native_id >= ? AND source_native_id < ?`, server.DeviceSource, prefix, prefix+"~").Scan(&stored, &dups)
+	return
+}
+
+func benchPayload(size int) []byte {
+	base := `{"intent":"server.log_summary","confidence":0.84,"user_text":"`
+	pad := max(size-len(base)-2, 0)
+	return []byte(base + strings.Repeat("x", pad) + `"}`)
+}
+
+// benchDevice sends n events in frames, keeping at most window events
+// unacknowledged, optionally paced to rate events/s.
+func benchDevice(ctx context.Context, url, token, idPrefix, device string, n, frame, window int, rate float64,
+	payload []byte, acked, nacked *atomic.Int64, lat *latencies) error {
+	conn, err := client.Dial(ctx, url, client.Options{Token: token})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	slots := make(chan struct{}, max(window/frame, 1))
+	g, gctx := errgroup.WithContext(ctx)
+	ts := time.Now().UTC().Format(time.RFC3339Nano)
+	start := time.Now()
+	for sent := 0; sent < n; sent += frame {
+		size := min(frame, n-sent)
+		if rate > 0 {
+			due := start.Add(time.Duration(float64(sent) / rate * float64(time.Second)))
+			if d := time.Until(due); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-gctx.Done():
+					return g.Wait()
+				}
+			}
+		}
+		msgs := make([]client.Message, size)
+		for i := range msgs {
+			id := idPrefix + strconv.Itoa(sent+i)
+			env := make([]byte, 0, len(payload)+200)
+			env = append(env, `{"schema_version":1,"event_id":"`...)
+			env = append(env, id...)
+			env = append(env, `","type":"proposal.task","ts":"`...)
+			env = append(env, ts...)
+			env = append(env, `","session_id":"sess_bench","device_id":"`...)
+			env = append(env, device...)
+			env = append(env, `","payload":`...)
+			env = append(env, payload...)
+			env = append(env, '}')
+			msgs[i] = client.Message{EventID: id, Envelope: env}
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-gctx.Done():
+			return g.Wait()
+		}
+		g.Go(func() error {
+			defer func() { <-slots }()
+			t0 := time.Now()
+			replies, err := conn.Send(gctx, msgs)
+			if err != nil {
+				return err
+			}
+			lat.add(time.Since(t0), len(replies))
+			for _, r := range replies {
+				if r.OK() {
+					acked.Add(1)
+				} else {
+					nacked.Add(1)
+				}
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// latencies records ack latencies, one sample per frame weighted by its
+// envelopes.
+type latencies struct {
+	mu      sync.Mutex
+	samples []latSample
+}
+
+type latSample struct {
+	d time.Duration
+	n int
+}
+
+func (l *latencies) add(d time.Duration, n int) {
+	l.mu.Lock()
+	l.samples = append(l.samples, latSample{d, n})
+	l.mu.Unlock()
+}
+
+// quantile returns the q-quantile in milliseconds.
+func (l *latencies) quantile(q float64) float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.samples) == 0 {
+		return 0
+	}
+	slices.SortFunc(l.samples, func(a, b latSample) int { return int(a.d - b.d) })
+	total := 0
+	for _, s := range l.samples {
+		total += s.n
+	}
+	rank, seen := int(q*float64(total)), 0
+	for _, s := range l.samples {
+		seen += s.n
+		if seen >= rank && seen > 0 {
+			return float64(s.d.Microseconds()) / 1000
+		}
+	}
+	return float64(l.samples[len(l.samples)-1].d.Microseconds()) / 1000
+}
+
+func benchProgress(env *cmdEnv, acked *atomic.Int64, total int64, start time.Time, done chan struct{}) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	last, lastT := int64(0), start
+	for {
+		select {
+		case <-done:
+			return
+		case now := <-t.C:
+			n := acked.Load()
+			fmt.Fprintf(env.stderr, "bench: %d/%d acked, %.0f events/s now\n", n, total, float64(n-last)/now.Sub(lastT).Seconds())
+			last, lastT = n, now
+		}
+	}
+}
+
+// peakRSSMB returns this process's peak resident set size.
+func peakRSSMB() float64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}

@@ -1,0 +1,182 @@
+// Command postbox is the one binary of postbox: the control plane (serve),
+// the edge agent (agent), the operator and scripting commands, and the load
+// generator (bench). Flag and environment parsing live here and nowhere
+// else.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// command is one subcommand.
+type command struct {
+	summary string
+	run     func(ctx context.Context, env *cmdEnv, args []string) error
+}
+
+// cmdEnv is what a command may touch of the process.
+type cmdEnv struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+var commands map[string]command
+
+func init() {
+	commands = map[string]command{
+		"serve":  {"run the control plane: WebSocket ingress, store, health and metrics", runServe},
+		"agent":  {"run the edge agent: durable outbox, local intake, sender", runAgent},
+		"send":   {"hand events to a running agent", runSend},
+		"outbox": {"inspect an outbox and re-queue rejected events (list, requeue)", runOutbox},
+		"bench":  {"measure end-to-end ingest: N devices pipelining events to a server", runBench},
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	env := &cmdEnv{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
+	if err := run(ctx, env, os.Args[1:]); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "postbox:", err)
+		}
+		os.Exit(exitCode(err))
+	}
+}
+
+func exitCode(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		return 2
+	}
+	return 1
+}
+
+// usageError is a mistake in how a command was called (exit status 2).
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+func run(ctx context.Context, env *cmdEnv, args []string) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(env.stdout)
+		if len(args) == 0 {
+			return usagef("no command given")
+		}
+		return nil
+	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		usage(env.stderr)
+		return usagef("unknown command %q", args[0])
+	}
+	return cmd.run(ctx, env, args[1:])
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "postbox moves events from where they happen to the code that handles them,")
+	fmt.Fprintln(w, "without losing one and without handling one twice.")
+	fmt.Fprintln(w, "\nUsage: postbox COMMAND [flags]   (postbox COMMAND --help for its flags)\n\nCommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].summary)
+	}
+}
+
+// newFlags returns a flag set whose --help prints the command's usage line,
+// description and flags to stdout.
+func newFlags(env *cmdEnv, name, args, desc string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(env.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: postbox %s %s\n\n%s\n\nFlags:\n", name, args, desc)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses args; --help prints usage to stdout and returns flag.ErrHelp.
+func parse(env *cmdEnv, fs *flag.FlagSet, args []string) error {
+	for _, a := range args {
+		if a == "-h" || a == "--help" || a == "-help" {
+			fs.SetOutput(env.stdout)
+			fs.Usage()
+			return flag.ErrHelp
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		return usageError{err.Error()}
+	}
+	return nil
+}
+
+// envDefaults sets each named flag that was not given on the command line
+// from its environment variable: flags win over the environment. A value
+// the flag refuses is an error naming the variable.
+func envDefaults(env *cmdEnv, fs *flag.FlagSet, vars map[string]string) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for name, v := range vars {
+		val := env.getenv(v)
+		if given[name] || val == "" {
+			continue
+		}
+		if err := fs.Set(name, val); err != nil {
+			return usagef("environment variable %s=%q: %v", v, val, err)
+		}
+	}
+	return nil
+}
+
+// newLogger returns a slog logger writing to w at level in format
+// "json" or "pretty"/"text".
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, usagef("log level %q: use debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch strings.ToLower(format) {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "pretty", "text", "":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, usagef("log format %q: use json or pretty", format)
+}
+
+// positiveInt is a flag.Value for an int that must be > 0.
+type positiveInt int
+
+func (p *positiveInt) String() string { return strconv.Itoa(int(*p)) }
+func (p *positiveInt) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		return fmt.Errorf("%q is not a positive whole number", s)
+	}
+	*p = positiveInt(n)
+	return nil
+}
+
+func since(t time.Time) float64 { return time.Since(t).Seconds() }

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/groupcommit"
+	"github.com/postbox-events/postbox/internal/ingress"
+	"github.com/postbox-events/postbox/internal/server"
+)
+
+func runServe(ctx context.Context, env *cmdEnv, args []string) error {
+	fs := newFlags(env, "serve", "[flags]", `Runs the control plane: the WebSocket ingress (`+ingress.WSPath+`), the SQLite store with
+its single group-commit writer, /health, /ready and /metrics. Every event is ACKed only
+after its transaction committed. Flags win over the environment variables named in brackets.`)
+	addr := fs.String("addr", ":8000", "listen address [POSTBOX_ADDR]")
+	db := fs.String("db", "data/postbox.db", "SQLite database file [DB_PATH]")
+	sync := fs.String("synchronous", "FULL", "SQLite synchronous mode: FULL (an ACK survives power loss) or NORMAL [POSTBOX_SYNCHRONOUS]")
+	maxBatch := positiveInt(groupcommit.DefaultMaxBatch)
+	fs.Var(&maxBatch, "max-batch", "most events written per group commit; 1 = one transaction per event [POSTBOX_MAX_BATCH]")
+	queue := positiveInt(groupcommit.DefaultQueueSize)
+	fs.Var(&queue, "queue-size", "bound of the writer queue in events; when full, ingress stops reading [QUEUE_MAXSIZE]")
+	maxEnv := positiveInt(postbox.DefaultMaxEnvelopeBytes)
+	fs.Var(&maxEnv, "max-envelope-bytes", "largest envelope accepted [POSTBOX_MAX_ENVELOPE_BYTES]")
+	tokens := fs.String("auth-tokens", "", "file of 'TOKEN DEVICE_ID' lines; requires a bearer token on the ingress [POSTBOX_AUTH_TOKENS]")
+	cert := fs.String("tls-cert", "", "TLS certificate file (PEM); serves HTTPS/WSS with --tls-key [POSTBOX_TLS_CERT]")
+	key := fs.String("tls-key", "", "TLS private key file (PEM) [POSTBOX_TLS_KEY]")
+	level := fs.String("log-level", "info", "debug, info, warn or error [LOG_LEVEL]")
+	format := fs.String("log-format", "pretty", "json or pretty [LOG_FORMAT]")
+	if err := parse(env, fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("serve takes no arguments, got %q", fs.Args())
+	}
+	if err := envDefaults(env, fs, map[string]string{
+		"addr": "POSTBOX_ADDR", "db": "DB_PATH", "synchronous": "POSTBOX_SYNCHRONOUS", "max-batch": "POSTBOX_MAX_BATCH",
+		"queue-size": "QUEUE_MAXSIZE", "max-envelope-bytes": "POSTBOX_MAX_ENVELOPE_BYTES", "auth-tokens": "POSTBOX_AUTH_TOKENS",
+		"tls-cert": "POSTBOX_TLS_CERT", "tls-key": "POSTBOX_TLS_KEY", "log-level": "LOG_LEVEL", "log-format": "LOG_FORMAT",
+	}); err != nil {
+		return err
+	}
+	log, err := newLogger(env.stderr, *level, *format)
+	if err != nil {
+		return err
+	}
+	cfg := server.Config{
+		Addr:        *addr,
+		DBPath:      *db,
+		Synchronous: strings.ToUpper(*sync),
+		MaxBatch:    int(maxBatch),
+		QueueSize:   int(queue),
+		Limits:      postbox.Limits{MaxEnvelopeBytes: int(maxEnv)},
+		TLSCert:     *cert,
+		TLSKey:      *key,
+		Logger:      log,
+	}
+	if *tokens != "" {
+		if cfg.Tokens, err = readTokens(*tokens); err != nil {
+			return err
+		}
+	}
+	srv, err := server.New(cfg)
+	if err != nil {
+		return err
+	}
+	return srv.Run(ctx)
+}
+
+// readTokens reads a tokens file: one "TOKEN DEVICE_ID" per line; blank
+// lines and lines starting with # are skipped.
+func readTokens(path string) (ingress.Tokens, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("auth tokens: %w", err)
+	}
+	defer f.Close()
+	tokens := ingress.Tokens{}
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) != 2 {
+			return nil, fmt.Errorf("auth tokens %s:%d: want 'TOKEN DEVICE_ID', got %d fields", path, n, len(fields))
+		}
+		tokens.Add(fields[0], fields[1])
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("auth tokens %s: %w", path, err)
+	}
+	if len(tokens) == 0 {
+		return nil, fmt.Errorf("auth tokens %s: no tokens in the file", path)
+	}
+	return tokens, nil
+}

@@ -1,0 +1,235 @@
+// Package groupcommit runs the single-writer, group-commit write path of
+// postbox's SQLite stores.
+//
+// Callers enqueue items into a bounded queue. One goroutine, Run, takes
+// everything queued (up to MaxBatch items), hands it to the flush function,
+// which writes it in one transaction and commits, and only then tells each
+// caller its items are done. A commit is shared by every caller in the batch,
+// so the cost of an fsync is paid once per batch instead of once per item,
+// and the store sees exactly one writer.
+//
+// The queue is bounded by QueueSize items: Enqueue blocks while it is full
+// (a stream transport stops reading, which is backpressure) and TryEnqueue
+// returns ErrFull (an HTTP handler answers 429).
+package groupcommit
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// Defaults of Config.
+const (
+	DefaultMaxBatch  = 2048
+	DefaultQueueSize = 10000
+)
+
+var (
+	// ErrFull is returned by TryEnqueue when the queue has no room.
+	ErrFull = errors.New("write queue is full")
+	// ErrClosed is returned once Run has returned.
+	ErrClosed = errors.New("writer is closed")
+)
+
+// Config configures a Writer.
+type Config struct {
+	// MaxBatch bounds the items written in one transaction. 1 gives one
+	// transaction per item. Defaults to DefaultMaxBatch.
+	MaxBatch int
+	// QueueSize bounds the items waiting to be written. Defaults to
+	// DefaultQueueSize.
+	QueueSize int
+	// Observe, when set, is called after each flush with the batch size,
+	// how long the flush took and its error.
+	Observe func(items int, took time.Duration, err error)
+}
+
+// FlushFunc writes batch in one transaction and commits it. It may record
+// per-item results in the items. When it returns an error, every item of
+// the batch is answered with that error and must be as if never written.
+type FlushFunc[T any] func(ctx context.Context, batch []T) error
+
+// Writer is a bounded queue drained by one goroutine in group commits.
+type Writer[T any] struct {
+	flush FlushFunc[T]
+	cfg   Config
+
+	mu     sync.Mutex
+	queue  []entry[T]
+	space  chan struct{} // closed when items leave the queue
+	ready  chan struct{} // wakes Run
+	closed bool
+}
+
+type entry[T any] struct {
+	item T
+	req  *request
+}
+
+type request struct {
+	remaining int
+	err       error
+	done      func(error)
+}
+
+// New returns a Writer that writes with flush. Start it with Run.
+func New[T any](flush FlushFunc[T], cfg Config) *Writer[T] {
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = DefaultMaxBatch
+	}
+	if cfg.QueueSize <= 0 {
+		cfg.QueueSize = DefaultQueueSize
+	}
+	return &Writer[T]{
+		flush: flush,
+		cfg:   cfg,
+		space: make(chan struct{}),
+		ready: make(chan struct{}, 1),
+	}
+}
+
+// Len returns the number of items waiting to be written.
+func (w *Writer[T]) Len() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.queue)
+}
+
+// Cap returns the queue's bound.
+func (w *Writer[T]) Cap() int { return w.cfg.QueueSize }
+
+// Enqueue queues items and returns at once; done is called from the writer
+// goroutine after the items' transaction committed (nil) or failed. done
+// must not block. Enqueue blocks while the queue has no room for items
+// (a request larger than the queue waits for an empty queue) and returns
+// ctx's error or ErrClosed without queueing anything.
+func (w *Writer[T]) Enqueue(ctx context.Context, items []T, done func(error)) error {
+	for {
+		w.mu.Lock()
+		if w.closed {
+			w.mu.Unlock()
+			return ErrClosed
+		}
+		if w.fits(len(items)) {
+			w.push(items, done)
+			w.mu.Unlock()
+			return nil
+		}
+		space := w.space
+		w.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-space:
+		}
+	}
+}
+
+// TryEnqueue is Enqueue that returns ErrFull instead of waiting.
+func (w *Writer[T]) TryEnqueue(items []T, done func(error)) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return ErrClosed
+	}
+	if !w.fits(len(items)) {
+		return ErrFull
+	}
+	w.push(items, done)
+	return nil
+}
+
+// Do enqueues items and waits for their commit.
+func (w *Writer[T]) Do(ctx context.Context, items []T) error {
+	ch := make(chan error, 1)
+	if err := w.Enqueue(ctx, items, func(err error) { ch <- err }); err != nil {
+		return err
+	}
+	return <-ch // answered even after ctx ends: Run flushes what it accepted
+}
+
+func (w *Writer[T]) fits(n int) bool {
+	return len(w.queue) == 0 || len(w.queue)+n <= w.cfg.QueueSize
+}
+
+func (w *Writer[T]) push(items []T, done func(error)) {
+	if len(items) == 0 {
+		if done != nil {
+			done(nil)
+		}
+		return
+	}
+	req := &request{remaining: len(items), done: done}
+	for _, it := range items {
+		w.queue = append(w.queue, entry[T]{item: it, req: req})
+	}
+	select {
+	case w.ready <- struct{}{}:
+	default:
+	}
+}
+
+// Run writes queued items until ctx ends, then writes what is still queued
+// and returns. Items are flushed with a context that is not cancelled by
+// ctx, so a batch in progress at shutdown still commits and is answered.
+func (w *Writer[T]) Run(ctx context.Context) error {
+	fctx := context.WithoutCancel(ctx)
+	batch := make([]entry[T], 0, w.cfg.MaxBatch)
+	items := make([]T, 0, w.cfg.MaxBatch)
+	for {
+		select {
+		case <-w.ready:
+		case <-ctx.Done():
+			w.mu.Lock()
+			w.closed = true
+			w.mu.Unlock()
+			for w.writeBatch(fctx, batch, items) {
+			}
+			return nil
+		}
+		for w.writeBatch(fctx, batch, items) {
+		}
+	}
+}
+
+// writeBatch flushes up to MaxBatch queued items; it reports whether it
+// found any.
+func (w *Writer[T]) writeBatch(ctx context.Context, batch []entry[T], items []T) bool {
+	w.mu.Lock()
+	n := min(len(w.queue), w.cfg.MaxBatch)
+	if n == 0 {
+		w.mu.Unlock()
+		return false
+	}
+	batch = append(batch[:0], w.queue[:n]...)
+	rest := copy(w.queue, w.queue[n:])
+	clear(w.queue[rest:])
+	w.queue = w.queue[:rest]
+	close(w.space)
+	w.space = make(chan struct{})
+	w.mu.Unlock()
+
+	items = items[:0]
+	for _, e := range batch {
+		items = append(items, e.item)
+	}
+	start := time.Now()
+	err := w.flush(ctx, items)
+	if w.cfg.Observe != nil {
+		w.cfg.Observe(n, time.Since(start), err)
+	}
+	for _, e := range batch {
+		r := e.req
+		if err != nil && r.err == nil {
+			r.err = err
+		}
+		r.remaining--
+		if r.remaining == 0 && r.done != nil {
+			r.done(r.err)
+		}
+	}
+	clear(items)
+	return true
+}

@@ -1,0 +1,201 @@
+// Package ingress is the accept path of postbox serve: it reads envelopes
+// from a transport, validates them, queues them for the store's single
+// writer and answers each with exactly one ACK or NACK, an ACK only after
+// the event's transaction committed. One file per transport.
+package ingress
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+
+	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/stream"
+)
+
+// Appender is the store the ingress writes to (streamsqlite.Backend).
+type Appender interface {
+	// AppendAsync queues events and calls done after their commit. It
+	// blocks while the store's queue is full.
+	AppendAsync(ctx context.Context, streamID string, events []stream.Event, done func([]stream.AppendResult, error)) error
+}
+
+// Tokens maps the sha256 of a bearer token to the device id it may send for.
+type Tokens map[[32]byte]string
+
+// Device returns the device a bearer token belongs to.
+func (t Tokens) Device(token string) (string, bool) {
+	d, ok := t[sha256.Sum256([]byte(token))]
+	return d, ok
+}
+
+// Add lets token send for deviceID.
+func (t Tokens) Add(token, deviceID string) { t[sha256.Sum256([]byte(token))] = deviceID }
+
+// Defaults of Config.
+const (
+	DefaultMaxFrameBytes = 16 << 20
+	DefaultMaxInFlight   = 8192
+)
+
+// Config configures the ingress. Zero fields take their defaults.
+type Config struct {
+	// StreamID is the stream device events are appended to.
+	StreamID string
+	// Limits bound each envelope.
+	Limits postbox.Limits
+	// Tokens, when not nil, makes every connection authenticate with a
+	// bearer token, and lets it send only for the token's device.
+	Tokens Tokens
+	// MaxFrameBytes bounds one transport frame. Defaults to 16 MiB.
+	MaxFrameBytes int64
+	// MaxInFlight bounds the envelopes one connection has sent and not yet
+	// been answered for; the connection is not read while it is reached.
+	// Defaults to 8192.
+	MaxInFlight int
+	Logger      *slog.Logger
+	Metrics     *Metrics
+}
+
+// Ingress accepts envelopes for one stream.
+type Ingress struct {
+	store Appender
+	cfg   Config
+	log   *slog.Logger
+	m     *Metrics
+}
+
+// New returns an ingress appending to store.
+func New(store Appender, cfg Config) (*Ingress, error) {
+	if cfg.StreamID == "" {
+		return nil, errors.New("ingress: StreamID is required")
+	}
+	if cfg.MaxFrameBytes <= 0 {
+		cfg.MaxFrameBytes = DefaultMaxFrameBytes
+	}
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	return &Ingress{store: store, cfg: cfg, log: cfg.Logger, m: cfg.Metrics}, nil
+}
+
+// decoded is one frame turned into events to append and replies to send at
+// once (refusals).
+type decoded struct {
+	ids     []string
+	events  []stream.Event
+	refused []postbox.Reply
+}
+
+// decodeFrame validates every envelope of a frame. device, when not empty,
+// is the only device_id the sender may use.
+func (in *Ingress) decodeFrame(frame []byte, device string) decoded {
+	var d decoded
+	raws, err := postbox.SplitFrame(frame)
+	if err != nil {
+		d.refused = append(d.refused, postbox.Nack("", err))
+		return d
+	}
+	d.ids = make([]string, 0, len(raws))
+	d.events = make([]stream.Event, 0, len(raws))
+	for _, raw := range raws {
+		env, err := postbox.DecodeEnvelope(raw, in.cfg.Limits)
+		if err == nil && device != "" && env.DeviceID != device {
+			err = &postbox.FieldError{Field: "device_id", Code: postbox.CodeForbidden,
+				Message: fmt.Sprintf("device_id: this token may send only for %q, not %q", device, env.DeviceID)}
+		}
+		if err != nil {
+			id := env.EventID
+			if id == "" {
+				id = postbox.PeekEventID(raw)
+			}
+			d.refused = append(d.refused, postbox.Nack(id, err))
+			continue
+		}
+		d.ids = append(d.ids, env.EventID)
+		d.events = append(d.events, toEvent(&env))
+	}
+	return d
+}
+
+// toEvent turns a valid envelope into the stream event stored for it.
+func toEvent(env *postbox.Envelope) stream.Event {
+	var payload bytes.Buffer
+	payload.Grow(len(env.Payload))
+	if json.Compact(&payload, env.Payload) != nil { // cannot fail: DecodeEnvelope parsed it
+		payload.Write(env.Payload)
+	}
+	meta := make([]byte, 0, 64+len(env.DeviceID)+len(env.SessionID))
+	meta = append(meta, `{"device_id":`...)
+	meta = strconv.AppendQuote(meta, env.DeviceID)
+	meta = append(meta, `,"session_id":`...)
+	meta = strconv.AppendQuote(meta, env.SessionID)
+	meta = append(meta, `,"schema_version":`...)
+	meta = strconv.AppendInt(meta, int64(env.SchemaVersion), 10)
+	meta = append(meta, '}')
+	if !json.Valid(meta) { // strconv quoting differs from JSON for rare runes
+		meta, _ = json.Marshal(map[string]any{"device_id": env.DeviceID, "session_id": env.SessionID, "schema_version": env.SchemaVersion})
+	}
+	return stream.Event{
+		NativeID:   env.EventID,
+		Type:       env.Type,
+		OccurredAt: env.Time(),
+		Sequence:   env.Seq,
+		Metadata:   meta,
+		Payload:    payload.Bytes(),
+	}
+}
+
+// replies turns append results into ACKs and NACKs.
+func (in *Ingress) replies(ids []string, results []stream.AppendResult, err error) []postbox.Reply {
+	out := make([]postbox.Reply, len(ids))
+	for i, id := range ids {
+		switch {
+		case err != nil:
+			out[i] = postbox.Nack(id, fmt.Errorf("not stored, send again: %w", err))
+			in.m.events.WithLabelValues(in.cfg.StreamID, "unavailable").Inc()
+		case errors.Is(results[i].Err, stream.ErrConflict):
+			out[i] = postbox.Nack(id, &postbox.FieldError{Field: "payload", Code: postbox.CodeConflict,
+				Message: "payload: differs from the stored event with this event_id; nothing was changed"})
+			in.m.events.WithLabelValues(in.cfg.StreamID, "conflict").Inc()
+		default:
+			out[i] = postbox.Ack(id, results[i].StoredAt, results[i].Duplicate)
+		}
+	}
+	if err == nil {
+		in.countStored(results)
+	}
+	return out
+}
+
+func (in *Ingress) countStored(results []stream.AppendResult) {
+	var stored, dup float64
+	for _, r := range results {
+		switch {
+		case r.Err != nil:
+		case r.Duplicate:
+			dup++
+		default:
+			stored++
+		}
+	}
+	in.m.events.WithLabelValues(in.cfg.StreamID, "stored").Add(stored)
+	in.m.events.WithLabelValues(in.cfg.StreamID, "duplicate").Add(dup)
+}
+
+func (in *Ingress) countRefused(refused []postbox.Reply) {
+	if len(refused) > 0 {
+		in.m.events.WithLabelValues(in.cfg.StreamID, "rejected").Add(float64(len(refused)))
+	}
+}

@@ -1,0 +1,33 @@
+package ingress
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the ingress's Prometheus collectors.
+type Metrics struct {
+	events      *prometheus.CounterVec
+	connections prometheus.Gauge
+	frames      prometheus.Counter
+}
+
+// NewMetrics creates the ingress collectors and registers them with reg
+// (when not nil).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "postbox_ingress_events_total",
+			Help: "Envelopes answered by the ingress, by source and result (stored, duplicate, conflict, rejected, unavailable).",
+		}, []string{"source", "result"}),
+		connections: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "postbox_ingress_connections",
+			Help: "Open ingress connections.",
+		}),
+		frames: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "postbox_ingress_frames_total",
+			Help: "Frames read by the WebSocket ingress.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.events, m.connections, m.frames)
+	}
+	return m
+}

@@ -1,0 +1,196 @@
+package ingress
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/coder/websocket"
+
+	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/stream"
+)
+
+// WSPath is the default path of the WebSocket ingress.
+const WSPath = "/v1/ws"
+
+// Subprotocol is the WebSocket subprotocol of the envelope/ACK protocol.
+const Subprotocol = "postbox.v1"
+
+// ServeHTTP accepts a WebSocket connection and runs the envelope/ACK
+// protocol on it until either side closes it.
+//
+// Reading and answering are decoupled: the reader decodes frames and queues
+// their events for the writer without waiting for the commit, so a client
+// may pipeline many frames; replies are sent, batched into frames, as commits
+// finish. The reader stops reading when the store's queue is full or when
+// MaxInFlight envelopes are unanswered, which pushes back on the sender
+// through TCP.
+func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	device := ""
+	if in.cfg.Tokens != nil {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		d, known := in.cfg.Tokens.Device(strings.TrimSpace(token))
+		if !ok || !known {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("WWW-Authenticate", `Bearer realm="postbox"`)
+			w.WriteHeader(http.StatusUnauthorized)
+			json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": "unauthorized", "message": "Authorization: a known bearer token is required"}})
+			in.log.Warn("ingress: refused connection with unknown token", "remote", r.RemoteAddr)
+			return
+		}
+		device = d
+	}
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{Subprotocol}})
+	if err != nil {
+		in.log.Warn("ingress: websocket accept failed", "remote", r.RemoteAddr, "err", err)
+		return
+	}
+	c.SetReadLimit(in.cfg.MaxFrameBytes)
+	in.m.connections.Inc()
+	defer in.m.connections.Dec()
+	in.log.Debug("ingress: connection open", "remote", r.RemoteAddr, "device", device)
+
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	s := &wsSession{in: in, c: c, wake: make(chan struct{}, 1), room: make(chan struct{}, 1)}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := s.writeLoop(ctx); err != nil {
+			cancel()
+		}
+	}()
+	err = s.readLoop(ctx, device)
+	cancel()
+	wg.Wait()
+	status := websocket.CloseStatus(err)
+	switch {
+	case status == websocket.StatusNormalClosure || status == websocket.StatusGoingAway:
+		c.Close(websocket.StatusNormalClosure, "")
+	case status == websocket.StatusMessageTooBig:
+		in.log.Warn("ingress: frame over the size limit, connection closed", "remote", r.RemoteAddr, "limit", in.cfg.MaxFrameBytes)
+	default:
+		in.log.Debug("ingress: connection closed", "remote", r.RemoteAddr, "err", err)
+		c.CloseNow()
+	}
+}
+
+// wsSession is one connection's state shared by its reader, its writer
+// and the store's commit callbacks.
+type wsSession struct {
+	in *Ingress
+	c  *websocket.Conn
+
+	mu       sync.Mutex
+	out      []postbox.Reply // replies waiting to be written
+	inFlight int             // envelopes read and not yet answered on the wire
+	wake     chan struct{}   // replies are waiting
+	room     chan struct{}   // inFlight went down
+}
+
+func (s *wsSession) readLoop(ctx context.Context, device string) error {
+	for {
+		if err := s.waitRoom(ctx); err != nil {
+			return err
+		}
+		typ, frame, err := s.c.Read(ctx)
+		if err != nil {
+			return err
+		}
+		s.in.m.frames.Inc()
+		if typ != websocket.MessageText && typ != websocket.MessageBinary {
+			continue
+		}
+		d := s.in.decodeFrame(frame, device)
+		s.in.countRefused(d.refused)
+		s.reply(d.refused, len(d.refused))
+		if len(d.events) == 0 {
+			continue
+		}
+		s.mu.Lock()
+		s.inFlight += len(d.events)
+		s.mu.Unlock()
+		ids := d.ids
+		err = s.in.store.AppendAsync(ctx, s.in.cfg.StreamID, d.events, func(res []stream.AppendResult, err error) {
+			s.reply(s.in.replies(ids, res, err), 0)
+		})
+		if err != nil {
+			return err // ctx ended or the store closed: the sender will resend
+		}
+	}
+}
+
+// waitRoom blocks while MaxInFlight envelopes are unanswered.
+func (s *wsSession) waitRoom(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		full := s.inFlight >= s.in.cfg.MaxInFlight
+		s.mu.Unlock()
+		if !full {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.room:
+		}
+	}
+}
+
+// reply queues replies for the writer; extra counts replies that were not
+// already counted in flight (refusals).
+func (s *wsSession) reply(rs []postbox.Reply, extra int) {
+	if len(rs) == 0 {
+		return
+	}
+	s.mu.Lock()
+	s.out = append(s.out, rs...)
+	s.inFlight += extra
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *wsSession) writeLoop(ctx context.Context) error {
+	var buf []postbox.Reply
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.wake:
+		}
+		s.mu.Lock()
+		buf, s.out = s.out, buf[:0]
+		s.mu.Unlock()
+		if len(buf) == 0 {
+			continue
+		}
+		var data []byte
+		var err error
+		if len(buf) == 1 {
+			data, err = json.Marshal(buf[0])
+		} else {
+			data, err = json.Marshal(buf)
+		}
+		if err != nil {
+			return err
+		}
+		if err := s.c.Write(ctx, websocket.MessageText, data); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.inFlight -= len(buf)
+		s.mu.Unlock()
+		select {
+		case s.room <- struct{}{}:
+		default:
+		}
+		clear(buf)
+	}
+}

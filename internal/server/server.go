@@ -1,0 +1,255 @@
+// Package server is the control plane of postbox serve: the store, its
+// writer, the ingress transports and the HTTP endpoints, with one lifetime.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/ingress"
+	"github.com/postbox-events/postbox/stream/streamsqlite"
+)
+
+// DeviceSource is the source (and stream) of events from edge devices.
+const DeviceSource = "devices"
+
+// Config configures a Server.
+type Config struct {
+	Addr        string // listen address; defaults to ":8000"
+	DBPath      string // defaults to "data/postbox.db"
+	Synchronous string // FULL (default) or NORMAL
+	MaxBatch    int    // events per group commit; 1 = one transaction per event
+	QueueSize   int    // bound of the writer queue (QUEUE_MAXSIZE)
+	Limits      postbox.Limits
+	Tokens      ingress.Tokens // nil: no authentication
+	TLSCert     string
+	TLSKey      string
+	Logger      *slog.Logger
+	// Listener, when set, is served instead of listening on Addr.
+	Listener net.Listener
+}
+
+// Server is a running control plane.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	store   *streamsqlite.Backend
+	ingress *ingress.Ingress
+	reg     *prometheus.Registry
+	ln      net.Listener
+	mux     *http.ServeMux
+
+	mu    sync.Mutex
+	ready bool
+}
+
+// New opens the store and prepares the server; Run serves it.
+func New(cfg Config) (*Server, error) {
+	if cfg.Addr == "" {
+		cfg.Addr = ":8000"
+	}
+	if cfg.DBPath == "" {
+		cfg.DBPath = "data/postbox.db"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
+		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	batch := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "postbox_writer_batch_events",
+		Help:    "Events written per group commit.",
+		Buckets: prometheus.ExponentialBuckets(1, 4, 8),
+	})
+	commit := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "postbox_writer_commit_seconds",
+		Help:    "Time to write and commit one group commit.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 12),
+	})
+	failures := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "postbox_writer_failures_total",
+		Help: "Group commits that failed; their events were NACKed as retryable.",
+	})
+	reg.MustRegister(batch, commit, failures)
+	store, err := streamsqlite.Open(cfg.DBPath, streamsqlite.Config{
+		Synchronous: cfg.Synchronous,
+		MaxBatch:    cfg.MaxBatch,
+		QueueSize:   cfg.QueueSize,
+		Observe: func(n int, took time.Duration, err error) {
+			batch.Observe(float64(n))
+			commit.Observe(took.Seconds())
+			if err != nil {
+				failures.Inc()
+				cfg.Logger.Error("writer: group commit failed; its events are NACKed as retryable", "events", n, "err", err)
+			}
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "postbox_writer_queue_depth",
+		Help: "Events waiting for the writer.",
+	}, func() float64 { return float64(store.QueueLen()) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "postbox_writer_queue_capacity",
+		Help: "Bound of the writer queue (QUEUE_MAXSIZE).",
+	}, func() float64 { return float64(store.QueueCap()) }))
+	in, err := ingress.New(store, ingress.Config{
+		StreamID: DeviceSource,
+		Limits:   cfg.Limits,
+		Tokens:   cfg.Tokens,
+		Logger:   cfg.Logger,
+		Metrics:  ingress.NewMetrics(reg),
+	})
+	if err != nil {
+		store.Close()
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, store: store, ingress: in, reg: reg, mux: http.NewServeMux()}
+	s.mux.Handle("GET "+ingress.WSPath, in)
+	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.HandleFunc("GET /ready", s.handleReady)
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	return s, nil
+}
+
+// Store returns the server's store.
+func (s *Server) Store() *streamsqlite.Backend { return s.store }
+
+// Handler returns the server's HTTP handler.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Listen binds the listener (if Config.Listener is not set) and returns
+// its address. Run calls it if it was not called.
+func (s *Server) Listen() (net.Addr, error) {
+	if s.ln != nil {
+		return s.ln.Addr(), nil
+	}
+	if s.cfg.Listener != nil {
+		s.ln = s.cfg.Listener
+		return s.ln.Addr(), nil
+	}
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", s.cfg.Addr, err)
+	}
+	s.ln = ln
+	return ln.Addr(), nil
+}
+
+// Run starts the writer, prepares the stream, serves until ctx ends, then
+// stops accepting, lets the writer commit and answer what it holds, and
+// closes the store.
+func (s *Server) Run(ctx context.Context) error {
+	defer s.store.Close()
+	addr, err := s.Listen()
+	if err != nil {
+		return err
+	}
+	if _, err := s.store.EnsureStream(ctx, DeviceSource); err != nil {
+		return err
+	}
+	s.warnIfOpen(addr)
+	storeCtx, stopStore := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopStore()
+	g, gctx := errgroup.WithContext(ctx)
+	srv := &http.Server{
+		Handler:           s.mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		// WebSocket sessions are hijacked: Shutdown does not end them, the
+		// end of this context does.
+		BaseContext: func(net.Listener) context.Context { return gctx },
+	}
+	g.Go(func() error { return s.store.Run(storeCtx) })
+	g.Go(func() error {
+		var err error
+		if s.cfg.TLSCert != "" {
+			srv.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+			err = srv.ServeTLS(s.ln, s.cfg.TLSCert, s.cfg.TLSKey)
+		} else {
+			err = srv.Serve(s.ln)
+		}
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return err
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err := srv.Shutdown(shut)
+		if err != nil {
+			srv.Close() // hijacked WebSocket connections are not closed by Shutdown
+		}
+		stopStore()
+		return nil
+	})
+	s.setReady(true)
+	scheme := "ws"
+	if s.cfg.TLSCert != "" {
+		scheme = "wss"
+	}
+	st, _ := s.store.Stats(ctx, DeviceSource)
+	s.log.Info("postbox serve: listening", "addr", addr.String(), "ingress", scheme+"://"+addr.String()+ingress.WSPath,
+		"db", s.cfg.DBPath, "synchronous", s.synchronous(), "auth", s.cfg.Tokens != nil, "stored_events", st.Events)
+	err = g.Wait()
+	s.setReady(false)
+	return err
+}
+
+func (s *Server) synchronous() string {
+	if s.cfg.Synchronous == "" {
+		return "FULL"
+	}
+	return s.cfg.Synchronous
+}
+
+// warnIfOpen logs loudly when anyone on the network may send events.
+func (s *Server) warnIfOpen(addr net.Addr) {
+	if s.cfg.Tokens != nil {
+		return
+	}
+	if tcp, ok := addr.(*net.TCPAddr); ok && tcp.IP.IsLoopback() {
+		return
+	}
+	s.log.Warn("!!! postbox serve listens beyond loopback WITHOUT authentication: anyone who can reach " +
+		addr.String() + " may send events. Pass --auth-tokens FILE (and --tls-cert/--tls-key) to require bearer tokens.")
+}
+
+func (s *Server) setReady(v bool) {
+	s.mu.Lock()
+	s.ready = v
+	s.mu.Unlock()
+}
+
+func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	ready := s.ready
+	s.mu.Unlock()
+	if !ready {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "starting"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "queue_depth": s.store.QueueLen(), "queue_capacity": s.store.QueueCap()})
+}
