@@ -60,6 +60,17 @@ func (l Limits) withDefaults() Limits {
 // fields are refused so that a misspelt field fails loudly. The error is a
 // *FieldError naming what is wrong.
 func DecodeEnvelope(data []byte, lim Limits) (Envelope, error) {
+	env, err := ParseEnvelope(data, lim)
+	if err != nil {
+		return env, err
+	}
+	return env, env.Validate(lim)
+}
+
+// ParseEnvelope decodes one encoded envelope without validating its
+// values, for a producer that fills in missing fields before Validate.
+// Types, unknown fields and the size limit are checked.
+func ParseEnvelope(data []byte, lim Limits) (Envelope, error) {
 	lim = lim.withDefaults()
 	var env Envelope
 	if len(data) > lim.MaxEnvelopeBytes {
@@ -73,7 +84,7 @@ func DecodeEnvelope(data []byte, lim Limits) (Envelope, error) {
 	if dec.More() {
 		return env, &FieldError{Code: CodeInvalidJSON, Message: "envelope: unexpected data after the JSON object"}
 	}
-	return env, env.Validate(lim)
+	return env, nil
 }
 
 // decodeError turns an encoding/json error into a FieldError naming the

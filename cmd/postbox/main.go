@@ -125,10 +125,42 @@ func parse(env *cmdEnv, fs *flag.FlagSet, args []string) error {
 			return flag.ErrHelp
 		}
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(flagsFirst(fs, args)); err != nil {
 		return usageError{err.Error()}
 	}
 	return nil
+}
+
+// flagsFirst moves flags ahead of positional arguments, so that
+// "postbox outbox requeue ID --outbox F" works like "--outbox F ID".
+// Everything after "--" stays positional.
+func flagsFirst(fs *flag.FlagSet, args []string) []string {
+	var flags, pos []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			pos = append(pos, args[i+1:]...)
+			break
+		}
+		if len(a) < 2 || a[0] != '-' {
+			pos = append(pos, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			continue // Parse names it
+		}
+		if bf, ok := f.Value.(interface{ IsBoolFlag() bool }); (!ok || !bf.IsBoolFlag()) && i+1 < len(args) {
+			flags = append(flags, args[i+1])
+			i++
+		}
+	}
+	return append(flags, pos...)
 }
 
 // envDefaults sets each named flag that was not given on the command line

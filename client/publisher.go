@@ -1,0 +1,103 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/outbox"
+)
+
+// DefaultAckTimeout is how long Publisher waits for the replies to one
+// batch before it gives the connection up for dead.
+const DefaultAckTimeout = 30 * time.Second
+
+// Publisher is an outbox.Publisher that sends to a postbox ingress over one
+// WebSocket connection, dialled when first needed and again after it
+// breaks. Concurrent Publish calls share the connection, so many batches
+// are in flight at once.
+type Publisher struct {
+	url        string
+	opts       Options
+	ackTimeout time.Duration
+
+	mu   sync.Mutex
+	conn *Conn
+}
+
+var _ outbox.Publisher = (*Publisher)(nil)
+
+// NewPublisher returns a Publisher to the ingress at url. ackTimeout <= 0
+// means DefaultAckTimeout.
+func NewPublisher(url string, opts Options, ackTimeout time.Duration) (*Publisher, error) {
+	if _, err := URL(url); err != nil {
+		return nil, err
+	}
+	if ackTimeout <= 0 {
+		ackTimeout = DefaultAckTimeout
+	}
+	return &Publisher{url: url, opts: opts, ackTimeout: ackTimeout}, nil
+}
+
+// Publish implements outbox.Publisher.
+func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) ([]postbox.Reply, error) {
+	conn, err := p.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	batch := make([]Message, len(msgs))
+	for i, m := range msgs {
+		batch[i] = Message{EventID: m.EventID, Envelope: m.Body}
+	}
+	sctx, cancel := context.WithTimeout(ctx, p.ackTimeout)
+	defer cancel()
+	replies, err := conn.Send(sctx, batch)
+	if err != nil {
+		if ctx.Err() == nil && sctx.Err() != nil {
+			err = fmt.Errorf("no replies within %s; closing the connection: %w", p.ackTimeout, err)
+			conn.Close()
+		}
+		p.drop(conn)
+		return nil, err
+	}
+	return replies, nil
+}
+
+func (p *Publisher) connect(ctx context.Context) (*Conn, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn != nil && p.conn.Err() == nil {
+		return p.conn, nil
+	}
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := Dial(dctx, p.url, p.opts)
+	if err != nil {
+		return nil, err
+	}
+	p.conn = conn
+	return conn, nil
+}
+
+// drop forgets conn if it is broken, so the next Publish dials again.
+func (p *Publisher) drop(conn *Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn == conn && conn.Err() != nil {
+		p.conn = nil
+	}
+}
+
+// Close closes the connection.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn == nil {
+		return nil
+	}
+	err := p.conn.Close()
+	p.conn = nil
+	return err
+}

@@ -1,0 +1,152 @@
+// Package agent is postbox agent: the edge device's durable outbox, a local
+// HTTP intake that lets a program in any language hand it events, and the
+// relay that sends them to the control plane and deletes each only after
+// its ACK.
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/client"
+	"github.com/postbox-events/postbox/outbox"
+	"github.com/postbox-events/postbox/outbox/outboxsqlite"
+)
+
+// Config configures an Agent.
+type Config struct {
+	Server      string // the control plane's ingress: ws://host:port[/path]
+	OutboxPath  string
+	DeviceID    string
+	SessionID   string // filled into events without one; defaults to a new sess_<ULID>
+	Listen      string // the intake's address; defaults to 127.0.0.1:8787
+	Token       string
+	Synchronous string
+	Limits      postbox.Limits
+	Relay       outbox.RelayConfig
+	AckTimeout  time.Duration
+	Logger      *slog.Logger
+	// Listener, when set, is served instead of listening on Listen.
+	Listener net.Listener
+}
+
+// Agent is a running edge agent.
+type Agent struct {
+	cfg    Config
+	log    *slog.Logger
+	store  *outboxsqlite.Store
+	pub    *client.Publisher
+	relay  *outbox.Relay
+	ln     net.Listener
+	intake *intake
+}
+
+// New opens the outbox and prepares the agent; Run runs it.
+func New(cfg Config) (*Agent, error) {
+	if cfg.DeviceID == "" {
+		return nil, errors.New("agent: a device id is required")
+	}
+	if cfg.OutboxPath == "" {
+		return nil, errors.New("agent: an outbox path is required")
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:8787"
+	}
+	if cfg.SessionID == "" {
+		cfg.SessionID = "sess_" + ulid.MustNew(ulid.Now(), rand.Reader).String()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	pub, err := client.NewPublisher(cfg.Server, client.Options{Token: cfg.Token}, cfg.AckTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("agent: --server: %w", err)
+	}
+	store, err := outboxsqlite.Open(cfg.OutboxPath, outboxsqlite.Config{Synchronous: cfg.Synchronous})
+	if err != nil {
+		return nil, err
+	}
+	rcfg := cfg.Relay
+	rcfg.Logger = cfg.Logger
+	relay, err := outbox.NewRelay(store, pub, rcfg)
+	if err != nil {
+		store.Close()
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, log: cfg.Logger, store: store, pub: pub, relay: relay}
+	a.intake = &intake{store: store, deviceID: cfg.DeviceID, sessionID: cfg.SessionID, limits: cfg.Limits, log: cfg.Logger}
+	return a, nil
+}
+
+// Store returns the agent's outbox.
+func (a *Agent) Store() *outboxsqlite.Store { return a.store }
+
+// Handler returns the intake's HTTP handler.
+func (a *Agent) Handler() http.Handler { return a.intake.handler() }
+
+// Listen binds the intake and returns its address.
+func (a *Agent) Listen() (net.Addr, error) {
+	if a.ln != nil {
+		return a.ln.Addr(), nil
+	}
+	if a.cfg.Listener != nil {
+		a.ln = a.cfg.Listener
+		return a.ln.Addr(), nil
+	}
+	ln, err := net.Listen("tcp", a.cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("agent: listen %s: %w", a.cfg.Listen, err)
+	}
+	a.ln = ln
+	return ln.Addr(), nil
+}
+
+// Run serves the intake and relays the outbox until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.store.Close()
+	defer a.pub.Close()
+	addr, err := a.Listen()
+	if err != nil {
+		return err
+	}
+	if tcp, ok := addr.(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
+		a.log.Warn("agent: the intake listens beyond loopback and has no authentication; anyone who reaches it may queue events", "listen", addr.String())
+	}
+	pending, rejected, err := a.store.Counts(ctx)
+	if err != nil {
+		return err
+	}
+	storeCtx, stopStore := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopStore()
+	srv := &http.Server{Handler: a.intake.handler(), ReadHeaderTimeout: 10 * time.Second}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return a.store.Run(storeCtx) })
+	g.Go(func() error { return a.relay.Run(gctx) })
+	g.Go(func() error {
+		if err := srv.Serve(a.ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(shut)
+		stopStore() // after the intake stopped: queued inserts are committed and answered
+		return nil
+	})
+	a.log.Info("postbox agent: running", "intake", "http://"+addr.String()+"/v1/events", "server", a.cfg.Server,
+		"outbox", a.cfg.OutboxPath, "device_id", a.cfg.DeviceID, "pending", pending, "rejected", rejected)
+	return g.Wait()
+}

@@ -1,0 +1,171 @@
+package agent
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/outbox/outboxsqlite"
+)
+
+// MaxIntakeBytes bounds one intake request body.
+const MaxIntakeBytes = 64 << 20
+
+// intake is the agent's local HTTP API.
+type intake struct {
+	store     *outboxsqlite.Store
+	deviceID  string
+	sessionID string
+	limits    postbox.Limits
+	log       *slog.Logger
+}
+
+func (in *intake) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/events", in.handleEvents)
+	mux.HandleFunc("GET /v1/outbox", in.handleOutbox)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	return mux
+}
+
+// eventStatus is the intake's answer for one event.
+type eventStatus struct {
+	EventID string `json:"event_id"`
+	Status  string `json:"status"` // queued, duplicate or conflict
+	Message string `json:"message,omitempty"`
+}
+
+// handleEvents queues one envelope (a JSON object) or many (an array).
+// Missing schema_version, event_id, ts, session_id and device_id are filled
+// in. Every envelope is validated before any is queued: one bad envelope
+// fails the request with 400 naming it and its field, and queues nothing.
+// 202 comes after the outbox commit.
+func (in *intake) handleEvents(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxIntakeBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, string(postbox.CodeTooLarge), "", fmt.Sprintf("request body over %d bytes", MaxIntakeBytes), -1)
+			return
+		}
+		writeError(w, http.StatusBadRequest, "bad_request", "", "reading the request body: "+err.Error(), -1)
+		return
+	}
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
+		writeError(w, http.StatusBadRequest, string(postbox.CodeInvalidJSON), "", "empty body: send an event object or an array of them", -1)
+		return
+	}
+	single := trimmed[0] != '['
+	raws, err := postbox.SplitFrame(trimmed)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, string(postbox.CodeInvalidJSON), "", err.Error(), -1)
+		return
+	}
+	if len(raws) == 0 {
+		writeError(w, http.StatusBadRequest, string(postbox.CodeInvalidJSON), "", "empty array: send at least one event", -1)
+		return
+	}
+	envs := make([]postbox.Envelope, len(raws))
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	for i, raw := range raws {
+		env, err := postbox.ParseEnvelope(raw, in.limits)
+		if err == nil {
+			in.fill(&env, now)
+			err = env.Validate(in.limits)
+		}
+		if err == nil && env.DeviceID != in.deviceID {
+			err = &postbox.FieldError{Field: "device_id", Code: postbox.CodeForbidden, Message: fmt.Sprintf("device_id: this agent sends for %q, not %q", in.deviceID, env.DeviceID)}
+		}
+		if err != nil {
+			fe := postbox.Nack("", err)
+			idx := i
+			if single {
+				idx = -1
+			}
+			writeError(w, http.StatusBadRequest, string(fe.Code), fe.Field, fe.Message, idx)
+			return
+		}
+		envs[i] = env
+	}
+	results, err := in.store.Insert(r.Context(), envs)
+	if err != nil {
+		in.log.Error("agent intake: outbox insert failed", "err", err, "events", len(envs))
+		writeError(w, http.StatusServiceUnavailable, string(postbox.CodeUnavailable), "", "the outbox could not store the events; nothing was queued: "+err.Error(), -1)
+		return
+	}
+	out := make([]eventStatus, len(results))
+	status := http.StatusAccepted
+	for i, res := range results {
+		out[i] = eventStatus{EventID: res.EventID, Status: "queued"}
+		switch {
+		case res.Err != nil:
+			out[i].Status, out[i].Message = "conflict", "event_id is queued already with a different envelope; this one was not queued"
+			status = http.StatusConflict
+		case res.Duplicate:
+			out[i].Status = "duplicate"
+		}
+	}
+	if single {
+		writeJSON(w, status, out[0])
+		return
+	}
+	writeJSON(w, status, map[string]any{"events": out})
+}
+
+// fill sets the fields a producer may leave out.
+func (in *intake) fill(env *postbox.Envelope, now string) {
+	if env.SchemaVersion == 0 {
+		env.SchemaVersion = postbox.SchemaVersion
+	}
+	if env.EventID == "" {
+		env.EventID = newEventID()
+	}
+	if env.TS == "" {
+		env.TS = now
+	}
+	if env.SessionID == "" {
+		env.SessionID = in.sessionID
+	}
+	if env.DeviceID == "" {
+		env.DeviceID = in.deviceID
+	}
+}
+
+func (in *intake) handleOutbox(w http.ResponseWriter, r *http.Request) {
+	pending, rejected, err := in.store.Counts(r.Context())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, string(postbox.CodeUnavailable), "", err.Error(), -1)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int64{"pending": pending, "rejected": rejected})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+// writeError writes {"error":{"code","message","field","index"}}; index
+// is the position of the refused event in an array, or -1.
+func writeError(w http.ResponseWriter, status int, code, field, msg string, index int) {
+	e := map[string]any{"code": code, "message": msg}
+	if field != "" {
+		e["field"] = field
+	}
+	if index >= 0 {
+		e["index"] = index
+		e["message"] = "event " + strconv.Itoa(index) + ": " + msg
+	}
+	writeJSON(w, status, map[string]any{"error": e})
+}

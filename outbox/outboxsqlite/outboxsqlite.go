@@ -1,0 +1,291 @@
+// Package outboxsqlite is the edge agent's outbox: a SQLite file (WAL,
+// synchronous=FULL) of events not yet acknowledged by the control plane.
+//
+// Inserts are group-committed: concurrent Insert calls share one
+// transaction and one fsync, and each returns only after its commit. A row
+// is deleted only when its ACK arrives; a row the receiver refused for
+// good is kept with state "rejected" and the reason, until Requeue.
+package outboxsqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+	"time"
+
+	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/groupcommit"
+	"github.com/postbox-events/postbox/internal/sqlitedb"
+	"github.com/postbox-events/postbox/outbox"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Row states.
+const (
+	StatePending  = "pending"
+	StateRejected = "rejected"
+)
+
+// ErrConflict is returned by Insert for an event id already in the outbox
+// with a different envelope.
+var ErrConflict = errors.New("outbox: event_id already queued with a different envelope")
+
+// Config configures a Store.
+type Config struct {
+	Synchronous string // FULL (default) or NORMAL
+	// QueueSize bounds inserts waiting for their group commit.
+	QueueSize int
+	Now       func() time.Time
+}
+
+// Store is an edge outbox in one SQLite file.
+type Store struct {
+	db     *sql.DB
+	writer *groupcommit.Writer[*insert]
+	now    func() time.Time
+	notify chan struct{}
+}
+
+var (
+	_ outbox.Store    = (*Store)(nil)
+	_ outbox.Notifier = (*Store)(nil)
+)
+
+type insert struct {
+	env       postbox.Envelope
+	body      []byte
+	duplicate bool
+	err       error
+}
+
+// Open opens (creating and migrating) the outbox at path. Call Run for
+// inserts to be written, and Close when done.
+func Open(path string, cfg Config) (*Store, error) {
+	db, err := sqlitedb.Open(path, sqlitedb.Options{Synchronous: cfg.Synchronous, MaxConns: 1})
+	if err != nil {
+		return nil, err
+	}
+	sub, _ := fs.Sub(migrations, "migrations")
+	if err := sqlitedb.Migrate(context.Background(), db, sub); err != nil {
+		db.Close()
+		return nil, err
+	}
+	s := &Store{db: db, now: cfg.Now, notify: make(chan struct{}, 1)}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	s.writer = groupcommit.New(s.flush, groupcommit.Config{QueueSize: cfg.QueueSize})
+	return s, nil
+}
+
+// Run writes inserts until ctx ends.
+func (s *Store) Run(ctx context.Context) error { return s.writer.Run(ctx) }
+
+// Close closes the database. Run must have returned.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Notify returns a channel that receives after inserted rows commit.
+func (s *Store) Notify() <-chan struct{} { return s.notify }
+
+// Result is the outcome of inserting one envelope.
+type Result struct {
+	EventID   string
+	Duplicate bool  // already queued with the same envelope
+	Err       error // ErrConflict, or nil
+}
+
+// Insert queues envelopes and returns after their commit. Envelopes must
+// be valid. An envelope whose event_id is queued already is a duplicate
+// when identical and ErrConflict otherwise.
+func (s *Store) Insert(ctx context.Context, envs []postbox.Envelope) ([]Result, error) {
+	items := make([]*insert, len(envs))
+	for i, env := range envs {
+		body, err := json.Marshal(env)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: encode %s: %w", env.EventID, err)
+		}
+		items[i] = &insert{env: env, body: body}
+	}
+	if err := s.writer.Do(ctx, items); err != nil {
+		return nil, err
+	}
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+	out := make([]Result, len(items))
+	for i, it := range items {
+		out[i] = Result{EventID: it.env.EventID, Duplicate: it.duplicate, Err: it.err}
+	}
+	return out, nil
+}
+
+func (s *Store) flush(ctx context.Context, batch []*insert) error {
+	now := s.now().UTC().Format(sqlitedb.Time)
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("outbox insert: %w", err)
+	}
+	defer tx.Rollback()
+	for _, it := range batch {
+		r, err := tx.ExecContext(ctx, `INSERT INTO outbox (event_id, event_type, payload_json, created_at, next_attempt_at)
+			VALUES (?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`, it.env.EventID, it.env.Type, string(it.body), now, now)
+		if err != nil {
+			return fmt.Errorf("outbox insert %s: %w", it.env.EventID, err)
+		}
+		if n, _ := r.RowsAffected(); n == 1 {
+			continue
+		}
+		var body string
+		if err := tx.QueryRowContext(ctx, `SELECT payload_json FROM outbox WHERE event_id = ?`, it.env.EventID).Scan(&body); err != nil {
+			return fmt.Errorf("outbox insert %s: %w", it.env.EventID, err)
+		}
+		if body == string(it.body) {
+			it.duplicate = true
+		} else {
+			it.err = ErrConflict
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("outbox insert: commit: %w", err)
+	}
+	return nil
+}
+
+// Due implements outbox.Store.
+func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) ([]outbox.Message, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT seq, event_id, event_type, payload_json, attempt_count, created_at
+		FROM outbox WHERE state = 'pending' AND seq > ? AND next_attempt_at <= ? ORDER BY seq LIMIT ?`,
+		after, now.UTC().Format(sqlitedb.Time), limit)
+	if err != nil {
+		return nil, fmt.Errorf("outbox due: %w", err)
+	}
+	defer rows.Close()
+	var out []outbox.Message
+	for rows.Next() {
+		var m outbox.Message
+		var body, created string
+		if err := rows.Scan(&m.Seq, &m.EventID, &m.Type, &body, &m.Attempts, &created); err != nil {
+			return nil, fmt.Errorf("outbox due: %w", err)
+		}
+		m.Body = []byte(body)
+		m.CreatedAt, _ = time.Parse(sqlitedb.Time, created)
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+// Settle implements outbox.Store: delivered rows are deleted, rejected
+// ones kept with their reason.
+func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) error {
+	now := s.now().UTC().Format(sqlitedb.Time)
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("outbox settle: %w", err)
+	}
+	defer tx.Rollback()
+	for _, o := range outcomes {
+		var err error
+		switch o.Kind {
+		case outbox.Delivered:
+			_, err = tx.ExecContext(ctx, `DELETE FROM outbox WHERE event_id = ?`, o.EventID)
+		case outbox.Rejected:
+			_, err = tx.ExecContext(ctx, `UPDATE outbox SET state = 'rejected', rejected_at = ?, last_error = ?,
+				attempt_count = attempt_count + 1 WHERE event_id = ?`, now, o.Error, o.EventID)
+		case outbox.Retry:
+			_, err = tx.ExecContext(ctx, `UPDATE outbox SET next_attempt_at = ?, last_error = ?,
+				attempt_count = attempt_count + 1 WHERE event_id = ?`, o.RetryAt.UTC().Format(sqlitedb.Time), o.Error, o.EventID)
+		case outbox.Unanswered:
+			_, err = tx.ExecContext(ctx, `UPDATE outbox SET last_error = ?, attempt_count = attempt_count + 1
+				WHERE event_id = ?`, o.Error, o.EventID)
+		}
+		if err != nil {
+			return fmt.Errorf("outbox settle %s: %w", o.EventID, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("outbox settle: commit: %w", err)
+	}
+	return nil
+}
+
+// Row is an outbox row as operators see it.
+type Row struct {
+	EventID       string    `json:"event_id"`
+	Type          string    `json:"type"`
+	State         string    `json:"state"`
+	CreatedAt     time.Time `json:"created_at"`
+	NextAttemptAt time.Time `json:"next_attempt_at"`
+	Attempts      int       `json:"attempt_count"`
+	LastError     string    `json:"last_error,omitempty"`
+	Envelope      string    `json:"envelope"`
+}
+
+// List returns up to limit rows in state ("" for all), oldest first.
+func (s *Store) List(ctx context.Context, state string, limit int) ([]Row, error) {
+	q := `SELECT event_id, event_type, state, created_at, next_attempt_at, attempt_count, coalesce(last_error, ''), payload_json FROM outbox`
+	args := []any{}
+	if state != "" {
+		q += ` WHERE state = ?`
+		args = append(args, state)
+	}
+	q += ` ORDER BY seq LIMIT ?`
+	args = append(args, limit)
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox list: %w", err)
+	}
+	defer rows.Close()
+	var out []Row
+	for rows.Next() {
+		var r Row
+		var created, next string
+		if err := rows.Scan(&r.EventID, &r.Type, &r.State, &created, &next, &r.Attempts, &r.LastError, &r.Envelope); err != nil {
+			return nil, fmt.Errorf("outbox list: %w", err)
+		}
+		r.CreatedAt, _ = time.Parse(sqlitedb.Time, created)
+		r.NextAttemptAt, _ = time.Parse(sqlitedb.Time, next)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Counts returns how many rows are in each state.
+func (s *Store) Counts(ctx context.Context) (pending, rejected int64, err error) {
+	err = s.db.QueryRowContext(ctx, `SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'rejected') FROM outbox`).
+		Scan(&pending, &rejected)
+	return
+}
+
+// Requeue makes rejected rows pending and due now; with no ids, every
+// rejected row. It returns how many rows it requeued.
+func (s *Store) Requeue(ctx context.Context, ids []string) (int64, error) {
+	now := s.now().UTC().Format(sqlitedb.Time)
+	q := `UPDATE outbox SET state = 'pending', next_attempt_at = ?, rejected_at = NULL WHERE state = 'rejected'`
+	args := []any{now}
+	if len(ids) > 0 {
+		q += ` AND event_id IN (?` + strings.Repeat(",?", len(ids)-1) + `)`
+		for _, id := range ids {
+			args = append(args, id)
+		}
+	}
+	r, err := s.db.ExecContext(ctx, q, args...)
+	if err != nil {
+		return 0, fmt.Errorf("outbox requeue: %w", err)
+	}
+	n, _ := r.RowsAffected()
+	if n > 0 {
+		select {
+		case s.notify <- struct{}{}:
+		default:
+		}
+	}
+	return n, nil
+}
