@@ -178,7 +178,6 @@ one JSON object as the last line of stdout.`)
 	return nil
 }
 
-
 // countBench counts the run's events in the store: distinct identities and
 // rows beyond one per identity (which the unique key forbids).
 func countBench(ctx context.Context, q func(context.Context, string, ...any) *sql.Row, prefix string) (stored, dups int64, err error) {

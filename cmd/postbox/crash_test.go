@@ -1,0 +1,303 @@
+package main_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/postbox-events/postbox/internal/sqlitedb"
+)
+
+// binary is the postbox binary the crash tests run, built by TestMain.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "postbox-bin-*")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "postbox")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build postbox: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is a postbox subprocess.
+type proc struct {
+	t    *testing.T
+	args []string
+	cmd  *exec.Cmd
+	log  *bytes.Buffer
+}
+
+func start(t *testing.T, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, args: args}
+	p.restart()
+	t.Cleanup(func() { p.kill() })
+	return p
+}
+
+func (p *proc) restart() {
+	p.t.Helper()
+	p.log = &bytes.Buffer{}
+	p.cmd = exec.Command(binary, p.args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if err := p.cmd.Start(); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// kill sends SIGKILL and reaps the process.
+func (p *proc) kill() {
+	if p.cmd != nil && p.cmd.Process != nil {
+		p.cmd.Process.Signal(syscall.SIGKILL)
+		p.cmd.Wait()
+		p.cmd = nil
+	}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// waitHTTP polls url until it answers 200.
+func waitHTTP(t *testing.T, url string, p *proc) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s did not come up; its log:\n%s", url, p.log)
+}
+
+// producer posts events to an agent's intake until stopped and records
+// the ids the agent accepted (202).
+type producer struct {
+	url      string
+	device   string
+	mu       sync.Mutex
+	accepted []string
+	next     int
+}
+
+func (pr *producer) run(ctx context.Context) {
+	client := &http.Client{Timeout: 5 * time.Second}
+	for ctx.Err() == nil {
+		var batch []map[string]any
+		ids := make([]string, 0, 20)
+		for range 20 {
+			id := fmt.Sprintf("evt_%s_%06d", pr.device, pr.next)
+			pr.next++
+			ids = append(ids, id)
+			batch = append(batch, map[string]any{"event_id": id, "type": "crash.test", "payload": map[string]any{"n": pr.next, "pad": "abcdefghijklmnopqrstuvwxyz"}})
+		}
+		body, _ := json.Marshal(batch)
+		resp, err := client.Post(pr.url+"/v1/events", "application/json", bytes.NewReader(body))
+		if err != nil {
+			time.Sleep(10 * time.Millisecond) // the agent is down: try again (new ids)
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusAccepted {
+			pr.mu.Lock()
+			pr.accepted = append(pr.accepted, ids...)
+			pr.mu.Unlock()
+		}
+	}
+}
+
+type outboxCounts struct{ Pending, Rejected int64 }
+
+func agentCounts(url string) (outboxCounts, error) {
+	resp, err := http.Get(url + "/v1/outbox")
+	if err != nil {
+		return outboxCounts{}, err
+	}
+	defer resp.Body.Close()
+	var c outboxCounts
+	return c, json.NewDecoder(resp.Body).Decode(&c)
+}
+
+// drained waits until every agent's outbox is empty.
+func drained(t *testing.T, agents map[string]*proc) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for url, p := range agents {
+		for {
+			c, err := agentCounts(url)
+			if err == nil && c.Pending == 0 && c.Rejected == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("agent %s outbox not drained (%+v, %v); its log:\n%s", url, c, err, p.log)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// checkStored asserts that the store holds every accepted id exactly once
+// and nothing else from these devices.
+func checkStored(t *testing.T, dbPath string, producers []*producer) {
+	t.Helper()
+	db, err := sqlitedb.Open(dbPath, sqlitedb.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	total := 0
+	for _, pr := range producers {
+		total += len(pr.accepted)
+		stored := map[string]int{}
+		rows, err := db.Query(`SELECT source_native_id FROM stream_events WHERE stream_id = 'devices' AND source_native_id >= ? AND source_native_id < ?`,
+			"evt_"+pr.device+"_", "evt_"+pr.device+"_~")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var id string
+			rows.Scan(&id)
+			stored[id]++
+		}
+		rows.Close()
+		for _, id := range pr.accepted {
+			if stored[id] != 1 {
+				t.Errorf("%s: accepted by the agent, stored %d times", id, stored[id])
+			}
+		}
+		for id, n := range stored {
+			if n != 1 {
+				t.Errorf("%s stored %d times", id, n)
+			}
+		}
+	}
+	var rows, dups int
+	if err := db.QueryRow(`SELECT count(*), sum(attempt_count) - count(*) FROM stream_events`).Scan(&rows, &dups); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d events accepted by agents, %d stored, %d redeliveries acknowledged as duplicates", total, rows, dups)
+	if total == 0 {
+		t.Fatal("no event was accepted: the test proved nothing")
+	}
+}
+
+func checkReady(t *testing.T, srv *proc, url string) {
+	t.Helper()
+	waitHTTP(t, url+"/ready", srv)
+}
+
+func startAgents(t *testing.T, dir, server string, n int) (map[string]*proc, []*producer) {
+	agents := map[string]*proc{}
+	var producers []*producer
+	for i := range n {
+		device := "pi-" + strconv.Itoa(i)
+		listen := freePort(t)
+		a := start(t, "agent", "--server", server, "--outbox", filepath.Join(dir, device+".db"), "--device-id", device,
+			"--listen", listen, "--backoff-max", "200ms", "--log-level", "warn")
+		url := "http://" + listen
+		waitHTTP(t, url+"/health", a)
+		agents[url] = a
+		producers = append(producers, &producer{url: url, device: device})
+	}
+	return agents, producers
+}
+
+// TestCrashServer kills the control plane with SIGKILL at random moments
+// while agents stream events, restarts it, and counts every event.
+func TestCrashServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("crash test runs the real binary")
+	}
+	dir := t.TempDir()
+	addr := freePort(t)
+	dbPath := filepath.Join(dir, "postbox.db")
+	srv := start(t, "serve", "--addr", addr, "--db", dbPath, "--log-level", "warn")
+	checkReady(t, srv, "http://"+addr)
+	agents, producers := startAgents(t, dir, "ws://"+addr, 3)
+
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, pr := range producers {
+		wg.Add(1)
+		go func() { defer wg.Done(); pr.run(ctx) }()
+	}
+	for i := 0; i < 5; i++ {
+		time.Sleep(time.Duration(150+rand.IntN(500)) * time.Millisecond) // a random moment
+		srv.kill()
+		time.Sleep(time.Duration(rand.IntN(300)) * time.Millisecond)
+		srv.restart()
+		checkReady(t, srv, "http://"+addr)
+	}
+	time.Sleep(200 * time.Millisecond)
+	stop()
+	wg.Wait()
+	drained(t, agents)
+	srv.kill()
+	checkStored(t, dbPath, producers)
+}
+
+// TestCrashAgent kills an agent with SIGKILL at random moments while a
+// program feeds it events, restarts it, and counts every event it
+// accepted.
+func TestCrashAgent(t *testing.T) {
+	if testing.Short() {
+		t.Skip("crash test runs the real binary")
+	}
+	dir := t.TempDir()
+	addr := freePort(t)
+	dbPath := filepath.Join(dir, "postbox.db")
+	srv := start(t, "serve", "--addr", addr, "--db", dbPath, "--log-level", "warn")
+	checkReady(t, srv, "http://"+addr)
+	agents, producers := startAgents(t, dir, "ws://"+addr, 2)
+
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, pr := range producers {
+		wg.Add(1)
+		go func() { defer wg.Done(); pr.run(ctx) }()
+	}
+	for i := 0; i < 5; i++ {
+		time.Sleep(time.Duration(150+rand.IntN(400)) * time.Millisecond) // a random moment
+		for url, a := range agents {
+			a.kill()
+			a.restart()
+			waitHTTP(t, url+"/health", a)
+		}
+	}
+	stop()
+	wg.Wait()
+	drained(t, agents)
+	srv.kill()
+	checkStored(t, dbPath, producers)
+}
