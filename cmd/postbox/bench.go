@@ -60,7 +60,7 @@ one JSON object as the last line of stdout.`)
 	fs.Var(&maxBatch, "max-batch", "the started server's most events per group commit (1 = a transaction per event)")
 	frame := positiveInt(64)
 	fs.Var(&frame, "frame", "envelopes per frame")
-	window := positiveInt(1024)
+	window := positiveInt(128)
 	fs.Var(&window, "window", "most unacknowledged envelopes per device")
 	payloadBytes := positiveInt(300)
 	fs.Var(&payloadBytes, "payload-bytes", "approximate size of each payload")
@@ -133,8 +133,14 @@ one JSON object as the last line of stdout.`)
 			perDevice = *rate / float64(devices)
 		}
 		load.Go(func() error {
+			// Devices start their paced schedules at evenly spread phases, so
+			// the offered load is smooth rather than one burst per interval.
+			phase := time.Duration(0)
+			if perDevice > 0 {
+				phase = time.Duration(float64(d) / float64(devices) * float64(frame) / perDevice * float64(time.Second))
+			}
 			return benchDevice(lctx, *srvURL, *token, fmt.Sprintf("%sd%03d_", prefix, d), fmt.Sprintf("bench-%03d", d), n,
-				int(frame), int(window), perDevice, payload, &acked, &nacked, lat)
+				int(frame), int(window), perDevice, phase, payload, &acked, &nacked, lat)
 		})
 	}
 	err := load.Wait()
@@ -194,7 +200,7 @@ func benchPayload(size int) []byte {
 
 // benchDevice sends n events in frames, keeping at most window events
 // unacknowledged, optionally paced to rate events/s.
-func benchDevice(ctx context.Context, url, token, idPrefix, device string, n, frame, window int, rate float64,
+func benchDevice(ctx context.Context, url, token, idPrefix, device string, n, frame, window int, rate float64, phase time.Duration,
 	payload []byte, acked, nacked *atomic.Int64, lat *latencies) error {
 	conn, err := client.Dial(ctx, url, client.Options{Token: token})
 	if err != nil {
@@ -204,7 +210,7 @@ func benchDevice(ctx context.Context, url, token, idPrefix, device string, n, fr
 	slots := make(chan struct{}, max(window/frame, 1))
 	g, gctx := errgroup.WithContext(ctx)
 	ts := time.Now().UTC().Format(time.RFC3339Nano)
-	start := time.Now()
+	start := time.Now().Add(phase)
 	for sent := 0; sent < n; sent += frame {
 		size := min(frame, n-sent)
 		if rate > 0 {

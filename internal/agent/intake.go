@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
 )
 
@@ -128,7 +129,7 @@ func (in *intake) fill(env *postbox.Envelope, now string) {
 		env.SchemaVersion = postbox.SchemaVersion
 	}
 	if env.EventID == "" {
-		env.EventID = newEventID()
+		env.EventID = outbox.NewEventID()
 	}
 	if env.TS == "" {
 		env.TS = now

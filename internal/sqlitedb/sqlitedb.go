@@ -69,7 +69,6 @@ func Open(path string, opts Options) (*sql.DB, error) {
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous("+sync+")")
 	q.Add("_pragma", "foreign_keys(ON)")
-	q.Add("_pragma", "cache_size(-65536)")
 	q.Add("_txlock", "immediate")
 	if opts.ReadOnly {
 		q.Add("_pragma", "query_only(1)")

@@ -1,4 +1,4 @@
-package agent
+package outbox
 
 import (
 	"crypto/rand"
@@ -12,8 +12,9 @@ var (
 	idEntropy = ulid.Monotonic(rand.Reader, 0)
 )
 
-// newEventID returns a new evt_<ULID>, sortable by time.
-func newEventID() string {
+// NewEventID returns a new event id, "evt_" and a ULID: unique, and
+// sortable by the time it was made.
+func NewEventID() string {
 	idMu.Lock()
 	defer idMu.Unlock()
 	return "evt_" + ulid.MustNew(ulid.Now(), idEntropy).String()
