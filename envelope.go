@@ -3,7 +3,6 @@ package postbox
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
@@ -70,68 +69,23 @@ func DecodeEnvelope(data []byte, lim Limits) (Envelope, error) {
 // ParseEnvelope decodes one encoded envelope without validating its
 // values, for a producer that fills in missing fields before Validate.
 // Types, unknown fields and the size limit are checked.
+//
+// Decoding follows encoding/json (see decode.go): keys match
+// case-insensitively and the last of duplicate keys wins, strings are
+// unescaped with invalid UTF-8 turned into U+FFFD, and the payload may be
+// any JSON value, which Validate then checks. The returned Payload is a
+// sub-slice of data, not a copy. After a syntax error the envelope is zero;
+// after a type or unknown-field error it holds the fields that decoded.
 func ParseEnvelope(data []byte, lim Limits) (Envelope, error) {
 	lim = lim.withDefaults()
 	var env Envelope
 	if len(data) > lim.MaxEnvelopeBytes {
 		return env, &FieldError{Code: CodeTooLarge, Message: fmt.Sprintf("envelope is %d bytes, over the limit of %d", len(data), lim.MaxEnvelopeBytes)}
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&env); err != nil {
-		return env, decodeError(data, err)
-	}
-	if dec.More() {
-		return env, &FieldError{Code: CodeInvalidJSON, Message: "envelope: unexpected data after the JSON object"}
+	if err := decodeEnvelope(data, &env); err != nil {
+		return env, err
 	}
 	return env, nil
-}
-
-// decodeError turns an encoding/json error into a FieldError naming the
-// field where it can.
-func decodeError(data []byte, err error) *FieldError {
-	var te *json.UnmarshalTypeError
-	var se *json.SyntaxError
-	switch {
-	case errors.As(err, &te):
-		field := te.Field
-		if field == "" {
-			return &FieldError{Code: CodeInvalidJSON, Message: "envelope must be a JSON object, not " + te.Value}
-		}
-		return &FieldError{Field: field, Code: CodeInvalidField, Message: fmt.Sprintf("%s: must be %s, not %s", field, jsonKind(te.Type.Kind().String()), te.Value)}
-	case errors.As(err, &se):
-		return &FieldError{Code: CodeInvalidJSON, Message: fmt.Sprintf("envelope is not valid JSON at byte %d: %v", se.Offset, se)}
-	}
-	msg := err.Error()
-	if f, ok := unknownField(msg); ok {
-		return &FieldError{Field: f, Code: CodeUnknownField, Message: fmt.Sprintf("%s: unknown field", f)}
-	}
-	if len(bytes.TrimSpace(data)) == 0 {
-		return &FieldError{Code: CodeInvalidJSON, Message: "envelope is empty"}
-	}
-	return &FieldError{Code: CodeInvalidJSON, Message: "envelope is not valid JSON: " + msg}
-}
-
-func unknownField(msg string) (string, bool) {
-	const prefix = `json: unknown field "`
-	if len(msg) > len(prefix) && msg[:len(prefix)] == prefix && msg[len(msg)-1] == '"' {
-		return msg[len(prefix) : len(msg)-1], true
-	}
-	return "", false
-}
-
-func jsonKind(goKind string) string {
-	switch goKind {
-	case "string":
-		return "a string"
-	case "int", "int64":
-		return "an integer"
-	case "ptr":
-		return "an integer"
-	case "slice":
-		return "a JSON object"
-	}
-	return goKind
 }
 
 // Validate checks an envelope's fields against lim and returns a *FieldError
@@ -202,21 +156,11 @@ func missing(name string) *FieldError {
 }
 
 // SplitFrame splits one transport frame into its envelopes: a frame holds a
-// single envelope object or a JSON array of them. A frame that is neither
-// returns a *FieldError with CodeInvalidJSON.
+// single envelope object or a JSON array of them. A frame that is neither,
+// or an array that is not valid JSON, returns a *FieldError with
+// CodeInvalidJSON. The envelopes are sub-slices of frame, not copies.
 func SplitFrame(frame []byte) ([]json.RawMessage, error) {
-	b := bytes.TrimLeft(frame, " \t\r\n")
-	if len(b) > 0 && b[0] == '[' {
-		var envs []json.RawMessage
-		if err := json.Unmarshal(b, &envs); err != nil {
-			return nil, &FieldError{Code: CodeInvalidJSON, Message: "frame is not a valid JSON array of envelopes: " + err.Error()}
-		}
-		return envs, nil
-	}
-	if len(b) == 0 || b[0] != '{' {
-		return nil, &FieldError{Code: CodeInvalidJSON, Message: "frame must be an envelope object or an array of envelopes"}
-	}
-	return []json.RawMessage{frame}, nil
+	return splitFrame(frame)
 }
 
 // PeekEventID returns the event_id of an encoded envelope if it has a string

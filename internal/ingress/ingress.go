@@ -5,10 +5,8 @@
 package ingress
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -52,7 +50,8 @@ type Config struct {
 	// Tokens, when not nil, makes every connection authenticate with a
 	// bearer token, and lets it send only for the token's device.
 	Tokens Tokens
-	// MaxFrameBytes bounds one transport frame. Defaults to 16 MiB.
+	// MaxFrameBytes bounds one transport frame. Defaults to 16 MiB, and is
+	// at least twice Limits.MaxEnvelopeBytes.
 	MaxFrameBytes int64
 	// MaxInFlight bounds the envelopes one connection has sent and not yet
 	// been answered for; the connection is not read while it is reached.
@@ -78,6 +77,10 @@ func New(store Appender, cfg Config) (*Ingress, error) {
 	if cfg.MaxFrameBytes <= 0 {
 		cfg.MaxFrameBytes = DefaultMaxFrameBytes
 	}
+	// A frame always has room for one envelope of the largest size allowed,
+	// so that an oversized envelope earns a NACK instead of a closed
+	// connection.
+	cfg.MaxFrameBytes = max(cfg.MaxFrameBytes, 2*int64(cfg.Limits.MaxEnvelopeBytes))
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
 	}
@@ -129,32 +132,40 @@ func (in *Ingress) decodeFrame(frame []byte, device string) decoded {
 	return d
 }
 
-// toEvent turns a valid envelope into the stream event stored for it.
+// toEvent turns a valid envelope into the stream event stored for it. The
+// payload is stored compacted, so that a redelivery that differs only in
+// insignificant whitespace is a duplicate, not a conflict.
 func toEvent(env *postbox.Envelope) stream.Event {
-	var payload bytes.Buffer
-	payload.Grow(len(env.Payload))
-	if json.Compact(&payload, env.Payload) != nil { // cannot fail: DecodeEnvelope parsed it
-		payload.Write(env.Payload)
-	}
 	meta := make([]byte, 0, 64+len(env.DeviceID)+len(env.SessionID))
 	meta = append(meta, `{"device_id":`...)
-	meta = strconv.AppendQuote(meta, env.DeviceID)
+	meta = appendString(meta, env.DeviceID)
 	meta = append(meta, `,"session_id":`...)
-	meta = strconv.AppendQuote(meta, env.SessionID)
+	meta = appendString(meta, env.SessionID)
 	meta = append(meta, `,"schema_version":`...)
 	meta = strconv.AppendInt(meta, int64(env.SchemaVersion), 10)
 	meta = append(meta, '}')
-	if !json.Valid(meta) { // strconv quoting differs from JSON for rare runes
-		meta, _ = json.Marshal(map[string]any{"device_id": env.DeviceID, "session_id": env.SessionID, "schema_version": env.SchemaVersion})
-	}
 	return stream.Event{
 		NativeID:   env.EventID,
 		Type:       env.Type,
 		OccurredAt: env.Time(),
 		Sequence:   env.Seq,
 		Metadata:   meta,
-		Payload:    payload.Bytes(),
+		Payload:    postbox.AppendCompact(make([]byte, 0, len(env.Payload)), env.Payload), // a copy: the frame is not pinned until commit
 	}
+}
+
+// appendString appends s as a JSON string. s is a validated envelope id:
+// valid UTF-8 without control characters, so only quotes and backslashes
+// need escaping.
+func appendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '"' || c == '\\' {
+			b = append(b, '\\')
+		}
+		b = append(b, s[i])
+	}
+	return append(b, '"')
 }
 
 // replies turns append results into ACKs and NACKs.
