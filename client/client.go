@@ -145,18 +145,6 @@ func (c *Conn) Send(ctx context.Context, msgs []Message) ([]postbox.Reply, error
 		cl.index[m.EventID] = append(cl.index[m.EventID], i)
 		size += len(m.Envelope) + 1
 	}
-	c.mu.Lock()
-	if c.err != nil {
-		c.mu.Unlock()
-		return nil, c.err
-	}
-	for id, n := range cl.index {
-		for range n {
-			c.waiting[id] = append(c.waiting[id], cl)
-		}
-	}
-	c.mu.Unlock()
-
 	frame := make([]byte, 0, size)
 	frame = append(frame, '[')
 	for i, m := range msgs {
@@ -166,7 +154,23 @@ func (c *Conn) Send(ctx context.Context, msgs []Message) ([]postbox.Reply, error
 		frame = append(frame, m.Envelope...)
 	}
 	frame = append(frame, ']')
+
+	// Waiters are registered and the frame written under one lock, so that
+	// frames go out in the order their waiters queue up: two Sends of the
+	// same event id get the replies meant for them.
 	c.wmu.Lock()
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		c.wmu.Unlock()
+		return nil, c.err
+	}
+	for id, n := range cl.index {
+		for range n {
+			c.waiting[id] = append(c.waiting[id], cl)
+		}
+	}
+	c.mu.Unlock()
 	err := c.c.Write(ctx, websocket.MessageText, frame)
 	c.wmu.Unlock()
 	if err != nil {

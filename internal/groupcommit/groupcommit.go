@@ -103,9 +103,13 @@ func (w *Writer[T]) Cap() int { return w.cfg.QueueSize }
 // Enqueue queues items and returns at once; done is called from the writer
 // goroutine after the items' transaction committed (nil) or failed. done
 // must not block. Enqueue blocks while the queue has no room for items
-// (a request larger than the queue waits for an empty queue) and returns
+// (a request larger than the queue waits for an empty queue, and then
+// exceeds the bound: callers keep requests small) and returns
 // ctx's error or ErrClosed without queueing anything.
 func (w *Writer[T]) Enqueue(ctx context.Context, items []T, done func(error)) error {
+	if len(items) == 0 {
+		return w.empty(done)
+	}
 	for {
 		w.mu.Lock()
 		if w.closed {
@@ -129,6 +133,9 @@ func (w *Writer[T]) Enqueue(ctx context.Context, items []T, done func(error)) er
 
 // TryEnqueue is Enqueue that returns ErrFull instead of waiting.
 func (w *Writer[T]) TryEnqueue(items []T, done func(error)) error {
+	if len(items) == 0 {
+		return w.empty(done)
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
@@ -154,13 +161,21 @@ func (w *Writer[T]) fits(n int) bool {
 	return len(w.queue) == 0 || len(w.queue)+n <= w.cfg.QueueSize
 }
 
-func (w *Writer[T]) push(items []T, done func(error)) {
-	if len(items) == 0 {
-		if done != nil {
-			done(nil)
-		}
-		return
+// empty answers a request without items.
+func (w *Writer[T]) empty(done func(error)) error {
+	w.mu.Lock()
+	closed := w.closed
+	w.mu.Unlock()
+	if closed {
+		return ErrClosed
 	}
+	if done != nil {
+		done(nil)
+	}
+	return nil
+}
+
+func (w *Writer[T]) push(items []T, done func(error)) {
 	req := &request{remaining: len(items), done: done}
 	for _, it := range items {
 		w.queue = append(w.queue, entry[T]{item: it, req: req})
@@ -231,5 +246,6 @@ func (w *Writer[T]) writeBatch(ctx context.Context, batch []entry[T], items []T)
 		}
 	}
 	clear(items)
+	clear(batch) // let the items go before the next batch
 	return true
 }

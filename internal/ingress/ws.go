@@ -16,6 +16,9 @@ import (
 // WSPath is the default path of the WebSocket ingress.
 const WSPath = "/v1/ws"
 
+// appendChunk bounds the events of one AppendAsync call.
+const appendChunk = 512
+
 // Subprotocol is the WebSocket subprotocol of the envelope/ACK protocol.
 const Subprotocol = "postbox.v1"
 
@@ -114,12 +117,18 @@ func (s *wsSession) readLoop(ctx context.Context, device string) error {
 		s.mu.Lock()
 		s.inFlight += len(d.events)
 		s.mu.Unlock()
-		ids := d.ids
-		err = s.in.store.AppendAsync(ctx, s.in.cfg.StreamID, d.events, func(res []stream.AppendResult, err error) {
-			s.reply(s.in.replies(ids, res, err), 0)
-		})
-		if err != nil {
-			return err // ctx ended or the store closed: the sender will resend
+		// A large frame is queued in parts, so that no request is larger
+		// than the writer's queue bound.
+		for len(d.events) > 0 {
+			n := min(len(d.events), appendChunk)
+			ids := d.ids[:n]
+			err = s.in.store.AppendAsync(ctx, s.in.cfg.StreamID, d.events[:n], func(res []stream.AppendResult, err error) {
+				s.reply(s.in.replies(ids, res, err), 0)
+			})
+			if err != nil {
+				return err // ctx ended or the store closed: the sender will resend
+			}
+			d.ids, d.events = d.ids[n:], d.events[n:]
 		}
 	}
 }

@@ -283,7 +283,9 @@ const insertConflict = ` ON CONFLICT (stream_id, source_native_id, event_variant
 // rows this statement inserted have offsets past the previous high
 // watermark; every other row is a redelivery, counted, or a conflict.
 func (b *Backend) flush(ctx context.Context, batch []*item) error {
-	now := b.now().UTC()
+	// Truncated to the stored precision, so that the StoredAt of the first
+	// delivery equals the one a redelivery reads back from created_at.
+	now := b.now().UTC().Truncate(time.Microsecond)
 	nowText := now.Format(sqlitedb.Time)
 	tx, err := b.write.BeginTx(ctx, nil)
 	if err != nil {
