@@ -12,6 +12,7 @@ import (
 // Defaults of RelayConfig.
 const (
 	DefaultBatchSize     = 256
+	DefaultBatchBytes    = 4 << 20
 	DefaultMaxInFlight   = 4096
 	DefaultPollInterval  = time.Second
 	DefaultRetryBase     = time.Second
@@ -24,6 +25,10 @@ const (
 type RelayConfig struct {
 	// BatchSize bounds the messages of one Publish. Defaults to 256.
 	BatchSize int
+	// BatchBytes bounds the bodies of one Publish, so that a batch of large
+	// events still fits the receiver's frame limit. A message larger than
+	// BatchBytes is published alone. Defaults to 4 MiB.
+	BatchBytes int
 	// MaxInFlight bounds the messages published and not yet answered.
 	// Defaults to 4096.
 	MaxInFlight int
@@ -65,6 +70,9 @@ func NewRelay(store Store, pub Publisher, cfg RelayConfig) (*Relay, error) {
 	}
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = DefaultBatchSize
+	}
+	if cfg.BatchBytes <= 0 {
+		cfg.BatchBytes = DefaultBatchBytes
 	}
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
@@ -118,6 +126,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	var pausedUntil time.Time
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	// The timer above is reset on every turn of the loop, so under steady
+	// traffic it never fires; the ticker makes a full sweep every
+	// PollInterval regardless, for rows that came due behind the cursor.
+	sweep := time.NewTicker(r.cfg.PollInterval)
+	defer sweep.Stop()
+	done := ctx.Done()
 
 	for {
 		now := r.cfg.Now()
@@ -177,8 +191,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-notify:
 		case <-timer.C:
 			cursor = 0 // requeued rows and retries that came due
-		case <-ctx.Done():
+		case <-sweep.C:
+			cursor = 0
+		case <-done:
 			cancel()
+			done = nil // wait for the publishes in flight without spinning
 		}
 	}
 }
@@ -195,14 +212,15 @@ func (r *Relay) due(ctx context.Context, now time.Time, cursor int64, n int, inF
 		return nil, cursor, err
 	}
 	msgs := rows[:0]
-	last := cursor
+	last, size := cursor, 0
 	for _, m := range rows {
-		if len(msgs) == n {
+		if len(msgs) == n || (len(msgs) > 0 && size+len(m.Body) > r.cfg.BatchBytes) {
 			break
 		}
 		last = m.Seq
 		if !inFlight[m.EventID] {
 			msgs = append(msgs, m)
+			size += len(m.Body)
 		}
 	}
 	return msgs, last, nil

@@ -1,0 +1,377 @@
+// White-box only to read the pragmas on the store's own connection; every
+// other test uses the exported API.
+package outboxsqlite
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/sqlitedb"
+	"github.com/postbox-events/postbox/outbox"
+)
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func newClock() *clock { return &clock{t: time.Date(2030, 1, 2, 3, 4, 5, 123456000, time.UTC)} }
+
+// run runs s's writer and returns a function that stops it and closes s.
+func run(t testing.TB, s *Store) (closeStore func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	var once sync.Once
+	closeStore = func() {
+		once.Do(func() {
+			cancel()
+			<-done
+			if err := s.Close(); err != nil {
+				t.Errorf("close: %v", err)
+			}
+		})
+	}
+	t.Cleanup(closeStore)
+	return closeStore
+}
+
+func open(t testing.TB, path string, cfg Config) (*Store, func()) {
+	t.Helper()
+	if path == "" {
+		path = filepath.Join(t.TempDir(), "outbox.db")
+	}
+	s, err := Open(path, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, run(t, s)
+}
+
+func env(id, payload string) postbox.Envelope {
+	return postbox.Envelope{
+		SchemaVersion: postbox.SchemaVersion, EventID: id, Type: "test.event",
+		TS: "2030-01-02T03:04:05Z", SessionID: "sess-1", DeviceID: "dev-1",
+		Payload: json.RawMessage(payload),
+	}
+}
+
+func insertOK(t testing.TB, s *Store, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		res, err := s.Insert(context.Background(), []postbox.Envelope{env(id, `{"n":1}`)})
+		if err != nil || len(res) != 1 || res[0].Err != nil || res[0].Duplicate || res[0].EventID != id {
+			t.Fatalf("insert %s: %+v %v", id, res, err)
+		}
+	}
+}
+
+func list(t testing.TB, s *Store, state string) map[string]Row {
+	t.Helper()
+	rows, err := s.List(context.Background(), state, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]Row{}
+	for _, r := range rows {
+		out[r.EventID] = r
+	}
+	return out
+}
+
+func dueIDs(t testing.TB, s *Store, now time.Time, after int64, limit int) ([]string, []outbox.Message) {
+	t.Helper()
+	msgs, err := s.Due(context.Background(), now, after, limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{}
+	for _, m := range msgs {
+		ids = append(ids, m.EventID)
+	}
+	return ids, msgs
+}
+
+func wantCounts(t testing.TB, s *Store, pending, rejected int64) {
+	t.Helper()
+	p, r, err := s.Counts(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p != pending || r != rejected {
+		t.Fatalf("Counts = %d pending, %d rejected; want %d, %d", p, r, pending, rejected)
+	}
+}
+
+func TestPragmas(t *testing.T) {
+	for _, tc := range []struct {
+		sync string
+		want int
+	}{{"", 2}, {"FULL", 2}, {"NORMAL", 1}} {
+		s, _ := open(t, "", Config{Synchronous: tc.sync})
+		insertOK(t, s, "evt-1") // the writer has used the connection
+		mode, sync, busy, err := sqlitedb.Pragmas(context.Background(), s.db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mode != "wal" || sync != tc.want || busy != 5000 {
+			t.Fatalf("Synchronous %q: journal_mode=%s synchronous=%d busy_timeout=%d; want wal, %d, 5000", tc.sync, mode, sync, busy, tc.want)
+		}
+	}
+	if _, err := Open(filepath.Join(t.TempDir(), "outbox.db"), Config{Synchronous: "OFF"}); err == nil {
+		t.Fatal("Open with synchronous OFF succeeded; want an error")
+	}
+}
+
+func TestInsertDuplicateAndConflict(t *testing.T) {
+	s, _ := open(t, "", Config{})
+	ctx := context.Background()
+	first := env("evt-1", `{"a":1}`)
+	res, err := s.Insert(ctx, []postbox.Envelope{first})
+	if err != nil || res[0].Duplicate || res[0].Err != nil {
+		t.Fatalf("first insert: %+v %v", res, err)
+	}
+	res, err = s.Insert(ctx, []postbox.Envelope{first})
+	if err != nil || !res[0].Duplicate || res[0].Err != nil || res[0].EventID != "evt-1" {
+		t.Fatalf("same envelope again: %+v %v; want Duplicate", res, err)
+	}
+	other := env("evt-1", `{"a":2}`)
+	other.Type = "other.type"
+	res, err = s.Insert(ctx, []postbox.Envelope{env("evt-2", `{}`), other, env("evt-3", `{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(res[1].Err, ErrConflict) || res[1].Duplicate {
+		t.Fatalf("same event_id, other envelope: %+v; want ErrConflict", res[1])
+	}
+	if res[0].Err != nil || res[2].Err != nil || res[0].Duplicate || res[2].Duplicate {
+		t.Fatalf("the other events of the batch: %+v, want both queued", res)
+	}
+	rows := list(t, s, "")
+	if len(rows) != 3 {
+		t.Fatalf("rows: %v, want evt-1..3", rows)
+	}
+	want, _ := json.Marshal(first)
+	if r := rows["evt-1"]; r.Envelope != string(want) || r.Type != "test.event" || r.Attempts != 0 || r.State != StatePending {
+		t.Fatalf("evt-1 after the conflict: %+v; want the first envelope unchanged", r)
+	}
+}
+
+func TestDueOrderAndCursor(t *testing.T) {
+	clk := newClock()
+	s, _ := open(t, "", Config{Now: clk.Now})
+	created := clk.Now()
+	insertOK(t, s, "evt-c", "evt-a", "evt-e", "evt-b", "evt-d") // insert order, not id order
+
+	ids, msgs := dueIDs(t, s, clk.Now(), 0, 100)
+	if want := []string{"evt-c", "evt-a", "evt-e", "evt-b", "evt-d"}; !reflect.DeepEqual(ids, want) {
+		t.Fatalf("Due = %v, want insert order %v", ids, want)
+	}
+	for i, m := range msgs {
+		if i > 0 && m.Seq <= msgs[i-1].Seq {
+			t.Fatalf("Seq not growing: %+v", msgs)
+		}
+		var got postbox.Envelope
+		if err := json.Unmarshal(m.Body, &got); err != nil || got.EventID != m.EventID || m.Type != "test.event" || m.Attempts != 0 || !m.CreatedAt.Equal(created) {
+			t.Fatalf("message %d: %+v (body %s, %v)", i, m, m.Body, err)
+		}
+	}
+	if ids, _ := dueIDs(t, s, clk.Now(), msgs[1].Seq, 2); !reflect.DeepEqual(ids, []string{"evt-e", "evt-b"}) {
+		t.Fatalf("Due after %d limit 2 = %v, want [evt-e evt-b]", msgs[1].Seq, ids)
+	}
+	if ids, _ := dueIDs(t, s, clk.Now(), msgs[4].Seq, 10); len(ids) != 0 {
+		t.Fatalf("Due after the last row = %v, want none", ids)
+	}
+	if ids, _ := dueIDs(t, s, clk.Now().Add(-time.Microsecond), 0, 10); len(ids) != 0 {
+		t.Fatalf("Due before the rows were created = %v, want none", ids)
+	}
+}
+
+func TestSettleKinds(t *testing.T) {
+	clk := newClock()
+	s, _ := open(t, "", Config{Now: clk.Now})
+	insertOK(t, s, "evt-delivered", "evt-rejected", "evt-retry", "evt-unanswered", "evt-untouched")
+	retryAt := clk.Now().Add(time.Minute)
+	clk.Add(time.Second)
+	err := s.Settle(context.Background(), []outbox.Outcome{
+		{EventID: "evt-delivered", Kind: outbox.Delivered},
+		{EventID: "evt-rejected", Kind: outbox.Rejected, Error: "invalid_field: ts: bad"},
+		{EventID: "evt-retry", Kind: outbox.Retry, Error: "unavailable: busy", RetryAt: retryAt},
+		{EventID: "evt-unanswered", Kind: outbox.Unanswered, Error: "connection reset"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := list(t, s, "")
+	if _, ok := rows["evt-delivered"]; ok {
+		t.Fatal("the delivered row is still in the outbox")
+	}
+	check := func(id, state string, attempts int, lastErr string) Row {
+		t.Helper()
+		r, ok := rows[id]
+		if !ok || r.State != state || r.Attempts != attempts || r.LastError != lastErr {
+			t.Fatalf("%s = %+v (present %v); want state %s, %d attempts, last_error %q", id, r, ok, state, attempts, lastErr)
+		}
+		return r
+	}
+	check("evt-rejected", StateRejected, 1, "invalid_field: ts: bad")
+	if r := check("evt-retry", StatePending, 1, "unavailable: busy"); !r.NextAttemptAt.Equal(retryAt) {
+		t.Fatalf("evt-retry next_attempt_at = %s, want %s", r.NextAttemptAt, retryAt)
+	}
+	check("evt-unanswered", StatePending, 1, "connection reset")
+	check("evt-untouched", StatePending, 0, "")
+	wantCounts(t, s, 3, 1)
+
+	ids, msgs := dueIDs(t, s, clk.Now(), 0, 10)
+	if !reflect.DeepEqual(ids, []string{"evt-unanswered", "evt-untouched"}) {
+		t.Fatalf("Due now = %v, want the unanswered and untouched rows (not the rejected one, not the retry before its time)", ids)
+	}
+	if msgs[0].Attempts != 1 {
+		t.Fatalf("Due carries %d attempts for evt-unanswered, want 1", msgs[0].Attempts)
+	}
+	if ids, _ := dueIDs(t, s, retryAt, 0, 10); !reflect.DeepEqual(ids, []string{"evt-retry", "evt-unanswered", "evt-untouched"}) {
+		t.Fatalf("Due at the retry time = %v", ids)
+	}
+
+	// Each further answer counts another attempt.
+	if err := s.Settle(context.Background(), []outbox.Outcome{{EventID: "evt-unanswered", Kind: outbox.Unanswered, Error: "eof"}}); err != nil {
+		t.Fatal(err)
+	}
+	if r := list(t, s, "")["evt-unanswered"]; r.Attempts != 2 || r.LastError != "eof" {
+		t.Fatalf("after a second unanswered send: %+v", r)
+	}
+}
+
+func TestListCountsRequeue(t *testing.T) {
+	clk := newClock()
+	s, _ := open(t, "", Config{Now: clk.Now})
+	insertOK(t, s, "evt-r1", "evt-p", "evt-r2", "evt-r3")
+	var out []outbox.Outcome
+	for _, id := range []string{"evt-r1", "evt-r2", "evt-r3"} {
+		out = append(out, outbox.Outcome{EventID: id, Kind: outbox.Rejected, Error: "too_large: " + id})
+	}
+	if err := s.Settle(context.Background(), out); err != nil {
+		t.Fatal(err)
+	}
+	wantCounts(t, s, 1, 3)
+	rows, err := s.List(context.Background(), StateRejected, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range rows {
+		got = append(got, r.EventID)
+	}
+	if !reflect.DeepEqual(got, []string{"evt-r1", "evt-r2", "evt-r3"}) {
+		t.Fatalf("List(rejected) = %v, want oldest first", got)
+	}
+	if rows, _ := s.List(context.Background(), StatePending, 10); len(rows) != 1 || rows[0].EventID != "evt-p" {
+		t.Fatalf("List(pending) = %+v", rows)
+	}
+	if rows, _ := s.List(context.Background(), "", 2); len(rows) != 2 || rows[0].EventID != "evt-r1" || rows[1].EventID != "evt-p" {
+		t.Fatalf("List(all, 2) = %+v", rows)
+	}
+
+	drain(s)
+	clk.Add(time.Hour)
+	n, err := s.Requeue(context.Background(), []string{"evt-r2", "evt-p", "evt-unknown"})
+	if err != nil || n != 1 {
+		t.Fatalf("Requeue(evt-r2, a pending and an unknown id) = %d, %v; want 1", n, err)
+	}
+	select {
+	case <-s.Notify():
+	default:
+		t.Fatal("Requeue did not notify")
+	}
+	r := list(t, s, "")["evt-r2"]
+	if r.State != StatePending || !r.NextAttemptAt.Equal(clk.Now()) || r.Attempts != 1 {
+		t.Fatalf("requeued row = %+v; want pending, due now (%s), its attempts kept", r, clk.Now())
+	}
+	if ids, _ := dueIDs(t, s, clk.Now(), 0, 10); !reflect.DeepEqual(ids, []string{"evt-p", "evt-r2"}) {
+		t.Fatalf("Due after requeue = %v", ids)
+	}
+	wantCounts(t, s, 2, 2)
+
+	n, err = s.Requeue(context.Background(), nil)
+	if err != nil || n != 2 {
+		t.Fatalf("Requeue(all) = %d, %v; want 2", n, err)
+	}
+	wantCounts(t, s, 4, 0)
+	drain(s)
+	if n, err := s.Requeue(context.Background(), nil); err != nil || n != 0 {
+		t.Fatalf("Requeue with nothing rejected = %d, %v", n, err)
+	}
+	select {
+	case <-s.Notify():
+		t.Fatal("Requeue of nothing notified")
+	default:
+	}
+}
+
+func drain(s *Store) {
+	select {
+	case <-s.Notify():
+	default:
+	}
+}
+
+func TestRowsSurviveReopen(t *testing.T) {
+	clk := newClock()
+	path := filepath.Join(t.TempDir(), "outbox.db")
+	s, closeStore := open(t, path, Config{Now: clk.Now})
+	insertOK(t, s, "evt-1", "evt-2", "evt-3", "evt-4")
+	if err := s.Settle(context.Background(), []outbox.Outcome{
+		{EventID: "evt-1", Kind: outbox.Delivered},
+		{EventID: "evt-2", Kind: outbox.Rejected, Error: "conflict: payload differs"},
+		{EventID: "evt-3", Kind: outbox.Unanswered, Error: "eof"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := s.List(context.Background(), "", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, msgs := dueIDs(t, s, clk.Now(), 0, 10)
+	lastSeq := msgs[len(msgs)-1].Seq
+	closeStore()
+
+	s2, _ := open(t, path, Config{Now: clk.Now})
+	after, err := s2.List(context.Background(), "", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(before, after) || len(after) != 3 {
+		t.Fatalf("after reopening:\n%+v\nwant\n%+v", after, before)
+	}
+	wantCounts(t, s2, 2, 1)
+	insertOK(t, s2, "evt-5")
+	_, msgs = dueIDs(t, s2, clk.Now(), lastSeq, 10)
+	if len(msgs) != 1 || msgs[0].EventID != "evt-5" || msgs[0].Seq <= lastSeq {
+		t.Fatalf("Due after the old rows = %+v; want evt-5 with a Seq over %d", msgs, lastSeq)
+	}
+	// The same envelope is still known as a duplicate after the reopen.
+	res, err := s2.Insert(context.Background(), []postbox.Envelope{env("evt-3", `{"n":1}`)})
+	if err != nil || !res[0].Duplicate {
+		t.Fatalf("reinserting evt-3 after the reopen: %+v %v; want Duplicate", res, err)
+	}
+}
