@@ -8,6 +8,7 @@
 package outboxsqlite
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"embed"
@@ -48,6 +49,7 @@ type Config struct {
 // Store is an edge outbox in one SQLite file.
 type Store struct {
 	db     *sql.DB
+	stmts  map[string]*sql.Stmt // prepared at Open: the pool's one connection is busy inside a transaction
 	writer *groupcommit.Writer[*insert]
 	now    func() time.Time
 	notify chan struct{}
@@ -77,7 +79,15 @@ func Open(path string, cfg Config) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
-	s := &Store{db: db, now: cfg.Now, notify: make(chan struct{}, 1)}
+	s := &Store{db: db, now: cfg.Now, notify: make(chan struct{}, 1), stmts: map[string]*sql.Stmt{}}
+	for _, q := range []string{qInsert, qStored, qDelivered, qRejected, qRetry, qUnanswered} {
+		st, err := db.Prepare(q)
+		if err != nil {
+			db.Close()
+			return nil, fmt.Errorf("outbox: prepare: %w", err)
+		}
+		s.stmts[q] = st
+	}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -94,6 +104,29 @@ func (s *Store) Close() error { return s.db.Close() }
 // Notify returns a channel that receives after inserted rows commit.
 func (s *Store) Notify() <-chan struct{} { return s.notify }
 
+// The statements of the insert and settle paths.
+const (
+	qInsert = `INSERT INTO outbox (event_id, event_type, payload_json, created_at, next_attempt_at)
+		VALUES (?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`
+	qStored     = `SELECT payload_json FROM outbox WHERE event_id = ?`
+	qDelivered  = `DELETE FROM outbox WHERE event_id = ?`
+	qRejected   = `UPDATE outbox SET state = 'rejected', rejected_at = ?, last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ?`
+	qRetry      = `UPDATE outbox SET next_attempt_at = ?, last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ?`
+	qUnanswered = `UPDATE outbox SET last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ?`
+)
+
+// samePayload reports whether the stored envelope has payload, compared
+// as compact JSON. Like the control plane, the outbox judges a redelivery
+// by its payload alone: a producer that resends an event id without ts
+// (filled in anew) sends the same event.
+func samePayload(stored string, payload json.RawMessage) bool {
+	env, err := postbox.ParseEnvelope([]byte(stored), postbox.Limits{MaxEnvelopeBytes: len(stored) + 1})
+	if err != nil {
+		return false
+	}
+	return bytes.Equal(postbox.AppendCompact(nil, env.Payload), postbox.AppendCompact(nil, payload))
+}
+
 // Result is the outcome of inserting one envelope.
 type Result struct {
 	EventID   string
@@ -103,7 +136,8 @@ type Result struct {
 
 // Insert queues envelopes and returns after their commit. Envelopes must
 // be valid. An envelope whose event_id is queued already is a duplicate
-// when identical and ErrConflict otherwise.
+// when its payload is the same and ErrConflict otherwise; either way the
+// queued row is unchanged.
 func (s *Store) Insert(ctx context.Context, envs []postbox.Envelope) ([]Result, error) {
 	items := make([]*insert, len(envs))
 	for i, env := range envs {
@@ -135,8 +169,7 @@ func (s *Store) flush(ctx context.Context, batch []*insert) error {
 	}
 	defer tx.Rollback()
 	for _, it := range batch {
-		r, err := tx.ExecContext(ctx, `INSERT INTO outbox (event_id, event_type, payload_json, created_at, next_attempt_at)
-			VALUES (?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`, it.env.EventID, it.env.Type, string(it.body), now, now)
+		r, err := tx.StmtContext(ctx, s.stmts[qInsert]).ExecContext(ctx, it.env.EventID, it.env.Type, string(it.body), now, now)
 		if err != nil {
 			return fmt.Errorf("outbox insert %s: %w", it.env.EventID, err)
 		}
@@ -144,10 +177,10 @@ func (s *Store) flush(ctx context.Context, batch []*insert) error {
 			continue
 		}
 		var body string
-		if err := tx.QueryRowContext(ctx, `SELECT payload_json FROM outbox WHERE event_id = ?`, it.env.EventID).Scan(&body); err != nil {
+		if err := tx.StmtContext(ctx, s.stmts[qStored]).QueryRowContext(ctx, it.env.EventID).Scan(&body); err != nil {
 			return fmt.Errorf("outbox insert %s: %w", it.env.EventID, err)
 		}
-		if body == string(it.body) {
+		if samePayload(body, it.env.Payload) {
 			it.duplicate = true
 		} else {
 			it.err = ErrConflict
@@ -195,16 +228,13 @@ func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) error {
 		var err error
 		switch o.Kind {
 		case outbox.Delivered:
-			_, err = tx.ExecContext(ctx, `DELETE FROM outbox WHERE event_id = ?`, o.EventID)
+			_, err = tx.StmtContext(ctx, s.stmts[qDelivered]).ExecContext(ctx, o.EventID)
 		case outbox.Rejected:
-			_, err = tx.ExecContext(ctx, `UPDATE outbox SET state = 'rejected', rejected_at = ?, last_error = ?,
-				attempt_count = attempt_count + 1 WHERE event_id = ?`, now, o.Error, o.EventID)
+			_, err = tx.StmtContext(ctx, s.stmts[qRejected]).ExecContext(ctx, now, o.Error, o.EventID)
 		case outbox.Retry:
-			_, err = tx.ExecContext(ctx, `UPDATE outbox SET next_attempt_at = ?, last_error = ?,
-				attempt_count = attempt_count + 1 WHERE event_id = ?`, o.RetryAt.UTC().Format(sqlitedb.Time), o.Error, o.EventID)
+			_, err = tx.StmtContext(ctx, s.stmts[qRetry]).ExecContext(ctx, o.RetryAt.UTC().Format(sqlitedb.Time), o.Error, o.EventID)
 		case outbox.Unanswered:
-			_, err = tx.ExecContext(ctx, `UPDATE outbox SET last_error = ?, attempt_count = attempt_count + 1
-				WHERE event_id = ?`, o.Error, o.EventID)
+			_, err = tx.StmtContext(ctx, s.stmts[qUnanswered]).ExecContext(ctx, o.Error, o.EventID)
 		}
 		if err != nil {
 			return fmt.Errorf("outbox settle %s: %w", o.EventID, err)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"strings"
 	"reflect"
 	"sync"
 	"testing"
@@ -373,5 +374,24 @@ func TestRowsSurviveReopen(t *testing.T) {
 	res, err := s2.Insert(context.Background(), []postbox.Envelope{env("evt-3", `{"n":1}`)})
 	if err != nil || !res[0].Duplicate {
 		t.Fatalf("reinserting evt-3 after the reopen: %+v %v; want Duplicate", res, err)
+	}
+}
+
+// A producer that resends an event id without ts gets a new ts filled in;
+// the payload is the same, so it is the same event: a duplicate.
+func TestInsertSamePayloadOtherTSIsDuplicate(t *testing.T) {
+	s, done := open(t, filepath.Join(t.TempDir(), "o.db"), Config{})
+	defer done()
+	first := env("evt_ts", `{"a":1}`)
+	again := env("evt_ts", `{ "a" : 1 }`)
+	again.TS, again.SessionID = "2031-01-01T00:00:00Z", "sess_other_run"
+	for i, e := range []postbox.Envelope{first, again} {
+		res, err := s.Insert(context.Background(), []postbox.Envelope{e})
+		if err != nil || res[0].Err != nil || res[0].Duplicate != (i == 1) {
+			t.Fatalf("insert %d: %+v %v", i, res, err)
+		}
+	}
+	if rows := list(t, s, ""); rows["evt_ts"].Envelope == "" || !strings.Contains(rows["evt_ts"].Envelope, first.TS) {
+		t.Fatalf("the queued row changed: %+v", rows["evt_ts"])
 	}
 }
