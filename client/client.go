@@ -226,13 +226,7 @@ func (c *Conn) readLoop(ctx context.Context) {
 			c.fail(fmt.Errorf("%w: %v", ErrClosed, err))
 			return
 		}
-		var replies []postbox.Reply
-		if len(data) > 0 && data[0] == '[' {
-			err = json.Unmarshal(data, &replies)
-		} else {
-			replies = make([]postbox.Reply, 1)
-			err = json.Unmarshal(data, &replies[0])
-		}
+		replies, err := postbox.DecodeReplies(data)
 		if err != nil {
 			c.fail(fmt.Errorf("%w: server sent an unreadable reply: %v", ErrClosed, err))
 			c.c.Close(websocket.StatusProtocolError, "unreadable reply")

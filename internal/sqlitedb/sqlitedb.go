@@ -65,6 +65,7 @@ func Open(path string, opts Options) (*sql.DB, error) {
 		}
 	}
 	q := url.Values{}
+	q.Add("_pragma", "page_size(16384)")
 	q.Add("_pragma", "busy_timeout(5000)")
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous("+sync+")")

@@ -15,7 +15,6 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -75,7 +74,7 @@ type item struct {
 	streamID string
 	sourceID string
 	ev       *stream.Event
-	sha      string
+	sha      [32]byte
 	occurred string
 	res      *stream.AppendResult
 }
@@ -253,7 +252,7 @@ func (b *Backend) prepare(streamID string, events []stream.Event) ([]*item, []st
 			streamID: s.ID,
 			sourceID: s.SourceID,
 			ev:       &events[i],
-			sha:      hex.EncodeToString(sum[:]),
+			sha:      sum,
 			occurred: events[i].OccurredAt.UTC().Format(sqlitedb.Time),
 			res:      &results[i],
 		}
@@ -311,7 +310,7 @@ func (b *Backend) flush(ctx context.Context, batch []*item) error {
 				seq = *ev.Sequence
 			}
 			args = append(args, it.streamID, it.sourceID, ev.NativeID, ev.Variant,
-				ev.Type, it.occurred, metadata, string(ev.Payload), handle, it.sha, seq, nowText, nowText)
+				ev.Type, it.occurred, metadata, string(ev.Payload), handle, it.sha[:], seq, nowText, nowText)
 		}
 		b.args = args
 		r, err := tx.StmtContext(ctx, b.inserts[len(part)]).ExecContext(ctx, args...)
@@ -359,7 +358,7 @@ func (b *Backend) sortOut(ctx context.Context, tx *sql.Tx, part []*item, inserte
 			continue
 		}
 		var created string
-		err := touch.QueryRowContext(ctx, nowText, it.streamID, ev.NativeID, ev.Variant, it.sha).Scan(&it.res.Offset, &created)
+		err := touch.QueryRowContext(ctx, nowText, it.streamID, ev.NativeID, ev.Variant, it.sha[:]).Scan(&it.res.Offset, &created)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			it.res.Offset, it.res.Err = off, stream.ErrConflict

@@ -21,7 +21,7 @@ CREATE TABLE stream_events (
   metadata_json        TEXT NOT NULL,
   raw_payload_json     TEXT NOT NULL,
   delivery_handle_json TEXT,
-  payload_sha256       TEXT NOT NULL,          -- hex sha256 of raw_payload_json
+  payload_sha256       BLOB NOT NULL,          -- sha256 of raw_payload_json (32 bytes)
   source_sequence      INTEGER,                -- the source's own sequence, if given
   created_at           TEXT NOT NULL,          -- first seen (stored)
   last_seen_at         TEXT NOT NULL,          -- last delivery of this identity
