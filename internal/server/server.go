@@ -210,9 +210,8 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.cfg.TLSCert != "" {
 		scheme = "wss"
 	}
-	st, _ := s.store.Stats(ctx, DeviceSource)
 	s.log.Info("postbox serve: listening", "addr", addr.String(), "ingress", scheme+"://"+addr.String()+ingress.WSPath,
-		"db", s.cfg.DBPath, "synchronous", s.synchronous(), "auth", s.cfg.Tokens != nil, "stored_events", st.Events)
+		"db", s.cfg.DBPath, "synchronous", s.synchronous(), "auth", s.cfg.Tokens != nil)
 	err = g.Wait()
 	s.setReady(false)
 	return err
