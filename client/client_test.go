@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -14,40 +12,15 @@ import (
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/client"
 	"github.com/postbox-events/postbox/internal/server"
+	"github.com/postbox-events/postbox/internal/servertest"
 )
 
 // startServer runs a real postbox server on a loopback port until the
 // test ends (or stop is called) and returns its ws:// URL.
 func startServer(t *testing.T) (srv *server.Server, url string, stop func()) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err = server.New(server.Config{Listener: ln, DBPath: filepath.Join(t.TempDir(), "postbox.db")})
-	if err != nil {
-		ln.Close()
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("server: %v", err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Error("server did not stop within 10s")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return srv, "ws://" + ln.Addr().String(), stop
+	s := servertest.Start(t, server.Config{}, nil)
+	return s.Srv, s.WS, s.Stop
 }
 
 func dial(t *testing.T, url string) *client.Conn {

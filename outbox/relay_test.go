@@ -13,21 +13,10 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
 )
-
-// eventually polls cond until it holds or d passes.
-func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(2 * time.Millisecond) // poll interval, not a wait for an event
-	}
-}
 
 // clock is a fake time source shared by a store and a relay.
 type clock struct {
@@ -308,12 +297,12 @@ func TestRelayDeletesRowsOnlyAfterAck(t *testing.T) {
 	cfg.BatchSize = 10
 	runRelay(t, s, pub, cfg)
 
-	eventually(t, 10*time.Second, "publishes in flight", func() bool { return inPublish.Load() == 5 })
+	servertest.Eventually(t, 10*time.Second, "publishes in flight", func() bool { return inPublish.Load() == 5 })
 	if p, r := counts(t, s); p != 50 || r != 0 {
 		t.Fatalf("while every publish waits for its replies: pending=%d rejected=%d, want 50/0: a row left before its ACK", p, r)
 	}
 	close(release)
-	eventually(t, 10*time.Second, "the outbox to empty", func() bool { p, r := counts(t, s); return p == 0 && r == 0 })
+	servertest.Eventually(t, 10*time.Second, "the outbox to empty", func() bool { p, r := counts(t, s); return p == 0 && r == 0 })
 	for _, id := range all {
 		if n := len(rec.sends(id)); n != 1 {
 			t.Errorf("%s sent %d times, want once", id, n)
@@ -339,7 +328,7 @@ func TestRelayKeepsRejectedRowAndDoesNotResendIt(t *testing.T) {
 	})
 	runRelay(t, cs, pub, fast)
 
-	eventually(t, 10*time.Second, "one rejected row and nothing pending", func() bool { p, r := counts(t, s); return p == 0 && r == 1 })
+	servertest.Eventually(t, 10*time.Second, "one rejected row and nothing pending", func() bool { p, r := counts(t, s); return p == 0 && r == 1 })
 	rows, err := s.List(context.Background(), outboxsqlite.StateRejected, 10)
 	if err != nil {
 		t.Fatal(err)
@@ -354,7 +343,7 @@ func TestRelayKeepsRejectedRowAndDoesNotResendIt(t *testing.T) {
 	}
 	// Let the relay sweep the outbox from the start several more times.
 	base := cs.sweeps.Load()
-	eventually(t, 10*time.Second, "more sweeps", func() bool { return cs.sweeps.Load() >= base+5 })
+	servertest.Eventually(t, 10*time.Second, "more sweeps", func() bool { return cs.sweeps.Load() >= base+5 })
 	if n := len(rec.sends("evt-bad")); n != 1 {
 		t.Fatalf("the rejected event was sent %d times, want once", n)
 	}
@@ -595,7 +584,7 @@ func TestRelayBoundsInFlightAndBatches(t *testing.T) {
 		Reconnect: outbox.Backoff{Base: time.Millisecond, Max: 2 * time.Millisecond},
 	}
 	runRelay(t, s, pub, cfg)
-	eventually(t, 20*time.Second, "the outbox to empty", func() bool { p, r := counts(t, s); return p == 0 && r == 0 })
+	servertest.Eventually(t, 20*time.Second, "the outbox to empty", func() bool { p, r := counts(t, s); return p == 0 && r == 0 })
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -638,12 +627,12 @@ func TestRelayRequeuedRowIsSentAgain(t *testing.T) {
 		return out, nil
 	})
 	runRelay(t, s, pub, fast)
-	eventually(t, 10*time.Second, "the row to be rejected", func() bool { _, r := counts(t, s); return r == 1 })
+	servertest.Eventually(t, 10*time.Second, "the row to be rejected", func() bool { _, r := counts(t, s); return r == 1 })
 	n, err := s.Requeue(context.Background(), []string{"evt-x"})
 	if err != nil || n != 1 {
 		t.Fatalf("Requeue = %d, %v; want 1", n, err)
 	}
-	eventually(t, 10*time.Second, "the outbox to empty", func() bool { p, r := counts(t, s); return p == 0 && r == 0 })
+	servertest.Eventually(t, 10*time.Second, "the outbox to empty", func() bool { p, r := counts(t, s); return p == 0 && r == 0 })
 	sends := rec.sends("evt-x")
 	if len(sends) != 2 || sends[1].Attempts != 1 {
 		t.Fatalf("evt-x sends: %+v, want 2, the second with 1 attempt", sends)
@@ -680,7 +669,7 @@ func TestRelayResendsRowsBehindTheCursorUnderSteadyTraffic(t *testing.T) {
 		Reconnect:    fast.Reconnect,
 		Now:          clk.Now,
 	})
-	eventually(t, 10*time.Second, "the first answers", func() bool {
+	servertest.Eventually(t, 10*time.Second, "the first answers", func() bool {
 		r, ok := row(t, s, "evt-retry")
 		_, rejected := counts(t, s)
 		return ok && r.Attempts == 1 && rejected == 1
@@ -706,13 +695,13 @@ func TestRelayResendsRowsBehindTheCursorUnderSteadyTraffic(t *testing.T) {
 		}
 	}()
 	defer func() { cancel(); <-produced }()
-	eventually(t, 10*time.Second, "traffic to flow", func() bool { return len(rec.sends("evt-traffic-1")) == 1 })
+	servertest.Eventually(t, 10*time.Second, "traffic to flow", func() bool { return len(rec.sends("evt-traffic-1")) == 1 })
 
 	clk.Add(2 * time.Hour) // evt-retry's backoff is over
 	if _, err := s.Requeue(context.Background(), []string{"evt-reject"}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 100*poll, "the retried and the requeued row to be sent again under steady traffic", func() bool {
+	servertest.Eventually(t, 100*poll, "the retried and the requeued row to be sent again under steady traffic", func() bool {
 		return len(rec.sends("evt-retry")) == 2 && len(rec.sends("evt-reject")) == 2
 	})
 }

@@ -18,23 +18,12 @@ import (
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/agent"
 	"github.com/postbox-events/postbox/internal/server"
+	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
 )
 
 const device = "dev-1"
-
-// eventually polls cond until it holds or d passes.
-func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(25 * time.Millisecond) // poll interval, not a wait for an event
-	}
-}
 
 // testServer is a real postbox server running in-process.
 type testServer struct {
@@ -44,45 +33,11 @@ type testServer struct {
 }
 
 // startServer runs a server for cfg until the test ends or stop is
-// called. A nil cfg.Listener means a new loopback port; an empty DBPath a
-// new file under t.TempDir().
+// called; see servertest.Start.
 func startServer(t *testing.T, cfg server.Config) *testServer {
 	t.Helper()
-	if cfg.Listener == nil {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Listener = ln
-	}
-	if cfg.DBPath == "" {
-		cfg.DBPath = filepath.Join(t.TempDir(), "postbox.db")
-	}
-	srv, err := server.New(cfg)
-	if err != nil {
-		cfg.Listener.Close()
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	var once sync.Once
-	ts := &testServer{srv: srv, addr: cfg.Listener.Addr().String()}
-	ts.stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("server: %v", err)
-				}
-			case <-time.After(15 * time.Second):
-				t.Error("server did not stop within 15s")
-			}
-		})
-	}
-	t.Cleanup(ts.stop)
-	return ts
+	s := servertest.Start(t, cfg, nil)
+	return &testServer{srv: s.Srv, addr: s.Addr, stop: s.Stop}
 }
 
 // stored returns how many events the server holds for the device, how
@@ -460,7 +415,7 @@ func TestAgentDeliversEverythingEndToEnd(t *testing.T) {
 	for i := 0; i < n; i += per {
 		ids = append(ids, ta.postBatch(t, smallEvents(per, i))...)
 	}
-	eventually(t, 60*time.Second, "all events at the server and an empty outbox", func() bool {
+	servertest.Eventually(t, 60*time.Second, "all events at the server and an empty outbox", func() bool {
 		return srv.has(t, n) && ta.empty(t)
 	})
 	got, distinct, _ := srv.stored(t)
@@ -630,7 +585,7 @@ func TestAgentDeliversExactlyOnceStoredThroughConnectionCuts(t *testing.T) {
 		ids = append(ids, ta.postBatch(t, smallEvents(per, i))...)
 	}
 	cutsWhilePosting := px.cuts.Load()
-	eventually(t, 150*time.Second, "all events at the server and an empty outbox", func() bool {
+	servertest.Eventually(t, 150*time.Second, "all events at the server and an empty outbox", func() bool {
 		return srv.has(t, n) && ta.empty(t)
 	})
 	got, distinct, deliveries := srv.stored(t)
@@ -675,7 +630,7 @@ func TestAgentQueuesWhileServerIsDown(t *testing.T) {
 		t.Fatalf("listen again on %s for the server: %v", addr, err)
 	}
 	srv := startServer(t, server.Config{Listener: ln})
-	eventually(t, 60*time.Second, "all events at the server and an empty outbox", func() bool {
+	servertest.Eventually(t, 60*time.Second, "all events at the server and an empty outbox", func() bool {
 		return srv.has(t, n) && ta.empty(t)
 	})
 	stored := srv.ids(t)
@@ -704,7 +659,7 @@ func TestAgentKeepsRejectedEventAndRequeuesIt(t *testing.T) {
 	events = append(events[:5], append([]string{`{"event_id":"evt-big","type":"camera.frame","payload":{"data":"` + big + `"}}`}, events[5:]...)...)
 	ids := ta.postBatch(t, events)
 
-	eventually(t, 30*time.Second, "the small events delivered and the big one rejected", func() bool {
+	servertest.Eventually(t, 30*time.Second, "the small events delivered and the big one rejected", func() bool {
 		if !srv1.has(t, 10) {
 			return false
 		}
@@ -734,7 +689,7 @@ func TestAgentKeepsRejectedEventAndRequeuesIt(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("Requeue = %d, %v; want 1", n, err)
 	}
-	eventually(t, 30*time.Second, "the requeued event at the server and an empty outbox", func() bool {
+	servertest.Eventually(t, 30*time.Second, "the requeued event at the server and an empty outbox", func() bool {
 		return srv2.has(t, 11) && ta.empty(t)
 	})
 	if p := srv2.ids(t)["evt-big"]; p != `{"data":"`+big+`"}` {

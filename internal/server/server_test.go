@@ -36,90 +36,20 @@ import (
 	"github.com/postbox-events/postbox/client"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/server"
+	"github.com/postbox-events/postbox/internal/servertest"
 )
 
-// testServer is a server.Server running in-process on a loopback port.
-type testServer struct {
-	srv    *server.Server
-	dbPath string
-	base   string // http(s)://127.0.0.1:port
-	ws     string // ws(s)://127.0.0.1:port/v1/ws
-	hc     *http.Client
-}
+// testServer is a server running in-process for one test.
+type testServer struct{ *servertest.Server }
 
-// start runs a server for cfg (a fresh database under t.TempDir and a
-// loopback listener unless cfg says otherwise) until the test ends, and
-// returns once /ready answers 200. hc (nil: a plain client) is used for
-// the readiness probe and the HTTP helpers.
+// start runs a server for cfg until the test ends; see servertest.Start.
 func start(t *testing.T, cfg server.Config, hc *http.Client) *testServer {
 	t.Helper()
-	if cfg.DBPath == "" {
-		cfg.DBPath = filepath.Join(t.TempDir(), "postbox.db")
-	}
-	if cfg.Listener == nil {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Listener = ln
-	}
-	if hc == nil {
-		hc = &http.Client{}
-	}
-	srv, err := server.New(cfg)
-	if err != nil {
-		t.Fatalf("server.New: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-errc:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("Run did not return 30s after its context ended")
-		}
-	})
-	scheme := "http"
-	if cfg.TLSCert != "" {
-		scheme = "https"
-	}
-	addr := cfg.Listener.Addr().String()
-	ts := &testServer{srv: srv, dbPath: cfg.DBPath, base: scheme + "://" + addr, hc: hc}
-	ts.ws = strings.Replace(ts.base, "http", "ws", 1) + ingress.WSPath
-	waitFor(t, 10*time.Second, "/ready to answer 200", func() bool {
-		select {
-		case err := <-errc:
-			t.Fatalf("Run returned before the server was ready: %v", err)
-		default:
-		}
-		resp, err := hc.Get(ts.base + "/ready")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-	return ts
+	return &testServer{servertest.Start(t, cfg, hc)}
 }
 
 // waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
-}
+var waitFor = servertest.Eventually
 
 func testCtx(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
@@ -182,7 +112,7 @@ type storedRow struct {
 // rows returns the stored rows of eventID.
 func (ts *testServer) rows(t *testing.T, eventID string) []storedRow {
 	t.Helper()
-	rs, err := ts.srv.Store().ReadDB().Query(`SELECT raw_payload_json, payload_sha256, created_at, last_seen_at, attempt_count
+	rs, err := ts.Srv.Store().ReadDB().Query(`SELECT raw_payload_json, payload_sha256, created_at, last_seen_at, attempt_count
 		FROM stream_events WHERE source_native_id = ?`, eventID)
 	if err != nil {
 		t.Fatal(err)
@@ -215,7 +145,7 @@ func (ts *testServer) row(t *testing.T, eventID string) storedRow {
 func (ts *testServer) queryInt(t *testing.T, q string, args ...any) int {
 	t.Helper()
 	var n sql.NullInt64
-	if err := ts.srv.Store().ReadDB().QueryRow(q, args...).Scan(&n); err != nil {
+	if err := ts.Srv.Store().ReadDB().QueryRow(q, args...).Scan(&n); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
 	return int(n.Int64)
@@ -225,7 +155,7 @@ func (ts *testServer) queryInt(t *testing.T, q string, args ...any) int {
 // metric name with its labels as Prometheus prints them.
 func (ts *testServer) metrics(t *testing.T) map[string]float64 {
 	t.Helper()
-	resp, err := ts.hc.Get(ts.base + "/metrics")
+	resp, err := ts.HTTP.Get(ts.Base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,7 +316,7 @@ func checkDuplicateACKs(t *testing.T, ts *testServer, id string, rs []postbox.Re
 func TestDuplicates(t *testing.T) {
 	t.Parallel()
 	ts := start(t, server.Config{}, nil)
-	conn := dial(t, ts.ws, client.Options{})
+	conn := dial(t, ts.WS, client.Options{})
 	const n = 50
 
 	t.Run("sequential", func(t *testing.T) {
@@ -410,7 +340,7 @@ func TestDuplicates(t *testing.T) {
 	t.Run("pipelined frames", func(t *testing.T) {
 		// Ten frames of five copies each, written back to back before any
 		// reply is read, so they share group commits.
-		raw := rawDial(t, ts.ws, nil)
+		raw := rawDial(t, ts.WS, nil)
 		m := message(t, envelope("dup-pipe", "pi-1", `{"n":3}`))
 		frame := frameOf(m, m, m, m, m)
 		for range n / 5 {
@@ -599,7 +529,7 @@ func checkNack(t *testing.T, c badCase, r postbox.Reply) {
 func TestBadInput(t *testing.T) {
 	t.Parallel()
 	ts := start(t, server.Config{Limits: postbox.Limits{MaxEnvelopeBytes: maxEnvelope}}, nil)
-	raw := rawDial(t, ts.ws, nil)
+	raw := rawDial(t, ts.WS, nil)
 	valid := func(id string) string { return encode(t, fields(id)) }
 	var stored []string
 
@@ -736,7 +666,7 @@ func TestAuth(t *testing.T) {
 		{"unknown token", "token-pi-3"},
 		{"a token with a typo", "token-pi-l"},
 	} {
-		c, err := client.Dial(testCtx(t, 10*time.Second), ts.ws, client.Options{Token: tc.token})
+		c, err := client.Dial(testCtx(t, 10*time.Second), ts.WS, client.Options{Token: tc.token})
 		if !errors.Is(err, client.ErrUnauthorized) {
 			if c != nil {
 				c.Close()
@@ -745,13 +675,13 @@ func TestAuth(t *testing.T) {
 		}
 	}
 	// The refusal is an HTTP 401, also without the "Bearer " scheme.
-	_, resp, err := websocket.Dial(testCtx(t, 10*time.Second), ts.ws, &websocket.DialOptions{
+	_, resp, err := websocket.Dial(testCtx(t, 10*time.Second), ts.WS, &websocket.DialOptions{
 		HTTPHeader: http.Header{"Authorization": {"token-pi-1"}}, Subprotocols: []string{ingress.Subprotocol}})
 	if err == nil || resp == nil || resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("token without Bearer: err %v, response %v; want a 401", err, resp)
 	}
 
-	pi1 := dial(t, ts.ws, client.Options{Token: "token-pi-1"})
+	pi1 := dial(t, ts.WS, client.Options{Token: "token-pi-1"})
 	rs := send(t, pi1,
 		message(t, envelope("auth-1", "pi-1", `{}`)),
 		message(t, envelope("auth-2", "pi-2", `{}`)),
@@ -772,7 +702,7 @@ func TestAuth(t *testing.T) {
 
 	// The other token sends for its own device, including the event id pi-1
 	// was refused for.
-	pi2 := dial(t, ts.ws, client.Options{Token: "token-pi-2"})
+	pi2 := dial(t, ts.WS, client.Options{Token: "token-pi-2"})
 	if r := send(t, pi2, message(t, envelope("auth-2", "pi-2", `{}`)))[0]; !r.OK() || r.Duplicate {
 		t.Errorf("pi-2 sending for pi-2: got %+v, want a new ACK", r)
 	}
@@ -834,11 +764,11 @@ func TestTLS(t *testing.T) {
 	roots.AddCert(cert)
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}}
 	ts := start(t, server.Config{TLSCert: certPath, TLSKey: keyPath}, hc)
-	if !strings.HasPrefix(ts.ws, "wss://") {
-		t.Fatalf("url %s", ts.ws)
+	if !strings.HasPrefix(ts.WS, "wss://") {
+		t.Fatalf("url %s", ts.WS)
 	}
 
-	conn := dial(t, ts.ws, client.Options{HTTPClient: hc})
+	conn := dial(t, ts.WS, client.Options{HTTPClient: hc})
 	if r := send(t, conn, message(t, envelope("tls-1", "pi-1", `{"secure":true}`)))[0]; !r.OK() {
 		t.Fatalf("over wss: got %+v, want an ACK", r)
 	}
@@ -846,11 +776,11 @@ func TestTLS(t *testing.T) {
 
 	// A client that does not trust the certificate, and one speaking
 	// plain ws://, do not get through.
-	if c, err := client.Dial(testCtx(t, 10*time.Second), ts.ws, client.Options{HTTPClient: &http.Client{}}); err == nil {
+	if c, err := client.Dial(testCtx(t, 10*time.Second), ts.WS, client.Options{HTTPClient: &http.Client{}}); err == nil {
 		c.Close()
 		t.Errorf("a client without the certificate in its roots connected")
 	}
-	plain := strings.Replace(ts.ws, "wss://", "ws://", 1)
+	plain := strings.Replace(ts.WS, "wss://", "ws://", 1)
 	if c, err := client.Dial(testCtx(t, 10*time.Second), plain, client.Options{}); err == nil {
 		c.Close()
 		t.Errorf("plain ws:// connected to the TLS listener")
@@ -916,7 +846,7 @@ func TestBackpressure(t *testing.T) {
 		// NORMAL: this test is about the queue, not fsync, and hundreds of
 		// group commits with FULL take seconds on a slow disk.
 		ts := start(t, server.Config{QueueSize: queueSize, Synchronous: "NORMAL"}, nil)
-		if got := ts.srv.Store().QueueCap(); got != queueSize {
+		if got := ts.Srv.Store().QueueCap(); got != queueSize {
 			t.Fatalf("QueueCap %d, want %d", got, queueSize)
 		}
 		payload := `{"reading":"` + strings.Repeat("r", 512) + `"}`
@@ -933,13 +863,13 @@ func TestBackpressure(t *testing.T) {
 		}
 		clients := make([]*client.Conn, conns)
 		for c := range clients {
-			clients[c] = dial(t, ts.ws, client.Options{})
+			clients[c] = dial(t, ts.WS, client.Options{})
 		}
 		framesBefore := ts.metrics(t)["postbox_ingress_frames_total"]
 
 		runtime.GC()
 		baseline := heapInuse()
-		release := lockDB(t, ts.dbPath)
+		release := lockDB(t, ts.DBPath)
 		locked := time.Now()
 
 		var completed, failed atomic.Int64
@@ -992,7 +922,7 @@ func TestBackpressure(t *testing.T) {
 			tick := time.NewTicker(time.Millisecond)
 			defer tick.Stop()
 			for {
-				maxQueue.Store(max(maxQueue.Load(), int64(ts.srv.Store().QueueLen())))
+				maxQueue.Store(max(maxQueue.Load(), int64(ts.Srv.Store().QueueLen())))
 				select {
 				case <-stopSampling:
 					return
@@ -1003,7 +933,7 @@ func TestBackpressure(t *testing.T) {
 
 		// The queue fills, then the stall holds for a while under load.
 		waitFor(t, 3*time.Second, "the writer queue to fill", func() bool {
-			return ts.srv.Store().QueueLen() >= queueSize
+			return ts.Srv.Store().QueueLen() >= queueSize
 		})
 		// Hold the stall for a second, and well within the writer's
 		// busy_timeout even on a loaded machine. The heap bound is coarse
@@ -1078,9 +1008,9 @@ func TestBackpressure(t *testing.T) {
 		ts := start(t, server.Config{QueueSize: queueSize}, nil)
 		clients := make([]*client.Conn, conns)
 		for c := range clients {
-			clients[c] = dial(t, ts.ws, client.Options{})
+			clients[c] = dial(t, ts.WS, client.Options{})
 		}
-		release := lockDB(t, ts.dbPath)
+		release := lockDB(t, ts.DBPath)
 		var released atomic.Bool
 		firstNack := make(chan struct{})
 		var nackOnce sync.Once

@@ -1,0 +1,106 @@
+// Package servertest runs a real postbox control plane in-process for
+// tests: a loopback listener, a fresh SQLite database, and a Stop that
+// checks Run ended cleanly.
+package servertest
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/postbox-events/postbox/internal/ingress"
+	"github.com/postbox-events/postbox/internal/server"
+)
+
+// Server is a server.Server running for one test.
+type Server struct {
+	Srv    *server.Server
+	DBPath string
+	Addr   string // host:port
+	Base   string // http(s)://host:port
+	WS     string // ws(s)://host:port/v1/ws
+	HTTP   *http.Client
+	stop   func()
+}
+
+// Start runs a server for cfg until the test ends (or Stop), and returns
+// once /ready answers 200. An empty cfg.DBPath means a new file under
+// t.TempDir(), a nil cfg.Listener a new loopback port. hc (nil: a plain
+// client) is used for the readiness probe.
+func Start(t testing.TB, cfg server.Config, hc *http.Client) *Server {
+	t.Helper()
+	if cfg.DBPath == "" {
+		cfg.DBPath = filepath.Join(t.TempDir(), "postbox.db")
+	}
+	if cfg.Listener == nil {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Listener = ln
+	}
+	if hc == nil {
+		hc = &http.Client{}
+	}
+	srv, err := server.New(cfg)
+	if err != nil {
+		cfg.Listener.Close()
+		t.Fatalf("server.New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Run(ctx) }()
+	var once sync.Once
+	scheme := "http"
+	if cfg.TLSCert != "" {
+		scheme = "https"
+	}
+	s := &Server{Srv: srv, DBPath: cfg.DBPath, Addr: cfg.Listener.Addr().String(), HTTP: hc}
+	s.Base = scheme + "://" + s.Addr
+	s.WS = strings.Replace(s.Base, "http", "ws", 1) + ingress.WSPath
+	s.stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-errc:
+				if err != nil {
+					t.Errorf("server Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("server Run did not return 30s after its context ended")
+			}
+		})
+	}
+	t.Cleanup(s.stop)
+	Eventually(t, 10*time.Second, "/ready to answer 200", func() bool {
+		resp, err := hc.Get(s.Base + "/ready")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return s
+}
+
+// Stop stops the server and waits for Run to return.
+func (s *Server) Stop() { s.stop() }
+
+// Eventually polls cond until it holds, failing the test after timeout.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		<-tick.C
+	}
+}
