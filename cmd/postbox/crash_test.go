@@ -212,11 +212,6 @@ func checkStored(t *testing.T, dbPath string, producers []*producer) {
 	}
 }
 
-func checkReady(t *testing.T, srv *proc, url string) {
-	t.Helper()
-	waitHTTP(t, url+"/ready", srv)
-}
-
 func startAgents(t *testing.T, dir, server string, n int) (map[string]*proc, []*producer) {
 	agents := map[string]*proc{}
 	var producers []*producer
@@ -233,9 +228,11 @@ func startAgents(t *testing.T, dir, server string, n int) (map[string]*proc, []*
 	return agents, producers
 }
 
-// TestCrashServer kills the control plane with SIGKILL at random moments
-// while agents stream events, restarts it, and counts every event.
-func TestCrashServer(t *testing.T) {
+// crashRun starts a server and agents, feeds the agents events, and calls
+// crash five times at random moments while events flow. At the end every
+// event an agent accepted must be stored exactly once and every outbox
+// must be empty.
+func crashRun(t *testing.T, agentCount int, crash func(srv *proc, srvURL string, agents map[string]*proc)) {
 	if testing.Short() {
 		t.Skip("crash test runs the real binary")
 	}
@@ -243,23 +240,19 @@ func TestCrashServer(t *testing.T) {
 	addr := freePort(t)
 	dbPath := filepath.Join(dir, "postbox.db")
 	srv := start(t, "serve", "--addr", addr, "--db", dbPath, "--log-level", "warn")
-	checkReady(t, srv, "http://"+addr)
-	agents, producers := startAgents(t, dir, "ws://"+addr, 3)
+	waitHTTP(t, "http://"+addr+"/ready", srv)
+	agents, producers := startAgents(t, dir, "ws://"+addr, agentCount)
 
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for _, pr := range producers {
-		wg.Add(1)
-		go func() { defer wg.Done(); pr.run(ctx) }()
+		wg.Go(func() { pr.run(ctx) })
 	}
-	for i := 0; i < 5; i++ {
+	for range 5 {
 		time.Sleep(time.Duration(150+rand.IntN(500)) * time.Millisecond) // a random moment
-		srv.kill()
-		time.Sleep(time.Duration(rand.IntN(300)) * time.Millisecond)
-		srv.restart()
-		checkReady(t, srv, "http://"+addr)
+		crash(srv, "http://"+addr, agents)
 	}
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // let events flow after the last crash
 	stop()
 	wg.Wait()
 	drained(t, agents)
@@ -267,37 +260,26 @@ func TestCrashServer(t *testing.T) {
 	checkStored(t, dbPath, producers)
 }
 
-// TestCrashAgent kills an agent with SIGKILL at random moments while a
-// program feeds it events, restarts it, and counts every event it
+// TestCrashServer kills the control plane with SIGKILL at random moments
+// while agents stream events, restarts it, and counts every event.
+func TestCrashServer(t *testing.T) {
+	crashRun(t, 3, func(srv *proc, srvURL string, _ map[string]*proc) {
+		srv.kill()
+		time.Sleep(time.Duration(rand.IntN(300)) * time.Millisecond) // down for a random while
+		srv.restart()
+		waitHTTP(t, srvURL+"/ready", srv)
+	})
+}
+
+// TestCrashAgent kills the agents with SIGKILL at random moments while a
+// program feeds them events, restarts them, and counts every event they
 // accepted.
 func TestCrashAgent(t *testing.T) {
-	if testing.Short() {
-		t.Skip("crash test runs the real binary")
-	}
-	dir := t.TempDir()
-	addr := freePort(t)
-	dbPath := filepath.Join(dir, "postbox.db")
-	srv := start(t, "serve", "--addr", addr, "--db", dbPath, "--log-level", "warn")
-	checkReady(t, srv, "http://"+addr)
-	agents, producers := startAgents(t, dir, "ws://"+addr, 2)
-
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for _, pr := range producers {
-		wg.Add(1)
-		go func() { defer wg.Done(); pr.run(ctx) }()
-	}
-	for i := 0; i < 5; i++ {
-		time.Sleep(time.Duration(150+rand.IntN(400)) * time.Millisecond) // a random moment
+	crashRun(t, 2, func(_ *proc, _ string, agents map[string]*proc) {
 		for url, a := range agents {
 			a.kill()
 			a.restart()
 			waitHTTP(t, url+"/health", a)
 		}
-	}
-	stop()
-	wg.Wait()
-	drained(t, agents)
-	srv.kill()
-	checkStored(t, dbPath, producers)
+	})
 }
