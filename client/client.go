@@ -15,10 +15,12 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"time"
 
 	"github.com/coder/websocket"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/wsping"
 )
 
 // DefaultPath is the server's WebSocket ingress path, used when a URL has
@@ -37,6 +39,12 @@ type Options struct {
 	HTTPClient *http.Client
 	// MaxReplyBytes bounds one reply frame. Defaults to 64 MiB.
 	MaxReplyBytes int64
+	// PingInterval is how often the server is pinged; a server that does
+	// not answer within PingTimeout breaks the connection (ErrClosed), so
+	// a vanished peer is noticed even while nothing is sent. Default 20s
+	// and 10s; a negative interval turns pings off.
+	PingInterval time.Duration
+	PingTimeout  time.Duration
 }
 
 // Message is one encoded envelope and its event id.
@@ -121,9 +129,23 @@ func Dial(ctx context.Context, rawURL string, opts Options) (*Conn, error) {
 		opts.MaxReplyBytes = 64 << 20
 	}
 	c.SetReadLimit(opts.MaxReplyBytes)
+	if opts.PingInterval == 0 {
+		opts.PingInterval = wsping.DefaultInterval
+	}
+	if opts.PingTimeout <= 0 {
+		opts.PingTimeout = wsping.DefaultTimeout
+	}
 	rctx, cancel := context.WithCancel(context.Background())
 	conn := &Conn{c: c, cancel: cancel, done: make(chan struct{}), waiting: map[string][]*call{}}
 	go conn.readLoop(rctx)
+	if opts.PingInterval > 0 {
+		go func() {
+			if err := wsping.Run(rctx, c, opts.PingInterval, opts.PingTimeout); err != nil {
+				conn.fail(fmt.Errorf("%w: %v", ErrClosed, err))
+				c.CloseNow()
+			}
+		}()
+	}
 	return conn, nil
 }
 

@@ -11,8 +11,10 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"time"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/wsping"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -57,8 +59,13 @@ type Config struct {
 	// been answered for; the connection is not read while it is reached.
 	// Defaults to 8192.
 	MaxInFlight int
-	Logger      *slog.Logger
-	Metrics     *Metrics
+	// PingInterval is how often an idle or busy connection's peer is
+	// pinged; a peer that does not answer within PingTimeout is dropped.
+	// Defaults to 20s and 10s; a negative interval turns pings off.
+	PingInterval time.Duration
+	PingTimeout  time.Duration
+	Logger       *slog.Logger
+	Metrics      *Metrics
 }
 
 // Ingress accepts envelopes for one stream.
@@ -83,6 +90,12 @@ func New(store Appender, cfg Config) (*Ingress, error) {
 	cfg.MaxFrameBytes = max(cfg.MaxFrameBytes, 2*int64(cfg.Limits.MaxEnvelopeBytes))
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	if cfg.PingInterval == 0 {
+		cfg.PingInterval = wsping.DefaultInterval
+	}
+	if cfg.PingTimeout <= 0 {
+		cfg.PingTimeout = wsping.DefaultTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

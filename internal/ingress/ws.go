@@ -10,6 +10,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/wsping"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -67,6 +68,16 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			cancel()
 		}
 	}()
+	if in.cfg.PingInterval > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := wsping.Run(ctx, c, in.cfg.PingInterval, in.cfg.PingTimeout); err != nil {
+				in.log.Warn("ingress: closing a connection whose peer is gone", "remote", r.RemoteAddr, "device", device, "err", err)
+				cancel()
+			}
+		}()
+	}
 	err = s.readLoop(ctx, device)
 	cancel()
 	wg.Wait()

@@ -38,6 +38,9 @@ type Config struct {
 	TLSCert     string
 	TLSKey      string
 	Logger      *slog.Logger
+	// PingInterval and PingTimeout: see ingress.Config.
+	PingInterval time.Duration
+	PingTimeout  time.Duration
 	// Listener, when set, is served instead of listening on Addr.
 	Listener net.Listener
 }
@@ -112,11 +115,13 @@ func New(cfg Config) (*Server, error) {
 		Help: "Bound of the writer queue (QUEUE_MAXSIZE).",
 	}, func() float64 { return float64(store.QueueCap()) }))
 	in, err := ingress.New(store, ingress.Config{
-		StreamID: DeviceSource,
-		Limits:   cfg.Limits,
-		Tokens:   cfg.Tokens,
-		Logger:   cfg.Logger,
-		Metrics:  ingress.NewMetrics(reg),
+		StreamID:     DeviceSource,
+		Limits:       cfg.Limits,
+		Tokens:       cfg.Tokens,
+		PingInterval: cfg.PingInterval,
+		PingTimeout:  cfg.PingTimeout,
+		Logger:       cfg.Logger,
+		Metrics:      ingress.NewMetrics(reg),
 	})
 	if err != nil {
 		store.Close()
