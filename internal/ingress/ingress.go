@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/postbox-events/postbox"
@@ -74,6 +75,27 @@ type Ingress struct {
 	cfg   Config
 	log   *slog.Logger
 	m     *Metrics
+
+	sessions  sync.WaitGroup
+	drain     chan struct{} // closed by Drain
+	drainOnce sync.Once
+}
+
+// Drain stops reading new frames on every connection, lets each answer
+// the envelopes it already read, and closes it as "going away". It returns
+// when all connections are closed, or with ctx's error when ctx ends first
+// (the caller then cancels the connections' context). New connections
+// after Drain are closed at once.
+func (in *Ingress) Drain(ctx context.Context) error {
+	in.drainOnce.Do(func() { close(in.drain) })
+	done := make(chan struct{})
+	go func() { in.sessions.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // New returns an ingress appending to store.
@@ -103,7 +125,7 @@ func New(store Appender, cfg Config) (*Ingress, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	return &Ingress{store: store, cfg: cfg, log: cfg.Logger, m: cfg.Metrics}, nil
+	return &Ingress{store: store, cfg: cfg, log: cfg.Logger, m: cfg.Metrics, drain: make(chan struct{})}, nil
 }
 
 // decoded is one frame turned into events to append and replies to send at

@@ -3,6 +3,7 @@ package ingress
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 	"sync"
@@ -57,9 +58,25 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer in.m.connections.Dec()
 	in.log.Debug("ingress: connection open", "remote", r.RemoteAddr, "device", device)
 
+	in.sessions.Add(1)
+	defer in.sessions.Done()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	s := &wsSession{in: in, c: c, wake: make(chan struct{}, 1), room: make(chan struct{}, 1)}
+	// At Drain the reader refuses new frames (retryable NACKs) and, once
+	// every envelope read is answered, the connection closes as "going
+	// away". (A Read cannot be interrupted without closing the connection,
+	// so the reader keeps reading until then.)
+	drained := make(chan struct{})
+	go func() {
+		select {
+		case <-in.drain:
+			s.waitAnswered(ctx)
+			close(drained)
+			c.Close(websocket.StatusGoingAway, "server shutting down")
+		case <-ctx.Done():
+		}
+	}()
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -83,6 +100,8 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	wg.Wait()
 	status := websocket.CloseStatus(err)
 	switch {
+	case isClosed(drained):
+		in.log.Debug("ingress: connection drained at shutdown", "remote", r.RemoteAddr)
 	case status == websocket.StatusNormalClosure || status == websocket.StatusGoingAway:
 		c.Close(websocket.StatusNormalClosure, "")
 	case status == websocket.StatusMessageTooBig:
@@ -120,6 +139,12 @@ func (s *wsSession) readLoop(ctx context.Context, device string) error {
 			continue
 		}
 		d := s.in.decodeFrame(frame, device)
+		if isClosed(s.in.drain) {
+			for _, id := range d.ids {
+				d.refused = append(d.refused, postbox.Nack(id, errShuttingDown))
+			}
+			d.ids, d.events = nil, nil
+		}
 		s.in.countRefused(d.refused)
 		s.reply(d.refused, len(d.refused))
 		if len(d.events) == 0 {
@@ -137,9 +162,44 @@ func (s *wsSession) readLoop(ctx context.Context, device string) error {
 				s.reply(s.in.replies(ids, res, err), 0)
 			})
 			if err != nil {
-				return err // ctx ended or the store closed: the sender will resend
+				// ctx ended or the store closed: these events will not be
+				// answered here, and the sender will send them again.
+				s.mu.Lock()
+				s.inFlight -= len(d.events)
+				s.mu.Unlock()
+				return err
 			}
 			d.ids, d.events = d.ids[n:], d.events[n:]
+		}
+	}
+}
+
+// errShuttingDown refuses envelopes read after Drain began.
+var errShuttingDown = errors.New("server shutting down: not stored, send again")
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitAnswered blocks until every envelope read has been answered on the
+// wire, or ctx ends.
+func (s *wsSession) waitAnswered(ctx context.Context) {
+	for {
+		s.mu.Lock()
+		n := s.inFlight
+		s.mu.Unlock()
+		if n <= 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.room:
 		}
 	}
 }

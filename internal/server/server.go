@@ -26,6 +26,10 @@ import (
 // DeviceSource is the source (and stream) of events from edge devices.
 const DeviceSource = "devices"
 
+// ShutdownTimeout bounds how long Run waits at shutdown for connections to
+// answer the envelopes they already read.
+const ShutdownTimeout = 5 * time.Second
+
 // Config configures a Server.
 type Config struct {
 	Addr        string // listen address; defaults to ":8000"
@@ -176,14 +180,16 @@ func (s *Server) Run(ctx context.Context) error {
 	s.warnIfOpen(addr)
 	storeCtx, stopStore := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopStore()
+	connCtx, stopConns := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopConns()
 	g, gctx := errgroup.WithContext(ctx)
 	srv := &http.Server{
 		Handler:           s.mux,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
-		// WebSocket sessions are hijacked: Shutdown does not end them, the
-		// end of this context does.
-		BaseContext: func(net.Listener) context.Context { return gctx },
+		// WebSocket sessions are hijacked: Shutdown does not end them;
+		// Drain does, and the end of this context if Drain takes too long.
+		BaseContext: func(net.Listener) context.Context { return connCtx },
 	}
 	g.Go(func() error { return s.store.Run(storeCtx) })
 	g.Go(func() error {
@@ -201,12 +207,17 @@ func (s *Server) Run(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		<-gctx.Done()
-		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// Stop accepting, let every connection answer what it read (the
+		// store still commits), then stop the store.
+		shut, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 		defer cancel()
-		err := srv.Shutdown(shut)
-		if err != nil {
-			srv.Close() // hijacked WebSocket connections are not closed by Shutdown
+		if err := srv.Shutdown(shut); err != nil {
+			srv.Close()
 		}
+		if err := s.ingress.Drain(shut); err != nil {
+			s.log.Warn("postbox serve: connections still busy at shutdown; closing them", "timeout", ShutdownTimeout)
+		}
+		stopConns()
 		stopStore()
 		return nil
 	})

@@ -1193,3 +1193,43 @@ func TestHTTPEndpoints(t *testing.T) {
 		t.Errorf("/ready after Run returned: %d, want 503", code)
 	}
 }
+
+// TestShutdownAnswersWhatItRead: at shutdown the server stops reading,
+// but every envelope it already read is committed and answered before the
+// connection closes, so a sender does not have to resend it.
+func TestShutdownAnswersWhatItRead(t *testing.T) {
+	ts := start(t, server.Config{}, nil)
+	c := dial(t, ts.WS, client.Options{})
+	release := lockDB(t, ts.DBPath) // hold the writer so the events are in flight at shutdown
+	msgs := make([]client.Message, 50)
+	for i := range msgs {
+		msgs[i] = message(t, envelope(fmt.Sprintf("evt_shutdown_%02d", i), "pi-1", `{"n":1}`))
+	}
+	type result struct {
+		replies []postbox.Reply
+		err     error
+	}
+	sent := make(chan result, 1)
+	go func() {
+		rs, err := c.Send(testCtx(t, 30*time.Second), msgs)
+		sent <- result{rs, err}
+	}()
+	waitFor(t, 10*time.Second, "the server to read the frame", func() bool { return ts.metrics(t)["postbox_ingress_frames_total"] >= 1 })
+	stopped := make(chan struct{})
+	go func() { ts.Stop(); close(stopped) }()
+	time.Sleep(100 * time.Millisecond) // shutdown has begun and waits for the answers
+	release()
+	r := <-sent
+	if r.err != nil {
+		t.Fatalf("Send failed at shutdown instead of being answered: %v", r.err)
+	}
+	for _, rep := range r.replies {
+		if !rep.OK() {
+			t.Errorf("%s: %+v, want an ACK", rep.EventID, rep)
+		}
+	}
+	<-stopped
+	if err := c.Err(); err == nil || !strings.Contains(err.Error(), "GoingAway") {
+		t.Errorf("after shutdown the connection error is %v, want a going-away close", err)
+	}
+}
