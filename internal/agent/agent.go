@@ -76,15 +76,17 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	m := newMetrics(store)
 	rcfg := cfg.Relay
 	rcfg.Logger = cfg.Logger
+	rcfg.Observe = m.observe
 	relay, err := outbox.NewRelay(store, pub, rcfg)
 	if err != nil {
 		store.Close()
 		return nil, err
 	}
 	a := &Agent{cfg: cfg, log: cfg.Logger, store: store, pub: pub, relay: relay}
-	a.intake = &intake{store: store, deviceID: cfg.DeviceID, sessionID: cfg.SessionID, limits: cfg.Limits, log: cfg.Logger}
+	a.intake = &intake{store: store, deviceID: cfg.DeviceID, sessionID: cfg.SessionID, limits: cfg.Limits, log: cfg.Logger, m: m}
 	return a, nil
 }
 

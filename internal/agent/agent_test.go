@@ -428,6 +428,28 @@ func TestAgentDeliversEverythingEndToEnd(t *testing.T) {
 			t.Fatalf("event %d (%s): stored %v with payload %s", i, id, ok, p)
 		}
 	}
+	// The relay counts a publish just after settling it: poll.
+	var metrics []byte
+	servertest.Eventually(t, 10*time.Second, "the relay to count 2000 deliveries", func() bool {
+		resp, err := http.Get(ta.url + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		metrics, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return strings.Contains(string(metrics), `postbox_relay_events_total{result="delivered"} 2000`)
+	})
+	for _, want := range []string{
+		`postbox_agent_intake_events_total{result="queued"} 2000`,
+		`postbox_relay_events_total{result="delivered"} 2000`,
+		`postbox_outbox_events{state="pending"} 0`,
+		`postbox_outbox_events{state="rejected"} 0`,
+		`postbox_outbox_oldest_pending_age_seconds 0`,
+	} {
+		if !strings.Contains(string(metrics), want+"\n") {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
 }
 
 // proxy forwards TCP connections to a target and can cut them all

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
@@ -26,12 +28,14 @@ type intake struct {
 	sessionID string
 	limits    postbox.Limits
 	log       *slog.Logger
+	m         *metrics
 }
 
 func (in *intake) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/events", in.handleEvents)
 	mux.HandleFunc("GET /v1/outbox", in.handleOutbox)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(in.m.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -93,6 +97,7 @@ func (in *intake) handleEvents(w http.ResponseWriter, r *http.Request) {
 			if single {
 				idx = -1
 			}
+			in.m.intake.WithLabelValues("invalid").Inc()
 			writeError(w, http.StatusBadRequest, string(fe.Code), fe.Field, fe.Message, idx)
 			return
 		}
@@ -115,6 +120,9 @@ func (in *intake) handleEvents(w http.ResponseWriter, r *http.Request) {
 		case res.Duplicate:
 			out[i].Status = "duplicate"
 		}
+	}
+	for _, o := range out {
+		in.m.intake.WithLabelValues(o.Status).Inc()
 	}
 	if single {
 		writeJSON(w, status, out[0])

@@ -294,6 +294,20 @@ func (s *Store) Counts(ctx context.Context) (pending, rejected int64, err error)
 	return
 }
 
+// OldestPending returns when the oldest pending row was queued; ok is
+// false when nothing is pending.
+func (s *Store) OldestPending(ctx context.Context) (t time.Time, ok bool, err error) {
+	var created sql.NullString
+	if err := s.db.QueryRowContext(ctx, `SELECT min(created_at) FROM outbox WHERE state = 'pending'`).Scan(&created); err != nil {
+		return time.Time{}, false, fmt.Errorf("outbox oldest pending: %w", err)
+	}
+	if !created.Valid {
+		return time.Time{}, false, nil
+	}
+	t, err = time.Parse(sqlitedb.Time, created.String)
+	return t, err == nil, err
+}
+
 // Requeue makes rejected rows pending and due now; with no ids, every
 // rejected row. It returns how many rows it requeued.
 func (s *Store) Requeue(ctx context.Context, ids []string) (int64, error) {
