@@ -62,13 +62,14 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer in.sessions.Done()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	s := &wsSession{in: in, c: c, wake: make(chan struct{}, 1), room: make(chan struct{}, 1)}
+	s := &wsSession{in: in, c: c, wake: make(chan struct{}, 1), room: make(chan struct{})}
 	// At Drain the reader refuses new frames (retryable NACKs) and, once
 	// every envelope read is answered, the connection closes as "going
 	// away". (A Read cannot be interrupted without closing the connection,
 	// so the reader keeps reading until then.)
+	var wg sync.WaitGroup
 	drained := make(chan struct{})
-	go func() {
+	wg.Go(func() {
 		select {
 		case <-in.drain:
 			s.waitAnswered(ctx)
@@ -76,24 +77,19 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			c.Close(websocket.StatusGoingAway, "server shutting down")
 		case <-ctx.Done():
 		}
-	}()
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	})
+	wg.Go(func() {
 		if err := s.writeLoop(ctx); err != nil {
 			cancel()
 		}
-	}()
+	})
 	if in.cfg.PingInterval > 0 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if err := wsping.Run(ctx, c, in.cfg.PingInterval, in.cfg.PingTimeout); err != nil {
 				in.log.Warn("ingress: closing a connection whose peer is gone", "remote", r.RemoteAddr, "device", device, "err", err)
 				cancel()
 			}
-		}()
+		})
 	}
 	err = s.readLoop(ctx, device)
 	cancel()
@@ -122,7 +118,7 @@ type wsSession struct {
 	out      []postbox.Reply // replies waiting to be written
 	inFlight int             // envelopes read and not yet answered on the wire
 	wake     chan struct{}   // replies are waiting
-	room     chan struct{}   // inFlight went down
+	room     chan struct{}   // closed (and replaced) when inFlight goes down
 }
 
 func (s *wsSession) readLoop(ctx context.Context, device string) error {
@@ -189,34 +185,28 @@ func isClosed(ch <-chan struct{}) bool {
 // waitAnswered blocks until every envelope read has been answered on the
 // wire, or ctx ends.
 func (s *wsSession) waitAnswered(ctx context.Context) {
-	for {
-		s.mu.Lock()
-		n := s.inFlight
-		s.mu.Unlock()
-		if n <= 0 {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.room:
-		}
-	}
+	s.waitInFlight(ctx, func(n int) bool { return n <= 0 })
 }
 
 // waitRoom blocks while MaxInFlight envelopes are unanswered.
 func (s *wsSession) waitRoom(ctx context.Context) error {
+	s.waitInFlight(ctx, func(n int) bool { return n < s.in.cfg.MaxInFlight })
+	return ctx.Err()
+}
+
+// waitInFlight blocks until ok(inFlight) or ctx ends.
+func (s *wsSession) waitInFlight(ctx context.Context, ok func(int) bool) {
 	for {
 		s.mu.Lock()
-		full := s.inFlight >= s.in.cfg.MaxInFlight
+		done, room := ok(s.inFlight), s.room
 		s.mu.Unlock()
-		if !full {
-			return nil
+		if done {
+			return
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
-		case <-s.room:
+			return
+		case <-room:
 		}
 	}
 }
@@ -266,11 +256,9 @@ func (s *wsSession) writeLoop(ctx context.Context) error {
 		}
 		s.mu.Lock()
 		s.inFlight -= len(buf)
+		close(s.room) // wakes the reader and a drain, whichever waits
+		s.room = make(chan struct{})
 		s.mu.Unlock()
-		select {
-		case s.room <- struct{}{}:
-		default:
-		}
 		clear(buf)
 	}
 }
