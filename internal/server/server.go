@@ -207,6 +207,7 @@ func (s *Server) Run(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		<-gctx.Done()
+		s.log.Info("postbox serve: shutting down; answering what the connections already read")
 		// Stop accepting, let every connection answer what it read (the
 		// store still commits), then stop the store.
 		shut, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
@@ -230,6 +231,7 @@ func (s *Server) Run(ctx context.Context) error {
 		"db", s.cfg.DBPath, "synchronous", s.synchronous(), "auth", s.cfg.Tokens != nil)
 	err = g.Wait()
 	s.setReady(false)
+	s.log.Info("postbox serve: stopped", "err", err)
 	return err
 }
 
