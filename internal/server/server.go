@@ -207,6 +207,7 @@ func (s *Server) Run(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		<-gctx.Done()
+		s.setReady(false) // /ready says 503 while draining
 		s.log.Info("postbox serve: shutting down; answering what the connections already read")
 		// Stop accepting, let every connection answer what it read (the
 		// store still commits), then stop the store.
