@@ -11,6 +11,7 @@ import (
 	"github.com/postbox-events/postbox/internal/groupcommit"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/server"
+	"github.com/postbox-events/postbox/stream/streamsqlite"
 )
 
 func runServe(ctx context.Context, env *cmdEnv, args []string) error {
@@ -24,6 +25,8 @@ after its transaction committed. Flags win over the environment variables named 
 	fs.Var(&maxBatch, "max-batch", "most events written per group commit; 1 = one transaction per event [POSTBOX_MAX_BATCH]")
 	queue := positiveInt(groupcommit.DefaultQueueSize)
 	fs.Var(&queue, "queue-size", "bound of the writer queue in events; when full, ingress stops reading [QUEUE_MAXSIZE]")
+	queueBytes := positiveInt(streamsqlite.DefaultQueueBytes)
+	fs.Var(&queueBytes, "queue-bytes", "bound of the writer queue in payload bytes [POSTBOX_QUEUE_BYTES]")
 	maxEnv := positiveInt(postbox.DefaultMaxEnvelopeBytes)
 	fs.Var(&maxEnv, "max-envelope-bytes", "largest envelope accepted [POSTBOX_MAX_ENVELOPE_BYTES]")
 	tokens := fs.String("auth-tokens", "", "file of 'TOKEN DEVICE_ID' lines; requires a bearer token on the ingress [POSTBOX_AUTH_TOKENS]")
@@ -39,7 +42,7 @@ after its transaction committed. Flags win over the environment variables named 
 	}
 	if err := envDefaults(env, fs, map[string]string{
 		"addr": "POSTBOX_ADDR", "db": "DB_PATH", "synchronous": "POSTBOX_SYNCHRONOUS", "max-batch": "POSTBOX_MAX_BATCH",
-		"queue-size": "QUEUE_MAXSIZE", "max-envelope-bytes": "POSTBOX_MAX_ENVELOPE_BYTES", "auth-tokens": "POSTBOX_AUTH_TOKENS",
+		"queue-size": "QUEUE_MAXSIZE", "queue-bytes": "POSTBOX_QUEUE_BYTES", "max-envelope-bytes": "POSTBOX_MAX_ENVELOPE_BYTES", "auth-tokens": "POSTBOX_AUTH_TOKENS",
 		"tls-cert": "POSTBOX_TLS_CERT", "tls-key": "POSTBOX_TLS_KEY", "log-level": "LOG_LEVEL", "log-format": "LOG_FORMAT",
 	}); err != nil {
 		return err
@@ -54,6 +57,7 @@ after its transaction committed. Flags win over the environment variables named 
 		Synchronous: strings.ToUpper(*sync),
 		MaxBatch:    int(maxBatch),
 		QueueSize:   int(queue),
+		QueueBytes:  int(queueBytes),
 		Limits:      postbox.Limits{MaxEnvelopeBytes: int(maxEnv)},
 		TLSCert:     *cert,
 		TLSKey:      *key,

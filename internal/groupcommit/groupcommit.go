@@ -8,7 +8,8 @@
 // so the cost of an fsync is paid once per batch instead of once per item,
 // and the store sees exactly one writer.
 //
-// The queue is bounded by QueueSize items: Enqueue blocks while it is full
+// The queue is bounded by QueueSize items, and by QueueBytes when the items
+// implement Sizer: Enqueue blocks while it is full
 // (a stream transport stops reading, which is backpressure) and TryEnqueue
 // returns ErrFull (an HTTP handler answers 429).
 package groupcommit
@@ -41,10 +42,16 @@ type Config struct {
 	// QueueSize bounds the items waiting to be written. Defaults to
 	// DefaultQueueSize.
 	QueueSize int
+	// QueueBytes bounds the sum of the Size of the items waiting, when the
+	// items implement Sizer. Zero means no bound in bytes.
+	QueueBytes int
 	// Observe, when set, is called after each flush with the batch size,
 	// how long the flush took and its error.
 	Observe func(items int, took time.Duration, err error)
 }
+
+// Sizer is implemented by items that know how much memory they hold.
+type Sizer interface{ Size() int }
 
 // FlushFunc writes batch in one transaction and commits it. It may record
 // per-item results in the items. When it returns an error, every item of
@@ -58,6 +65,7 @@ type Writer[T any] struct {
 
 	mu     sync.Mutex
 	queue  []entry[T]
+	bytes  int           // sum of the queued items' Size
 	space  chan struct{} // closed when items leave the queue
 	ready  chan struct{} // wakes Run
 	closed bool
@@ -116,7 +124,7 @@ func (w *Writer[T]) Enqueue(ctx context.Context, items []T, done func(error)) er
 			w.mu.Unlock()
 			return ErrClosed
 		}
-		if w.fits(len(items)) {
+		if w.fits(items) {
 			w.push(items, done)
 			w.mu.Unlock()
 			return nil
@@ -141,7 +149,7 @@ func (w *Writer[T]) TryEnqueue(items []T, done func(error)) error {
 	if w.closed {
 		return ErrClosed
 	}
-	if !w.fits(len(items)) {
+	if !w.fits(items) {
 		return ErrFull
 	}
 	w.push(items, done)
@@ -157,8 +165,31 @@ func (w *Writer[T]) Do(ctx context.Context, items []T) error {
 	return <-ch // answered even after ctx ends: Run flushes what it accepted
 }
 
-func (w *Writer[T]) fits(n int) bool {
-	return len(w.queue) == 0 || len(w.queue)+n <= w.cfg.QueueSize
+func (w *Writer[T]) fits(items []T) bool {
+	if len(w.queue) == 0 {
+		return true
+	}
+	if len(w.queue)+len(items) > w.cfg.QueueSize {
+		return false
+	}
+	return w.cfg.QueueBytes <= 0 || w.bytes+sizeOf(items) <= w.cfg.QueueBytes
+}
+
+func sizeOf[T any](items []T) int {
+	n := 0
+	for _, it := range items {
+		if s, ok := any(it).(Sizer); ok {
+			n += s.Size()
+		}
+	}
+	return n
+}
+
+// Bytes returns the sum of the Size of the queued items.
+func (w *Writer[T]) Bytes() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.bytes
 }
 
 // empty answers a request without items.
@@ -180,6 +211,7 @@ func (w *Writer[T]) push(items []T, done func(error)) {
 	for _, it := range items {
 		w.queue = append(w.queue, entry[T]{item: it, req: req})
 	}
+	w.bytes += sizeOf(items)
 	select {
 	case w.ready <- struct{}{}:
 	default:
@@ -219,6 +251,11 @@ func (w *Writer[T]) writeBatch(ctx context.Context, batch []entry[T], items []T)
 		return false
 	}
 	batch = append(batch[:0], w.queue[:n]...)
+	for _, e := range batch {
+		if s, ok := any(e.item).(Sizer); ok {
+			w.bytes -= s.Size()
+		}
+	}
 	rest := copy(w.queue, w.queue[n:])
 	clear(w.queue[rest:])
 	w.queue = w.queue[:rest]

@@ -674,3 +674,38 @@ func BenchmarkEnqueue(b *testing.B) {
 		})
 	}
 }
+
+// sized is an item that reports its size in bytes.
+type sized int
+
+func (s sized) Size() int { return int(s) }
+
+// TestQueueBytesBound: items that report their size are bounded in bytes
+// as well as in count.
+func TestQueueBytesBound(t *testing.T) {
+	w := groupcommit.New(func(ctx context.Context, batch []sized) error { return nil },
+		groupcommit.Config{QueueSize: 1000, QueueBytes: 100})
+	for i, tc := range []struct {
+		size sized
+		want error
+	}{
+		{60, nil},                 // 60
+		{60, groupcommit.ErrFull}, // 120 would be over
+		{30, nil},                 // 90
+		{20, groupcommit.ErrFull}, // 110 would be over
+		{10, nil},                 // 100: at the bound
+	} {
+		if err := w.TryEnqueue([]sized{tc.size}, nil); !errors.Is(err, tc.want) {
+			t.Fatalf("item %d (%d bytes): got %v, want %v", i, tc.size, err, tc.want)
+		}
+	}
+	if b := w.Bytes(); b != 100 {
+		t.Fatalf("queue holds %d bytes, want 100", b)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	w.Run(ctx) // writes what is queued, then returns
+	if b, n := w.Bytes(), w.Len(); b != 0 || n != 0 {
+		t.Fatalf("after the flush the queue holds %d items, %d bytes", n, b)
+	}
+}

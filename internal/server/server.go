@@ -36,7 +36,8 @@ type Config struct {
 	DBPath      string // defaults to "data/postbox.db"
 	Synchronous string // FULL (default) or NORMAL
 	MaxBatch    int    // events per group commit; 1 = one transaction per event
-	QueueSize   int    // bound of the writer queue (QUEUE_MAXSIZE)
+	QueueSize   int    // bound of the writer queue in events (QUEUE_MAXSIZE)
+	QueueBytes  int    // bound of the writer queue in bytes; see streamsqlite.Config
 	Limits      postbox.Limits
 	Tokens      ingress.Tokens // nil: no authentication
 	TLSCert     string
@@ -98,6 +99,7 @@ func New(cfg Config) (*Server, error) {
 		Synchronous: cfg.Synchronous,
 		MaxBatch:    cfg.MaxBatch,
 		QueueSize:   cfg.QueueSize,
+		QueueBytes:  cfg.QueueBytes,
 		Observe: func(n int, took time.Duration, err error) {
 			batch.Observe(float64(n))
 			commit.Observe(took.Seconds())
@@ -114,6 +116,10 @@ func New(cfg Config) (*Server, error) {
 		Name: "postbox_writer_queue_depth",
 		Help: "Events waiting for the writer.",
 	}, func() float64 { return float64(store.QueueLen()) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "postbox_writer_queue_bytes",
+		Help: "Payload and metadata bytes of the events waiting for the writer.",
+	}, func() float64 { return float64(store.QueueBytes()) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "postbox_writer_queue_capacity",
 		Help: "Bound of the writer queue (QUEUE_MAXSIZE).",

@@ -32,6 +32,9 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
+// DefaultQueueBytes is the default of Config.QueueBytes.
+const DefaultQueueBytes = 64 << 20
+
 // BackendName is the name this backend records in streams.backend.
 const BackendName = "sqlite"
 
@@ -45,6 +48,10 @@ type Config struct {
 	// QueueSize bounds the events waiting for the writer. Defaults to
 	// groupcommit.DefaultQueueSize.
 	QueueSize int
+	// QueueBytes bounds the payload and metadata bytes of the events
+	// waiting for the writer, so that large events cannot fill memory
+	// before the count bound is reached. Defaults to DefaultQueueBytes.
+	QueueBytes int
 	// Observe is called after each group commit (see groupcommit.Config).
 	Observe func(events int, took time.Duration, err error)
 	// Now returns the current time. Defaults to time.Now.
@@ -80,6 +87,11 @@ type item struct {
 	sha      [32]byte
 	occurred string
 	res      *stream.AppendResult
+}
+
+// Size is what an item holds in memory while queued (groupcommit.Sizer).
+func (it *item) Size() int {
+	return len(it.ev.Payload) + len(it.ev.Metadata) + len(it.ev.NativeID) + len(it.ev.DeliveryHandle) + 256
 }
 
 // Open opens (creating and migrating) the database at path. Call Run to
@@ -130,7 +142,10 @@ func Open(path string, cfg Config) (*Backend, error) {
 		b.Close()
 		return nil, fmt.Errorf("prepare: %w", err)
 	}
-	b.writer = groupcommit.New(b.flush, groupcommit.Config{MaxBatch: cfg.MaxBatch, QueueSize: cfg.QueueSize, Observe: cfg.Observe})
+	if cfg.QueueBytes <= 0 {
+		cfg.QueueBytes = DefaultQueueBytes
+	}
+	b.writer = groupcommit.New(b.flush, groupcommit.Config{MaxBatch: cfg.MaxBatch, QueueSize: cfg.QueueSize, QueueBytes: cfg.QueueBytes, Observe: cfg.Observe})
 	return b, nil
 }
 
@@ -178,6 +193,9 @@ func (b *Backend) Close() error {
 
 // QueueLen returns the events waiting for the writer; QueueCap its bound.
 func (b *Backend) QueueLen() int { return b.writer.Len() }
+
+// QueueBytes returns the bytes the events waiting for the writer hold.
+func (b *Backend) QueueBytes() int { return b.writer.Bytes() }
 
 // QueueCap returns the bound of the writer's queue.
 func (b *Backend) QueueCap() int { return b.writer.Cap() }
