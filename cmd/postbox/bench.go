@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/postbox-events/postbox/client"
+	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/internal/groupcommit"
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
@@ -139,7 +140,7 @@ one JSON object as the last line of stdout.`)
 			if perDevice > 0 {
 				phase = time.Duration(float64(d) / float64(devices) * float64(frame) / perDevice * float64(time.Second))
 			}
-			return benchDevice(lctx, *srvURL, *token, fmt.Sprintf("%sd%03d_", prefix, d), fmt.Sprintf("bench-%03d", d), n,
+			return benchDevice(lctx, *srvURL, *token, prefix, fmt.Sprintf("bench-%03d", d), n,
 				int(frame), int(window), perDevice, phase, payload, &acked, &nacked, lat)
 		})
 	}
@@ -225,7 +226,9 @@ func benchDevice(ctx context.Context, url, token, idPrefix, device string, n, fr
 		}
 		msgs := make([]client.Message, size)
 		for i := range msgs {
-			id := idPrefix + strconv.Itoa(sent+i)
+			// Time-ordered ids, as agents make them (evt_<ULID>), under the
+			// run's prefix so that the store check can find them.
+			id := idPrefix + strings.TrimPrefix(outbox.NewEventID(), "evt_")
 			env := make([]byte, 0, len(payload)+200)
 			env = append(env, `{"schema_version":1,"event_id":"`...)
 			env = append(env, id...)
