@@ -177,6 +177,9 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			switch {
 			case p.err == nil:
+				if failures > 0 {
+					r.log.Info("outbox: publishing again", "after_failures", failures)
+				}
 				failures = 0
 			case ctx.Err() != nil:
 			case !r.cfg.Now().Before(pausedUntil): // one pause per outage, not one per batch in flight

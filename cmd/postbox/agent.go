@@ -28,6 +28,7 @@ backoff and full jitter. Unsent events are resumed after a restart.`)
 	device := fs.String("device-id", "", "this device's id, filled into events without one [POSTBOX_DEVICE_ID]")
 	listen := fs.String("listen", "127.0.0.1:8787", "address of the local intake [POSTBOX_AGENT_LISTEN]")
 	token := fs.String("token", "", "bearer token for the server [POSTBOX_TOKEN]")
+	caCert := fs.String("ca-cert", "", "PEM file of the CA (or self-signed certificate) a wss:// server must present; default: the system's roots [POSTBOX_CA_CERT]")
 	session := fs.String("session-id", "", "session id filled into events without one (default: a new one per run)")
 	sync := fs.String("synchronous", "FULL", "outbox SQLite synchronous mode: FULL or NORMAL")
 	window := positiveInt(outbox.DefaultMaxInFlight)
@@ -43,7 +44,7 @@ backoff and full jitter. Unsent events are resumed after a restart.`)
 		return err
 	}
 	if err := envDefaults(env, fs, map[string]string{"server": "POSTBOX_SERVER", "outbox": "POSTBOX_OUTBOX", "device-id": "POSTBOX_DEVICE_ID",
-		"listen": "POSTBOX_AGENT_LISTEN", "token": "POSTBOX_TOKEN", "log-level": "LOG_LEVEL", "log-format": "LOG_FORMAT"}); err != nil {
+		"listen": "POSTBOX_AGENT_LISTEN", "token": "POSTBOX_TOKEN", "ca-cert": "POSTBOX_CA_CERT", "log-level": "LOG_LEVEL", "log-format": "LOG_FORMAT"}); err != nil {
 		return err
 	}
 	if *server == "" || *device == "" {
@@ -54,7 +55,7 @@ backoff and full jitter. Unsent events are resumed after a restart.`)
 		return err
 	}
 	a, err := agent.New(agent.Config{
-		Server: *server, OutboxPath: *path, DeviceID: *device, SessionID: *session, Listen: *listen, Token: *token,
+		Server: *server, OutboxPath: *path, DeviceID: *device, SessionID: *session, Listen: *listen, Token: *token, CACert: *caCert,
 		Synchronous: strings.ToUpper(*sync), AckTimeout: *ackTimeout, Logger: log,
 		Relay: outbox.RelayConfig{
 			BatchSize: int(batch), MaxInFlight: int(window),

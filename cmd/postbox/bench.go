@@ -19,10 +19,10 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/postbox-events/postbox/client"
-	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/internal/groupcommit"
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
+	"github.com/postbox-events/postbox/outbox"
 )
 
 // benchResult is what bench --json prints as its last line.

@@ -7,11 +7,14 @@ package agent
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -25,12 +28,16 @@ import (
 
 // Config configures an Agent.
 type Config struct {
-	Server      string // the control plane's ingress: ws://host:port[/path]
-	OutboxPath  string
-	DeviceID    string
-	SessionID   string // filled into events without one; defaults to a new sess_<ULID>
-	Listen      string // the intake's address; defaults to 127.0.0.1:8787
-	Token       string
+	Server     string // the control plane's ingress: ws://host:port[/path]
+	OutboxPath string
+	DeviceID   string
+	SessionID  string // filled into events without one; defaults to a new sess_<ULID>
+	Listen     string // the intake's address; defaults to 127.0.0.1:8787
+	Token      string
+	// CACert is a PEM file of the certificate authorities (or the
+	// self-signed certificate) a wss:// server must present. Empty means
+	// the system's roots.
+	CACert      string
 	Synchronous string
 	Limits      postbox.Limits
 	Relay       outbox.RelayConfig
@@ -68,7 +75,15 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	pub, err := client.NewPublisher(cfg.Server, client.Options{Token: cfg.Token}, cfg.AckTimeout)
+	opts := client.Options{Token: cfg.Token}
+	if cfg.CACert != "" {
+		hc, err := trusting(cfg.CACert)
+		if err != nil {
+			return nil, err
+		}
+		opts.HTTPClient = hc
+	}
+	pub, err := client.NewPublisher(cfg.Server, opts, cfg.AckTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("agent: --server: %w", err)
 	}
@@ -151,4 +166,20 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("postbox agent: running", "intake", "http://"+addr.String()+"/v1/events", "server", a.cfg.Server,
 		"outbox", a.cfg.OutboxPath, "device_id", a.cfg.DeviceID, "pending", pending, "rejected", rejected)
 	return g.Wait()
+}
+
+// trusting returns an HTTP client that trusts the certificates in the PEM
+// file at path.
+func trusting(path string) (*http.Client, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("agent: --ca-cert: %w", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("agent: --ca-cert %s: no PEM certificate in the file", path)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	return &http.Client{Transport: tr}, nil
 }

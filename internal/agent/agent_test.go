@@ -17,6 +17,7 @@ import (
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/agent"
+	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/outbox"
@@ -719,5 +720,23 @@ func TestAgentKeepsRejectedEventAndRequeuesIt(t *testing.T) {
 	}
 	if got, distinct, _ := srv2.stored(t); got != 11 || distinct != 11 {
 		t.Fatalf("server holds %d events, %d distinct; want 11", got, distinct)
+	}
+}
+
+// TestAgentOverTLSWithItsOwnCA: an agent given the server's self-signed
+// certificate (--ca-cert) delivers over wss:// with a bearer token.
+func TestAgentOverTLSWithItsOwnCA(t *testing.T) {
+	certPath, keyPath, _ := servertest.SelfSignedCert(t, t.TempDir())
+	tokens := ingress.Tokens{}
+	tokens.Add("secret-of-dev-1", device)
+	srv := startServer(t, server.Config{TLSCert: certPath, TLSKey: keyPath, Tokens: tokens})
+	ta := startAgent(t, agent.Config{Server: "wss://" + srv.addr, CACert: certPath, Token: "secret-of-dev-1"})
+	ta.postBatch(t, smallEvents(20, 0))
+	servertest.Eventually(t, 30*time.Second, "the events at the server over TLS", func() bool {
+		return srv.has(t, 20) && ta.empty(t)
+	})
+	if _, err := agent.New(agent.Config{Server: "wss://" + srv.addr, CACert: keyPath, DeviceID: device, OutboxPath: filepath.Join(t.TempDir(), "o.db")}); err == nil ||
+		!strings.Contains(err.Error(), "no PEM certificate") {
+		t.Errorf("a --ca-cert without a certificate: got %v", err)
 	}
 }

@@ -5,8 +5,17 @@ package servertest
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -31,7 +40,7 @@ type Server struct {
 // Start runs a server for cfg until the test ends (or Stop), and returns
 // once /ready answers 200. An empty cfg.DBPath means a new file under
 // t.TempDir(), a nil cfg.Listener a new loopback port. hc (nil: a plain
-// client) is used for the readiness probe.
+// client, trusting cfg.TLSCert if set) is used for the readiness probe.
 func Start(t testing.TB, cfg server.Config, hc *http.Client) *Server {
 	t.Helper()
 	if cfg.DBPath == "" {
@@ -46,6 +55,9 @@ func Start(t testing.TB, cfg server.Config, hc *http.Client) *Server {
 	}
 	if hc == nil {
 		hc = &http.Client{}
+		if cfg.TLSCert != "" {
+			hc = trusting(t, cfg.TLSCert)
+		}
 	}
 	srv, err := server.New(cfg)
 	if err != nil {
@@ -103,4 +115,60 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		}
 		<-tick.C
 	}
+}
+
+// SelfSignedCert writes a certificate and key for 127.0.0.1 into dir and
+// returns their paths and the certificate.
+func SelfSignedCert(t testing.TB, dir string) (certPath, keyPath string, cert *x509.Certificate) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "postbox test"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
+		DNSNames:              []string{"localhost"},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err = x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPath, keyPath = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certPath, keyPath, cert
+}
+
+// trusting returns an HTTP client that trusts the certificate in certPath.
+func trusting(t testing.TB, certPath string) *http.Client {
+	t.Helper()
+	pemBytes, err := os.ReadFile(certPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pemBytes) {
+		t.Fatalf("%s: no certificate", certPath)
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
 }
