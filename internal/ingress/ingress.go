@@ -203,20 +203,23 @@ func appendString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// replies turns append results into ACKs and NACKs.
-func (in *Ingress) replies(ids []string, results []stream.AppendResult, err error) []postbox.Reply {
-	out := make([]postbox.Reply, len(ids))
+// appendReplies appends the ACKs and NACKs of append results to out.
+func (in *Ingress) appendReplies(out []postbox.Reply, ids []string, results []stream.AppendResult, err error) []postbox.Reply {
+	var last postbox.Reply // events of one commit share a time: format it once
 	for i, id := range ids {
 		switch {
 		case err != nil:
-			out[i] = postbox.Nack(id, fmt.Errorf("not stored, send again: %w", err))
+			out = append(out, postbox.Nack(id, fmt.Errorf("not stored, send again: %w", err)))
 			in.m.events.WithLabelValues(in.cfg.StreamID, "unavailable").Inc()
 		case errors.Is(results[i].Err, stream.ErrConflict):
-			out[i] = postbox.Nack(id, &postbox.FieldError{Field: "payload", Code: postbox.CodeConflict,
-				Message: "payload: differs from the stored event with this event_id; nothing was changed"})
+			out = append(out, postbox.Nack(id, &postbox.FieldError{Field: "payload", Code: postbox.CodeConflict,
+				Message: "payload: differs from the stored event with this event_id; nothing was changed"}))
 			in.m.events.WithLabelValues(in.cfg.StreamID, "conflict").Inc()
+		case results[i].Duplicate || last.AckTS == "" || !results[i].StoredAt.Equal(results[i-1].StoredAt):
+			last = postbox.Ack(id, results[i].StoredAt, results[i].Duplicate)
+			out = append(out, last)
 		default:
-			out[i] = postbox.Ack(id, results[i].StoredAt, results[i].Duplicate)
+			out = append(out, postbox.Reply{EventID: id, Status: postbox.StatusStored, AckTS: last.AckTS})
 		}
 	}
 	if err == nil {

@@ -116,6 +116,7 @@ type wsSession struct {
 
 	mu       sync.Mutex
 	out      []postbox.Reply // replies waiting to be written
+	commits  []commit        // appends answered by the store, to be turned into replies
 	inFlight int             // envelopes read and not yet answered on the wire
 	wake     chan struct{}   // replies are waiting
 	room     chan struct{}   // closed (and replaced) when inFlight goes down
@@ -155,7 +156,7 @@ func (s *wsSession) readLoop(ctx context.Context, device string) error {
 			n := min(len(d.events), appendChunk)
 			ids := d.ids[:n]
 			err = s.in.store.AppendAsync(ctx, s.in.cfg.StreamID, d.events[:n], func(res []stream.AppendResult, err error) {
-				s.reply(s.in.replies(ids, res, err), 0)
+				s.committed(commit{ids, res, err})
 			})
 			if err != nil {
 				// ctx ended or the store closed: these events will not be
@@ -227,8 +228,30 @@ func (s *wsSession) reply(rs []postbox.Reply, extra int) {
 	}
 }
 
+// commit is the store's answer to one AppendAsync.
+type commit struct {
+	ids     []string
+	results []stream.AppendResult
+	err     error
+}
+
+// committed queues the store's answer for the writer loop. It runs on the
+// store's writer goroutine, so it only queues: the replies are built and
+// encoded by the connection's own writer loop, off the store's critical
+// path.
+func (s *wsSession) committed(c commit) {
+	s.mu.Lock()
+	s.commits = append(s.commits, c)
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
 func (s *wsSession) writeLoop(ctx context.Context) error {
 	var buf []postbox.Reply
+	var commits []commit
 	for {
 		select {
 		case <-ctx.Done():
@@ -237,7 +260,12 @@ func (s *wsSession) writeLoop(ctx context.Context) error {
 		}
 		s.mu.Lock()
 		buf, s.out = s.out, buf[:0]
+		commits, s.commits = s.commits, commits[:0]
 		s.mu.Unlock()
+		for _, c := range commits {
+			buf = s.in.appendReplies(buf, c.ids, c.results, c.err)
+		}
+		clear(commits)
 		if len(buf) == 0 {
 			continue
 		}
