@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -56,6 +57,7 @@ type Agent struct {
 	relay  *outbox.Relay
 	ln     net.Listener
 	intake *intake
+	unlock func() // releases the outbox lock
 }
 
 // New opens the outbox and prepares the agent; Run runs it.
@@ -87,8 +89,18 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: --server: %w", err)
 	}
+	if dir := filepath.Dir(cfg.OutboxPath); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+	}
+	unlock, err := lockOutbox(cfg.OutboxPath)
+	if err != nil {
+		return nil, err
+	}
 	store, err := outboxsqlite.Open(cfg.OutboxPath, outboxsqlite.Config{Synchronous: cfg.Synchronous})
 	if err != nil {
+		unlock()
 		return nil, err
 	}
 	m := newMetrics(store)
@@ -98,9 +110,10 @@ func New(cfg Config) (*Agent, error) {
 	relay, err := outbox.NewRelay(store, pub, rcfg)
 	if err != nil {
 		store.Close()
+		unlock()
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, store: store, pub: pub, relay: relay}
+	a := &Agent{cfg: cfg, log: cfg.Logger, store: store, pub: pub, relay: relay, unlock: unlock}
 	a.intake = &intake{store: store, deviceID: cfg.DeviceID, sessionID: cfg.SessionID, limits: cfg.Limits, log: cfg.Logger, m: m}
 	return a, nil
 }
@@ -130,6 +143,7 @@ func (a *Agent) Listen() (net.Addr, error) {
 
 // Run serves the intake and relays the outbox until ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
+	defer a.unlock()
 	defer a.store.Close()
 	defer a.pub.Close()
 	addr, err := a.Listen()
@@ -141,6 +155,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	pending, rejected, err := a.store.Counts(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it started
+		}
 		return err
 	}
 	storeCtx, stopStore := context.WithCancel(context.WithoutCancel(ctx))

@@ -740,3 +740,14 @@ func TestAgentOverTLSWithItsOwnCA(t *testing.T) {
 		t.Errorf("a --ca-cert without a certificate: got %v", err)
 	}
 }
+
+// TestOutboxUsedByOneAgentOnly: a second agent on the same outbox is
+// refused instead of sending every row twice.
+func TestOutboxUsedByOneAgentOnly(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "outbox.db")
+	startAgent(t, agent.Config{Server: "ws://127.0.0.1:1", OutboxPath: path})
+	_, err := agent.New(agent.Config{Server: "ws://127.0.0.1:1", OutboxPath: path, DeviceID: device})
+	if err == nil || !strings.Contains(err.Error(), "in use by another agent") {
+		t.Fatalf("second agent on one outbox: got %v, want 'in use by another agent'", err)
+	}
+}

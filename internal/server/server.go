@@ -181,6 +181,9 @@ func (s *Server) Run(ctx context.Context) error {
 		return err
 	}
 	if _, err := s.store.EnsureStream(ctx, DeviceSource); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it started
+		}
 		return err
 	}
 	s.warnIfOpen(addr)
