@@ -180,7 +180,7 @@ func postEvents(ctx context.Context, agentURL string, body []byte) ([]map[string
 		return nil, fmt.Errorf("send: the agent refused the events (%s, %s): %s", resp.Status, out.Error.Code, out.Error.Message)
 	}
 	if resp.StatusCode == http.StatusConflict {
-		return out.Events, fmt.Errorf("send: an event id is queued already with another envelope: %v", out.Events)
+		return out.Events, fmt.Errorf("send: an event id is queued already with another payload: %v", out.Events)
 	}
 	return out.Events, nil
 }

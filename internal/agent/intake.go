@@ -115,7 +115,7 @@ func (in *intake) handleEvents(w http.ResponseWriter, r *http.Request) {
 		out[i] = eventStatus{EventID: res.EventID, Status: "queued"}
 		switch {
 		case res.Err != nil:
-			out[i].Status, out[i].Message = "conflict", "event_id is queued already with a different envelope; this one was not queued"
+			out[i].Status, out[i].Message = "conflict", "event_id is queued already with a different payload; this one was not queued"
 			status = http.StatusConflict
 		case res.Duplicate:
 			out[i].Status = "duplicate"

@@ -35,8 +35,8 @@ const (
 )
 
 // ErrConflict is returned by Insert for an event id already in the outbox
-// with a different envelope.
-var ErrConflict = errors.New("outbox: event_id already queued with a different envelope")
+// with a different payload.
+var ErrConflict = errors.New("outbox: event_id already queued with a different payload")
 
 // Config configures a Store.
 type Config struct {
