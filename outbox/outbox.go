@@ -44,7 +44,11 @@ type Publisher interface {
 // Store is an outbox as the Relay sees it.
 type Store interface {
 	// Due returns up to limit pending rows after seq whose next attempt is
-	// due at now, in Seq order.
+	// due at now, in Seq order. The Relay never has one event in flight
+	// twice; a store that several relays share (the transactional outbox)
+	// must also keep relays apart, for example by claiming the rows it
+	// returns with a lease (FOR UPDATE SKIP LOCKED, then a next attempt
+	// time in the future) that Settle ends.
 	Due(ctx context.Context, now time.Time, after int64, limit int) ([]Message, error)
 	// Settle records the outcomes of one publish in one transaction.
 	Settle(ctx context.Context, outcomes []Outcome) error
