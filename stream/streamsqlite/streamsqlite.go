@@ -319,6 +319,7 @@ func (b *Backend) flush(ctx context.Context, batch []*item) error {
 		return fmt.Errorf("append: begin: %w", err)
 	}
 	defer tx.Rollback()
+	full := tx.StmtContext(ctx, b.inserts[chunk]) // bound to the transaction once, for every full chunk
 	for len(batch) > 0 {
 		part := batch[:min(chunk, len(batch))]
 		batch = batch[len(part):]
@@ -341,7 +342,11 @@ func (b *Backend) flush(ctx context.Context, batch []*item) error {
 				ev.Type, it.occurred, metadata, string(ev.Payload), handle, it.sha[:], seq, nowText, nowText)
 		}
 		b.args = args
-		r, err := tx.StmtContext(ctx, b.inserts[len(part)]).ExecContext(ctx, args...)
+		ins := full
+		if len(part) < chunk {
+			ins = tx.StmtContext(ctx, b.inserts[len(part)])
+		}
+		r, err := ins.ExecContext(ctx, args...)
 		clear(args)
 		if err != nil {
 			return fmt.Errorf("append: insert: %w", err)
