@@ -1,12 +1,17 @@
 package main_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/outbox"
+	"github.com/postbox-events/postbox/outbox/outboxsqlite"
 )
 
 // run runs the binary and returns its combined output and exit code.
@@ -88,5 +93,49 @@ func TestBenchJSONLastLine(t *testing.T) {
 	}
 	if res["events"] != 4000.0 || res["acked"] != 4000.0 || res["stored"] != 4000.0 {
 		t.Errorf("want 4000 events acked and stored once, got %v", res)
+	}
+}
+
+// TestOutboxListAndRequeue: an operator sees a rejected row with the
+// server's reason and sends it again.
+func TestOutboxListAndRequeue(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "outbox.db")
+	store, err := outboxsqlite.Open(path, outboxsqlite.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { store.Run(ctx); close(done) }()
+	env := postbox.Envelope{SchemaVersion: 1, EventID: "evt_rejected_1", Type: "t", TS: "2026-01-01T00:00:00Z",
+		SessionID: "s", DeviceID: "pi-01", Payload: json.RawMessage(`{"big":true}`)}
+	if _, err := store.Insert(ctx, []postbox.Envelope{env}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Settle(ctx, []outbox.Outcome{{EventID: env.EventID, Kind: outbox.Rejected, Error: "too_large: envelope is 300000 bytes"}}); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	<-done
+	store.Close()
+
+	out, code := run(t, "outbox", "list", "--outbox", path, "--json")
+	var rows []map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 1 ||
+		rows[0]["event_id"] != env.EventID || rows[0]["state"] != "rejected" || !strings.Contains(rows[0]["last_error"].(string), "too_large") {
+		t.Fatalf("outbox list: exit %d, %s", code, out)
+	}
+	if out, code := run(t, "outbox", "list", "--outbox", path); code != 0 || !strings.Contains(out, "too_large") {
+		t.Fatalf("outbox list (table): exit %d, %s", code, out)
+	}
+	if out, code := run(t, "outbox", "requeue", env.EventID, "--outbox", path); code != 0 || !strings.Contains(out, "1 rejected events requeued") {
+		t.Fatalf("outbox requeue: exit %d, %s", code, out)
+	}
+	out, _ = run(t, "outbox", "list", "--outbox", path, "--state", "pending", "--json")
+	if !strings.Contains(out, env.EventID) {
+		t.Fatalf("after requeue the row is not pending: %s", out)
+	}
+	if out, code := run(t, "outbox", "requeue", "evt_nope", "--outbox", path); code != 1 || !strings.Contains(out, "none of") {
+		t.Fatalf("requeue of an unknown id: exit %d, %s", code, out)
 	}
 }
