@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
 )
@@ -137,5 +138,39 @@ func TestOutboxListAndRequeue(t *testing.T) {
 	}
 	if out, code := run(t, "outbox", "requeue", "evt_nope", "--outbox", path); code != 1 || !strings.Contains(out, "none of") {
 		t.Fatalf("requeue of an unknown id: exit %d, %s", code, out)
+	}
+}
+
+// TestSendThroughAgentToServer runs the commands of the Quick start's
+// "Try it": serve, agent, send; every event sent is stored once.
+func TestSendThroughAgentToServer(t *testing.T) {
+	dir := t.TempDir()
+	addr, listen := freePort(t), freePort(t)
+	srv := start(t, "serve", "--addr", addr, "--db", filepath.Join(dir, "postbox.db"), "--log-level", "warn")
+	waitHTTP(t, "http://"+addr+"/ready", srv)
+	a := start(t, "agent", "--server", "ws://"+addr, "--outbox", filepath.Join(dir, "outbox.db"), "--device-id", "pi-01", "--listen", listen)
+	waitHTTP(t, "http://"+listen+"/health", a)
+
+	out, code := run(t, "send", "--agent", "http://"+listen, "--type", "proposal.task", "--payload", `{"intent":"x"}`)
+	if code != 0 || !strings.HasPrefix(out, "evt_") || !strings.Contains(out, "queued") {
+		t.Fatalf("send: exit %d, %s", code, out)
+	}
+	out, code = run(t, "send", "--agent", "http://"+listen, "--type", "proposal.task", "--payload", `{"intent":"y"}`, "--count", "2500")
+	if code != 0 || !strings.Contains(out, "2500 events queued") {
+		t.Fatalf("send --count: exit %d, %s", code, out)
+	}
+	drained(t, map[string]*proc{"http://" + listen: a})
+	srv.kill()
+	db, err := sqlitedb.Open(filepath.Join(dir, "postbox.db"), sqlitedb.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n, distinct int
+	if err := db.QueryRow(`SELECT count(*), count(DISTINCT source_native_id) FROM stream_events WHERE stream_id = 'devices'`).Scan(&n, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2501 || distinct != 2501 {
+		t.Fatalf("stored %d events (%d distinct), want 2501", n, distinct)
 	}
 }
