@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -173,4 +175,30 @@ func TestSendThroughAgentToServer(t *testing.T) {
 	if n != 2501 || distinct != 2501 {
 		t.Fatalf("stored %d events (%d distinct), want 2501", n, distinct)
 	}
+}
+
+// TestAuthTokensFile: a malformed tokens file stops serve with the line at
+// fault; a good one makes the ingress require a token, which the agent
+// sends with --token.
+func TestAuthTokensFile(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.txt")
+	os.WriteFile(bad, []byte("# tokens\nsecret-1 pi-01\nonly-a-token\n"), 0o600)
+	if out, code := run(t, "serve", "--auth-tokens", bad, "--addr", "127.0.0.1:0", "--db", filepath.Join(dir, "x.db")); code != 1 || !strings.Contains(out, "bad.txt:3") {
+		t.Fatalf("bad tokens file: exit %d, %s", code, out)
+	}
+	good := filepath.Join(dir, "tokens.txt")
+	os.WriteFile(good, []byte("secret-1 pi-01\n"), 0o600)
+	addr, listen := freePort(t), freePort(t)
+	srv := start(t, "serve", "--auth-tokens", good, "--addr", addr, "--db", filepath.Join(dir, "postbox.db"), "--log-level", "warn")
+	waitHTTP(t, "http://"+addr+"/ready", srv)
+	if resp, err := http.Get("http://" + addr + "/v1/ws"); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("ingress without a token: %v %v, want 401", resp, err)
+	}
+	a := start(t, "agent", "--server", "ws://"+addr, "--token", "secret-1", "--outbox", filepath.Join(dir, "outbox.db"), "--device-id", "pi-01", "--listen", listen)
+	waitHTTP(t, "http://"+listen+"/health", a)
+	if out, code := run(t, "send", "--agent", "http://"+listen, "--type", "t", "--payload", `{}`, "--count", "10"); code != 0 {
+		t.Fatalf("send: %s", out)
+	}
+	drained(t, map[string]*proc{"http://" + listen: a})
 }
