@@ -121,9 +121,6 @@ func New(cfg Config) (*Agent, error) {
 // Store returns the agent's outbox.
 func (a *Agent) Store() *outboxsqlite.Store { return a.store }
 
-// Handler returns the intake's HTTP handler.
-func (a *Agent) Handler() http.Handler { return a.intake.handler() }
-
 // Listen binds the intake and returns its address.
 func (a *Agent) Listen() (net.Addr, error) {
 	if a.ln != nil {
