@@ -1,12 +1,15 @@
 // Package stream defines what postbox stores events in: one append-only
 // stream per source, each event stored once under its source identity
-// (stream, native id, variant), with an offset that only grows.
+// (stream, native id, variant), with an offset that only grows; and
+// consumers, one per subscription, each with its own offset in one stream.
 //
 // Backends live in subpackages named after their technology; streamsqlite
-// is the embedded default.
+// is the embedded default. Every backend passes the conformance suite in
+// streamtest.
 package stream
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"time"
@@ -19,7 +22,91 @@ var (
 	ErrConflict = errors.New("stream: event already stored with a different payload")
 	// ErrStreamNotFound: no stream has this id.
 	ErrStreamNotFound = errors.New("stream: stream not found")
+	// ErrConsumerNotFound: no consumer has this id.
+	ErrConsumerNotFound = errors.New("stream: consumer not found")
+	// ErrConsumerExists: EnsureConsumer found a consumer with this id on
+	// another stream.
+	ErrConsumerExists = errors.New("stream: consumer exists on another stream")
+	// ErrCommitBehind: a commit would move a consumer's offset backwards.
+	// Offsets only move back through Reset.
+	ErrCommitBehind = errors.New("stream: commit behind the consumer's offset")
+	// ErrOffsetOutOfRange: an offset past the stream's high watermark
+	// (for a commit), or past the next offset to be written (for a start
+	// position), or below 1.
+	ErrOffsetOutOfRange = errors.New("stream: offset out of range")
+	// ErrInvalidStart: a start position that is not one of the policies,
+	// or lacks the offset or time its policy needs.
+	ErrInvalidStart = errors.New("stream: invalid start position")
 )
+
+// Backend is an event log with consumers: seed 002's EventBusBackend.
+//
+// The rules every backend keeps (streamtest checks each):
+//
+//   - One source has one stream. Offsets within a stream start at 1 and
+//     grow by one with each stored event; an offset is never reused, not
+//     even after its event was deleted.
+//   - Append is idempotent on the event's identity (stream, NativeID,
+//     Variant): the same identity with the same payload stores nothing new
+//     and reports Duplicate with the original offset; with another payload
+//     it reports ErrConflict and changes nothing.
+//   - Offsets belong to consumers. Read changes no offset; Commit moves one
+//     consumer only, and only forwards; Reset moves it anywhere a start
+//     position can name.
+//   - Appends are accepted whether or not the stream has consumers; the
+//     backlog is there for a later consumer that starts at earliest,
+//     at_offset or at_time.
+//
+// Methods are safe for concurrent use. A context's end makes a call return
+// its error; a write it interrupts either happened entirely or not at all.
+type Backend interface {
+	// EnsureStream returns the stream of sourceID, creating it if needed.
+	EnsureStream(ctx context.Context, sourceID string) (Stream, error)
+	// Append stores events in streamID and returns one result per event,
+	// in order, once they are durable. It returns ErrStreamNotFound for an
+	// unknown stream; an error means no event of the call was stored.
+	Append(ctx context.Context, streamID string, events []Event) ([]AppendResult, error)
+
+	// EnsureConsumer returns the consumer cfg.ID, creating it at
+	// cfg.Start if it does not exist. An existing consumer keeps its
+	// offset (cfg.Start is ignored); one on another stream is
+	// ErrConsumerExists.
+	EnsureConsumer(ctx context.Context, cfg ConsumerConfig) (Consumer, error)
+	// Consumer returns the consumer id, or ErrConsumerNotFound.
+	Consumer(ctx context.Context, id string) (Consumer, error)
+	// DeleteConsumer deletes the consumer id, or returns ErrConsumerNotFound.
+	DeleteConsumer(ctx context.Context, id string) error
+	// Read returns up to limit events of the consumer's stream at or after
+	// offset from, in offset order (from 0: the consumer's next offset).
+	// It changes no offset: a consumer that reads ahead of its commits
+	// passes the offset after its last event as the next from.
+	Read(ctx context.Context, consumerID string, from int64, limit int) (Batch, error)
+	// Commit records that the consumer processed every event up to and
+	// including offset: its next offset becomes offset+1. Committing the
+	// offset just before the next one again changes nothing (a retried
+	// commit is safe); an offset further back is ErrCommitBehind; one past
+	// the stream's high watermark is ErrOffsetOutOfRange.
+	Commit(ctx context.Context, consumerID string, offset int64) (Consumer, error)
+	// Reset moves the consumer to start, backwards or forwards.
+	Reset(ctx context.Context, consumerID string, start Start) (Consumer, error)
+
+	// Stats summarises streamID, or returns ErrStreamNotFound.
+	Stats(ctx context.Context, streamID string) (Stats, error)
+	// Lag returns how far the consumer is behind its stream's high
+	// watermark.
+	Lag(ctx context.Context, consumerID string) (Lag, error)
+
+	// Close releases the backend.
+	Close() error
+}
+
+// Waiter is implemented by backends that can tell a reader when a stream
+// grows, so that a consumer needs no polling delay.
+type Waiter interface {
+	// Wait returns once streamID holds an event with an offset above
+	// after, or with ctx's error.
+	Wait(ctx context.Context, streamID string, after int64) error
+}
 
 // Stream is one source's append-only log.
 type Stream struct {
@@ -44,6 +131,16 @@ type Event struct {
 	DeliveryHandle json.RawMessage
 }
 
+// StoredEvent is an Event as a stream holds it.
+type StoredEvent struct {
+	Event
+	Offset   int64
+	ID       string // the stream event id, unique across streams
+	StreamID string
+	SourceID string
+	StoredAt time.Time // when it was first stored
+}
+
 // AppendResult is the outcome of appending one Event.
 type AppendResult struct {
 	Offset int64 // the stored event's offset
@@ -54,10 +151,89 @@ type AppendResult struct {
 	Err       error // ErrConflict, or nil
 }
 
+// Start policies: where a new (or reset) consumer begins.
+const (
+	// StartLatest begins after the stream's high watermark: only events
+	// stored from now on. The default.
+	StartLatest = "latest"
+	// StartEarliest begins at the oldest event the stream still holds.
+	StartEarliest = "earliest"
+	// StartAtOffset begins at Start.Offset.
+	StartAtOffset = "at_offset"
+	// StartAtTime begins at the first event stored at or after Start.Time.
+	// It is the time the stream stored the event, as with JetStream's
+	// start time, not the source's OccurredAt: device clocks drift and
+	// offline devices send late, and only stored time follows offsets.
+	StartAtTime = "at_time"
+)
+
+// Start is a start position: a policy and what it needs.
+type Start struct {
+	Policy string    // StartLatest ("" means it), StartEarliest, StartAtOffset or StartAtTime
+	Offset int64     // StartAtOffset: the first offset to read (≥ 1, ≤ high watermark + 1)
+	Time   time.Time // StartAtTime
+}
+
+// Validate returns ErrInvalidStart when s names no policy or lacks what
+// its policy needs.
+func (s Start) Validate() error {
+	switch s.Policy {
+	case "", StartLatest, StartEarliest:
+		return nil
+	case StartAtOffset:
+		if s.Offset < 1 {
+			return ErrInvalidStart
+		}
+		return nil
+	case StartAtTime:
+		if s.Time.IsZero() {
+			return ErrInvalidStart
+		}
+		return nil
+	}
+	return ErrInvalidStart
+}
+
+// ConsumerConfig describes a consumer to EnsureConsumer.
+type ConsumerConfig struct {
+	ID       string // the consumer's id: postbox uses the subscription's name
+	StreamID string
+	Start    Start
+}
+
+// Consumer is one subscription's position in one stream.
+type Consumer struct {
+	ID         string // postbox uses the subscription's name
+	StreamID   string
+	Key        string // backend-wide unique key: stream/consumer
+	NextOffset int64  // the next offset this consumer has not processed
+	Start      Start  // how it started, or was last reset
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+}
+
+// Batch is what Read returns.
+type Batch struct {
+	Consumer      Consumer
+	Events        []StoredEvent
+	HighWatermark int64 // the stream's last offset when read; 0 when empty
+}
+
 // Stats summarises a stream.
 type Stats struct {
-	StreamID    string
-	Events      int64
-	FirstOffset int64 // 0 when empty
-	LastOffset  int64 // the high watermark; 0 when empty
+	StreamID      string
+	Events        int64     // events the stream holds
+	FirstOffset   int64     // 0 when empty
+	LastOffset    int64     // the high watermark; 0 when nothing was ever stored
+	FirstStoredAt time.Time // zero when empty
+	LastStoredAt  time.Time
+}
+
+// Lag is how far a consumer is behind its stream.
+type Lag struct {
+	ConsumerID    string
+	StreamID      string
+	NextOffset    int64
+	HighWatermark int64
+	Events        int64 // events at or after NextOffset: HighWatermark - NextOffset + 1, at least 0
 }
