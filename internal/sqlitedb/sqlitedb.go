@@ -10,6 +10,7 @@ package sqlitedb
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/url"
@@ -18,6 +19,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 )
@@ -109,26 +111,32 @@ func Pragmas(ctx context.Context, db *sql.DB) (journalMode string, synchronous i
 	return
 }
 
-// Migrate applies the migrations in fsys that db has not seen yet, in
-// order, each in its own transaction. A migration is a file named
-// NNNN_name.sql; PRAGMA user_version records the last one applied.
-func Migrate(ctx context.Context, db *sql.DB, fsys fs.FS) error {
+// Migrate applies the migrations of component in fsys that db has not
+// seen yet, in order, each in its own transaction. A migration is a file
+// named NNNN_name.sql; the table schema_migrations records the last one
+// applied per component, so several packages can keep their tables in one
+// file (the control plane's streams and inbox items share a transaction).
+//
+// Files written before schema_migrations existed recorded one component's
+// version in PRAGMA user_version: the first component to migrate such a
+// file takes that version over.
+func Migrate(ctx context.Context, db *sql.DB, component string, fsys fs.FS) error {
 	names, err := fs.Glob(fsys, "*.sql")
 	if err != nil {
 		return err
 	}
 	if len(names) == 0 {
-		return fmt.Errorf("migrate: no *.sql files")
+		return fmt.Errorf("migrate %s: no *.sql files", component)
 	}
 	sort.Strings(names)
-	var current int
-	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&current); err != nil {
-		return fmt.Errorf("migrate: read version: %w", err)
+	current, err := migrationVersion(ctx, db, component)
+	if err != nil {
+		return fmt.Errorf("migrate %s: read version: %w", component, err)
 	}
 	for _, name := range names {
 		n, err := strconv.Atoi(strings.SplitN(name, "_", 2)[0])
 		if err != nil {
-			return fmt.Errorf("migrate: %s: name must start with a number", name)
+			return fmt.Errorf("migrate %s: %s: name must start with a number", component, name)
 		}
 		if n <= current {
 			continue
@@ -145,7 +153,8 @@ func Migrate(ctx context.Context, db *sql.DB, fsys fs.FS) error {
 			tx.Rollback()
 			return fmt.Errorf("migrate %s: %w", name, err)
 		}
-		if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", n)); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (component, version) VALUES (?, ?)
+			ON CONFLICT (component) DO UPDATE SET version = excluded.version`, component, n); err != nil {
 			tx.Rollback()
 			return fmt.Errorf("migrate %s: %w", name, err)
 		}
@@ -157,6 +166,40 @@ func Migrate(ctx context.Context, db *sql.DB, fsys fs.FS) error {
 	return nil
 }
 
+// migrationVersion returns the last migration of component applied to
+// db, creating schema_migrations if needed.
+func migrationVersion(ctx context.Context, db *sql.DB, component string) (int, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	var exists int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&exists); err != nil {
+		return 0, err
+	}
+	if exists == 0 {
+		if _, err := tx.ExecContext(ctx, `CREATE TABLE schema_migrations (component TEXT PRIMARY KEY, version INTEGER NOT NULL)`); err != nil {
+			return 0, err
+		}
+		var legacy int
+		if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&legacy); err != nil {
+			return 0, err
+		}
+		if legacy > 0 {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (component, version) VALUES (?, ?)`, component, legacy); err != nil {
+				return 0, err
+			}
+		}
+	}
+	var v int
+	err = tx.QueryRowContext(ctx, `SELECT version FROM schema_migrations WHERE component = ?`, component).Scan(&v)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return 0, err
+	}
+	return v, tx.Commit()
+}
+
 // Time is the text form postbox stores times in: UTC, fixed width, so that
 // text order is time order.
 const Time = "2006-01-02T15:04:05.000000Z"
@@ -166,4 +209,34 @@ const Time = "2006-01-02T15:04:05.000000Z"
 func Checkpoint(ctx context.Context, db *sql.DB) error {
 	_, err := db.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)")
 	return err
+}
+
+// ParseTime parses a time written in the Time layout; other RFC 3339 forms
+// are accepted too, more slowly.
+func ParseTime(s string) (time.Time, error) {
+	if len(s) != len(Time) || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':' || s[19] != '.' || s[26] != 'Z' {
+		return time.Parse(time.RFC3339Nano, s)
+	}
+	num := func(from, to int) int {
+		n := 0
+		for i := from; i < to; i++ {
+			c := s[i] - '0'
+			if c > 9 {
+				return -1
+			}
+			n = n*10 + int(c)
+		}
+		return n
+	}
+	year, month, day := num(0, 4), num(5, 7), num(8, 10)
+	hour, minute, sec, micro := num(11, 13), num(14, 16), num(17, 19), num(20, 26)
+	if year < 0 || month < 1 || month > 12 || day < 1 || day > 31 || hour < 0 || hour > 23 ||
+		minute < 0 || minute > 59 || sec < 0 || sec > 59 || micro < 0 {
+		return time.Parse(time.RFC3339Nano, s)
+	}
+	t := time.Date(year, time.Month(month), day, hour, minute, sec, micro*1000, time.UTC)
+	if t.Day() != day { // February 30th and the like
+		return time.Parse(time.RFC3339Nano, s)
+	}
+	return t, nil
 }

@@ -75,7 +75,7 @@ func Open(path string, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	sub, _ := fs.Sub(migrations, "migrations")
-	if err := sqlitedb.Migrate(context.Background(), db, sub); err != nil {
+	if err := sqlitedb.Migrate(context.Background(), db, "outbox", sub); err != nil {
 		db.Close()
 		return nil, err
 	}

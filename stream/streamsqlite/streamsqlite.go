@@ -1,13 +1,20 @@
-// Package streamsqlite is the embedded stream backend: every stream in one
-// SQLite file, written by a single goroutine in group commits.
+// Package streamsqlite is the embedded stream backend: every stream and
+// consumer in one SQLite file, written by a single goroutine in group
+// commits.
 //
-// Appends are queued (bounded) and written by Run: it takes everything
-// queued up to MaxBatch events, inserts them in one transaction, commits
+// Writes are queued (bounded) and written by Run: it takes everything
+// queued up to MaxBatch items, writes them in one transaction, commits
 // with the configured durability (synchronous=FULL by default), and only
-// then reports each event's result. An event whose identity is already
-// stored is not written again: its attempt count and last-seen time are
-// updated and it is reported as a duplicate, or as stream.ErrConflict when
-// its payload differs, in which case nothing changes.
+// then reports each result. An event whose identity is already stored is
+// not written again: its attempt count and last-seen time are updated and
+// it is reported as a duplicate, or as stream.ErrConflict when its payload
+// differs, in which case nothing changes. Consumer changes and the
+// callers' own writes (Update, CommitWith) join the same group commits.
+//
+// Offsets are per stream and dense: the writer numbers a stream's events
+// 1, 2, 3, ... and stores event n of stream number s under the integer key
+// s<<40 | n, so reading a stream from an offset is a range scan of the
+// table's key and a consumer's lag is a subtraction.
 package streamsqlite
 
 import (
@@ -18,7 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -68,29 +75,55 @@ type Backend struct {
 	now        func() time.Time
 
 	// used by the writer goroutine only
-	inserts     [chunk + 1]*sql.Stmt // by row count
-	find, touch *sql.Stmt
-	args        []any
+	inserts             [chunk + 1]*sql.Stmt // by row count
+	find, touch, unmake *sql.Stmt
+	setLast             *sql.Stmt
+	args                []any
+	lastNow             time.Time         // StoredAt never goes back along a stream
+	touched             []*streamState    // streams whose last offset the batch moved
+	commitCount         int               // for pruning consumer_commits
 
 	commits atomic.Int64 // for the checkpointer: has anything been written?
 
 	mu      sync.RWMutex
-	streams map[string]stream.Stream
+	streams map[string]*streamState
 }
 
-// item is one queued append; fields after ev are prepared by the caller's
-// goroutine so the writer only binds and executes.
+// streamState is what the backend keeps in memory of one stream.
+type streamState struct {
+	stream.Stream
+	base int64 // stream_no << 40: the key of offset 0
+
+	last int64 // the writer's high watermark, ahead of the commit inside a batch
+	prev int64 // last at the start of the batch, to undo a failed one
+
+	committed atomic.Int64 // the committed high watermark
+	mu        sync.Mutex
+	grew      chan struct{} // closed when committed grows
+}
+
+// offsetBits is how many low bits of an event's key hold its offset.
+const offsetBits = 40
+
+// item is one queued write: an append (ev set) or a function (fn set).
+// The fields after ev are prepared by the caller's goroutine so that the
+// writer only binds and executes.
 type item struct {
-	streamID string
-	sourceID string
+	st       *streamState
 	ev       *stream.Event
 	sha      [32]byte
 	occurred string
 	res      *stream.AppendResult
+
+	fn    func(*sql.Tx) error
+	fnErr error
 }
 
 // Size is what an item holds in memory while queued (groupcommit.Sizer).
 func (it *item) Size() int {
+	if it.ev == nil {
+		return 256
+	}
 	return len(it.ev.Payload) + len(it.ev.Metadata) + len(it.ev.NativeID) + len(it.ev.DeliveryHandle) + 256
 }
 
@@ -102,7 +135,7 @@ func Open(path string, cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	sub, _ := fs.Sub(migrations, "migrations")
-	if err := sqlitedb.Migrate(context.Background(), write, sub); err != nil {
+	if err := sqlitedb.Migrate(context.Background(), write, "streams", sub); err != nil {
 		write.Close()
 		return nil, err
 	}
@@ -118,29 +151,38 @@ func Open(path string, cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{
-		path:       path,
-		write:      write,
-		read:       read,
-		checkpoint: checkpoint,
-		now:        cfg.Now,
-		streams:    map[string]stream.Stream{},
+		path:            path,
+		write:           write,
+		read:            read,
+		checkpoint:      checkpoint,
+		now:             cfg.Now,
+		streams:         map[string]*streamState{},
 	}
 	if b.now == nil {
 		b.now = time.Now
 	}
-	b.find, err = write.Prepare(`SELECT "offset" FROM stream_events
+	b.find, err = write.Prepare(`SELECT pos FROM stream_events
 		WHERE stream_id = ? AND source_native_id = ? AND event_variant = ?`)
 	if err == nil {
 		b.touch, err = write.Prepare(`UPDATE stream_events SET last_seen_at = ?, attempt_count = attempt_count + 1
 		WHERE stream_id = ? AND source_native_id = ? AND event_variant = ? AND payload_sha256 = ?
-		RETURNING "offset", created_at`)
+		RETURNING pos, created_at`)
+	}
+	if err == nil {
+		b.unmake, err = write.Prepare(`DELETE FROM stream_events WHERE pos BETWEEN ? AND ?`)
+	}
+	if err == nil {
+		b.setLast, err = write.Prepare(`UPDATE streams SET last_offset = ? WHERE stream_id = ?`)
 	}
 	for n := 1; n <= chunk && err == nil; n++ {
 		b.inserts[n], err = write.Prepare(insertColumns + insertRow + strings.Repeat(","+insertRow, n-1) + insertConflict)
 	}
+	if err == nil {
+		err = b.loadStreams(context.Background())
+	}
 	if err != nil {
 		b.Close()
-		return nil, fmt.Errorf("prepare: %w", err)
+		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	if cfg.QueueBytes <= 0 {
 		cfg.QueueBytes = DefaultQueueBytes
@@ -148,6 +190,55 @@ func Open(path string, cfg Config) (*Backend, error) {
 	b.writer = groupcommit.New(b.flush, groupcommit.Config{MaxBatch: cfg.MaxBatch, QueueSize: cfg.QueueSize, QueueBytes: cfg.QueueBytes, Observe: cfg.Observe})
 	return b, nil
 }
+
+// loadStreams reads every stream into memory with its high watermark.
+func (b *Backend) loadStreams(ctx context.Context) error {
+	rows, err := b.write.QueryContext(ctx, `SELECT stream_id, source_id, backend, created_at, stream_no, last_offset FROM streams`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		st, err := scanStream(rows)
+		if err != nil {
+			return err
+		}
+		b.streams[st.ID] = st
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, st := range b.streams {
+		var top sql.NullInt64 // the last event, in case last_offset lags it
+		if err := b.write.QueryRowContext(ctx, `SELECT max(pos) FROM stream_events WHERE pos BETWEEN ? AND ?`,
+			st.base+1, st.base+maxOffset).Scan(&top); err != nil {
+			return err
+		}
+		if top.Valid && top.Int64-st.base > st.last {
+			st.last = top.Int64 - st.base
+		}
+		st.prev = st.last
+		st.committed.Store(st.last)
+	}
+	return nil
+}
+
+func scanStream(rows interface{ Scan(...any) error }) (*streamState, error) {
+	st := &streamState{grew: make(chan struct{})}
+	var created string
+	var no int64
+	if err := rows.Scan(&st.ID, &st.SourceID, &st.Backend, &created, &no, &st.last); err != nil {
+		return nil, err
+	}
+	st.CreatedAt, _ = sqlitedb.ParseTime(created)
+	st.base = no << offsetBits
+	st.prev = st.last
+	st.committed.Store(st.last)
+	return st, nil
+}
+
+// maxOffset is the largest offset a stream can hold.
+const maxOffset = 1<<offsetBits - 1
 
 // CheckpointInterval is how often Run checkpoints the WAL when something
 // was committed. Small checkpoints often keep each one short, which keeps
@@ -203,32 +294,41 @@ func (b *Backend) QueueCap() int { return b.writer.Cap() }
 // EnsureStream returns the stream of sourceID, creating it if needed. The
 // stream's id is the source id.
 func (b *Backend) EnsureStream(ctx context.Context, sourceID string) (stream.Stream, error) {
-	if s, ok := b.streamByID(sourceID); ok {
-		return s, nil
+	if st, err := b.stream(sourceID); err == nil {
+		return st.Stream, nil
+	}
+	if sourceID == "" {
+		return stream.Stream{}, errors.New("ensure stream: empty source id")
+	}
+	b.mu.Lock() // one creator at a time, so the map and the table agree
+	defer b.mu.Unlock()
+	if st, ok := b.streams[sourceID]; ok {
+		return st.Stream, nil
 	}
 	now := b.now().UTC()
-	if _, err := b.write.ExecContext(ctx, `INSERT INTO streams (stream_id, source_id, stream_key, backend, created_at)
-		VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`, sourceID, sourceID, sourceID, BackendName, now.Format(sqlitedb.Time)); err != nil {
+	if _, err := b.write.ExecContext(ctx, `INSERT INTO streams (stream_id, source_id, stream_key, backend, created_at, stream_no, last_offset)
+		VALUES (?1, ?1, ?1, ?2, ?3, (SELECT coalesce(max(stream_no), 0) + 1 FROM streams), 0) ON CONFLICT DO NOTHING`,
+		sourceID, BackendName, now.Format(sqlitedb.Time)); err != nil {
 		return stream.Stream{}, fmt.Errorf("ensure stream %s: %w", sourceID, err)
 	}
-	var s stream.Stream
-	var created string
-	if err := b.write.QueryRowContext(ctx, `SELECT stream_id, source_id, backend, created_at FROM streams WHERE source_id = ?`, sourceID).
-		Scan(&s.ID, &s.SourceID, &s.Backend, &created); err != nil {
+	st, err := scanStream(b.write.QueryRowContext(ctx, `SELECT stream_id, source_id, backend, created_at, stream_no, last_offset
+		FROM streams WHERE source_id = ?`, sourceID))
+	if err != nil {
 		return stream.Stream{}, fmt.Errorf("ensure stream %s: %w", sourceID, err)
 	}
-	s.CreatedAt, _ = time.Parse(sqlitedb.Time, created)
-	b.mu.Lock()
-	b.streams[s.ID] = s
-	b.mu.Unlock()
-	return s, nil
+	b.streams[st.ID] = st
+	return st.Stream, nil
 }
 
-func (b *Backend) streamByID(id string) (stream.Stream, bool) {
+// stream returns the in-memory state of streamID.
+func (b *Backend) stream(id string) (*streamState, error) {
 	b.mu.RLock()
-	defer b.mu.RUnlock()
-	s, ok := b.streams[id]
-	return s, ok
+	st, ok := b.streams[id]
+	b.mu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", stream.ErrStreamNotFound, id)
+	}
+	return st, nil
 }
 
 // AppendAsync queues events for streamID and returns; done is called from
@@ -267,9 +367,9 @@ func (b *Backend) Append(ctx context.Context, streamID string, events []stream.E
 }
 
 func (b *Backend) prepare(streamID string, events []stream.Event) ([]*item, []stream.AppendResult, error) {
-	s, ok := b.streamByID(streamID)
-	if !ok {
-		return nil, nil, fmt.Errorf("%w: %s", stream.ErrStreamNotFound, streamID)
+	st, err := b.stream(streamID)
+	if err != nil {
+		return nil, nil, err
 	}
 	results := make([]stream.AppendResult, len(events))
 	items := make([]*item, len(events))
@@ -277,8 +377,7 @@ func (b *Backend) prepare(streamID string, events []stream.Event) ([]*item, []st
 	for i := range events {
 		sum := sha256.Sum256(events[i].Payload)
 		backing[i] = item{
-			streamID: s.ID,
-			sourceID: s.SourceID,
+			st:       st,
 			ev:       &events[i],
 			sha:      sum,
 			occurred: events[i].OccurredAt.UTC().Format(sqlitedb.Time),
@@ -292,11 +391,11 @@ func (b *Backend) prepare(streamID string, events []stream.Event) ([]*item, []st
 // chunk is how many events one INSERT statement writes.
 const chunk = 4
 
-const insertColumns = `INSERT INTO stream_events (stream_id, source_id,
+const insertColumns = `INSERT INTO stream_events (pos, stream_id, source_id,
 	source_native_id, event_variant, event_type, occurred_at, metadata_json, raw_payload_json,
 	delivery_handle_json, payload_sha256, source_sequence, created_at, last_seen_at) VALUES `
 
-const insertRow = "(?,?,?,?,?,?,?,?,?,?,?,?,?)"
+const insertRow = "(?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 
 const insertConflict = ` ON CONFLICT (stream_id, source_native_id, event_variant) DO NOTHING`
 
@@ -304,117 +403,197 @@ const insertConflict = ` ON CONFLICT (stream_id, source_native_id, event_variant
 // goroutine only.
 //
 // Events go in by multi-row INSERTs of up to chunk rows that skip
-// identities already stored. When a statement inserted every row (the
-// common case), the rows' offsets are the consecutive ones ending at its
-// last insert id. Otherwise each row of that statement is looked up:
-// rows this statement inserted have offsets past the previous high
-// watermark; every other row is a redelivery, counted, or a conflict.
-func (b *Backend) flush(ctx context.Context, batch []*item) error {
+// identities already stored, each row under the next offset of its
+// stream. When a statement inserted every row (the common case), those
+// offsets stand. Otherwise its rows are taken out again and written one by
+// one, so that an offset goes only to an event that was stored and a
+// stream's offsets stay dense; a row that is not stored is a redelivery,
+// counted, or a conflict. Then the batch's functions run, each in a
+// savepoint, and the streams' high watermarks are recorded.
+func (b *Backend) flush(ctx context.Context, batch []*item) (err error) {
 	// Truncated to the stored precision, so that the StoredAt of the first
 	// delivery equals the one a redelivery reads back from created_at.
 	now := b.now().UTC().Truncate(time.Microsecond)
+	if now.Before(b.lastNow) {
+		now = b.lastNow // the clock went back: stored times still only grow
+	}
 	nowText := now.Format(sqlitedb.Time)
 	tx, err := b.write.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("append: begin: %w", err)
 	}
 	defer tx.Rollback()
-	full := tx.StmtContext(ctx, b.inserts[chunk]) // bound to the transaction once, for every full chunk
-	for len(batch) > 0 {
-		part := batch[:min(chunk, len(batch))]
-		batch = batch[len(part):]
-		args := b.args[:0]
-		for _, it := range part {
-			ev := it.ev
-			var handle any
-			if len(ev.DeliveryHandle) > 0 {
-				handle = string(ev.DeliveryHandle)
-			}
-			metadata := "{}"
-			if len(ev.Metadata) > 0 {
-				metadata = string(ev.Metadata)
-			}
-			var seq any
-			if ev.Sequence != nil {
-				seq = *ev.Sequence
-			}
-			args = append(args, it.streamID, it.sourceID, ev.NativeID, ev.Variant,
-				ev.Type, it.occurred, metadata, string(ev.Payload), handle, it.sha[:], seq, nowText, nowText)
-		}
-		b.args = args
-		ins := full
-		if len(part) < chunk {
-			ins = tx.StmtContext(ctx, b.inserts[len(part)])
-		}
-		r, err := ins.ExecContext(ctx, args...)
-		clear(args)
+	defer func() {
 		if err != nil {
-			return fmt.Errorf("append: insert: %w", err)
+			for _, st := range b.touched {
+				st.last = st.prev
+			}
+			b.touched = b.touched[:0]
 		}
-		inserted, _ := r.RowsAffected()
-		last, _ := r.LastInsertId()
-		if int(inserted) == len(part) {
-			for i, it := range part {
-				it.res.Offset = last - int64(len(part)-1-i)
+	}()
+	var full *sql.Stmt // bound to the transaction once, for every full chunk
+	events := batch
+	for len(events) > 0 && events[0].ev != nil {
+		n := 1
+		for n < min(chunk, len(events)) && events[n].ev != nil {
+			n++
+		}
+		part := events[:n]
+		events = events[n:]
+		if n == chunk && full == nil {
+			full = tx.StmtContext(ctx, b.inserts[chunk])
+		}
+		ins := full
+		if n < chunk {
+			ins = tx.StmtContext(ctx, b.inserts[n])
+		}
+		inserted, err := b.insert(ctx, ins, part, nowText)
+		if err != nil {
+			return err
+		}
+		if inserted == int64(len(part)) {
+			for _, it := range part {
 				it.res.StoredAt = now
 			}
 			continue
 		}
-		if err := b.sortOut(ctx, tx, part, inserted, last, now, nowText); err != nil {
+		if err := b.oneByOne(ctx, tx, part, now, nowText); err != nil {
 			return err
+		}
+	}
+	for _, it := range batch {
+		if it.fn != nil {
+			it.fnErr = b.runFn(ctx, tx, it.fn)
+		}
+	}
+	for _, st := range b.touched {
+		if _, err := tx.StmtContext(ctx, b.setLast).ExecContext(ctx, st.last, st.ID); err != nil {
+			return fmt.Errorf("append: high watermark of %s: %w", st.ID, err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("append: commit: %w", err)
 	}
+	b.lastNow = now
+	for _, st := range b.touched {
+		st.prev = st.last
+		st.publish(st.last)
+	}
+	b.touched = b.touched[:0]
 	b.commits.Add(1)
 	return nil
 }
 
-// sortOut sets the results of a statement that did not insert every row.
-func (b *Backend) sortOut(ctx context.Context, tx *sql.Tx, part []*item, inserted, last int64, now time.Time, nowText string) error {
-	firstNew := last - inserted + 1
-	if inserted == 0 {
-		firstNew = math.MaxInt64
-	}
-	lookup, touch := tx.StmtContext(ctx, b.find), tx.StmtContext(ctx, b.touch)
-	claimed := make(map[[2]string]bool, len(part))
+// insert writes part with one statement, each row under the next offset
+// of its stream, and returns how many rows it inserted.
+func (b *Backend) insert(ctx context.Context, ins *sql.Stmt, part []*item, nowText string) (int64, error) {
+	args := b.args[:0]
 	for _, it := range part {
 		ev := it.ev
-		key := [2]string{ev.NativeID, ev.Variant}
-		var off int64
-		if err := lookup.QueryRowContext(ctx, it.streamID, ev.NativeID, ev.Variant).Scan(&off); err != nil {
-			return fmt.Errorf("append: look up %s: %w", ev.NativeID, err)
+		var handle any
+		if len(ev.DeliveryHandle) > 0 {
+			handle = string(ev.DeliveryHandle)
 		}
-		if off >= firstNew && !claimed[key] {
-			claimed[key] = true
-			it.res.Offset, it.res.StoredAt = off, now
+		metadata := "{}"
+		if len(ev.Metadata) > 0 {
+			metadata = string(ev.Metadata)
+		}
+		var seq any
+		if ev.Sequence != nil {
+			seq = *ev.Sequence
+		}
+		it.res.Offset = b.nextOffset(it.st)
+		args = append(args, it.st.base+it.res.Offset, it.st.ID, it.st.SourceID, ev.NativeID, ev.Variant,
+			ev.Type, it.occurred, metadata, string(ev.Payload), handle, it.sha[:], seq, nowText, nowText)
+	}
+	b.args = args
+	r, err := ins.ExecContext(ctx, args...)
+	clear(args)
+	if err != nil {
+		return 0, fmt.Errorf("append: insert: %w", err)
+	}
+	return r.RowsAffected()
+}
+
+// nextOffset takes the next offset of st for the batch being written.
+func (b *Backend) nextOffset(st *streamState) int64 {
+	if !slices.Contains(b.touched, st) {
+		b.touched = append(b.touched, st)
+	}
+	st.last++
+	return st.last
+}
+
+// oneByOne undoes a statement that did not insert every row of part and
+// writes its rows one at a time.
+func (b *Backend) oneByOne(ctx context.Context, tx *sql.Tx, part []*item, now time.Time, nowText string) error {
+	for i := len(part) - 1; i >= 0; i-- { // give the offsets back, newest first
+		st := part[i].st
+		if _, err := tx.StmtContext(ctx, b.unmake).ExecContext(ctx, st.base+part[i].res.Offset, st.base+maxOffset); err != nil {
+			return fmt.Errorf("append: undo: %w", err)
+		}
+		st.last = part[i].res.Offset - 1
+	}
+	one := tx.StmtContext(ctx, b.inserts[1])
+	lookup, touch := tx.StmtContext(ctx, b.find), tx.StmtContext(ctx, b.touch)
+	for _, it := range part {
+		inserted, err := b.insert(ctx, one, []*item{it}, nowText)
+		if err != nil {
+			return err
+		}
+		if inserted == 1 {
+			it.res.StoredAt = now
 			continue
 		}
+		it.st.last-- // not stored: the offset goes to the next event
+		ev := it.ev
+		var pos int64
 		var created string
-		err := touch.QueryRowContext(ctx, nowText, it.streamID, ev.NativeID, ev.Variant, it.sha[:]).Scan(&it.res.Offset, &created)
+		err = touch.QueryRowContext(ctx, nowText, it.st.ID, ev.NativeID, ev.Variant, it.sha[:]).Scan(&pos, &created)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
-			it.res.Offset, it.res.Err = off, stream.ErrConflict
+			if err := lookup.QueryRowContext(ctx, it.st.ID, ev.NativeID, ev.Variant).Scan(&pos); err != nil {
+				return fmt.Errorf("append: look up %s: %w", ev.NativeID, err)
+			}
+			it.res.Err = stream.ErrConflict
 		case err != nil:
 			return fmt.Errorf("append: redelivery of %s: %w", ev.NativeID, err)
 		default:
 			it.res.Duplicate = true
-			it.res.StoredAt, _ = time.Parse(sqlitedb.Time, created)
+			it.res.StoredAt, _ = sqlitedb.ParseTime(created)
 		}
+		it.res.Offset = pos - it.st.base
 	}
 	return nil
 }
 
-// Stats summarises streamID.
-func (b *Backend) Stats(ctx context.Context, streamID string) (stream.Stats, error) {
-	st := stream.Stats{StreamID: streamID}
-	err := b.read.QueryRowContext(ctx, `SELECT count(*), coalesce(min("offset"), 0), coalesce(max("offset"), 0)
-		FROM stream_events WHERE stream_id = ?`, streamID).Scan(&st.Events, &st.FirstOffset, &st.LastOffset)
-	if err != nil {
-		return st, fmt.Errorf("stream stats %s: %w", streamID, err)
+// runFn runs fn inside a savepoint of tx: when fn fails, what it wrote is
+// undone and the rest of the batch commits.
+func (b *Backend) runFn(ctx context.Context, tx *sql.Tx, fn func(*sql.Tx) error) error {
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT fn"); err != nil {
+		return err
 	}
-	return st, nil
+	if err := fn(tx); err != nil {
+		if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO fn"); rerr != nil {
+			return errors.Join(err, rerr)
+		}
+		tx.ExecContext(ctx, "RELEASE fn")
+		return err
+	}
+	_, err := tx.ExecContext(ctx, "RELEASE fn")
+	return err
+}
+
+// publish records a committed high watermark and wakes its waiters.
+func (st *streamState) publish(last int64) {
+	if st.committed.Load() == last {
+		return
+	}
+	st.mu.Lock()
+	st.committed.Store(last)
+	close(st.grew)
+	st.grew = make(chan struct{})
+	st.mu.Unlock()
 }
 
 // ReadDB returns the backend's read-only connection pool, for queries that

@@ -2,14 +2,18 @@ package streamsqlite_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/stream"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
@@ -167,4 +171,168 @@ func BenchmarkAppendParallel(b *testing.B) {
 		flush()
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}
+
+// running is a Backend whose writer runs until Close.
+type running struct {
+	*streamsqlite.Backend
+	stop func()
+}
+
+func (r *running) Close() error { r.stop(); return r.Backend.Close() }
+
+func start(t testing.TB, path string, cfg streamsqlite.Config) *running {
+	t.Helper()
+	b, err := streamsqlite.Open(path, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { b.Run(ctx); close(done) }()
+	return &running{Backend: b, stop: func() { cancel(); <-done }}
+}
+
+// TestMigrateFromGlobalOffsets opens a file written by the first schema,
+// whose offsets were one sequence for all streams, and finds each
+// stream's events numbered 1, 2, 3, ... in their old order.
+func TestMigrateFromGlobalOffsets(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "old.db")
+	db, err := sqlitedb.Open(path, sqlitedb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema, err := os.ReadFile("migrations/0001_streams.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(string(schema) + `; PRAGMA user_version = 1;
+		INSERT INTO streams VALUES ('devices', 'devices', 'devices', 'sqlite', '2026-01-01T00:00:00.000000Z'),
+		                           ('webhooks', 'webhooks', 'webhooks', 'sqlite', '2026-01-01T00:00:00.000000Z')`); err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range []string{"devices", "webhooks", "devices", "devices", "webhooks"} {
+		payload := fmt.Sprintf(`{"i":%d}`, i)
+		sum := sha256.Sum256([]byte(payload))
+		if _, err := db.Exec(`INSERT INTO stream_events (stream_id, source_id, source_native_id, event_type, occurred_at,
+			metadata_json, raw_payload_json, payload_sha256, created_at, last_seen_at) VALUES (?, ?, ?, 't', ?, '{}', ?, ?, ?, ?)`,
+			s, s, fmt.Sprint("e", i), "2026-01-01T00:00:00.000000Z", payload, sum[:],
+			fmt.Sprintf("2026-01-01T00:00:0%d.000000Z", i), "2026-01-01T00:00:00.000000Z"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+
+	b := start(t, path, streamsqlite.Config{})
+	defer b.Close()
+	ctx := context.Background()
+	for s, want := range map[string][]string{"devices": {"e0", "e2", "e3"}, "webhooks": {"e1", "e4"}} {
+		evs, err := b.ReadStream(ctx, s, 1, 100, nil)
+		if err != nil || len(evs) != len(want) {
+			t.Fatalf("%s: %d events, %v", s, len(evs), err)
+		}
+		for i, e := range evs {
+			if e.Offset != int64(i+1) || e.NativeID != want[i] || e.ID != fmt.Sprintf("%s/%d", s, i+1) {
+				t.Fatalf("%s event %d: offset %d id %s native %s, want offset %d native %s", s, i, e.Offset, e.ID, e.NativeID, i+1, want[i])
+			}
+		}
+		st, err := b.Stats(ctx, s)
+		if err != nil || st.LastOffset != int64(len(want)) || st.Events != int64(len(want)) {
+			t.Fatalf("%s stats %+v %v", s, st, err)
+		}
+	}
+	res, err := b.Append(ctx, "webhooks", []stream.Event{event("e5", `{}`), event("e1", `{"i":1}`)})
+	if err != nil || res[0].Offset != 3 || !res[1].Duplicate || res[1].Offset != 1 {
+		t.Fatalf("append after migration: %+v %v", res, err)
+	}
+}
+
+// TestOneBatchManyStreams puts appends to two streams, with redeliveries
+// and a conflict, and two functions (one failing) into one group commit:
+// each stream's offsets stay dense, and only the failing function's
+// writes are undone.
+func TestOneBatchManyStreams(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.db")
+	b, err := streamsqlite.Open(path, streamsqlite.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, s := range []string{"a", "b"} {
+		if _, err := b.EnsureStream(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type call struct {
+		res []stream.AppendResult
+		err error
+	}
+	var calls []chan call
+	appendAsync := func(s string, evs ...stream.Event) {
+		ch := make(chan call, 1)
+		calls = append(calls, ch)
+		if err := b.AppendAsync(ctx, s, evs, func(res []stream.AppendResult, err error) { ch <- call{res, err} }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The writer is not running yet: everything below lands in one batch.
+	appendAsync("a", event("1", `{}`), event("2", `{}`), event("1", `{}`))
+	appendAsync("b", event("1", `{}`), event("x", `{}`), event("x", `{"other":1}`), event("y", `{}`), event("z", `{}`))
+	appendAsync("a", event("3", `{}`))
+	fnErrs := make(chan error, 2)
+	for _, fail := range []bool{true, false} {
+		go func() {
+			fnErrs <- b.Update(ctx, func(tx *sql.Tx) error {
+				if _, err := tx.Exec(`CREATE TABLE IF NOT EXISTS scratch (fail INTEGER)`); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(`INSERT INTO scratch VALUES (?)`, fail); err != nil {
+					return err
+				}
+				if fail {
+					return errors.New("no")
+				}
+				return nil
+			})
+		}()
+	}
+	servertest.Eventually(t, 5*time.Second, "11 items queued", func() bool { return b.QueueLen() == 11 })
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { b.Run(runCtx); close(done) }()
+	defer func() { cancel(); <-done; b.Close() }()
+
+	var got [][]stream.AppendResult
+	for _, ch := range calls {
+		c := <-ch
+		if c.err != nil {
+			t.Fatal(c.err)
+		}
+		got = append(got, c.res)
+	}
+	offsets := func(res []stream.AppendResult) (o []int64) {
+		for _, r := range res {
+			o = append(o, r.Offset)
+		}
+		return o
+	}
+	if o := offsets(got[0]); fmt.Sprint(o) != "[1 2 1]" || !got[0][2].Duplicate {
+		t.Fatalf("stream a: %v %+v", o, got[0])
+	}
+	if o := offsets(got[1]); fmt.Sprint(o) != "[1 2 2 3 4]" || !errors.Is(got[1][2].Err, stream.ErrConflict) {
+		t.Fatalf("stream b: %v %+v", o, got[1])
+	}
+	if o := offsets(got[2]); fmt.Sprint(o) != "[3]" {
+		t.Fatalf("stream a, second call: %v", o)
+	}
+	failed := 0
+	for range 2 {
+		if err := <-fnErrs; err != nil {
+			failed++
+		}
+	}
+	var rows, kept int
+	if err := b.ReadDB().QueryRow(`SELECT count(*), coalesce(sum(fail = 0), 0) FROM scratch`).Scan(&rows, &kept); err != nil || failed != 1 || rows != 1 || kept != 1 {
+		t.Fatalf("functions: %d failed, scratch has %d rows (%d of the one that succeeded), %v", failed, rows, kept, err)
+	}
 }

@@ -1,0 +1,167 @@
+package streamsqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/postbox-events/postbox/internal/sqlitedb"
+	"github.com/postbox-events/postbox/stream"
+)
+
+var _ stream.Backend = (*Backend)(nil)
+var _ stream.Waiter = (*Backend)(nil)
+
+// DefaultReadLimit is the limit of a Read asked for 0 events; MaxReadLimit
+// bounds every Read.
+const (
+	DefaultReadLimit = 1000
+	MaxReadLimit     = 10000
+)
+
+// Read implements stream.Backend. It reads on the readers' connections,
+// beside the writer.
+func (b *Backend) Read(ctx context.Context, consumerID string, from int64, limit int) (stream.Batch, error) {
+	c, err := b.Consumer(ctx, consumerID)
+	if err != nil {
+		return stream.Batch{}, err
+	}
+	if from == 0 {
+		from = c.NextOffset
+	}
+	if from < 1 {
+		return stream.Batch{}, fmt.Errorf("%w: read from %d", stream.ErrOffsetOutOfRange, from)
+	}
+	if limit <= 0 {
+		limit = DefaultReadLimit
+	}
+	limit = min(limit, MaxReadLimit)
+	st, err := b.stream(c.StreamID)
+	if err != nil {
+		return stream.Batch{}, err
+	}
+	batch := stream.Batch{Consumer: c, HighWatermark: st.committed.Load()}
+	events, err := b.ReadStream(ctx, c.StreamID, from, limit, nil)
+	if err != nil {
+		return stream.Batch{}, err
+	}
+	batch.Events = events
+	if n := len(events); n > 0 {
+		batch.HighWatermark = max(batch.HighWatermark, events[n-1].Offset)
+	}
+	return batch, nil
+}
+
+// ReadStream appends to dst up to limit events of streamID at or after
+// offset from, in offset order, and returns it: Read without a consumer.
+func (b *Backend) ReadStream(ctx context.Context, streamID string, from int64, limit int, dst []stream.StoredEvent) ([]stream.StoredEvent, error) {
+	st, err := b.stream(streamID)
+	if err != nil {
+		return dst, err
+	}
+	rows, err := b.read.QueryContext(ctx, `SELECT pos, source_native_id, event_variant, event_type, occurred_at,
+		metadata_json, raw_payload_json, delivery_handle_json, source_sequence, created_at
+		FROM stream_events WHERE pos BETWEEN ? AND ? ORDER BY pos LIMIT ?`, st.base+from, st.base+maxOffset, limit)
+	if err != nil {
+		return dst, fmt.Errorf("read %s from %d: %w", streamID, from, err)
+	}
+	defer rows.Close()
+	prefix := st.ID + "/"
+	for rows.Next() {
+		var e stream.StoredEvent
+		var pos int64
+		var occurred, created string
+		var handle []byte
+		var seq sql.NullInt64
+		if err := rows.Scan(&pos, &e.NativeID, &e.Variant, &e.Type, &occurred, (*[]byte)(&e.Metadata), (*[]byte)(&e.Payload),
+			&handle, &seq, &created); err != nil {
+			return dst, fmt.Errorf("read %s: %w", streamID, err)
+		}
+		e.Offset = pos - st.base
+		e.ID = prefix + strconv.FormatInt(e.Offset, 10)
+		e.StreamID, e.SourceID = st.ID, st.SourceID
+		e.OccurredAt, _ = sqlitedb.ParseTime(occurred)
+		e.StoredAt, _ = sqlitedb.ParseTime(created)
+		if len(handle) > 0 {
+			e.DeliveryHandle = handle
+		}
+		if seq.Valid {
+			e.Sequence = &seq.Int64
+		}
+		dst = append(dst, e)
+	}
+	if err := rows.Err(); err != nil {
+		return dst, fmt.Errorf("read %s: %w", streamID, err)
+	}
+	return dst, nil
+}
+
+// Stats implements stream.Backend, in a few lookups by key: a stream's
+// offsets are dense from its oldest event (retention deletes the oldest
+// first), so it holds last - first + 1 events.
+func (b *Backend) Stats(ctx context.Context, streamID string) (stream.Stats, error) {
+	st, err := b.stream(streamID)
+	if err != nil {
+		return stream.Stats{}, err
+	}
+	s := stream.Stats{StreamID: streamID}
+	var first, last sql.NullInt64
+	var firstAt, lastAt sql.NullString
+	err = b.read.QueryRowContext(ctx, `SELECT s.last_offset,
+		(SELECT pos FROM stream_events WHERE pos BETWEEN ?2 AND ?3 ORDER BY pos LIMIT 1),
+		(SELECT created_at FROM stream_events WHERE pos BETWEEN ?2 AND ?3 ORDER BY pos LIMIT 1),
+		(SELECT pos FROM stream_events WHERE pos BETWEEN ?2 AND ?3 ORDER BY pos DESC LIMIT 1),
+		(SELECT created_at FROM stream_events WHERE pos BETWEEN ?2 AND ?3 ORDER BY pos DESC LIMIT 1)
+		FROM streams s WHERE s.stream_id = ?1`, streamID, st.base+1, st.base+maxOffset).
+		Scan(&s.LastOffset, &first, &firstAt, &last, &lastAt)
+	if err != nil {
+		return s, fmt.Errorf("stream stats %s: %w", streamID, err)
+	}
+	if first.Valid {
+		s.FirstOffset = first.Int64 - st.base
+		s.Events = last.Int64 - first.Int64 + 1
+		s.FirstStoredAt, _ = sqlitedb.ParseTime(firstAt.String)
+		s.LastStoredAt, _ = sqlitedb.ParseTime(lastAt.String)
+	}
+	return s, nil
+}
+
+// Lag implements stream.Backend with one lookup by key.
+func (b *Backend) Lag(ctx context.Context, consumerID string) (stream.Lag, error) {
+	l := stream.Lag{ConsumerID: consumerID}
+	err := b.read.QueryRowContext(ctx, `SELECT c.stream_id, c.next_offset, s.last_offset
+		FROM consumers c JOIN streams s ON s.stream_id = c.stream_id WHERE c.consumer_id = ?`, consumerID).
+		Scan(&l.StreamID, &l.NextOffset, &l.HighWatermark)
+	if errors.Is(err, sql.ErrNoRows) {
+		return l, fmt.Errorf("%w: %s", stream.ErrConsumerNotFound, consumerID)
+	}
+	if err != nil {
+		return l, fmt.Errorf("lag of %s: %w", consumerID, err)
+	}
+	l.Events = max(0, l.HighWatermark-l.NextOffset+1)
+	return l, nil
+}
+
+// Wait implements stream.Waiter: it returns once a commit took streamID's
+// high watermark above after.
+func (b *Backend) Wait(ctx context.Context, streamID string, after int64) error {
+	st, err := b.stream(streamID)
+	if err != nil {
+		return err
+	}
+	for {
+		st.mu.Lock()
+		grew := st.grew
+		st.mu.Unlock()
+		if st.committed.Load() > after {
+			return nil
+		}
+		select {
+		case <-grew:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
