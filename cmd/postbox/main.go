@@ -42,6 +42,11 @@ func init() {
 		"send":   {"hand events to a running agent", runSend},
 		"outbox": {"inspect an outbox and re-queue rejected events (list, requeue)", runOutbox},
 		"bench":  {"measure end-to-end ingest: N devices pipelining events to a server", runBench},
+
+		"subscriptions": {"create, list, get and delete subscriptions", runSubscriptions},
+		"streams":       {"show the streams: events, offsets, first and last stored", runStreams},
+		"consumers":     {"show each subscription's next offset and lag", runConsumers},
+		"inbox":         {"list, show, lease, ack and nack inbox items", runInbox},
 	}
 }
 
@@ -109,7 +114,7 @@ func usage(w io.Writer) {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].summary)
+		fmt.Fprintf(w, "  %-13s %s\n", n, commands[n].summary)
 	}
 }
 

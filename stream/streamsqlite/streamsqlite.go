@@ -79,9 +79,9 @@ type Backend struct {
 	find, touch, unmake *sql.Stmt
 	setLast             *sql.Stmt
 	args                []any
-	lastNow             time.Time         // StoredAt never goes back along a stream
-	touched             []*streamState    // streams whose last offset the batch moved
-	commitCount         int               // for pruning consumer_commits
+	lastNow             time.Time      // StoredAt never goes back along a stream
+	touched             []*streamState // streams whose last offset the batch moved
+	commitCount         int            // for pruning consumer_commits
 
 	commits atomic.Int64 // for the checkpointer: has anything been written?
 
@@ -151,12 +151,12 @@ func Open(path string, cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{
-		path:            path,
-		write:           write,
-		read:            read,
-		checkpoint:      checkpoint,
-		now:             cfg.Now,
-		streams:         map[string]*streamState{},
+		path:       path,
+		write:      write,
+		read:       read,
+		checkpoint: checkpoint,
+		now:        cfg.Now,
+		streams:    map[string]*streamState{},
 	}
 	if b.now == nil {
 		b.now = time.Now
