@@ -1,0 +1,285 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The operator commands (subscriptions, streams, consumers, inbox) are
+// clients of the HTTP API of postbox serve, specified in docs/API.md.
+
+// defaultServer is where the operator commands find postbox serve.
+const defaultServer = "http://127.0.0.1:8000"
+
+// apiTimeout bounds one API call; a lease adds its wait to it.
+const apiTimeout = 30 * time.Second
+
+// apiFlags are the flags every operator command takes.
+type apiFlags struct {
+	server string
+	json   bool
+}
+
+// addAPIFlags adds --server and --json to fs; jsonHelp says what --json prints.
+func addAPIFlags(fs *flag.FlagSet, jsonHelp string) *apiFlags {
+	f := &apiFlags{}
+	fs.StringVar(&f.server, "server", defaultServer, "the `URL` of postbox serve [POSTBOX_SERVER]")
+	fs.BoolVar(&f.json, "json", false, jsonHelp)
+	return f
+}
+
+// parseAPI parses args into fs, fills --server from the environment and
+// returns a client of that server.
+func parseAPI(env *cmdEnv, fs *flag.FlagSet, af *apiFlags, args []string) (*apiClient, error) {
+	if err := parse(env, fs, args); err != nil {
+		return nil, err
+	}
+	onCommandLine := false
+	fs.Visit(func(f *flag.Flag) { onCommandLine = onCommandLine || f.Name == "server" })
+	if err := envDefaults(env, fs, map[string]string{"server": "POSTBOX_SERVER"}); err != nil {
+		return nil, err
+	}
+	u, err := url.Parse(af.server)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		from := "--server"
+		if !onCommandLine {
+			from = "POSTBOX_SERVER"
+		}
+		return nil, usagef("%s: %s %q: want http://HOST:PORT or https://HOST:PORT", fs.Name(), from, af.server)
+	}
+	return &apiClient{base: strings.TrimRight(af.server, "/"), hc: http.DefaultClient, timeout: apiTimeout}, nil
+}
+
+// apiClient calls the HTTP API of one postbox server.
+type apiClient struct {
+	base    string
+	hc      *http.Client
+	timeout time.Duration
+}
+
+// apiError is the API's error answer, {"error":{"code","message"}}.
+type apiError struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *apiError) Error() string {
+	return fmt.Sprintf("server: %d %s: %s", e.Status, e.Code, e.Message)
+}
+
+// isAPIError reports whether err is an API error with this code.
+func isAPIError(err error, code string) bool {
+	var ae *apiError
+	return errors.As(err, &ae) && ae.Code == code
+}
+
+// do sends method path with in (nil: no body) as JSON and decodes the
+// answer into out (nil: ignore it; *json.RawMessage: keep it as is). It
+// returns the answer's status. An error answer is an *apiError.
+func (c *apiClient) do(ctx context.Context, method, path string, in, out any) (int, error) {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return 0, fmt.Errorf("encode request: %w", err)
+		}
+		body = bytes.NewReader(b)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return 0, fmt.Errorf("server %s: %w", c.base, err)
+	}
+	req.Header.Set("Accept", "application/json")
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return 0, fmt.Errorf("no server answers at %s: is it running? (start one with `postbox serve`, or point --server or POSTBOX_SERVER at it)", c.base)
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			return 0, fmt.Errorf("server %s did not answer %s %s within %v", c.base, method, path, c.timeout)
+		}
+		return 0, fmt.Errorf("server %s: %w", c.base, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return resp.StatusCode, fmt.Errorf("server %s: read the answer to %s %s: %w", c.base, method, path, err)
+	}
+	if resp.StatusCode >= 300 {
+		var e struct {
+			Error *struct {
+				Code    string `json:"code"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(data, &e) == nil && e.Error != nil {
+			return resp.StatusCode, &apiError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+		}
+		if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
+			return resp.StatusCode, fmt.Errorf("server %s has no %s %s (%s): is it a postbox server of this version?", c.base, method, path, resp.Status)
+		}
+		return resp.StatusCode, fmt.Errorf("server: %s: %.200s", resp.Status, bytes.TrimSpace(data))
+	}
+	if out == nil || resp.StatusCode == http.StatusNoContent {
+		return resp.StatusCode, nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return resp.StatusCode, fmt.Errorf("server %s: the answer to %s %s is not what docs/API.md says (%v): %.200s", c.base, method, path, err, data)
+	}
+	return resp.StatusCode, nil
+}
+
+// get is do for a GET that keeps the answer as is and decodes it into out.
+func (c *apiClient) get(ctx context.Context, path string, out any) (json.RawMessage, error) {
+	var raw json.RawMessage
+	if _, err := c.do(ctx, http.MethodGet, path, nil, &raw); err != nil {
+		return nil, err
+	}
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			return nil, fmt.Errorf("server %s: the answer to GET %s is not what docs/API.md says (%v): %.200s", c.base, path, err, raw)
+		}
+	}
+	return raw, nil
+}
+
+// printJSON prints one JSON value, indented.
+func printJSON(env *cmdEnv, raw json.RawMessage) error {
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, raw, "", "  "); err != nil {
+		return fmt.Errorf("server answered invalid JSON: %w", err)
+	}
+	buf.WriteByte('\n')
+	_, err := env.stdout.Write(buf.Bytes())
+	return err
+}
+
+// jsonArray encodes v (a slice) as a JSON array; nil is [].
+func jsonArray[T any](v []T) json.RawMessage {
+	if v == nil {
+		v = []T{}
+	}
+	b, _ := json.Marshal(v)
+	return b
+}
+
+// apiTime is a time in an answer: RFC 3339, or null (also "") for none.
+type apiTime struct {
+	t   time.Time
+	raw string // what the server sent when it does not parse
+}
+
+func (a *apiTime) UnmarshalJSON(b []byte) error {
+	var s *string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("a time must be an RFC 3339 string or null, got %s", b)
+	}
+	*a = apiTime{}
+	if s == nil || *s == "" {
+		return nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, *s)
+	if err != nil {
+		a.raw = *s
+		return nil
+	}
+	a.t = t
+	return nil
+}
+
+// String is the time in RFC 3339 (UTC, whole seconds), or "-" for none.
+func (a apiTime) String() string {
+	switch {
+	case a.raw != "":
+		return a.raw
+	case a.t.IsZero():
+		return "-"
+	}
+	return a.t.UTC().Format(time.RFC3339)
+}
+
+// orDash is s, or "-" when empty.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// pairs formats a metadata map as k=v,k=v in key order, or "-".
+func pairs(m map[string]any) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for i, k := range keys {
+		keys[i] = fmt.Sprintf("%s=%v", k, m[k])
+	}
+	return strings.Join(keys, ",")
+}
+
+// subcommand is one command of a group such as "postbox inbox".
+type subcommand struct {
+	name, summary string
+	run           func(ctx context.Context, env *cmdEnv, args []string) error
+}
+
+// runGroup runs the subcommand of group named by args[0]; with none or
+// --help it prints the group's commands.
+func runGroup(ctx context.Context, env *cmdEnv, group string, subs []subcommand, args []string) error {
+	sub := ""
+	if len(args) > 0 {
+		sub, args = args[0], args[1:]
+	}
+	names := make([]string, len(subs))
+	for i, s := range subs {
+		if s.name == sub {
+			return s.run(ctx, env, args)
+		}
+		names[i] = s.name
+	}
+	if sub == "" || sub == "-h" || sub == "--help" || sub == "-help" || sub == "help" {
+		fmt.Fprintf(env.stdout, "Usage: postbox %s %s [flags]\n\n", group, strings.Join(names, "|"))
+		for _, s := range subs {
+			fmt.Fprintf(env.stdout, "  %-8s %s\n", s.name, s.summary)
+		}
+		fmt.Fprintf(env.stdout, "\npostbox %s COMMAND --help shows a command's flags.\n", group)
+		if sub == "" {
+			return usagef("%s: no command given", group)
+		}
+		return nil
+	}
+	return usagef("%s: unknown command %q (%s)", group, sub, strings.Join(names, ", "))
+}
+
+// args1 returns the command's one positional argument, what.
+func args1(fs *flag.FlagSet, what string) (string, error) {
+	switch fs.NArg() {
+	case 0:
+		return "", usagef("%s: %s is required", fs.Name(), what)
+	case 1:
+		return fs.Arg(0), nil
+	}
+	return "", usagef("%s: takes one %s, got %d arguments: %s", fs.Name(), what, fs.NArg(), strings.Join(fs.Args(), " "))
+}
