@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
 )
@@ -52,13 +53,14 @@ type Config struct {
 
 // Server is a running control plane.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
-	store   *streamsqlite.Backend
-	ingress *ingress.Ingress
-	reg     *prometheus.Registry
-	ln      net.Listener
-	mux     *http.ServeMux
+	cfg      Config
+	log      *slog.Logger
+	store    *streamsqlite.Backend
+	delivery *delivery.Delivery
+	ingress  *ingress.Ingress
+	reg      *prometheus.Registry
+	ln       net.Listener
+	mux      *http.ServeMux
 
 	mu    sync.Mutex
 	ready bool
@@ -137,7 +139,14 @@ func New(cfg Config) (*Server, error) {
 		store.Close()
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, store: store, ingress: in, reg: reg, mux: http.NewServeMux()}
+	dl, err := delivery.New(context.Background(), store, delivery.Config{Logger: cfg.Logger, Metrics: delivery.NewMetrics(reg)})
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	reg.MustRegister(dl.LagCollector())
+	s := &Server{cfg: cfg, log: cfg.Logger, store: store, delivery: dl, ingress: in, reg: reg, mux: http.NewServeMux()}
+	s.routeAPI()
 	s.mux.Handle("GET "+ingress.WSPath, in)
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -201,6 +210,13 @@ func (s *Server) Run(ctx context.Context) error {
 		BaseContext: func(net.Listener) context.Context { return connCtx },
 	}
 	g.Go(func() error { return s.store.Run(storeCtx) })
+	deliveryCtx, stopDelivery := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopDelivery()
+	deliveryDone := make(chan struct{})
+	g.Go(func() error {
+		defer close(deliveryDone)
+		return s.delivery.Run(deliveryCtx)
+	})
 	g.Go(func() error {
 		var err error
 		if s.cfg.TLSCert != "" {
@@ -229,6 +245,8 @@ func (s *Server) Run(ctx context.Context) error {
 			s.log.Warn("postbox serve: connections still busy at shutdown; closing them", "timeout", ShutdownTimeout)
 		}
 		stopConns()
+		stopDelivery() // its loops write through the store: stop them first
+		<-deliveryDone
 		stopStore()
 		return nil
 	})

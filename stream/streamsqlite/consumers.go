@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -301,4 +302,11 @@ func scanConsumer(row *sql.Row, id string) (stream.Consumer, error) {
 	c.CreatedAt, _ = sqlitedb.ParseTime(created)
 	c.UpdatedAt, _ = sqlitedb.ParseTime(updated)
 	return c, nil
+}
+
+// Migrate applies the migrations of another component (see
+// sqlitedb.Migrate) to this database, so that its tables can be written in
+// the same transactions as the streams' (Update, CommitWith).
+func (b *Backend) Migrate(ctx context.Context, component string, fsys fs.FS) error {
+	return sqlitedb.Migrate(ctx, b.write, component, fsys)
 }

@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/stream"
@@ -164,4 +166,16 @@ func (b *Backend) Wait(ctx context.Context, streamID string, after int64) error 
 			return ctx.Err()
 		}
 	}
+}
+
+// Streams returns every stream, by id.
+func (b *Backend) Streams() []stream.Stream {
+	b.mu.RLock()
+	out := make([]stream.Stream, 0, len(b.streams))
+	for _, st := range b.streams {
+		out = append(out, st.Stream)
+	}
+	b.mu.RUnlock()
+	slices.SortFunc(out, func(x, y stream.Stream) int { return strings.Compare(x.ID, y.ID) })
+	return out
 }

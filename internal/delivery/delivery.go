@@ -1,0 +1,413 @@
+// Package delivery turns stream events into inbox items: subscriptions,
+// their consumption loops, and the inbox API runtimes lease and ack items
+// through (seed 002's "subscription consumption" and "inbox delivery").
+//
+// A subscription reads its source's stream through its own consumer. Its
+// loop reads a batch, makes one inbox item per matching event (at most one
+// per subscription and event), records an activation, and commits the
+// consumer's offset after the batch, all in one SQLite transaction: after
+// a crash the loop resumes at the committed offset and no item is made
+// twice or lost. New events wake the loop at once.
+//
+// An inbox item's state is pending → processing (leased, with a
+// visibility timeout) → completed, or back to pending (nack, or an expired
+// lease), or failed. Acking an item moves no offset.
+package delivery
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"regexp"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/postbox-events/postbox/internal/sqlitedb"
+	"github.com/postbox-events/postbox/stream"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Backend is the stream store delivery runs on: a stream.Backend that
+// also runs a function and a consumer commit in one transaction
+// (streamsqlite.Backend).
+type Backend interface {
+	stream.Backend
+	stream.Waiter
+	// Update runs fn in a write transaction.
+	Update(ctx context.Context, fn func(tx *sql.Tx) error) error
+	// CommitWith runs fn and commits the consumer in one transaction.
+	CommitWith(ctx context.Context, consumerID string, offset int64, fn func(tx *sql.Tx) error) (stream.Consumer, error)
+	// Migrate applies a component's migrations to the store's database.
+	Migrate(ctx context.Context, component string, fsys fs.FS) error
+	// ReadDB returns read-only connections to the store's database.
+	ReadDB() *sql.DB
+}
+
+// Errors the API maps to statuses.
+var (
+	ErrNotFound     = errors.New("not found")
+	ErrConflict     = errors.New("exists with another definition")
+	ErrInvalid      = errors.New("invalid")
+	ErrLeaseLost    = errors.New("lease lost")
+	ErrInvalidState = errors.New("invalid state")
+)
+
+// Error is an error of one of the kinds above, with a message for people.
+type Error struct {
+	Kind error
+	Msg  string
+}
+
+func (e *Error) Error() string { return e.Msg }
+func (e *Error) Unwrap() error { return e.Kind }
+
+func errorf(kind error, format string, args ...any) error {
+	return &Error{Kind: kind, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Defaults of Config.
+const (
+	DefaultBatchSize         = 1000
+	DefaultVisibilityTimeout = 30 * time.Second
+	DefaultReapInterval      = time.Second
+)
+
+// Config configures a Delivery.
+type Config struct {
+	// BatchSize is how many events a subscription reads and materialises
+	// per transaction. Defaults to DefaultBatchSize.
+	BatchSize int
+	// ReapInterval is how often leases that expired are returned to
+	// pending. Defaults to DefaultReapInterval.
+	ReapInterval time.Duration
+	Logger       *slog.Logger
+	Now          func() time.Time // defaults to time.Now
+	Metrics      *Metrics         // nil: none
+}
+
+// Delivery runs the subscriptions of one store.
+type Delivery struct {
+	b       Backend
+	db      *sql.DB // reads
+	cfg     Config
+	log     *slog.Logger
+	now     func() time.Time
+	inboxes notifier
+
+	mu      sync.Mutex
+	runCtx  context.Context // nil until Run
+	loops   map[string]*loop
+	stopped bool
+}
+
+// loop is one subscription's running consumption.
+type loop struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// New prepares delivery on b, creating its tables. Run starts it.
+func New(ctx context.Context, b Backend, cfg Config) (*Delivery, error) {
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = DefaultBatchSize
+	}
+	if cfg.ReapInterval <= 0 {
+		cfg.ReapInterval = DefaultReapInterval
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	sub, _ := fs.Sub(migrations, "migrations")
+	if err := b.Migrate(ctx, "delivery", sub); err != nil {
+		return nil, err
+	}
+	return &Delivery{b: b, db: b.ReadDB(), cfg: cfg, log: cfg.Logger, now: cfg.Now, loops: map[string]*loop{}}, nil
+}
+
+// Run runs every subscription's consumption loop and the lease reaper
+// until ctx ends.
+func (d *Delivery) Run(ctx context.Context) error {
+	subs, err := d.Subscriptions(ctx)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.runCtx = ctx
+	for _, s := range subs {
+		d.startLocked(s)
+	}
+	d.mu.Unlock()
+	d.log.Info("delivery: running", "subscriptions", len(subs))
+	t := time.NewTicker(d.cfg.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			d.mu.Lock()
+			d.stopped = true
+			loops := d.loops
+			d.loops = map[string]*loop{}
+			d.mu.Unlock()
+			for _, l := range loops {
+				l.cancel()
+				<-l.done
+			}
+			return nil
+		case <-t.C:
+			if err := d.reap(ctx); err != nil && ctx.Err() == nil {
+				d.log.Warn("delivery: returning expired leases failed; retrying", "err", err)
+			}
+		}
+	}
+}
+
+// startLocked starts s's loop if Run is running. d.mu is held.
+func (d *Delivery) startLocked(s Subscription) {
+	if d.runCtx == nil || d.stopped || d.loops[s.Name] != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(d.runCtx)
+	l := &loop{cancel: cancel, done: make(chan struct{})}
+	d.loops[s.Name] = l
+	go func() {
+		defer close(l.done)
+		d.consume(ctx, s)
+	}()
+}
+
+// Subscription is a named, filtered reader of one source.
+type Subscription struct {
+	Name      string
+	UID       string // sub_<ULID>: tells two subscriptions of one name apart over time
+	Source    string
+	Stream    string
+	Inbox     string
+	Types     []string          // type patterns; * matches any run of characters
+	Metadata  map[string]string // metadata values an event must have
+	Start     stream.Start
+	CreatedAt time.Time
+}
+
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+
+// validate checks s and fills its defaults.
+func (s *Subscription) validate() error {
+	if s.Name == "" {
+		return errorf(ErrInvalid, "name: required")
+	}
+	if !namePattern.MatchString(s.Name) {
+		return errorf(ErrInvalid, "name %q: use 1 to 128 of A-Z a-z 0-9 . _ -", s.Name)
+	}
+	if s.Source == "" {
+		return errorf(ErrInvalid, "source: required")
+	}
+	if s.Inbox == "" {
+		s.Inbox = s.Name
+	}
+	if !namePattern.MatchString(s.Inbox) {
+		return errorf(ErrInvalid, "inbox %q: use 1 to 128 of A-Z a-z 0-9 . _ -", s.Inbox)
+	}
+	for _, t := range s.Types {
+		if t == "" {
+			return errorf(ErrInvalid, "types: empty pattern")
+		}
+	}
+	for k := range s.Metadata {
+		if k == "" {
+			return errorf(ErrInvalid, "metadata: empty key")
+		}
+	}
+	if s.Start.Policy == "" {
+		s.Start.Policy = stream.StartLatest
+	}
+	if err := s.Start.Validate(); err != nil {
+		return errorf(ErrInvalid, "start %q: use latest, earliest, at_offset with start_offset ≥ 1, or at_time with start_time", s.Start.Policy)
+	}
+	s.Stream = s.Source // one source, one stream
+	return nil
+}
+
+// sameDefinition reports whether a and b describe the same subscription.
+func sameDefinition(a, b Subscription) bool {
+	return a.Source == b.Source && a.Inbox == b.Inbox && slices.Equal(a.Types, b.Types) &&
+		fmt.Sprint(a.Metadata) == fmt.Sprint(b.Metadata) && a.Start.Policy == b.Start.Policy &&
+		a.Start.Offset == b.Start.Offset && a.Start.Time.Equal(b.Start.Time)
+}
+
+// Create stores s, creates its consumer at its start and starts its loop.
+// It reports created=false, with the stored subscription, when one of
+// that name exists with the same definition, and ErrConflict when its
+// definition differs. An unknown source is ErrNotFound.
+func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, created bool, _ error) {
+	if len(s.Types) == 0 {
+		s.Types = []string{}
+	}
+	if s.Metadata == nil {
+		s.Metadata = map[string]string{}
+	}
+	if err := s.validate(); err != nil {
+		return s, false, err
+	}
+	if _, err := d.b.Stats(ctx, s.Stream); errors.Is(err, stream.ErrStreamNotFound) {
+		return s, false, errorf(ErrNotFound, "source %q: no such source", s.Source)
+	} else if err != nil {
+		return s, false, err
+	}
+	if old, err := d.Subscription(ctx, s.Name); err == nil {
+		if !sameDefinition(old, s) {
+			return old, false, errorf(ErrConflict, "subscription %q exists with another definition", s.Name)
+		}
+		return old, false, nil
+	} else if !errors.Is(err, ErrNotFound) {
+		return s, false, err
+	}
+	s.UID = "sub_" + ulid.Make().String()
+	s.CreatedAt = d.now().UTC().Truncate(time.Microsecond)
+	types, _ := json.Marshal(s.Types)
+	meta, _ := json.Marshal(s.Metadata)
+	var startTime any
+	if s.Start.Policy == stream.StartAtTime {
+		startTime = s.Start.Time.UTC().Format(sqlitedb.Time)
+	}
+	// The subscription first, then its consumer: if the process stops in
+	// between, the loop creates the consumer at the next start.
+	err := d.b.Update(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO subscriptions (subscription_id, subscription_uid, source_id, stream_id, inbox_id,
+			match_types_json, match_metadata_json, start_policy, start_offset, start_time, created_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, s.Name, s.UID, s.Source, s.Stream, s.Inbox, string(types), string(meta),
+			s.Start.Policy, s.Start.Offset, startTime, s.CreatedAt.Format(sqlitedb.Time))
+		return err
+	})
+	if err != nil {
+		if old, gerr := d.Subscription(ctx, s.Name); gerr == nil { // created meanwhile by another request
+			if sameDefinition(old, s) {
+				return old, false, nil
+			}
+			return old, false, errorf(ErrConflict, "subscription %q exists with another definition", s.Name)
+		}
+		return s, false, fmt.Errorf("create subscription %s: %w", s.Name, err)
+	}
+	if _, err := d.b.EnsureConsumer(ctx, stream.ConsumerConfig{ID: s.Name, StreamID: s.Stream, Start: s.Start}); err != nil {
+		d.b.Update(ctx, func(tx *sql.Tx) error { // a start the stream refuses (an offset past its end)
+			_, err := tx.ExecContext(ctx, `DELETE FROM subscriptions WHERE subscription_uid = ?`, s.UID)
+			return err
+		})
+		return s, false, fmt.Errorf("create subscription %s: %w", s.Name, translate(err))
+	}
+	d.mu.Lock()
+	d.startLocked(s)
+	d.mu.Unlock()
+	d.log.Info("delivery: subscription created", "subscription", s.Name, "source", s.Source, "inbox", s.Inbox,
+		"types", s.Types, "start", s.Start.Policy)
+	return s, true, nil
+}
+
+// Delete stops the subscription's loop and deletes it and its consumer.
+// Its inbox items stay.
+func (d *Delivery) Delete(ctx context.Context, name string) error {
+	if _, err := d.Subscription(ctx, name); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	l := d.loops[name]
+	delete(d.loops, name)
+	d.mu.Unlock()
+	if l != nil {
+		l.cancel()
+		<-l.done
+	}
+	err := d.b.Update(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `DELETE FROM subscriptions WHERE subscription_id = ?`, name)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("delete subscription %s: %w", name, err)
+	}
+	if err := d.b.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, stream.ErrConsumerNotFound) {
+		return fmt.Errorf("delete subscription %s: %w", name, err)
+	}
+	d.log.Info("delivery: subscription deleted", "subscription", name)
+	return nil
+}
+
+const subscriptionColumns = `subscription_id, subscription_uid, source_id, stream_id, inbox_id, match_types_json,
+	match_metadata_json, start_policy, start_offset, start_time, created_at`
+
+// Subscription returns the subscription name, or ErrNotFound.
+func (d *Delivery) Subscription(ctx context.Context, name string) (Subscription, error) {
+	rows, err := d.db.QueryContext(ctx, `SELECT `+subscriptionColumns+` FROM subscriptions WHERE subscription_id = ?`, name)
+	if err != nil {
+		return Subscription{}, err
+	}
+	subs, err := scanSubscriptions(rows)
+	if err != nil {
+		return Subscription{}, err
+	}
+	if len(subs) == 0 {
+		return Subscription{}, errorf(ErrNotFound, "subscription %q: no such subscription", name)
+	}
+	return subs[0], nil
+}
+
+// Subscriptions returns every subscription, by name.
+func (d *Delivery) Subscriptions(ctx context.Context) ([]Subscription, error) {
+	rows, err := d.db.QueryContext(ctx, `SELECT `+subscriptionColumns+` FROM subscriptions ORDER BY subscription_id`)
+	if err != nil {
+		return nil, err
+	}
+	return scanSubscriptions(rows)
+}
+
+func scanSubscriptions(rows *sql.Rows) ([]Subscription, error) {
+	defer rows.Close()
+	var subs []Subscription
+	for rows.Next() {
+		var s Subscription
+		var types, meta, created string
+		var startOffset sql.NullInt64
+		var startTime sql.NullString
+		if err := rows.Scan(&s.Name, &s.UID, &s.Source, &s.Stream, &s.Inbox, &types, &meta, &s.Start.Policy,
+			&startOffset, &startTime, &created); err != nil {
+			return nil, fmt.Errorf("read subscriptions: %w", err)
+		}
+		if err := json.Unmarshal([]byte(types), &s.Types); err != nil {
+			return nil, fmt.Errorf("subscription %s: types: %w", s.Name, err)
+		}
+		if err := json.Unmarshal([]byte(meta), &s.Metadata); err != nil {
+			return nil, fmt.Errorf("subscription %s: metadata: %w", s.Name, err)
+		}
+		s.Start.Offset = startOffset.Int64
+		if startTime.Valid {
+			s.Start.Time, _ = sqlitedb.ParseTime(startTime.String)
+		}
+		s.CreatedAt, _ = sqlitedb.ParseTime(created)
+		subs = append(subs, s)
+	}
+	return subs, rows.Err()
+}
+
+// translate maps the stream package's errors to delivery's.
+func translate(err error) error {
+	switch {
+	case errors.Is(err, stream.ErrStreamNotFound), errors.Is(err, stream.ErrConsumerNotFound):
+		return errorf(ErrNotFound, "%v", err)
+	case errors.Is(err, stream.ErrOffsetOutOfRange), errors.Is(err, stream.ErrInvalidStart):
+		return errorf(ErrInvalid, "%v", err)
+	case errors.Is(err, stream.ErrConsumerExists):
+		return errorf(ErrConflict, "%v", err)
+	}
+	return err
+}

@@ -1,0 +1,563 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/stream"
+)
+
+// The HTTP API of subscriptions, streams, consumers and inboxes
+// (docs/API.md).
+
+// maxAPIBody bounds the body of an API request.
+const maxAPIBody = 1 << 20
+
+func (s *Server) routeAPI() {
+	s.mux.HandleFunc("POST /v1/subscriptions", s.createSubscription)
+	s.mux.HandleFunc("GET /v1/subscriptions", s.listSubscriptions)
+	s.mux.HandleFunc("GET /v1/subscriptions/{name}", s.getSubscription)
+	s.mux.HandleFunc("DELETE /v1/subscriptions/{name}", s.deleteSubscription)
+	s.mux.HandleFunc("GET /v1/streams", s.listStreams)
+	s.mux.HandleFunc("GET /v1/streams/{stream}", s.getStream)
+	s.mux.HandleFunc("GET /v1/consumers", s.listConsumers)
+	s.mux.HandleFunc("GET /v1/inboxes", s.listInboxes)
+	s.mux.HandleFunc("GET /v1/inboxes/{inbox}/items", s.listItems)
+	s.mux.HandleFunc("GET /v1/inboxes/{inbox}/items/{id}", s.getItem)
+	s.mux.HandleFunc("POST /v1/inboxes/{inbox}/lease", s.leaseItems)
+	s.mux.HandleFunc("POST /v1/inboxes/{inbox}/ack", s.ackItems)
+	s.mux.HandleFunc("POST /v1/inboxes/{inbox}/nack", s.nackItems)
+}
+
+// apiError is the body of every error answer.
+type apiError struct {
+	Error errorBody `json:"error"`
+}
+
+type errorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeError(w http.ResponseWriter, status int, code, format string, args ...any) {
+	writeJSON(w, status, apiError{errorBody{Code: code, Message: fmt.Sprintf(format, args...)}})
+}
+
+// writeErr answers err with the status and code of its kind.
+func (s *Server) writeErr(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, delivery.ErrNotFound), errors.Is(err, stream.ErrStreamNotFound), errors.Is(err, stream.ErrConsumerNotFound):
+		writeError(w, http.StatusNotFound, "not_found", "%v", err)
+	case errors.Is(err, delivery.ErrConflict):
+		writeError(w, http.StatusConflict, "conflict", "%v", err)
+	case errors.Is(err, delivery.ErrInvalid), errors.Is(err, stream.ErrOffsetOutOfRange), errors.Is(err, stream.ErrInvalidStart):
+		writeError(w, http.StatusBadRequest, "invalid_field", "%v", err)
+	case errors.Is(err, delivery.ErrLeaseLost):
+		writeError(w, http.StatusConflict, "lease_lost", "%v", err)
+	case errors.Is(err, delivery.ErrInvalidState):
+		writeError(w, http.StatusConflict, "invalid_state", "%v", err)
+	default:
+		s.log.Error("api: request failed", "err", err)
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "%v", err)
+	}
+}
+
+// decodeBody decodes the JSON body of r into v, refusing unknown fields,
+// and answers the error itself when it fails.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any, optional bool) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxAPIBody))
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		writeError(w, http.StatusRequestEntityTooLarge, "too_large", "the body is over %d bytes", maxAPIBody)
+		return false
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_json", "reading the body: %v", err)
+		return false
+	}
+	if len(strings.TrimSpace(string(body))) == 0 {
+		if optional {
+			return true
+		}
+		writeError(w, http.StatusBadRequest, "invalid_json", "the body is empty: send a JSON object")
+		return false
+	}
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &typeErr):
+			writeError(w, http.StatusBadRequest, "invalid_json", "field %q: want %s, got a JSON %s", typeErr.Field, typeErr.Type, typeErr.Value)
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			writeError(w, http.StatusBadRequest, "unknown_field", "%s", strings.TrimPrefix(err.Error(), "json: "))
+		default:
+			writeError(w, http.StatusBadRequest, "invalid_json", "invalid body: %v", err)
+		}
+		return false
+	}
+	if dec.More() {
+		writeError(w, http.StatusBadRequest, "invalid_json", "the body holds more than one JSON value")
+		return false
+	}
+	return true
+}
+
+// subscriptionJSON is a subscription in the API.
+type subscriptionJSON struct {
+	Name          string            `json:"name"`
+	Source        string            `json:"source"`
+	Stream        string            `json:"stream"`
+	Inbox         string            `json:"inbox"`
+	Types         []string          `json:"types"`
+	Metadata      map[string]string `json:"metadata"`
+	Start         string            `json:"start"`
+	StartOffset   int64             `json:"start_offset"`
+	StartTime     *time.Time        `json:"start_time"`
+	CreatedAt     time.Time         `json:"created_at"`
+	NextOffset    int64             `json:"next_offset"`
+	HighWatermark int64             `json:"high_watermark"`
+	Lag           int64             `json:"lag"`
+}
+
+func (s *Server) subscriptionJSON(r *http.Request, sub delivery.Subscription) subscriptionJSON {
+	j := subscriptionJSON{
+		Name: sub.Name, Source: sub.Source, Stream: sub.Stream, Inbox: sub.Inbox, Types: sub.Types, Metadata: sub.Metadata,
+		Start: sub.Start.Policy, StartOffset: sub.Start.Offset, CreatedAt: sub.CreatedAt,
+	}
+	if !sub.Start.Time.IsZero() {
+		t := sub.Start.Time
+		j.StartTime = &t
+	}
+	if lag, err := s.store.Lag(r.Context(), sub.Name); err == nil {
+		j.NextOffset, j.HighWatermark, j.Lag = lag.NextOffset, lag.HighWatermark, lag.Events
+	}
+	return j
+}
+
+func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Name        *string           `json:"name"`
+		Source      *string           `json:"source"`
+		Types       []string          `json:"types"`
+		Metadata    map[string]string `json:"metadata"`
+		Inbox       string            `json:"inbox"`
+		Start       string            `json:"start"`
+		StartOffset int64             `json:"start_offset"`
+		StartTime   string            `json:"start_time"`
+	}
+	if !decodeBody(w, r, &req, false) {
+		return
+	}
+	switch {
+	case req.Name == nil:
+		writeError(w, http.StatusBadRequest, "missing_field", "name: required")
+		return
+	case req.Source == nil:
+		writeError(w, http.StatusBadRequest, "missing_field", "source: required")
+		return
+	}
+	sub := delivery.Subscription{Name: *req.Name, Source: *req.Source, Types: req.Types, Metadata: req.Metadata, Inbox: req.Inbox,
+		Start: stream.Start{Policy: req.Start, Offset: req.StartOffset}}
+	if req.StartTime != "" {
+		t, err := time.Parse(time.RFC3339Nano, req.StartTime)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_field", "start_time %q: want an RFC 3339 time such as 2026-11-21T10:00:00Z", req.StartTime)
+			return
+		}
+		sub.Start.Time = t
+	}
+	if req.StartOffset != 0 && req.Start != stream.StartAtOffset {
+		writeError(w, http.StatusBadRequest, "invalid_field", "start_offset is for start at_offset, not %q", req.Start)
+		return
+	}
+	if req.StartTime != "" && req.Start != stream.StartAtTime {
+		writeError(w, http.StatusBadRequest, "invalid_field", "start_time is for start at_time, not %q", req.Start)
+		return
+	}
+	got, created, err := s.delivery.Create(r.Context(), sub)
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, s.subscriptionJSON(r, got))
+}
+
+func (s *Server) listSubscriptions(w http.ResponseWriter, r *http.Request) {
+	subs, err := s.delivery.Subscriptions(r.Context())
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	out := make([]subscriptionJSON, 0, len(subs))
+	for _, sub := range subs {
+		out = append(out, s.subscriptionJSON(r, sub))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"subscriptions": out})
+}
+
+func (s *Server) getSubscription(w http.ResponseWriter, r *http.Request) {
+	sub, err := s.delivery.Subscription(r.Context(), r.PathValue("name"))
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.subscriptionJSON(r, sub))
+}
+
+func (s *Server) deleteSubscription(w http.ResponseWriter, r *http.Request) {
+	if err := s.delivery.Delete(r.Context(), r.PathValue("name")); err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// streamJSON is a stream in the API.
+type streamJSON struct {
+	Stream        string     `json:"stream"`
+	Source        string     `json:"source"`
+	Backend       string     `json:"backend"`
+	Events        int64      `json:"events"`
+	FirstOffset   int64      `json:"first_offset"`
+	LastOffset    int64      `json:"last_offset"`
+	FirstStoredAt *time.Time `json:"first_stored_at"`
+	LastStoredAt  *time.Time `json:"last_stored_at"`
+	CreatedAt     time.Time  `json:"created_at"`
+}
+
+func (s *Server) streamJSON(r *http.Request, st stream.Stream) (streamJSON, error) {
+	stats, err := s.store.Stats(r.Context(), st.ID)
+	if err != nil {
+		return streamJSON{}, err
+	}
+	j := streamJSON{Stream: st.ID, Source: st.SourceID, Backend: st.Backend, Events: stats.Events,
+		FirstOffset: stats.FirstOffset, LastOffset: stats.LastOffset, CreatedAt: st.CreatedAt}
+	if !stats.FirstStoredAt.IsZero() {
+		j.FirstStoredAt, j.LastStoredAt = &stats.FirstStoredAt, &stats.LastStoredAt
+	}
+	return j, nil
+}
+
+func (s *Server) listStreams(w http.ResponseWriter, r *http.Request) {
+	out := []streamJSON{}
+	for _, st := range s.store.Streams() {
+		j, err := s.streamJSON(r, st)
+		if err != nil {
+			s.writeErr(w, err)
+			return
+		}
+		out = append(out, j)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"streams": out})
+}
+
+func (s *Server) getStream(w http.ResponseWriter, r *http.Request) {
+	for _, st := range s.store.Streams() {
+		if st.ID == r.PathValue("stream") {
+			j, err := s.streamJSON(r, st)
+			if err != nil {
+				s.writeErr(w, err)
+				return
+			}
+			writeJSON(w, http.StatusOK, j)
+			return
+		}
+	}
+	writeError(w, http.StatusNotFound, "not_found", "no stream %q", r.PathValue("stream"))
+}
+
+func (s *Server) listConsumers(w http.ResponseWriter, r *http.Request) {
+	subs, err := s.delivery.Subscriptions(r.Context())
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	type consumerJSON struct {
+		Consumer      string    `json:"consumer"`
+		Subscription  string    `json:"subscription"`
+		Stream        string    `json:"stream"`
+		NextOffset    int64     `json:"next_offset"`
+		HighWatermark int64     `json:"high_watermark"`
+		Lag           int64     `json:"lag"`
+		UpdatedAt     time.Time `json:"updated_at"`
+	}
+	out := []consumerJSON{}
+	for _, sub := range subs {
+		c, err := s.store.Consumer(r.Context(), sub.Name)
+		if errors.Is(err, stream.ErrConsumerNotFound) {
+			continue // being created or deleted
+		}
+		if err != nil {
+			s.writeErr(w, err)
+			return
+		}
+		lag, err := s.store.Lag(r.Context(), sub.Name)
+		if err != nil {
+			s.writeErr(w, err)
+			return
+		}
+		out = append(out, consumerJSON{Consumer: c.ID, Subscription: sub.Name, Stream: c.StreamID, NextOffset: lag.NextOffset,
+			HighWatermark: lag.HighWatermark, Lag: lag.Events, UpdatedAt: c.UpdatedAt})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"consumers": out})
+}
+
+func (s *Server) listInboxes(w http.ResponseWriter, r *http.Request) {
+	counts, err := s.delivery.Inboxes(r.Context())
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	type inboxJSON struct {
+		Inbox      string `json:"inbox"`
+		Pending    int64  `json:"pending"`
+		Processing int64  `json:"processing"`
+		Completed  int64  `json:"completed"`
+		Failed     int64  `json:"failed"`
+	}
+	out := make([]inboxJSON, 0, len(counts))
+	for _, c := range counts {
+		out = append(out, inboxJSON{c.Inbox, c.Pending, c.Processing, c.Completed, c.Failed})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"inboxes": out})
+}
+
+// itemJSON is an inbox item in the API.
+type itemJSON struct {
+	ID             int64           `json:"id"`
+	Inbox          string          `json:"inbox"`
+	Subscription   string          `json:"subscription"`
+	Stream         string          `json:"stream"`
+	Offset         int64           `json:"offset"`
+	StreamEventID  string          `json:"stream_event_id"`
+	EventID        string          `json:"event_id"`
+	Type           string          `json:"type"`
+	OccurredAt     time.Time       `json:"occurred_at"`
+	StoredAt       time.Time       `json:"stored_at"`
+	Metadata       json.RawMessage `json:"metadata"`
+	Payload        json.RawMessage `json:"payload"`
+	DeliveryHandle json.RawMessage `json:"delivery_handle"`
+	State          string          `json:"state"`
+	Attempts       int             `json:"attempts"`
+	NextAttemptAt  time.Time       `json:"next_attempt_at"`
+	LeaseExpiresAt *time.Time      `json:"lease_expires_at"`
+	LastError      *string         `json:"last_error"`
+	CreatedAt      time.Time       `json:"created_at"`
+	UpdatedAt      time.Time       `json:"updated_at"`
+}
+
+func itemsJSON(items []delivery.Item) []itemJSON {
+	out := make([]itemJSON, len(items))
+	for i, it := range items {
+		handle := it.DeliveryHandle
+		if len(handle) == 0 {
+			handle = json.RawMessage("null")
+		}
+		out[i] = itemJSON{it.ID, it.Inbox, it.Subscription, it.Stream, it.Offset, it.StreamEventID, it.EventID, it.Type,
+			it.OccurredAt, it.StoredAt, it.Metadata, it.Payload, handle, it.State, it.Attempts, it.NextAttemptAt,
+			it.LeaseExpiresAt, it.LastError, it.CreatedAt, it.UpdatedAt}
+	}
+	return out
+}
+
+// maxListLimit bounds a page of items.
+const maxListLimit = 1000
+
+func (s *Server) listItems(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	state := q.Get("state")
+	if state != "" && !delivery.ValidState(state) {
+		writeError(w, http.StatusBadRequest, "invalid_field", "state %q: use pending, processing, completed or failed", state)
+		return
+	}
+	limit, ok := intParam(w, q.Get("limit"), "limit", 100, 1, maxListLimit)
+	if !ok {
+		return
+	}
+	after, ok := intParam(w, q.Get("after"), "after", 0, 0, 1<<62)
+	if !ok {
+		return
+	}
+	items, err := s.delivery.List(r.Context(), r.PathValue("inbox"), state, after, int(limit))
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	next := int64(0)
+	if len(items) == int(limit) {
+		next = items[len(items)-1].ID
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": itemsJSON(items), "next_after": next})
+}
+
+// intParam parses a query parameter (def when empty) in [lo, hi], or
+// answers 400 naming it.
+func intParam(w http.ResponseWriter, v, name string, def, lo, hi int64) (int64, bool) {
+	if v == "" {
+		return def, true
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < lo || n > hi {
+		writeError(w, http.StatusBadRequest, "invalid_field", "%s %q: want a whole number from %d to %d", name, v, lo, hi)
+		return 0, false
+	}
+	return n, true
+}
+
+func (s *Server) getItem(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id < 1 {
+		writeError(w, http.StatusBadRequest, "invalid_field", "item id %q: want a positive whole number", r.PathValue("id"))
+		return
+	}
+	it, err := s.delivery.Item(r.Context(), r.PathValue("inbox"), id)
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, itemsJSON([]delivery.Item{it})[0])
+}
+
+// duration is a JSON string holding a Go duration.
+type duration time.Duration
+
+func (d *duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("a duration is a string such as \"30s\", not %s", b)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil || v < 0 {
+		return fmt.Errorf("duration %q: want a duration such as \"30s\"", s)
+	}
+	*d = duration(v)
+	return nil
+}
+
+// maxLease bounds the items of one lease.
+const maxLease = 1000
+
+func (s *Server) leaseItems(w http.ResponseWriter, r *http.Request) {
+	req := struct {
+		Max               *int     `json:"max"`
+		VisibilityTimeout duration `json:"visibility_timeout"`
+		Wait              duration `json:"wait"`
+	}{VisibilityTimeout: duration(delivery.DefaultVisibilityTimeout)}
+	if !decodeBody(w, r, &req, true) {
+		return
+	}
+	n := 10
+	if req.Max != nil {
+		n = *req.Max
+	}
+	if n < 1 || n > maxLease {
+		writeError(w, http.StatusBadRequest, "invalid_field", "max %d: want 1 to %d", n, maxLease)
+		return
+	}
+	if req.VisibilityTimeout <= 0 {
+		writeError(w, http.StatusBadRequest, "invalid_field", "visibility_timeout must be above 0")
+		return
+	}
+	if time.Duration(req.Wait) > delivery.MaxWait {
+		writeError(w, http.StatusBadRequest, "invalid_field", "wait %s: at most %s", time.Duration(req.Wait), delivery.MaxWait)
+		return
+	}
+	l, err := s.delivery.Lease(r.Context(), r.PathValue("inbox"), n, time.Duration(req.VisibilityTimeout), time.Duration(req.Wait))
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // the client left
+		}
+		s.writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"lease": l.Token, "expires_at": l.ExpiresAt, "items": itemsJSON(l.Items)})
+}
+
+type settleRequest struct {
+	IDs    []int64  `json:"ids"`
+	Lease  string   `json:"lease"`
+	Delay  duration `json:"delay"`
+	Reason string   `json:"reason"`
+}
+
+func (s *Server) ackItems(w http.ResponseWriter, r *http.Request) {
+	var req settleRequest
+	if !decodeBody(w, r, &req, false) || !checkIDs(w, req.IDs) {
+		return
+	}
+	if req.Delay != 0 || req.Reason != "" {
+		writeError(w, http.StatusBadRequest, "unknown_field", "delay and reason are for nack, not ack")
+		return
+	}
+	res, err := s.delivery.Ack(r.Context(), r.PathValue("inbox"), req.IDs, req.Lease)
+	s.writeResults(w, res, err)
+}
+
+func (s *Server) nackItems(w http.ResponseWriter, r *http.Request) {
+	var req settleRequest
+	if !decodeBody(w, r, &req, false) || !checkIDs(w, req.IDs) {
+		return
+	}
+	res, err := s.delivery.Nack(r.Context(), r.PathValue("inbox"), req.IDs, req.Lease, time.Duration(req.Delay), req.Reason)
+	s.writeResults(w, res, err)
+}
+
+// maxSettle bounds the ids of one ack or nack.
+const maxSettle = 1000
+
+func checkIDs(w http.ResponseWriter, ids []int64) bool {
+	if len(ids) == 0 {
+		writeError(w, http.StatusBadRequest, "missing_field", "ids: give the ids of one or more items")
+		return false
+	}
+	if len(ids) > maxSettle {
+		writeError(w, http.StatusBadRequest, "invalid_field", "ids: %d ids, at most %d per request", len(ids), maxSettle)
+		return false
+	}
+	for _, id := range ids {
+		if id < 1 {
+			writeError(w, http.StatusBadRequest, "invalid_field", "ids: %d is not an item id", id)
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Server) writeResults(w http.ResponseWriter, res []delivery.Result, err error) {
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	type resultJSON struct {
+		ID    int64      `json:"id"`
+		State string     `json:"state,omitempty"`
+		Error *errorBody `json:"error,omitempty"`
+	}
+	out := make([]resultJSON, len(res))
+	for i, r := range res {
+		out[i] = resultJSON{ID: r.ID, State: r.State}
+		if r.Err != nil {
+			code := "invalid_state"
+			switch {
+			case errors.Is(r.Err, delivery.ErrNotFound):
+				code = "not_found"
+			case errors.Is(r.Err, delivery.ErrLeaseLost):
+				code = "lease_lost"
+			}
+			out[i].Error = &errorBody{Code: code, Message: r.Err.Error()}
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": out})
+}
