@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -299,7 +300,11 @@ that long for an item when none is ready.`)
 		fmt.Fprintf(env.stdout, "no items ready in inbox %s\n", inbox)
 		return nil
 	}
-	fmt.Fprintf(env.stdout, "lease %s expires %s: %d items\n", out.Lease, out.ExpiresAt, len(out.Items))
+	noun := "items"
+	if len(out.Items) == 1 {
+		noun = "item"
+	}
+	fmt.Fprintf(env.stdout, "lease %s expires %s: %d %s\n", out.Lease, out.ExpiresAt, len(out.Items), noun)
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tTYPE\tEVENT_ID\tATTEMPTS")
 	for _, it := range out.Items {
@@ -350,6 +355,10 @@ result; if any failed, the exit status is 1.`)
 	return settle(ctx, env, c, af, fs.Name(), "nack", fs.Args(), body)
 }
 
+// maxSettle is how many ids one ack or nack request carries; more are
+// sent in several requests.
+const maxSettle = 1000
+
 // settle posts an ack or nack of the items named by args (INBOX ID...) and
 // prints each item's result; an error if any item failed.
 func settle(ctx context.Context, env *cmdEnv, c *apiClient, af *apiFlags, cmd, verb string, args []string, body map[string]any) error {
@@ -361,32 +370,40 @@ func settle(ctx context.Context, env *cmdEnv, c *apiClient, af *apiFlags, cmd, v
 	if err != nil {
 		return err
 	}
-	body["ids"] = ids
-	var raw json.RawMessage
-	if _, err := c.do(ctx, http.MethodPost, inboxPath(inbox, "/"+verb), body, &raw); err != nil {
-		return fmt.Errorf("%s %s: %w", cmd, inbox, err)
+	var results []json.RawMessage
+	for chunk := range slices.Chunk(ids, maxSettle) {
+		body["ids"] = chunk
+		var out struct {
+			Items []json.RawMessage `json:"items"`
+		}
+		if _, err := c.do(ctx, http.MethodPost, inboxPath(inbox, "/"+verb), body, &out); err != nil {
+			return fmt.Errorf("%s %s: %w", cmd, inbox, err)
+		}
+		if len(out.Items) != len(chunk) {
+			return fmt.Errorf("%s %s: the server answered %d results for %d ids", cmd, inbox, len(out.Items), len(chunk))
+		}
+		results = append(results, out.Items...)
 	}
-	var out struct {
-		Items []struct {
+	if af.json {
+		b, _ := json.Marshal(map[string]any{"items": results})
+		if err := printJSON(env, b); err != nil {
+			return err
+		}
+	}
+	failed := 0
+	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
+	for _, raw := range results {
+		var r struct {
 			ID    int64  `json:"id"`
 			State string `json:"state"`
 			Error *struct {
 				Code    string `json:"code"`
 				Message string `json:"message"`
 			} `json:"error"`
-		} `json:"items"`
-	}
-	if err := json.Unmarshal(raw, &out); err != nil {
-		return fmt.Errorf("%s %s: the server's answer: %w", cmd, inbox, err)
-	}
-	if af.json {
-		if err := printJSON(env, raw); err != nil {
-			return err
 		}
-	}
-	failed := 0
-	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
-	for _, r := range out.Items {
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return fmt.Errorf("%s %s: the server's answer: %w", cmd, inbox, err)
+		}
 		line := r.State
 		if r.Error != nil {
 			failed++
@@ -398,9 +415,6 @@ func settle(ctx context.Context, env *cmdEnv, c *apiClient, af *apiFlags, cmd, v
 	}
 	if err := tw.Flush(); err != nil {
 		return err
-	}
-	if len(out.Items) != len(ids) {
-		return fmt.Errorf("%s %s: the server answered %d results for %d ids", cmd, inbox, len(out.Items), len(ids))
 	}
 	if failed > 0 {
 		return fmt.Errorf("%s %s: %d of %d items failed", cmd, inbox, failed, len(ids))

@@ -402,6 +402,19 @@ func TestInboxLeaseAckNack(t *testing.T) {
 		!strings.HasPrefix(lines[1], "999999 ") || !strings.Contains(lines[1], "error") || !strings.Contains(r.stderr, "1 of 2 items failed") {
 		t.Fatalf("inbox ack of a completed and an unknown id: %v", r)
 	}
+	// More ids than one request carries: one result per id all the same.
+	many := []string{"inbox", "ack", "worker", "--json", id1}
+	for i := range 1000 {
+		many = append(many, strconv.Itoa(1_000_000+i))
+	}
+	r = cli(t, append(many, srv...)...)
+	var settled struct {
+		Items []map[string]any `json:"items"`
+	}
+	if r.code != 1 || json.Unmarshal([]byte(r.stdout), &settled) != nil || len(settled.Items) != 1001 ||
+		settled.Items[0]["state"] != "completed" || settled.Items[1000]["error"] == nil || !strings.Contains(r.stderr, "1000 of 1001 items failed") {
+		t.Fatalf("inbox ack of 1001 ids: exit %d, %d results, stderr %s", r.code, len(settled.Items), r.stderr)
+	}
 	// The nacked item no longer holds the lease.
 	r = cli(t, append([]string{"inbox", "ack", "worker", id2, "--lease", lease.Lease}, srv...)...)
 	if r.code != 1 || !strings.Contains(r.stdout, "lease_lost") {
