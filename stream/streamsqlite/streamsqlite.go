@@ -79,6 +79,7 @@ type Backend struct {
 	find, touch, unmake *sql.Stmt
 	setLast             *sql.Stmt
 	args                []any
+	events              []*item        // the appends of the batch being written
 	lastNow             time.Time      // StoredAt never goes back along a stream
 	touched             []*streamState // streams whose last offset the batch moved
 	commitCount         int            // for pruning consumer_commits
@@ -432,12 +433,16 @@ func (b *Backend) flush(ctx context.Context, batch []*item) (err error) {
 		}
 	}()
 	var full *sql.Stmt // bound to the transaction once, for every full chunk
-	events := batch
-	for len(events) > 0 && events[0].ev != nil {
-		n := 1
-		for n < min(chunk, len(events)) && events[n].ev != nil {
-			n++
+	events := b.events[:0]
+	for _, it := range batch {
+		if it.ev != nil {
+			events = append(events, it)
 		}
+	}
+	b.events = events
+	defer clear(events)
+	for len(events) > 0 {
+		n := min(chunk, len(events))
 		part := events[:n]
 		events = events[n:]
 		if n == chunk && full == nil {

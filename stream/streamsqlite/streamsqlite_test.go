@@ -275,12 +275,8 @@ func TestOneBatchManyStreams(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The writer is not running yet: everything below lands in one batch.
-	appendAsync("a", event("1", `{}`), event("2", `{}`), event("1", `{}`))
-	appendAsync("b", event("1", `{}`), event("x", `{}`), event("x", `{"other":1}`), event("y", `{}`), event("z", `{}`))
-	appendAsync("a", event("3", `{}`))
 	fnErrs := make(chan error, 2)
-	for _, fail := range []bool{true, false} {
+	update := func(fail bool) {
 		go func() {
 			fnErrs <- b.Update(ctx, func(tx *sql.Tx) error {
 				if _, err := tx.Exec(`CREATE TABLE IF NOT EXISTS scratch (fail INTEGER)`); err != nil {
@@ -296,7 +292,15 @@ func TestOneBatchManyStreams(t *testing.T) {
 			})
 		}()
 	}
-	servertest.Eventually(t, 5*time.Second, "11 items queued", func() bool { return b.QueueLen() == 11 })
+	// The writer is not running yet: everything below lands in one batch,
+	// functions between appends.
+	appendAsync("a", event("1", `{}`), event("2", `{}`), event("1", `{}`))
+	update(true)
+	servertest.Eventually(t, 5*time.Second, "4 items queued", func() bool { return b.QueueLen() == 4 })
+	appendAsync("b", event("1", `{}`), event("x", `{}`), event("x", `{"other":1}`), event("y", `{}`), event("z", `{}`))
+	update(false)
+	servertest.Eventually(t, 5*time.Second, "10 items queued", func() bool { return b.QueueLen() == 10 })
+	appendAsync("a", event("3", `{}`))
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { b.Run(runCtx); close(done) }()
