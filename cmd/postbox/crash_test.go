@@ -233,6 +233,12 @@ func startAgents(t *testing.T, dir, server string, n int) (map[string]*proc, []*
 // event an agent accepted must be stored exactly once and every outbox
 // must be empty.
 func crashRun(t *testing.T, agentCount int, crash func(srv *proc, srvURL string, agents map[string]*proc)) {
+	crashRunWith(t, agentCount, nil, crash, nil)
+}
+
+// crashRunWith is crashRun that calls ready once the server is up and
+// check with the server's URL before it is stopped at the end.
+func crashRunWith(t *testing.T, agentCount int, ready func(srvURL string), crash func(srv *proc, srvURL string, agents map[string]*proc), check func(srvURL, dbPath string)) {
 	if testing.Short() {
 		t.Skip("crash test runs the real binary")
 	}
@@ -241,6 +247,9 @@ func crashRun(t *testing.T, agentCount int, crash func(srv *proc, srvURL string,
 	dbPath := filepath.Join(dir, "postbox.db")
 	srv := start(t, "serve", "--addr", addr, "--db", dbPath, "--log-level", "warn")
 	waitHTTP(t, "http://"+addr+"/ready", srv)
+	if ready != nil {
+		ready("http://" + addr)
+	}
 	agents, producers := startAgents(t, dir, "ws://"+addr, agentCount)
 
 	ctx, stop := context.WithCancel(context.Background())
@@ -256,6 +265,9 @@ func crashRun(t *testing.T, agentCount int, crash func(srv *proc, srvURL string,
 	stop()
 	wg.Wait()
 	drained(t, agents)
+	if check != nil {
+		check("http://"+addr, dbPath)
+	}
 	srv.kill()
 	checkStored(t, dbPath, producers)
 }
@@ -282,4 +294,157 @@ func TestCrashAgent(t *testing.T) {
 			waitHTTP(t, url+"/health", a)
 		}
 	})
+}
+
+// TestCrashDuringConsumption kills the control plane with SIGKILL at
+// random moments while two subscriptions materialise inbox items and a
+// runtime leases and acks them. At the end every event has exactly one
+// item per subscription whose rules it matches, and no other item exists.
+func TestCrashDuringConsumption(t *testing.T) {
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var runtime sync.WaitGroup
+	defer runtime.Wait()
+	defer stop()
+	crashRunWith(t, 2,
+		func(srvURL string) {
+			for _, body := range []string{
+				`{"name":"everything","source":"devices","start":"earliest"}`,
+				`{"name":"pi-0-only","source":"devices","metadata":{"device_id":"pi-0"},"start":"earliest"}`,
+			} {
+				resp, err := http.Post(srvURL+"/v1/subscriptions", "application/json", bytes.NewBufferString(body))
+				if err != nil || resp.StatusCode != http.StatusCreated {
+					t.Fatalf("create subscription %s: %v %v", body, resp, err)
+				}
+				resp.Body.Close()
+			}
+			runtime.Go(func() { leaseAndAck(ctx, srvURL, "everything") })
+		},
+		func(srv *proc, srvURL string, _ map[string]*proc) {
+			srv.kill()
+			time.Sleep(time.Duration(rand.IntN(300)) * time.Millisecond)
+			srv.restart()
+			waitHTTP(t, srvURL+"/ready", srv)
+		},
+		func(srvURL, dbPath string) {
+			deadline := time.Now().Add(60 * time.Second)
+			for !caughtUp(srvURL) {
+				if time.Now().After(deadline) {
+					t.Fatal("subscriptions did not catch up with their stream")
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			stop()
+			runtime.Wait()
+			db, err := sqlitedb.Open(dbPath, sqlitedb.Options{ReadOnly: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			type event struct {
+				id     string
+				device string
+			}
+			events := map[int64]event{}
+			rows, err := db.Query(`SELECT "offset", source_native_id, json_extract(metadata_json, '$.device_id') FROM stream_events WHERE stream_id = 'devices'`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				var off int64
+				var e event
+				rows.Scan(&off, &e.id, &e.device)
+				events[off] = e
+			}
+			rows.Close()
+			for sub, match := range map[string]func(event) bool{
+				"everything": func(event) bool { return true },
+				"pi-0-only":  func(e event) bool { return e.device == "pi-0" },
+			} {
+				items := map[int64]int{}
+				completed := 0
+				rows, err := db.Query(`SELECT "offset", source_native_id, state FROM inbox_items WHERE subscription_id = ?`, sub)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for rows.Next() {
+					var off int64
+					var id, state string
+					rows.Scan(&off, &id, &state)
+					items[off]++
+					if e, ok := events[off]; !ok || e.id != id || !match(e) {
+						t.Errorf("%s: item for offset %d (%s) matches no event", sub, off, id)
+					}
+					if state == "completed" {
+						completed++
+					}
+				}
+				rows.Close()
+				matching := 0
+				for off, e := range events {
+					if !match(e) {
+						continue
+					}
+					matching++
+					if items[off] != 1 {
+						t.Errorf("%s: event %d (%s) has %d items, want 1", sub, off, e.id, items[off])
+					}
+				}
+				t.Logf("%s: %d matching events, %d items (%d completed by the runtime)", sub, matching, len(items), completed)
+				if matching == 0 {
+					t.Errorf("%s: no event matched: the test proved nothing", sub)
+				}
+			}
+		})
+}
+
+// caughtUp reports whether every consumer of the server has lag 0.
+func caughtUp(srvURL string) bool {
+	resp, err := http.Get(srvURL + "/v1/consumers")
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Consumers []struct{ Lag int64 } `json:"consumers"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&body) != nil || len(body.Consumers) == 0 {
+		return false
+	}
+	for _, c := range body.Consumers {
+		if c.Lag != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// leaseAndAck is a runtime: it leases items of inbox and acks them until
+// ctx ends, riding out the server's crashes.
+func leaseAndAck(ctx context.Context, srvURL, inbox string) {
+	hc := &http.Client{Timeout: 5 * time.Second}
+	for ctx.Err() == nil {
+		resp, err := hc.Post(srvURL+"/v1/inboxes/"+inbox+"/lease", "application/json", bytes.NewBufferString(`{"max":200,"visibility_timeout":"2s","wait":"200ms"}`))
+		if err != nil {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		var lease struct {
+			Lease string
+			Items []struct{ ID int64 }
+		}
+		json.NewDecoder(resp.Body).Decode(&lease)
+		resp.Body.Close()
+		if len(lease.Items) == 0 {
+			continue
+		}
+		ids := make([]int64, len(lease.Items))
+		for i, it := range lease.Items {
+			ids[i] = it.ID
+		}
+		body, _ := json.Marshal(map[string]any{"ids": ids, "lease": lease.Lease})
+		if resp, err := hc.Post(srvURL+"/v1/inboxes/"+inbox+"/ack", "application/json", bytes.NewReader(body)); err == nil {
+			resp.Body.Close()
+		}
+	}
 }
