@@ -35,7 +35,11 @@ type env struct {
 }
 
 // setup runs a store and delivery on it until the test ends.
-func setup(t *testing.T, cfg delivery.Config) *env {
+func setup(t *testing.T, cfg delivery.Config) *env { return setupTB(t, cfg) }
+
+func setupB(b *testing.B) *env { return setupTB(b, delivery.Config{}) }
+
+func setupTB(t testing.TB, cfg delivery.Config) *env {
 	t.Helper()
 	store, err := streamsqlite.Open(filepath.Join(t.TempDir(), "p.db"), streamsqlite.Config{})
 	if err != nil {

@@ -213,9 +213,9 @@ func Checkpoint(ctx context.Context, db *sql.DB) error {
 
 // ParseTime parses a time written in the Time layout; other RFC 3339 forms
 // are accepted too, more slowly.
-func ParseTime(s string) (time.Time, error) {
+func ParseTime[T ~string | ~[]byte](s T) (time.Time, error) {
 	if len(s) != len(Time) || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':' || s[19] != '.' || s[26] != 'Z' {
-		return time.Parse(time.RFC3339Nano, s)
+		return time.Parse(time.RFC3339Nano, string(s))
 	}
 	num := func(from, to int) int {
 		n := 0
@@ -232,11 +232,11 @@ func ParseTime(s string) (time.Time, error) {
 	hour, minute, sec, micro := num(11, 13), num(14, 16), num(17, 19), num(20, 26)
 	if year < 0 || month < 1 || month > 12 || day < 1 || day > 31 || hour < 0 || hour > 23 ||
 		minute < 0 || minute > 59 || sec < 0 || sec > 59 || micro < 0 {
-		return time.Parse(time.RFC3339Nano, s)
+		return time.Parse(time.RFC3339Nano, string(s))
 	}
 	t := time.Date(year, time.Month(month), day, hour, minute, sec, micro*1000, time.UTC)
 	if t.Day() != day { // February 30th and the like
-		return time.Parse(time.RFC3339Nano, s)
+		return time.Parse(time.RFC3339Nano, string(s))
 	}
 	return t, nil
 }

@@ -63,31 +63,48 @@ func (b *Backend) ReadStream(ctx context.Context, streamID string, from int64, l
 	if err != nil {
 		return dst, err
 	}
-	rows, err := b.read.QueryContext(ctx, `SELECT pos, source_native_id, event_variant, event_type, occurred_at,
-		metadata_json, raw_payload_json, delivery_handle_json, source_sequence, created_at
-		FROM stream_events WHERE pos BETWEEN ? AND ? ORDER BY pos LIMIT ?`, st.base+from, st.base+maxOffset, limit)
+	rows, err := b.readEvents.QueryContext(ctx, st.base+from, st.base+maxOffset, limit)
 	if err != nil {
 		return dst, fmt.Errorf("read %s from %d: %w", streamID, from, err)
 	}
 	defer rows.Close()
+	if cap(dst)-len(dst) < limit {
+		dst = slices.Grow(dst, min(limit, DefaultReadLimit))
+	}
 	prefix := st.ID + "/"
+	types := map[string]string{} // a stream has few types: one string each
+	var native, variant, typ, occurred, created, meta, payload, handle sql.RawBytes
 	for rows.Next() {
 		var e stream.StoredEvent
 		var pos int64
-		var occurred, created string
-		var handle []byte
 		var seq sql.NullInt64
-		if err := rows.Scan(&pos, &e.NativeID, &e.Variant, &e.Type, &occurred, (*[]byte)(&e.Metadata), (*[]byte)(&e.Payload),
-			&handle, &seq, &created); err != nil {
+		if err := rows.Scan(&pos, &native, &variant, &typ, &occurred, &meta, &payload, &handle, &seq, &created); err != nil {
 			return dst, fmt.Errorf("read %s: %w", streamID, err)
 		}
 		e.Offset = pos - st.base
 		e.ID = prefix + strconv.FormatInt(e.Offset, 10)
 		e.StreamID, e.SourceID = st.ID, st.SourceID
+		e.NativeID = string(native)
+		if len(variant) > 0 {
+			e.Variant = string(variant)
+		}
+		t, ok := types[string(typ)]
+		if !ok {
+			t = string(typ)
+			types[t] = t
+		}
+		e.Type = t
 		e.OccurredAt, _ = sqlitedb.ParseTime(occurred)
 		e.StoredAt, _ = sqlitedb.ParseTime(created)
+		// One allocation holds the event's JSON documents.
+		buf := make([]byte, 0, len(meta)+len(payload)+len(handle))
+		buf = append(buf, meta...)
+		buf = append(buf, payload...)
+		buf = append(buf, handle...)
+		e.Metadata = buf[:len(meta):len(meta)]
+		e.Payload = buf[len(meta) : len(meta)+len(payload) : len(meta)+len(payload)]
 		if len(handle) > 0 {
-			e.DeliveryHandle = handle
+			e.DeliveryHandle = buf[len(meta)+len(payload):]
 		}
 		if seq.Valid {
 			e.Sequence = &seq.Int64

@@ -84,6 +84,8 @@ type Backend struct {
 	touched             []*streamState // streams whose last offset the batch moved
 	commitCount         int            // for pruning consumer_commits
 
+	readEvents *sql.Stmt // on the readers' pool
+
 	commits atomic.Int64 // for the checkpointer: has anything been written?
 
 	mu      sync.RWMutex
@@ -177,6 +179,11 @@ func Open(path string, cfg Config) (*Backend, error) {
 	}
 	for n := 1; n <= chunk && err == nil; n++ {
 		b.inserts[n], err = write.Prepare(insertColumns + insertRow + strings.Repeat(","+insertRow, n-1) + insertConflict)
+	}
+	if err == nil {
+		b.readEvents, err = read.Prepare(`SELECT pos, source_native_id, event_variant, event_type, occurred_at,
+		metadata_json, raw_payload_json, delivery_handle_json, source_sequence, created_at
+		FROM stream_events WHERE pos BETWEEN ? AND ? ORDER BY pos LIMIT ?`)
 	}
 	if err == nil {
 		err = b.loadStreams(context.Background())

@@ -340,3 +340,61 @@ func TestOneBatchManyStreams(t *testing.T) {
 		t.Fatalf("functions: %d failed, scratch has %d rows (%d of the one that succeeded), %v", failed, rows, kept, err)
 	}
 }
+
+// fill appends n events of about 300 bytes to "devices" in batches.
+func fill(tb testing.TB, b *streamsqlite.Backend, n int) {
+	tb.Helper()
+	payload := json.RawMessage(`{"intent":"server.log_summary","confidence":0.84,"user_text":"summarize last night crash logs and tell me what went wrong with the deploy, please, thanks","n":0000000}`)
+	meta := json.RawMessage(`{"device_id":"pi-1","session_id":"s-1"}`)
+	evs := make([]stream.Event, 0, 2048)
+	for i := 0; i < n; {
+		evs = evs[:0]
+		for ; i < n && len(evs) < cap(evs); i++ {
+			evs = append(evs, stream.Event{NativeID: fmt.Sprintf("evt_%09d", i), Type: "proposal.task", OccurredAt: time.Now(), Metadata: meta, Payload: payload})
+		}
+		if _, err := b.Append(context.Background(), "devices", evs); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRead reads a stream of 100,000 events from an offset in
+// batches of 1,000, as a consumer does, without committing.
+func BenchmarkRead(b *testing.B) {
+	const stored = 100000
+	be, _ := open(b, streamsqlite.Config{Synchronous: sqlitedb.SyncNormal})
+	fill(b, be, stored)
+	ctx := context.Background()
+	if _, err := be.EnsureConsumer(ctx, stream.ConsumerConfig{ID: "reader", StreamID: "devices", Start: stream.Start{Policy: stream.StartEarliest}}); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	from := int64(1)
+	for i := 0; i < b.N; i += 1000 {
+		batch, err := be.Read(ctx, "reader", from, 1000)
+		if err != nil || len(batch.Events) != 1000 {
+			b.Fatalf("read from %d: %d events, %v", from, len(batch.Events), err)
+		}
+		if from += 1000; from > stored {
+			from = 1
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}
+
+// BenchmarkLag asks a consumer's lag with 1,000,000 events stored.
+func BenchmarkLag(b *testing.B) {
+	be, _ := open(b, streamsqlite.Config{Synchronous: sqlitedb.SyncNormal})
+	fill(b, be, 1000000)
+	ctx := context.Background()
+	if _, err := be.EnsureConsumer(ctx, stream.ConsumerConfig{ID: "c", StreamID: "devices", Start: stream.Start{Policy: stream.StartAtOffset, Offset: 250000}}); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		lag, err := be.Lag(ctx, "c")
+		if err != nil || lag.Events != 750001 {
+			b.Fatalf("lag %+v %v", lag, err)
+		}
+	}
+}
