@@ -305,6 +305,9 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 			_, err := tx.ExecContext(ctx, `DELETE FROM subscriptions WHERE subscription_uid = ?`, s.UID)
 			return err
 		})
+		if errors.Is(err, stream.ErrOffsetOutOfRange) {
+			return s, false, errorf(ErrInvalid, "start_offset %d: past the end of source %q (%v)", s.Start.Offset, s.Source, err)
+		}
 		return s, false, fmt.Errorf("create subscription %s: %w", s.Name, translate(err))
 	}
 	d.mu.Lock()

@@ -3,7 +3,6 @@ package streamsqlite
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -125,21 +124,21 @@ func (b *Backend) Stats(ctx context.Context, streamID string) (stream.Stats, err
 	if err != nil {
 		return stream.Stats{}, err
 	}
-	s := stream.Stats{StreamID: streamID}
+	s := stream.Stats{StreamID: streamID, LastOffset: st.committed.Load()}
 	var first, last sql.NullInt64
 	var firstAt, lastAt sql.NullString
-	err = b.read.QueryRowContext(ctx, `SELECT s.last_offset,
-		(SELECT pos FROM stream_events WHERE pos BETWEEN ?2 AND ?3 ORDER BY pos LIMIT 1),
-		(SELECT created_at FROM stream_events WHERE pos BETWEEN ?2 AND ?3 ORDER BY pos LIMIT 1),
-		(SELECT pos FROM stream_events WHERE pos BETWEEN ?2 AND ?3 ORDER BY pos DESC LIMIT 1),
-		(SELECT created_at FROM stream_events WHERE pos BETWEEN ?2 AND ?3 ORDER BY pos DESC LIMIT 1)
-		FROM streams s WHERE s.stream_id = ?1`, streamID, st.base+1, st.base+maxOffset).
-		Scan(&s.LastOffset, &first, &firstAt, &last, &lastAt)
+	err = b.read.QueryRowContext(ctx, `SELECT
+		(SELECT pos FROM stream_events WHERE pos BETWEEN ?1 AND ?2 ORDER BY pos LIMIT 1),
+		(SELECT created_at FROM stream_events WHERE pos BETWEEN ?1 AND ?2 ORDER BY pos LIMIT 1),
+		(SELECT pos FROM stream_events WHERE pos BETWEEN ?1 AND ?2 ORDER BY pos DESC LIMIT 1),
+		(SELECT created_at FROM stream_events WHERE pos BETWEEN ?1 AND ?2 ORDER BY pos DESC LIMIT 1)`,
+		st.base+1, st.base+maxOffset).Scan(&first, &firstAt, &last, &lastAt)
 	if err != nil {
 		return s, fmt.Errorf("stream stats %s: %w", streamID, err)
 	}
 	if first.Valid {
 		s.FirstOffset = first.Int64 - st.base
+		s.LastOffset = max(s.LastOffset, last.Int64-st.base)
 		s.Events = last.Int64 - first.Int64 + 1
 		s.FirstStoredAt, _ = sqlitedb.ParseTime(firstAt.String)
 		s.LastStoredAt, _ = sqlitedb.ParseTime(lastAt.String)
@@ -147,18 +146,18 @@ func (b *Backend) Stats(ctx context.Context, streamID string) (stream.Stats, err
 	return s, nil
 }
 
-// Lag implements stream.Backend with one lookup by key.
+// Lag implements stream.Backend with one lookup by key: the high
+// watermark is kept in memory.
 func (b *Backend) Lag(ctx context.Context, consumerID string) (stream.Lag, error) {
-	l := stream.Lag{ConsumerID: consumerID}
-	err := b.read.QueryRowContext(ctx, `SELECT c.stream_id, c.next_offset, s.last_offset
-		FROM consumers c JOIN streams s ON s.stream_id = c.stream_id WHERE c.consumer_id = ?`, consumerID).
-		Scan(&l.StreamID, &l.NextOffset, &l.HighWatermark)
-	if errors.Is(err, sql.ErrNoRows) {
-		return l, fmt.Errorf("%w: %s", stream.ErrConsumerNotFound, consumerID)
-	}
+	c, err := b.Consumer(ctx, consumerID)
 	if err != nil {
-		return l, fmt.Errorf("lag of %s: %w", consumerID, err)
+		return stream.Lag{}, err
 	}
+	st, err := b.stream(c.StreamID)
+	if err != nil {
+		return stream.Lag{}, err
+	}
+	l := stream.Lag{ConsumerID: consumerID, StreamID: c.StreamID, NextOffset: c.NextOffset, HighWatermark: st.committed.Load()}
 	l.Events = max(0, l.HighWatermark-l.NextOffset+1)
 	return l, nil
 }

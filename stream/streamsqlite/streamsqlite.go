@@ -77,7 +77,6 @@ type Backend struct {
 	// used by the writer goroutine only
 	inserts             [chunk + 1]*sql.Stmt // by row count
 	find, touch, unmake *sql.Stmt
-	setLast             *sql.Stmt
 	args                []any
 	events              []*item        // the appends of the batch being written
 	lastNow             time.Time      // StoredAt never goes back along a stream
@@ -173,9 +172,6 @@ func Open(path string, cfg Config) (*Backend, error) {
 	}
 	if err == nil {
 		b.unmake, err = write.Prepare(`DELETE FROM stream_events WHERE pos BETWEEN ? AND ?`)
-	}
-	if err == nil {
-		b.setLast, err = write.Prepare(`UPDATE streams SET last_offset = ? WHERE stream_id = ?`)
 	}
 	for n := 1; n <= chunk && err == nil; n++ {
 		b.inserts[n], err = write.Prepare(insertColumns + insertRow + strings.Repeat(","+insertRow, n-1) + insertConflict)
@@ -417,7 +413,11 @@ const insertConflict = ` ON CONFLICT (stream_id, source_native_id, event_variant
 // one, so that an offset goes only to an event that was stored and a
 // stream's offsets stay dense; a row that is not stored is a redelivery,
 // counted, or a conflict. Then the batch's functions run, each in a
-// savepoint, and the streams' high watermarks are recorded.
+// savepoint.
+//
+// A stream's high watermark is its newest event's offset, read at Open;
+// streams.last_offset keeps it for when the newest events are deleted, so
+// whatever deletes them must record it there first.
 func (b *Backend) flush(ctx context.Context, batch []*item) (err error) {
 	// Truncated to the stored precision, so that the StoredAt of the first
 	// delivery equals the one a redelivery reads back from created_at.
@@ -476,11 +476,6 @@ func (b *Backend) flush(ctx context.Context, batch []*item) (err error) {
 	for _, it := range batch {
 		if it.fn != nil {
 			it.fnErr = b.runFn(ctx, tx, it.fn)
-		}
-	}
-	for _, st := range b.touched {
-		if _, err := tx.StmtContext(ctx, b.setLast).ExecContext(ctx, st.last, st.ID); err != nil {
-			return fmt.Errorf("append: high watermark of %s: %w", st.ID, err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
