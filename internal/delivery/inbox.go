@@ -293,6 +293,7 @@ func (d *Delivery) Nack(ctx context.Context, inbox string, ids []int64, lease st
 // transaction, and returns one result per id.
 func (d *Delivery) settle(ctx context.Context, inbox string, ids []int64, lease string, set func(tx *sql.Tx, id int64, now string) error, to string) ([]Result, error) {
 	results := make([]Result, len(ids))
+	changed := 0
 	now := d.now().UTC()
 	nowText := now.Format(sqlitedb.Time)
 	err := d.b.Update(ctx, func(tx *sql.Tx) error {
@@ -324,13 +325,14 @@ func (d *Delivery) settle(ctx context.Context, inbox string, ids []int64, lease 
 				return err
 			}
 			results[i].State = to
+			changed++
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("settle items of %s: %w", inbox, err)
 	}
-	d.cfg.Metrics.settled(to, results)
+	d.cfg.Metrics.settled(to, changed)
 	return results, nil
 }
 

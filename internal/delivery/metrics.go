@@ -54,15 +54,11 @@ func (m *Metrics) leased(n int) {
 	m.leases.Add(float64(n))
 }
 
-func (m *Metrics) settled(state string, results []Result) {
+func (m *Metrics) settled(state string, n int) {
 	if m == nil {
 		return
 	}
-	for _, r := range results {
-		if r.Err == nil {
-			m.settles.WithLabelValues(state).Inc()
-		}
-	}
+	m.settles.WithLabelValues(state).Add(float64(n))
 }
 
 // LagCollector returns a collector of every subscription's lag, read at

@@ -1,0 +1,182 @@
+package server_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/postbox-events/postbox/client"
+	"github.com/postbox-events/postbox/internal/server"
+)
+
+// call does one API request and returns the status and the decoded body.
+func call(t *testing.T, ts *testServer, method, path, body string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, ts.Base+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := ts.HTTP.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	var out map[string]any
+	if resp.StatusCode != http.StatusNoContent {
+		if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+			t.Fatalf("%s %s: Content-Type %q, body %s", method, path, ct, data)
+		}
+		if err := json.Unmarshal(data, &out); err != nil {
+			t.Fatalf("%s %s: body is not a JSON object: %s", method, path, data)
+		}
+	}
+	return resp.StatusCode, out
+}
+
+// TestAPIBadInput: every mistake gets its status and a JSON error whose
+// code is the documented one and whose message names what is wrong.
+func TestAPIBadInput(t *testing.T) {
+	ts := start(t, server.Config{}, nil)
+	huge := `{"name":"x","source":"devices","inbox":"` + strings.Repeat("a", 2<<20) + `"}`
+	for _, c := range []struct {
+		method, path, body string
+		status             int
+		code, mentions     string
+	}{
+		{"POST", "/v1/subscriptions", ``, 400, "invalid_json", "empty"},
+		{"POST", "/v1/subscriptions", `{"name":`, 400, "invalid_json", "invalid"},
+		{"POST", "/v1/subscriptions", `[]`, 400, "invalid_json", "array"},
+		{"POST", "/v1/subscriptions", `{"name":"a","source":"devices","colour":"red"}`, 400, "unknown_field", "colour"},
+		{"POST", "/v1/subscriptions", `{"source":"devices"}`, 400, "missing_field", "name"},
+		{"POST", "/v1/subscriptions", `{"name":"a"}`, 400, "missing_field", "source"},
+		{"POST", "/v1/subscriptions", `{"name":"a b","source":"devices"}`, 400, "invalid_field", "name"},
+		{"POST", "/v1/subscriptions", `{"name":"a","source":"devices","types":"x.*"}`, 400, "invalid_json", "types"},
+		{"POST", "/v1/subscriptions", `{"name":"a","source":"devices","start":"soon"}`, 400, "invalid_field", "start"},
+		{"POST", "/v1/subscriptions", `{"name":"a","source":"devices","start":"at_offset"}`, 400, "invalid_field", "start_offset"},
+		{"POST", "/v1/subscriptions", `{"name":"a","source":"devices","start":"at_offset","start_offset":7}`, 400, "invalid_field", "start_offset"},
+		{"POST", "/v1/subscriptions", `{"name":"a","source":"devices","start_offset":7}`, 400, "invalid_field", "start_offset"},
+		{"POST", "/v1/subscriptions", `{"name":"a","source":"devices","start":"at_time","start_time":"yesterday"}`, 400, "invalid_field", "start_time"},
+		{"POST", "/v1/subscriptions", `{"name":"a","source":"nowhere"}`, 404, "not_found", "nowhere"},
+		{"POST", "/v1/subscriptions", huge, 413, "too_large", "bytes"},
+		{"GET", "/v1/subscriptions/nope", ``, 404, "not_found", "nope"},
+		{"DELETE", "/v1/subscriptions/nope", ``, 404, "not_found", "nope"},
+		{"GET", "/v1/streams/nope", ``, 404, "not_found", "nope"},
+		{"GET", "/v1/inboxes/x/items?state=done", ``, 400, "invalid_field", "state"},
+		{"GET", "/v1/inboxes/x/items?limit=0", ``, 400, "invalid_field", "limit"},
+		{"GET", "/v1/inboxes/x/items?after=-1", ``, 400, "invalid_field", "after"},
+		{"GET", "/v1/inboxes/x/items/abc", ``, 400, "invalid_field", "abc"},
+		{"GET", "/v1/inboxes/x/items/99", ``, 404, "not_found", "99"},
+		{"POST", "/v1/inboxes/x/lease", `{"max":0}`, 400, "invalid_field", "max"},
+		{"POST", "/v1/inboxes/x/lease", `{"max":"ten"}`, 400, "invalid_json", "max"},
+		{"POST", "/v1/inboxes/x/lease", `{"visibility_timeout":"soon"}`, 400, "invalid_json", "soon"},
+		{"POST", "/v1/inboxes/x/lease", `{"visibility_timeout":"0s"}`, 400, "invalid_field", "visibility_timeout"},
+		{"POST", "/v1/inboxes/x/lease", `{"wait":"2m"}`, 400, "invalid_field", "wait"},
+		{"POST", "/v1/inboxes/x/ack", `{}`, 400, "missing_field", "ids"},
+		{"POST", "/v1/inboxes/x/ack", `{"ids":[0]}`, 400, "invalid_field", "ids"},
+		{"POST", "/v1/inboxes/x/ack", `{"ids":[1],"delay":"1s"}`, 400, "unknown_field", "nack"},
+		{"POST", "/v1/inboxes/x/nack", `{"ids":[1],"delay":"-1s"}`, 400, "invalid_json", "duration"},
+	} {
+		status, body := call(t, ts, c.method, c.path, c.body)
+		e, _ := body["error"].(map[string]any)
+		code, _ := e["code"].(string)
+		msg, _ := e["message"].(string)
+		name := c.body
+		if len(name) > 80 {
+			name = name[:80] + "…"
+		}
+		if status != c.status || code != c.code || !strings.Contains(msg, c.mentions) {
+			t.Errorf("%s %s %s: %d %s %q, want %d %s mentioning %q", c.method, c.path, name, status, code, msg, c.status, c.code, c.mentions)
+		}
+	}
+	// Nothing of the above was created.
+	if _, body := call(t, ts, "GET", "/v1/subscriptions", ""); len(body["subscriptions"].([]any)) != 0 {
+		t.Fatalf("refused requests left subscriptions: %v", body)
+	}
+}
+
+// TestAPIDeviceEventsToInbox: envelopes sent over the WebSocket ingress
+// reach a subscription's inbox, filtered by type and device, and a
+// runtime leases, nacks and acks them over HTTP.
+func TestAPIDeviceEventsToInbox(t *testing.T) {
+	ts := start(t, server.Config{}, nil)
+	if status, body := call(t, ts, "POST", "/v1/subscriptions",
+		`{"name":"pi7","source":"devices","types":["proposal.*"],"metadata":{"device_id":"pi-7"},"start":"earliest"}`); status != 201 {
+		t.Fatalf("create: %d %v", status, body)
+	}
+	c := dial(t, ts.WS, client.Options{})
+	var msgs []client.Message
+	for i := range 12 {
+		device := []string{"pi-7", "pi-8"}[i%2]
+		e := envelope(fmt.Sprintf("evt_api_%02d", i), device, fmt.Sprintf(`{"i":%d}`, i))
+		e.Type = "proposal.task"
+		if i%3 == 0 {
+			e.Type = "telemetry.cpu"
+		}
+		msgs = append(msgs, message(t, e))
+	}
+	send(t, c, msgs...)
+	// Events 2, 4, 8, 10 are pi-7 proposals (0 and 6 are telemetry).
+	waitFor(t, 10*time.Second, "4 items in inbox pi7", func() bool {
+		_, body := call(t, ts, "GET", "/v1/inboxes/pi7/items?state=pending", "")
+		items, _ := body["items"].([]any)
+		return len(items) == 4
+	})
+	_, body := call(t, ts, "GET", "/v1/inboxes/pi7/items", "")
+	for i, raw := range body["items"].([]any) {
+		it := raw.(map[string]any)
+		want := fmt.Sprintf("evt_api_%02d", []int{2, 4, 8, 10}[i])
+		meta, _ := it["metadata"].(map[string]any)
+		if it["event_id"] != want || meta["device_id"] != "pi-7" || it["state"] != "pending" || it["stream"] != "devices" {
+			t.Fatalf("item %d: %v, want event %s", i, it, want)
+		}
+	}
+	status, lease := call(t, ts, "POST", "/v1/inboxes/pi7/lease", `{"max":3,"visibility_timeout":"1m"}`)
+	items, _ := lease["items"].([]any)
+	if status != 200 || len(items) != 3 || lease["lease"] == "" {
+		t.Fatalf("lease: %d %v", status, lease)
+	}
+	id := func(i int) int64 { return int64(items[i].(map[string]any)["id"].(float64)) }
+	ack := fmt.Sprintf(`{"ids":[%d,%d],"lease":%q}`, id(0), id(1), lease["lease"])
+	if status, body := call(t, ts, "POST", "/v1/inboxes/pi7/ack", ack); status != 200 || fmt.Sprint(body["items"]) != fmt.Sprintf("[map[id:%d state:completed] map[id:%d state:completed]]", id(0), id(1)) {
+		t.Fatalf("ack: %d %v", status, body)
+	}
+	nack := fmt.Sprintf(`{"ids":[%d],"lease":%q,"delay":"1h","reason":"model busy"}`, id(2), lease["lease"])
+	if status, body := call(t, ts, "POST", "/v1/inboxes/pi7/nack", nack); status != 200 || !strings.Contains(fmt.Sprint(body), "pending") {
+		t.Fatalf("nack: %d %v", status, body)
+	}
+	// The nacked item waits an hour; the fourth was never leased.
+	if _, again := call(t, ts, "POST", "/v1/inboxes/pi7/lease", `{"max":10}`); len(again["items"].([]any)) != 1 {
+		t.Fatalf("second lease: %v", again)
+	}
+	if status, body := call(t, ts, "POST", "/v1/inboxes/pi7/ack", ack); status != 200 || !strings.Contains(fmt.Sprint(body), "state:completed") {
+		t.Fatalf("second ack of completed items: %d %v", status, body)
+	}
+	_, inboxes := call(t, ts, "GET", "/v1/inboxes", "")
+	if fmt.Sprint(inboxes["inboxes"]) != "[map[completed:2 failed:0 inbox:pi7 pending:1 processing:1]]" {
+		t.Fatalf("inboxes: %v", inboxes)
+	}
+	_, consumers := call(t, ts, "GET", "/v1/consumers", "")
+	cs := consumers["consumers"].([]any)
+	if len(cs) != 1 || cs[0].(map[string]any)["lag"] != float64(0) || cs[0].(map[string]any)["next_offset"] != float64(13) {
+		t.Fatalf("consumers: %v", consumers)
+	}
+	var buf bytes.Buffer
+	resp, err := ts.HTTP.Get(ts.Base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(&buf, resp.Body)
+	resp.Body.Close()
+	for _, m := range []string{`postbox_subscription_lag_events{stream="devices",subscription="pi7"} 0`,
+		`postbox_subscription_items_total{subscription="pi7"} 4`, `postbox_inbox_settled_total{state="completed"} 2`} {
+		if !strings.Contains(buf.String(), m) {
+			t.Errorf("/metrics lacks %s", m)
+		}
+	}
+}
