@@ -38,6 +38,7 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 	}
 	next := c.NextOffset
 	items := make([]pendingItem, 0, d.cfg.BatchSize)
+	batches := 0
 	for ctx.Err() == nil {
 		batch, err := d.b.Read(ctx, s.Name, next, d.cfg.BatchSize)
 		if err != nil {
@@ -61,8 +62,15 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 			}
 		}
 		last := batch.Events[len(batch.Events)-1].Offset
+		batches++
 		_, err = d.b.CommitWith(ctx, s.Name, last, func(tx *sql.Tx) error {
-			return d.materialise(ctx, tx, s, items, batch.Events[0].Offset, last)
+			if err := d.materialise(ctx, tx, s, items, batch.Events[0].Offset, last); err != nil {
+				return err
+			}
+			if batches%256 == 0 {
+				return pruneActivations(ctx, tx, s.Name)
+			}
+			return nil
 		})
 		switch {
 		case err == nil:
@@ -154,6 +162,21 @@ func (d *Delivery) materialise(ctx context.Context, tx *sql.Tx, s Subscription, 
 		VALUES (?, ?, ?, ?, ?, ?, ?)`, s.Name, s.Inbox, first, last, len(items), firstID, now)
 	if err != nil {
 		return fmt.Errorf("materialise: activation: %w", err)
+	}
+	return nil
+}
+
+// activationsKept is how many activations per subscription are kept.
+const activationsKept = 1000
+
+// pruneActivations deletes all but the newest activationsKept activations
+// of sub.
+func pruneActivations(ctx context.Context, tx *sql.Tx, sub string) error {
+	_, err := tx.ExecContext(ctx, `DELETE FROM activations WHERE subscription_id = ?1 AND activation_id <
+		(SELECT activation_id FROM activations WHERE subscription_id = ?1 ORDER BY activation_id DESC LIMIT 1 OFFSET ?2)`,
+		sub, activationsKept-1)
+	if err != nil {
+		return fmt.Errorf("prune activations: %w", err)
 	}
 	return nil
 }

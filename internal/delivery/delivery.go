@@ -140,12 +140,17 @@ func New(ctx context.Context, b Backend, cfg Config) (*Delivery, error) {
 // Run runs every subscription's consumption loop and the lease reaper
 // until ctx ends.
 func (d *Delivery) Run(ctx context.Context) error {
+	d.mu.Lock()
+	d.runCtx = ctx // from here on, Create starts the loops of new subscriptions
+	d.mu.Unlock()
 	subs, err := d.Subscriptions(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it started
+		}
 		return err
 	}
 	d.mu.Lock()
-	d.runCtx = ctx
 	for _, s := range subs {
 		d.startLocked(s)
 	}

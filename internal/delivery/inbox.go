@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -263,11 +262,8 @@ type Result struct {
 // hold that lease; without one (an operator), any pending or processing
 // item may be acked. Acking a completed item again changes nothing.
 func (d *Delivery) Ack(ctx context.Context, inbox string, ids []int64, lease string) ([]Result, error) {
-	return d.settle(ctx, inbox, ids, lease, func(tx *sql.Tx, id int64, now string) error {
-		_, err := tx.ExecContext(ctx, `UPDATE inbox_items SET state = 'completed', lease_token = NULL, lease_expires_at = NULL,
-			completed_at = ?1, updated_at = ?1 WHERE item_id = ?2`, now, id)
-		return err
-	}, StateCompleted)
+	return d.settle(ctx, inbox, ids, lease, StateCompleted,
+		`state = 'completed', lease_token = NULL, lease_expires_at = NULL, completed_at = ?1, updated_at = ?1`)
 }
 
 // Nack returns items of inbox to pending, due after delay, with reason
@@ -278,54 +274,83 @@ func (d *Delivery) Nack(ctx context.Context, inbox string, ids []int64, lease st
 	if reason != "" {
 		lastErr = reason
 	}
-	res, err := d.settle(ctx, inbox, ids, lease, func(tx *sql.Tx, id int64, now string) error {
-		_, err := tx.ExecContext(ctx, `UPDATE inbox_items SET state = 'pending', lease_token = NULL, lease_expires_at = NULL,
-			next_attempt_at = ?1, last_error = coalesce(?2, last_error), updated_at = ?3 WHERE item_id = ?4`, next, lastErr, now, id)
-		return err
-	}, StatePending)
+	res, err := d.settle(ctx, inbox, ids, lease, StatePending,
+		`state = 'pending', lease_token = NULL, lease_expires_at = NULL, updated_at = ?1, next_attempt_at = ?2,
+		last_error = coalesce(?3, last_error)`, next, lastErr)
 	if err == nil {
 		d.inboxes.notify(inbox)
 	}
 	return res, err
 }
 
-// settle applies set to each item of ids that may be settled, in one
-// transaction, and returns one result per id.
-func (d *Delivery) settle(ctx context.Context, inbox string, ids []int64, lease string, set func(tx *sql.Tx, id int64, now string) error, to string) ([]Result, error) {
+// settle moves the items of ids that may go to state to, in one
+// transaction: one query reads their states, one UPDATE sets the columns
+// in set (whose ?1 is now, ?2 and on are args) on those that may. It
+// returns one result per id.
+func (d *Delivery) settle(ctx context.Context, inbox string, ids []int64, lease, to, set string, args ...any) ([]Result, error) {
 	results := make([]Result, len(ids))
 	changed := 0
-	now := d.now().UTC()
-	nowText := now.Format(sqlitedb.Time)
+	nowText := d.now().UTC().Format(sqlitedb.Time)
+	in := strings.Repeat(",?", len(ids))[1:]
+	idArgs := make([]any, 0, len(ids)+1)
+	idArgs = append(idArgs, inbox)
+	for _, id := range ids {
+		idArgs = append(idArgs, id)
+	}
+	type current struct {
+		state          string
+		token, expires sql.NullString
+	}
 	err := d.b.Update(ctx, func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, `SELECT item_id, state, lease_token, lease_expires_at FROM inbox_items
+			WHERE inbox_id = ? AND item_id IN (`+in+`)`, idArgs...)
+		if err != nil {
+			return err
+		}
+		found := make(map[int64]current, len(ids))
+		for rows.Next() {
+			var id int64
+			var c current
+			if err := rows.Scan(&id, &c.state, &c.token, &c.expires); err != nil {
+				rows.Close()
+				return err
+			}
+			found[id] = c
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		update := append(make([]any, 0, len(args)+1+len(ids)), nowText)
+		update = append(update, args...)
+		first := len(update)
 		for i, id := range ids {
 			results[i] = Result{ID: id}
-			var state string
-			var token, expires sql.NullString
-			err := tx.QueryRowContext(ctx, `SELECT state, lease_token, lease_expires_at FROM inbox_items WHERE item_id = ? AND inbox_id = ?`,
-				id, inbox).Scan(&state, &token, &expires)
-			if errors.Is(err, sql.ErrNoRows) {
+			c, ok := found[id]
+			switch {
+			case !ok:
 				results[i].Err = errorf(ErrNotFound, "item %d: not in inbox %q", id, inbox)
 				continue
-			}
-			if err != nil {
-				return err
-			}
-			switch {
-			case to == StateCompleted && state == StateCompleted:
-				results[i].State = state // acked already
+			case to == StateCompleted && c.state == StateCompleted:
+				results[i].State = c.state // acked already
 				continue
-			case lease != "" && (state != StateProcessing || token.String != lease || expires.String <= nowText):
-				results[i].Err = errorf(ErrLeaseLost, "item %d is %s and no longer holds this lease", id, state)
+			case lease != "" && (c.state != StateProcessing || c.token.String != lease || c.expires.String <= nowText):
+				results[i].Err = errorf(ErrLeaseLost, "item %d is %s and no longer holds this lease", id, c.state)
 				continue
-			case state != StatePending && state != StateProcessing:
-				results[i].Err = errorf(ErrInvalidState, "item %d is %s", id, state)
+			case c.state != StatePending && c.state != StateProcessing:
+				results[i].Err = errorf(ErrInvalidState, "item %d is %s", id, c.state)
+				continue
+			case slices.Contains(update[first:], any(id)):
+				results[i].State = to // the same id twice in one request
 				continue
 			}
-			if err := set(tx, id, nowText); err != nil {
-				return err
-			}
+			update = append(update, id)
 			results[i].State = to
-			changed++
+		}
+		if n := len(update) - first; n > 0 {
+			changed = n
+			_, err := tx.ExecContext(ctx, `UPDATE inbox_items SET `+set+` WHERE item_id IN (`+strings.Repeat(",?", n)[1:]+`)`, update...)
+			return err
 		}
 		return nil
 	})

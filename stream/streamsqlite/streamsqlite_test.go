@@ -22,14 +22,9 @@ import (
 func open(t testing.TB, cfg streamsqlite.Config) (*streamsqlite.Backend, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "postbox.db")
-	b, err := streamsqlite.Open(path, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { b.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done; b.Close() })
+	r := start(t, path, cfg)
+	t.Cleanup(func() { r.Close() })
+	b := r.Backend
 	if _, err := b.EnsureStream(context.Background(), "devices"); err != nil {
 		t.Fatal(err)
 	}

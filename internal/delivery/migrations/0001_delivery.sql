@@ -45,7 +45,8 @@ CREATE INDEX inbox_items_by_state ON inbox_items (inbox_id, state, item_id);
 CREATE INDEX inbox_items_leases ON inbox_items (lease_expires_at) WHERE state = 'processing';
 
 -- One activation per materialised batch and inbox: the runtime behind the
--- inbox has new items (first_item_id..).
+-- inbox has new items (first_item_id..). The newest 1000 per subscription
+-- are kept.
 CREATE TABLE activations (
   activation_id   INTEGER PRIMARY KEY,
   subscription_id TEXT NOT NULL,
