@@ -1,0 +1,93 @@
+package sqlitedb_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/postbox-events/postbox/internal/sqlitedb"
+)
+
+// TestMigrateComponents: two components keep their tables in one file,
+// each at its own version; re-running applies nothing; a file from before
+// schema_migrations hands its user_version to the first component.
+func TestMigrateComponents(t *testing.T) {
+	ctx := context.Background()
+	db, err := sqlitedb.Open(filepath.Join(t.TempDir(), "m.db"), sqlitedb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// A file of the old scheme: its one migration recorded in user_version.
+	if _, err := db.Exec(`CREATE TABLE a1 (x INTEGER); PRAGMA user_version = 1`); err != nil {
+		t.Fatal(err)
+	}
+	a := fstest.MapFS{
+		"0001_first.sql":  {Data: []byte(`CREATE TABLE a1 (x INTEGER);`)},
+		"0002_second.sql": {Data: []byte(`CREATE TABLE a2 (x INTEGER);`)},
+	}
+	b := fstest.MapFS{"0001_only.sql": {Data: []byte(`CREATE TABLE b1 (x INTEGER);`)}}
+	for range 2 {
+		if err := sqlitedb.Migrate(ctx, db, "a", a); err != nil {
+			t.Fatal(err)
+		}
+		if err := sqlitedb.Migrate(ctx, db, "b", b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	versions := map[string]int{}
+	rows, err := db.Query(`SELECT component, version FROM schema_migrations`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var c string
+		var v int
+		rows.Scan(&c, &v)
+		versions[c] = v
+	}
+	rows.Close()
+	if versions["a"] != 2 || versions["b"] != 1 || len(versions) != 2 {
+		t.Fatalf("versions %v, want a:2 b:1", versions)
+	}
+	var tables int
+	db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('a1', 'a2', 'b1')`).Scan(&tables)
+	if tables != 3 {
+		t.Fatalf("%d of the 3 tables exist", tables)
+	}
+	bad := fstest.MapFS{"0002_broken.sql": {Data: []byte(`CREATE TABLE nonsense (`)}}
+	if err := sqlitedb.Migrate(ctx, db, "b", bad); err == nil {
+		t.Fatal("a broken migration was accepted")
+	}
+	if err := db.QueryRow(`SELECT version FROM schema_migrations WHERE component = 'b'`).Scan(&tables); err != nil || tables != 1 {
+		t.Fatalf("after a failed migration b is at %d (%v), want 1", tables, err)
+	}
+}
+
+// TestParseTime: the fast path agrees with time.Parse, and everything it
+// does not handle falls back to it.
+func TestParseTime(t *testing.T) {
+	for _, s := range []string{
+		"2026-11-21T10:00:00.000000Z", "1999-12-31T23:59:59.999999Z", "2024-02-29T12:34:56.000001Z",
+		"2026-11-21T10:00:00Z", "2026-11-21T10:00:00.5+02:00", // other RFC 3339 forms
+	} {
+		want, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := sqlitedb.ParseTime(s)
+		if err != nil || !got.Equal(want) {
+			t.Errorf("%s: %v %v, want %v", s, got, err, want)
+		}
+		if got, err := sqlitedb.ParseTime([]byte(s)); err != nil || !got.Equal(want) {
+			t.Errorf("%s as bytes: %v %v", s, got, err)
+		}
+	}
+	for _, s := range []string{"2026-02-30T10:00:00.000000Z", "2026-13-01T10:00:00.000000Z", "2026-11-21T25:00:00.000000Z", "2026-11-21Tab:00:00.000000Z", ""} {
+		if _, err := sqlitedb.ParseTime(s); err == nil {
+			t.Errorf("%q parsed", s)
+		}
+	}
+}
