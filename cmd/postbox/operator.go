@@ -28,6 +28,7 @@ const apiTimeout = 30 * time.Second
 // apiFlags are the flags every operator command takes.
 type apiFlags struct {
 	server string
+	token  string
 	json   bool
 }
 
@@ -35,6 +36,7 @@ type apiFlags struct {
 func addAPIFlags(fs *flag.FlagSet, jsonHelp string) *apiFlags {
 	f := &apiFlags{}
 	fs.StringVar(&f.server, "server", defaultServer, "the `URL` of postbox serve [POSTBOX_SERVER]")
+	fs.StringVar(&f.token, "token", "", "the server's API `token`, if it requires one (serve --api-token) [POSTBOX_API_TOKEN]")
 	fs.BoolVar(&f.json, "json", false, jsonHelp)
 	return f
 }
@@ -47,7 +49,7 @@ func parseAPI(env *cmdEnv, fs *flag.FlagSet, af *apiFlags, args []string) (*apiC
 	}
 	onCommandLine := false
 	fs.Visit(func(f *flag.Flag) { onCommandLine = onCommandLine || f.Name == "server" })
-	if err := envDefaults(env, fs, map[string]string{"server": "POSTBOX_SERVER"}); err != nil {
+	if err := envDefaults(env, fs, map[string]string{"server": "POSTBOX_SERVER", "token": "POSTBOX_API_TOKEN"}); err != nil {
 		return nil, err
 	}
 	u, err := url.Parse(af.server)
@@ -58,12 +60,13 @@ func parseAPI(env *cmdEnv, fs *flag.FlagSet, af *apiFlags, args []string) (*apiC
 		}
 		return nil, usagef("%s: %s %q: want http://HOST:PORT or https://HOST:PORT", fs.Name(), from, af.server)
 	}
-	return &apiClient{base: strings.TrimRight(af.server, "/"), hc: http.DefaultClient, timeout: apiTimeout}, nil
+	return &apiClient{base: strings.TrimRight(af.server, "/"), token: af.token, hc: http.DefaultClient, timeout: apiTimeout}, nil
 }
 
 // apiClient calls the HTTP API of one postbox server.
 type apiClient struct {
 	base    string
+	token   string
 	hc      *http.Client
 	timeout time.Duration
 }
@@ -104,6 +107,9 @@ func (c *apiClient) do(ctx context.Context, method, path string, in, out any) (i
 		return 0, fmt.Errorf("server %s: %w", c.base, err)
 	}
 	req.Header.Set("Accept", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}

@@ -433,3 +433,23 @@ func TestInboxLeaseAckNack(t *testing.T) {
 		t.Fatalf("inbox lease of an empty inbox: %v", r)
 	}
 }
+
+// TestOperatorAPIToken: a server started with an API token refuses the
+// operator commands without it (exit 1, saying so) and answers them with
+// it, from --token or POSTBOX_API_TOKEN.
+func TestOperatorAPIToken(t *testing.T) {
+	s := servertest.Start(t, server.Config{APIToken: "s3cret"}, nil)
+	r := cli(t, "streams", "--server", s.Base)
+	if r.code != 1 || !strings.Contains(r.stderr, "401 unauthorized") || !strings.Contains(r.stderr, "API token") {
+		t.Fatalf("without the token: %v", r)
+	}
+	if r := cli(t, "streams", "--server", s.Base, "--token", "wrong"); r.code != 1 {
+		t.Fatalf("with a wrong token: %v", r)
+	}
+	if r := cli(t, "streams", "--server", s.Base, "--token", "s3cret"); r.code != 0 || !strings.Contains(r.stdout, "devices") {
+		t.Fatalf("with --token: %v", r)
+	}
+	if r := cliEnv(t, map[string]string{"POSTBOX_API_TOKEN": "s3cret", "POSTBOX_SERVER": s.Base}, "subscriptions", "create", "t", "--source", "devices"); r.code != 0 {
+		t.Fatalf("with POSTBOX_API_TOKEN: %v", r)
+	}
+}

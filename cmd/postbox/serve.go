@@ -30,6 +30,7 @@ after its transaction committed. Flags win over the environment variables named 
 	maxEnv := positiveInt(postbox.DefaultMaxEnvelopeBytes)
 	fs.Var(&maxEnv, "max-envelope-bytes", "largest envelope accepted, in `bytes` [POSTBOX_MAX_ENVELOPE_BYTES]")
 	tokens := fs.String("auth-tokens", "", "file of 'TOKEN DEVICE_ID' lines; requires a bearer token on the ingress [POSTBOX_AUTH_TOKENS]")
+	apiToken := fs.String("api-token", "", "bearer `token` the operator API (subscriptions, streams, consumers, inboxes) requires [POSTBOX_API_TOKEN]")
 	cert := fs.String("tls-cert", "", "TLS certificate file (PEM); serves HTTPS/WSS with --tls-key [POSTBOX_TLS_CERT]")
 	key := fs.String("tls-key", "", "TLS private key file (PEM) [POSTBOX_TLS_KEY]")
 	level := fs.String("log-level", "info", "debug, info, warn or error [LOG_LEVEL]")
@@ -42,7 +43,7 @@ after its transaction committed. Flags win over the environment variables named 
 	}
 	if err := envDefaults(env, fs, map[string]string{
 		"addr": "POSTBOX_ADDR", "db": "DB_PATH", "synchronous": "POSTBOX_SYNCHRONOUS", "max-batch": "POSTBOX_MAX_BATCH",
-		"queue-size": "QUEUE_MAXSIZE", "queue-bytes": "POSTBOX_QUEUE_BYTES", "max-envelope-bytes": "POSTBOX_MAX_ENVELOPE_BYTES", "auth-tokens": "POSTBOX_AUTH_TOKENS",
+		"queue-size": "QUEUE_MAXSIZE", "queue-bytes": "POSTBOX_QUEUE_BYTES", "max-envelope-bytes": "POSTBOX_MAX_ENVELOPE_BYTES", "auth-tokens": "POSTBOX_AUTH_TOKENS", "api-token": "POSTBOX_API_TOKEN",
 		"tls-cert": "POSTBOX_TLS_CERT", "tls-key": "POSTBOX_TLS_KEY", "log-level": "LOG_LEVEL", "log-format": "LOG_FORMAT",
 	}); err != nil {
 		return err
@@ -61,6 +62,7 @@ after its transaction committed. Flags win over the environment variables named 
 		Limits:      postbox.Limits{MaxEnvelopeBytes: int(maxEnv)},
 		TLSCert:     *cert,
 		TLSKey:      *key,
+		APIToken:    *apiToken,
 		Logger:      log,
 	}
 	if *tokens != "" {

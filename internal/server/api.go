@@ -1,6 +1,7 @@
 package server
 
 import (
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,19 +22,40 @@ import (
 const maxAPIBody = 1 << 20
 
 func (s *Server) routeAPI() {
-	s.mux.HandleFunc("POST /v1/subscriptions", s.createSubscription)
-	s.mux.HandleFunc("GET /v1/subscriptions", s.listSubscriptions)
-	s.mux.HandleFunc("GET /v1/subscriptions/{name}", s.getSubscription)
-	s.mux.HandleFunc("DELETE /v1/subscriptions/{name}", s.deleteSubscription)
-	s.mux.HandleFunc("GET /v1/streams", s.listStreams)
-	s.mux.HandleFunc("GET /v1/streams/{stream}", s.getStream)
-	s.mux.HandleFunc("GET /v1/consumers", s.listConsumers)
-	s.mux.HandleFunc("GET /v1/inboxes", s.listInboxes)
-	s.mux.HandleFunc("GET /v1/inboxes/{inbox}/items", s.listItems)
-	s.mux.HandleFunc("GET /v1/inboxes/{inbox}/items/{id}", s.getItem)
-	s.mux.HandleFunc("POST /v1/inboxes/{inbox}/lease", s.leaseItems)
-	s.mux.HandleFunc("POST /v1/inboxes/{inbox}/ack", s.ackItems)
-	s.mux.HandleFunc("POST /v1/inboxes/{inbox}/nack", s.nackItems)
+	for pattern, h := range map[string]http.HandlerFunc{
+		"POST /v1/subscriptions":             s.createSubscription,
+		"GET /v1/subscriptions":              s.listSubscriptions,
+		"GET /v1/subscriptions/{name}":       s.getSubscription,
+		"DELETE /v1/subscriptions/{name}":    s.deleteSubscription,
+		"GET /v1/streams":                    s.listStreams,
+		"GET /v1/streams/{stream}":           s.getStream,
+		"GET /v1/consumers":                  s.listConsumers,
+		"GET /v1/inboxes":                    s.listInboxes,
+		"GET /v1/inboxes/{inbox}/items":      s.listItems,
+		"GET /v1/inboxes/{inbox}/items/{id}": s.getItem,
+		"POST /v1/inboxes/{inbox}/lease":     s.leaseItems,
+		"POST /v1/inboxes/{inbox}/ack":       s.ackItems,
+		"POST /v1/inboxes/{inbox}/nack":      s.nackItems,
+	} {
+		s.mux.HandleFunc(pattern, s.requireToken(h))
+	}
+}
+
+// requireToken answers 401 unless the request carries the API token (when
+// one is configured).
+func (s *Server) requireToken(h http.HandlerFunc) http.HandlerFunc {
+	if s.cfg.APIToken == "" {
+		return h
+	}
+	want := []byte("Bearer " + s.cfg.APIToken)
+	return func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="postbox"`)
+			writeError(w, http.StatusUnauthorized, "unauthorized", "this API needs the server's API token: Authorization: Bearer TOKEN (postbox --token, POSTBOX_API_TOKEN)")
+			return
+		}
+		h(w, r)
+	}
 }
 
 // apiError is the body of every error answer.

@@ -180,3 +180,26 @@ func TestAPIDeviceEventsToInbox(t *testing.T) {
 		}
 	}
 }
+
+// TestAPIToken: with an API token, the operator API answers 401 without
+// it, while /health and the ingress do not need it.
+func TestAPIToken(t *testing.T) {
+	ts := start(t, server.Config{APIToken: "s3cret"}, nil)
+	for _, path := range []string{"/v1/subscriptions", "/v1/streams", "/v1/consumers", "/v1/inboxes", "/v1/inboxes/x/items"} {
+		status, body := call(t, ts, "GET", path, "")
+		if status != http.StatusUnauthorized || !strings.Contains(fmt.Sprint(body), "unauthorized") {
+			t.Errorf("GET %s without the token: %d %v", path, status, body)
+		}
+	}
+	req, _ := http.NewRequest("GET", ts.Base+"/v1/streams", nil)
+	req.Header.Set("Authorization", "Bearer s3cret")
+	resp, err := ts.HTTP.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("with the token: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if resp, err := ts.HTTP.Get(ts.Base + "/health"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("/health: %v %v", resp, err)
+	}
+	send(t, dial(t, ts.WS, client.Options{}), message(t, envelope("evt_tok_1", "pi-1", `{}`)))
+}

@@ -41,6 +41,9 @@ type Config struct {
 	QueueBytes  int    // bound of the writer queue in bytes; see streamsqlite.Config
 	Limits      postbox.Limits
 	Tokens      ingress.Tokens // nil: no authentication
+	// APIToken, when set, is the bearer token the operator API (/v1/
+	// subscriptions, streams, consumers, inboxes) requires.
+	APIToken string
 	TLSCert     string
 	TLSKey      string
 	Logger      *slog.Logger
@@ -272,10 +275,14 @@ func (s *Server) synchronous() string {
 
 // warnIfOpen logs loudly when anyone on the network may send events.
 func (s *Server) warnIfOpen(addr net.Addr) {
-	if s.cfg.Tokens != nil {
+	if tcp, ok := addr.(*net.TCPAddr); ok && tcp.IP.IsLoopback() {
 		return
 	}
-	if tcp, ok := addr.(*net.TCPAddr); ok && tcp.IP.IsLoopback() {
+	if s.cfg.APIToken == "" {
+		s.log.Warn("!!! postbox serve listens beyond loopback WITHOUT an API token: anyone who can reach " +
+			addr.String() + " may create subscriptions and lease, ack and read inbox items. Pass --api-token.")
+	}
+	if s.cfg.Tokens != nil {
 		return
 	}
 	s.log.Warn("!!! postbox serve listens beyond loopback WITHOUT authentication: anyone who can reach " +
