@@ -44,9 +44,9 @@ type Config struct {
 	// APIToken, when set, is the bearer token the operator API (/v1/
 	// subscriptions, streams, consumers, inboxes) requires.
 	APIToken string
-	TLSCert     string
-	TLSKey      string
-	Logger      *slog.Logger
+	TLSCert  string
+	TLSKey   string
+	Logger   *slog.Logger
 	// PingInterval and PingTimeout: see ingress.Config.
 	PingInterval time.Duration
 	PingTimeout  time.Duration
