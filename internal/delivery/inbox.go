@@ -187,7 +187,8 @@ const MaxWait = time.Minute
 
 // Lease marks up to max ready items of inbox processing until now +
 // visibility, oldest first, counting an attempt on each. When none is
-// ready it waits up to wait for one.
+// ready it waits up to wait for one, or until ctx ends (then it returns
+// no items and no error).
 func (d *Delivery) Lease(ctx context.Context, inbox string, max int, visibility, wait time.Duration) (Lease, error) {
 	if visibility <= 0 {
 		visibility = DefaultVisibilityTimeout
@@ -209,9 +210,9 @@ func (d *Delivery) Lease(ctx context.Context, inbox string, max int, visibility,
 		select {
 		case <-changed:
 		case <-t.C:
-		case <-ctx.Done():
+		case <-ctx.Done(): // the caller left, or the server is stopping
 			t.Stop()
-			return l, ctx.Err()
+			return l, nil
 		}
 		t.Stop()
 	}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -496,7 +497,16 @@ func (s *Server) leaseItems(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid_field", "wait %s: at most %s", time.Duration(req.Wait), delivery.MaxWait)
 		return
 	}
-	l, err := s.delivery.Lease(r.Context(), r.PathValue("inbox"), n, time.Duration(req.VisibilityTimeout), time.Duration(req.Wait))
+	ctx := r.Context()
+	s.mu.Lock()
+	if s.stopping != nil { // a shutdown ends the wait: the lease answers what it has
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(s.stopping, cancel)()
+	}
+	s.mu.Unlock()
+	l, err := s.delivery.Lease(ctx, r.PathValue("inbox"), n, time.Duration(req.VisibilityTimeout), time.Duration(req.Wait))
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the client left

@@ -203,3 +203,40 @@ func TestAPIToken(t *testing.T) {
 	}
 	send(t, dial(t, ts.WS, client.Options{}), message(t, envelope("evt_tok_1", "pi-1", `{}`)))
 }
+
+// TestLeaseWaitEndsAtShutdown: a runtime waiting on a lease gets its
+// (empty) answer when the server shuts down, instead of holding the
+// shutdown up.
+func TestLeaseWaitEndsAtShutdown(t *testing.T) {
+	ts := start(t, server.Config{}, nil)
+	type answer struct {
+		status int
+		body   map[string]any
+	}
+	got := make(chan answer, 1)
+	go func() {
+		resp, err := ts.HTTP.Post(ts.Base+"/v1/inboxes/idle/lease", "application/json", strings.NewReader(`{"wait":"60s"}`))
+		if err != nil {
+			got <- answer{}
+			return
+		}
+		defer resp.Body.Close()
+		var body map[string]any
+		json.NewDecoder(resp.Body).Decode(&body)
+		got <- answer{resp.StatusCode, body}
+	}()
+	select { // an empty inbox: the lease is waiting, not answering
+	case a := <-got:
+		t.Fatalf("the lease answered before its wait: %v", a)
+	case <-time.After(300 * time.Millisecond):
+	}
+	began := time.Now()
+	ts.Stop()
+	a := <-got
+	if took := time.Since(began); took > 3*time.Second {
+		t.Errorf("shutdown took %v with a waiting lease", took)
+	}
+	if a.status != http.StatusOK || len(a.body["items"].([]any)) != 0 {
+		t.Fatalf("waiting lease at shutdown: %d %v", a.status, a.body)
+	}
+}

@@ -65,8 +65,9 @@ type Server struct {
 	ln       net.Listener
 	mux      *http.ServeMux
 
-	mu    sync.Mutex
-	ready bool
+	mu       sync.Mutex
+	ready    bool
+	stopping context.Context // done once Run begins to shut down
 }
 
 // New opens the store and prepares the server; Run serves it.
@@ -204,6 +205,9 @@ func (s *Server) Run(ctx context.Context) error {
 	connCtx, stopConns := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopConns()
 	g, gctx := errgroup.WithContext(ctx)
+	s.mu.Lock()
+	s.stopping = gctx // ends long-polling leases when shutdown begins
+	s.mu.Unlock()
 	srv := &http.Server{
 		Handler:           s.mux,
 		ReadHeaderTimeout: 10 * time.Second,
