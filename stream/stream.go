@@ -22,6 +22,8 @@ var (
 	ErrConflict = errors.New("stream: event already stored with a different payload")
 	// ErrStreamNotFound: no stream has this id.
 	ErrStreamNotFound = errors.New("stream: stream not found")
+	// ErrNotFound: no event has this identity or offset.
+	ErrNotFound = errors.New("stream: event not found")
 	// ErrConsumerNotFound: no consumer has this id.
 	ErrConsumerNotFound = errors.New("stream: consumer not found")
 	// ErrConsumerExists: EnsureConsumer found a consumer with this id on

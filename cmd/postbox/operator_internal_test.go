@@ -237,7 +237,8 @@ func TestSubscriptionsAgainstServer(t *testing.T) {
 
 	var subs []map[string]any
 	cliJSON(t, &subs, append([]string{"subscriptions", "list", "--json"}, srv...)...)
-	if len(subs) != 1 || subs[0]["name"] != "planner" || subs[0]["source"] != "devices" || subs[0]["inbox"] != "planner" || subs[0]["start"] != "earliest" {
+	// planner, and the server's default subscription of webhooks.
+	if len(subs) != 2 || subs[0]["name"] != "planner" || subs[0]["source"] != "devices" || subs[0]["inbox"] != "planner" || subs[0]["start"] != "earliest" || subs[1]["name"] != "webhooks" {
 		t.Fatalf("subscriptions list --json: %v", subs)
 	}
 	r = cli(t, append([]string{"subscriptions", "list"}, srv...)...)
@@ -310,7 +311,7 @@ func TestSubscriptionsAgainstServer(t *testing.T) {
 		}
 	}
 	cliJSON(t, &subs, append([]string{"subscriptions", "list", "--json"}, srv...)...)
-	if len(subs) != 0 {
+	if len(subs) != 1 || subs[0]["name"] != "webhooks" {
 		t.Fatalf("subscriptions list --json after delete: %v", subs)
 	}
 }
@@ -352,7 +353,7 @@ func TestInboxLeaseAckNack(t *testing.T) {
 	}
 	var inboxes []map[string]any
 	cliJSON(t, &inboxes, append([]string{"inbox", "list", "--json"}, srv...)...)
-	if len(inboxes) != 1 || inboxes[0]["inbox"] != "worker" || inboxes[0]["pending"] != 5.0 {
+	if len(inboxes) != 2 || inboxes[0]["inbox"] != "webhooks" || inboxes[1]["inbox"] != "worker" || inboxes[1]["pending"] != 5.0 {
 		t.Fatalf("inbox list (the inboxes) --json: %v", inboxes)
 	}
 

@@ -15,8 +15,9 @@ import (
 )
 
 func runServe(ctx context.Context, env *cmdEnv, args []string) error {
-	fs := newFlags(env, "serve", "[flags]", `Runs the control plane: the WebSocket ingress (`+ingress.WSPath+`), the SQLite store with
-its single group-commit writer, /health, /ready and /metrics. Every event is ACKed only
+	fs := newFlags(env, "serve", "[flags]", `Runs the control plane: the WebSocket ingress (`+ingress.WSPath+`), the webhook intake
+(POST /webhooks), the SQLite store with its single group-commit writer, subscriptions and
+their inboxes (the API of docs/API.md), /health, /ready and /metrics. Every event is ACKed only
 after its transaction committed. Flags win over the environment variables named in brackets.`)
 	addr := fs.String("addr", ":8000", "listen address [POSTBOX_ADDR]")
 	db := fs.String("db", "data/postbox.db", "SQLite database file [DB_PATH]")
@@ -29,6 +30,12 @@ after its transaction committed. Flags win over the environment variables named 
 	fs.Var(&queueBytes, "queue-bytes", "bound of the writer queue in payload `bytes` [POSTBOX_QUEUE_BYTES]")
 	maxEnv := positiveInt(postbox.DefaultMaxEnvelopeBytes)
 	fs.Var(&maxEnv, "max-envelope-bytes", "largest envelope accepted, in `bytes` [POSTBOX_MAX_ENVELOPE_BYTES]")
+	whMax := positiveInt(server.DefaultWebhookMaxBytes)
+	fs.Var(&whMax, "webhook-max-bytes", "largest webhook body accepted on POST /webhooks, in `bytes` [POSTBOX_WEBHOOK_MAX_BYTES]")
+	whKeyHeader := fs.String("webhook-key-header", "", "another `header` holding a webhook's idempotency key, e.g. X-GitHub-Delivery [POSTBOX_WEBHOOK_KEY_HEADER]")
+	whKeyField := fs.String("webhook-key-field", "", "a top-level JSON `field` holding it, e.g. id for Stripe [POSTBOX_WEBHOOK_KEY_FIELD]")
+	whTypeHeader := fs.String("webhook-type-header", "", "another `header` holding a webhook's type, e.g. X-GitHub-Event [POSTBOX_WEBHOOK_TYPE_HEADER]")
+	whTypeField := fs.String("webhook-type-field", "", "a top-level JSON `field` holding it, e.g. type for Stripe [POSTBOX_WEBHOOK_TYPE_FIELD]")
 	tokens := fs.String("auth-tokens", "", "file of 'TOKEN DEVICE_ID' lines; requires a bearer token on the ingress [POSTBOX_AUTH_TOKENS]")
 	apiToken := fs.String("api-token", "", "bearer `token` the operator API (subscriptions, streams, consumers, inboxes) requires [POSTBOX_API_TOKEN]")
 	cert := fs.String("tls-cert", "", "TLS certificate file (PEM); serves HTTPS/WSS with --tls-key [POSTBOX_TLS_CERT]")
@@ -44,6 +51,8 @@ after its transaction committed. Flags win over the environment variables named 
 	if err := envDefaults(env, fs, map[string]string{
 		"addr": "POSTBOX_ADDR", "db": "DB_PATH", "synchronous": "POSTBOX_SYNCHRONOUS", "max-batch": "POSTBOX_MAX_BATCH",
 		"queue-size": "QUEUE_MAXSIZE", "queue-bytes": "POSTBOX_QUEUE_BYTES", "max-envelope-bytes": "POSTBOX_MAX_ENVELOPE_BYTES", "auth-tokens": "POSTBOX_AUTH_TOKENS", "api-token": "POSTBOX_API_TOKEN",
+		"webhook-max-bytes": "POSTBOX_WEBHOOK_MAX_BYTES", "webhook-key-header": "POSTBOX_WEBHOOK_KEY_HEADER", "webhook-key-field": "POSTBOX_WEBHOOK_KEY_FIELD",
+		"webhook-type-header": "POSTBOX_WEBHOOK_TYPE_HEADER", "webhook-type-field": "POSTBOX_WEBHOOK_TYPE_FIELD",
 		"tls-cert": "POSTBOX_TLS_CERT", "tls-key": "POSTBOX_TLS_KEY", "log-level": "LOG_LEVEL", "log-format": "LOG_FORMAT",
 	}); err != nil {
 		return err
@@ -63,7 +72,9 @@ after its transaction committed. Flags win over the environment variables named 
 		TLSCert:     *cert,
 		TLSKey:      *key,
 		APIToken:    *apiToken,
-		Logger:      log,
+		Webhooks: server.WebhookConfig{MaxBytes: int64(whMax), KeyHeader: *whKeyHeader, KeyField: *whKeyField,
+			TypeHeader: *whTypeHeader, TypeField: *whTypeField},
+		Logger: log,
 	}
 	if *tokens != "" {
 		if cfg.Tokens, err = readTokens(*tokens); err != nil {

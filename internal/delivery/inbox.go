@@ -126,6 +126,27 @@ func (d *Delivery) Item(ctx context.Context, inbox string, id int64) (Item, erro
 	return items[0], nil
 }
 
+// ItemOf returns the item subscription made of the event at offset of its
+// stream, or ErrNotFound (not materialised yet, or not matching).
+func (d *Delivery) ItemOf(ctx context.Context, subscription string, offset int64) (Item, error) {
+	sub, err := d.Subscription(ctx, subscription)
+	if err != nil {
+		return Item{}, err
+	}
+	rows, err := d.db.QueryContext(ctx, itemSelect+` WHERE subscription_uid = ? AND "offset" = ?`, sub.UID, offset)
+	if err != nil {
+		return Item{}, err
+	}
+	items, err := scanItems(rows)
+	if err != nil {
+		return Item{}, err
+	}
+	if len(items) == 0 {
+		return Item{}, errorf(ErrNotFound, "no item of %s for offset %d", subscription, offset)
+	}
+	return items[0], nil
+}
+
 // InboxCounts is how many items an inbox holds in each state.
 type InboxCounts struct {
 	Inbox                                  string

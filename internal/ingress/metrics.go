@@ -31,3 +31,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	return m
 }
+
+// Count adds n to the events of source with result (stored, duplicate,
+// conflict, rejected, unavailable), for intakes other than the ingress.
+func (m *Metrics) Count(source, result string, n int) {
+	m.events.WithLabelValues(source, result).Add(float64(n))
+}

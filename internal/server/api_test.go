@@ -94,8 +94,9 @@ func TestAPIBadInput(t *testing.T) {
 			t.Errorf("%s %s %s: %d %s %q, want %d %s mentioning %q", c.method, c.path, name, status, code, msg, c.status, c.code, c.mentions)
 		}
 	}
-	// Nothing of the above was created.
-	if _, body := call(t, ts, "GET", "/v1/subscriptions", ""); len(body["subscriptions"].([]any)) != 0 {
+	// Nothing of the above was created: there is only the default
+	// subscription of webhooks.
+	if _, body := call(t, ts, "GET", "/v1/subscriptions", ""); len(body["subscriptions"].([]any)) != 1 {
 		t.Fatalf("refused requests left subscriptions: %v", body)
 	}
 }
@@ -158,12 +159,12 @@ func TestAPIDeviceEventsToInbox(t *testing.T) {
 		t.Fatalf("second ack of completed items: %d %v", status, body)
 	}
 	_, inboxes := call(t, ts, "GET", "/v1/inboxes", "")
-	if fmt.Sprint(inboxes["inboxes"]) != "[map[completed:2 failed:0 inbox:pi7 pending:1 processing:1]]" {
+	if fmt.Sprint(inboxes["inboxes"]) != "[map[completed:2 failed:0 inbox:pi7 pending:1 processing:1] map[completed:0 failed:0 inbox:webhooks pending:0 processing:0]]" {
 		t.Fatalf("inboxes: %v", inboxes)
 	}
 	_, consumers := call(t, ts, "GET", "/v1/consumers", "")
 	cs := consumers["consumers"].([]any)
-	if len(cs) != 1 || cs[0].(map[string]any)["lag"] != float64(0) || cs[0].(map[string]any)["next_offset"] != float64(13) {
+	if len(cs) != 2 || cs[0].(map[string]any)["subscription"] != "pi7" || cs[0].(map[string]any)["lag"] != float64(0) || cs[0].(map[string]any)["next_offset"] != float64(13) {
 		t.Fatalf("consumers: %v", consumers)
 	}
 	var buf bytes.Buffer

@@ -41,6 +41,8 @@ type Config struct {
 	QueueBytes  int    // bound of the writer queue in bytes; see streamsqlite.Config
 	Limits      postbox.Limits
 	Tokens      ingress.Tokens // nil: no authentication
+	// Webhooks configures POST /webhooks.
+	Webhooks WebhookConfig
 	// APIToken, when set, is the bearer token the operator API (/v1/
 	// subscriptions, streams, consumers, inboxes) requires.
 	APIToken string
@@ -60,6 +62,7 @@ type Server struct {
 	log      *slog.Logger
 	store    *streamsqlite.Backend
 	delivery *delivery.Delivery
+	metrics  *ingress.Metrics
 	ingress  *ingress.Ingress
 	reg      *prometheus.Registry
 	ln       net.Listener
@@ -80,6 +83,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Webhooks.MaxBytes <= 0 {
+		cfg.Webhooks.MaxBytes = DefaultWebhookMaxBytes
 	}
 	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
 		return nil, errors.New("--tls-cert and --tls-key go together")
@@ -130,6 +136,7 @@ func New(cfg Config) (*Server, error) {
 		Name: "postbox_writer_queue_capacity",
 		Help: "Bound of the writer queue (QUEUE_MAXSIZE).",
 	}, func() float64 { return float64(store.QueueCap()) }))
+	metrics := ingress.NewMetrics(reg)
 	in, err := ingress.New(store, ingress.Config{
 		StreamID:     DeviceSource,
 		Limits:       cfg.Limits,
@@ -137,7 +144,7 @@ func New(cfg Config) (*Server, error) {
 		PingInterval: cfg.PingInterval,
 		PingTimeout:  cfg.PingTimeout,
 		Logger:       cfg.Logger,
-		Metrics:      ingress.NewMetrics(reg),
+		Metrics:      metrics,
 	})
 	if err != nil {
 		store.Close()
@@ -149,8 +156,11 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	reg.MustRegister(dl.LagCollector())
-	s := &Server{cfg: cfg, log: cfg.Logger, store: store, delivery: dl, ingress: in, reg: reg, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, log: cfg.Logger, store: store, delivery: dl, metrics: metrics, ingress: in, reg: reg, mux: http.NewServeMux()}
 	s.routeAPI()
+	s.mux.HandleFunc("POST /webhooks", s.postWebhook)
+	s.mux.HandleFunc("GET /webhooks/{id}", s.requireToken(s.getWebhook))
+	s.mux.HandleFunc("GET /webhooks", s.requireToken(s.findWebhook))
 	s.mux.Handle("GET "+ingress.WSPath, in)
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -257,7 +267,16 @@ func (s *Server) Run(ctx context.Context) error {
 		stopStore()
 		return nil
 	})
-	s.setReady(true)
+	g.Go(func() error {
+		if err := s.ensureWebhooks(gctx); err != nil {
+			if gctx.Err() != nil {
+				return nil // stopped before it started
+			}
+			return fmt.Errorf("webhooks: %w", err)
+		}
+		s.setReady(true) // /ready says 200 once webhooks have their subscription
+		return nil
+	})
 	scheme := "ws"
 	if s.cfg.TLSCert != "" {
 		scheme = "wss"

@@ -3,6 +3,7 @@ package streamsqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -194,4 +195,38 @@ func (b *Backend) Streams() []stream.Stream {
 	b.mu.RUnlock()
 	slices.SortFunc(out, func(x, y stream.Stream) int { return strings.Compare(x.ID, y.ID) })
 	return out
+}
+
+// Lookup returns the event of streamID stored under nativeID (and
+// variant), or stream.ErrNotFound.
+func (b *Backend) Lookup(ctx context.Context, streamID, nativeID, variant string) (stream.StoredEvent, error) {
+	st, err := b.stream(streamID)
+	if err != nil {
+		return stream.StoredEvent{}, err
+	}
+	var pos int64
+	err = b.read.QueryRowContext(ctx, `SELECT pos FROM stream_events WHERE stream_id = ? AND source_native_id = ? AND event_variant = ?`,
+		streamID, nativeID, variant).Scan(&pos)
+	if errors.Is(err, sql.ErrNoRows) {
+		return stream.StoredEvent{}, fmt.Errorf("%w: %s in %s", stream.ErrNotFound, nativeID, streamID)
+	}
+	if err != nil {
+		return stream.StoredEvent{}, fmt.Errorf("look up %s in %s: %w", nativeID, streamID, err)
+	}
+	return b.Event(ctx, streamID, pos-st.base)
+}
+
+// Event returns the event of streamID at offset, or stream.ErrNotFound.
+func (b *Backend) Event(ctx context.Context, streamID string, offset int64) (stream.StoredEvent, error) {
+	if offset < 1 {
+		return stream.StoredEvent{}, fmt.Errorf("%w: offset %d in %s", stream.ErrNotFound, offset, streamID)
+	}
+	evs, err := b.ReadStream(ctx, streamID, offset, 1, nil)
+	if err != nil {
+		return stream.StoredEvent{}, err
+	}
+	if len(evs) == 0 || evs[0].Offset != offset {
+		return stream.StoredEvent{}, fmt.Errorf("%w: offset %d in %s", stream.ErrNotFound, offset, streamID)
+	}
+	return evs[0], nil
 }
