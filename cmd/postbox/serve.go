@@ -36,6 +36,7 @@ after its transaction committed. Flags win over the environment variables named 
 	whKeyField := fs.String("webhook-key-field", "", "a top-level JSON `field` holding it, e.g. id for Stripe [POSTBOX_WEBHOOK_KEY_FIELD]")
 	whTypeHeader := fs.String("webhook-type-header", "", "another `header` holding a webhook's type, e.g. X-GitHub-Event [POSTBOX_WEBHOOK_TYPE_HEADER]")
 	whTypeField := fs.String("webhook-type-field", "", "a top-level JSON `field` holding it, e.g. type for Stripe [POSTBOX_WEBHOOK_TYPE_FIELD]")
+	whSecrets := fs.String("webhook-secret", "", "Standard Webhooks `secrets` (whsec_…, comma-separated while rotating): POST /webhooks then requires a valid signature [POSTBOX_WEBHOOK_SECRET]")
 	tokens := fs.String("auth-tokens", "", "file of 'TOKEN DEVICE_ID' lines; requires a bearer token on the ingress [POSTBOX_AUTH_TOKENS]")
 	apiToken := fs.String("api-token", "", "bearer `token` the operator API (subscriptions, streams, consumers, inboxes) requires [POSTBOX_API_TOKEN]")
 	cert := fs.String("tls-cert", "", "TLS certificate file (PEM); serves HTTPS/WSS with --tls-key [POSTBOX_TLS_CERT]")
@@ -53,7 +54,8 @@ after its transaction committed. Flags win over the environment variables named 
 		"queue-size": "QUEUE_MAXSIZE", "queue-bytes": "POSTBOX_QUEUE_BYTES", "max-envelope-bytes": "POSTBOX_MAX_ENVELOPE_BYTES", "auth-tokens": "POSTBOX_AUTH_TOKENS", "api-token": "POSTBOX_API_TOKEN",
 		"webhook-max-bytes": "POSTBOX_WEBHOOK_MAX_BYTES", "webhook-key-header": "POSTBOX_WEBHOOK_KEY_HEADER", "webhook-key-field": "POSTBOX_WEBHOOK_KEY_FIELD",
 		"webhook-type-header": "POSTBOX_WEBHOOK_TYPE_HEADER", "webhook-type-field": "POSTBOX_WEBHOOK_TYPE_FIELD",
-		"tls-cert": "POSTBOX_TLS_CERT", "tls-key": "POSTBOX_TLS_KEY", "log-level": "LOG_LEVEL", "log-format": "LOG_FORMAT",
+		"webhook-secret": "POSTBOX_WEBHOOK_SECRET",
+		"tls-cert":       "POSTBOX_TLS_CERT", "tls-key": "POSTBOX_TLS_KEY", "log-level": "LOG_LEVEL", "log-format": "LOG_FORMAT",
 	}); err != nil {
 		return err
 	}
@@ -73,7 +75,7 @@ after its transaction committed. Flags win over the environment variables named 
 		TLSKey:      *key,
 		APIToken:    *apiToken,
 		Webhooks: server.WebhookConfig{MaxBytes: int64(whMax), KeyHeader: *whKeyHeader, KeyField: *whKeyField,
-			TypeHeader: *whTypeHeader, TypeField: *whTypeField},
+			TypeHeader: *whTypeHeader, TypeField: *whTypeField, Secrets: splitList(*whSecrets)},
 		Logger: log,
 	}
 	if *tokens != "" {
@@ -116,4 +118,15 @@ func readTokens(path string) (ingress.Tokens, error) {
 		return nil, fmt.Errorf("auth tokens %s: no tokens in the file", path)
 	}
 	return tokens, nil
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
 }

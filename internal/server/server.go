@@ -21,6 +21,7 @@ import (
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/ingress"
+	"github.com/postbox-events/postbox/internal/stdwebhook"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
 )
 
@@ -63,10 +64,12 @@ type Server struct {
 	store    *streamsqlite.Backend
 	delivery *delivery.Delivery
 	metrics  *ingress.Metrics
-	ingress  *ingress.Ingress
-	reg      *prometheus.Registry
-	ln       net.Listener
-	mux      *http.ServeMux
+	// webhookKeys are the decoded Webhooks.Secrets.
+	webhookKeys [][]byte
+	ingress     *ingress.Ingress
+	reg         *prometheus.Registry
+	ln          net.Listener
+	mux         *http.ServeMux
 
 	mu       sync.Mutex
 	ready    bool
@@ -86,6 +89,14 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Webhooks.MaxBytes <= 0 {
 		cfg.Webhooks.MaxBytes = DefaultWebhookMaxBytes
+	}
+	var webhookKeys [][]byte
+	for _, secret := range cfg.Webhooks.Secrets {
+		key, err := stdwebhook.ParseSecret(secret)
+		if err != nil {
+			return nil, err
+		}
+		webhookKeys = append(webhookKeys, key)
 	}
 	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
 		return nil, errors.New("--tls-cert and --tls-key go together")
@@ -156,7 +167,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	reg.MustRegister(dl.LagCollector())
-	s := &Server{cfg: cfg, log: cfg.Logger, store: store, delivery: dl, metrics: metrics, ingress: in, reg: reg, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, log: cfg.Logger, store: store, delivery: dl, metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg, mux: http.NewServeMux()}
 	s.routeAPI()
 	s.mux.HandleFunc("POST /webhooks", s.postWebhook)
 	s.mux.HandleFunc("GET /webhooks/{id}", s.requireToken(s.getWebhook))

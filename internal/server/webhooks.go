@@ -15,6 +15,7 @@ import (
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/groupcommit"
+	"github.com/postbox-events/postbox/internal/stdwebhook"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -40,6 +41,11 @@ type WebhookConfig struct {
 	KeyField   string // a top-level field of the body, e.g. Stripe's "id"
 	TypeHeader string // e.g. X-GitHub-Event
 	TypeField  string // e.g. Stripe's "type"
+	// Secrets, when set, make every webhook carry a Standard Webhooks
+	// signature by one of them ("whsec_…"; several while rotating):
+	// webhook-id, webhook-timestamp (within 5 minutes) and
+	// webhook-signature. Others are refused with 401.
+	Secrets []string
 }
 
 // webhookJSON is a webhook in the API (seed 003).
@@ -83,6 +89,15 @@ func (s *Server) postWebhook(w http.ResponseWriter, r *http.Request) {
 	if len(bytes.TrimSpace(body)) == 0 || !json.Valid(body) {
 		writeError(w, http.StatusBadRequest, "invalid_json", "the body is not valid JSON")
 		return
+	}
+	if len(s.webhookKeys) > 0 {
+		err := stdwebhook.Verify(s.webhookKeys, r.Header.Get("Webhook-Id"), r.Header.Get("Webhook-Timestamp"),
+			r.Header.Get("Webhook-Signature"), body, time.Now())
+		if err != nil {
+			s.metrics.Count(WebhookSource, "unauthorized", 1)
+			writeError(w, http.StatusUnauthorized, "invalid_signature", "Standard Webhooks signature: %v", err)
+			return
+		}
 	}
 	key, keyFrom := webhookKey(r, body, cfg)
 	switch {

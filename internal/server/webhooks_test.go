@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox/internal/server"
+	"github.com/postbox-events/postbox/internal/stdwebhook"
 )
 
 // post sends a webhook with headers and returns the status, the decoded
@@ -181,5 +182,48 @@ func TestWebhookQueueFull(t *testing.T) {
 	}
 	if count[http.StatusTooManyRequests] == 0 || count[http.StatusAccepted] == 0 || count[429]+count[202] != 20 {
 		t.Fatalf("answers %v, want some 202 and some 429 and nothing else", count)
+	}
+}
+
+// TestWebhookSignatures: with a signing secret, only webhooks signed the
+// Standard Webhooks way by one of the secrets, within 5 minutes, are
+// stored; the rest get 401 naming what is wrong.
+func TestWebhookSignatures(t *testing.T) {
+	const secret, old = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_c2VjcmV0LW9mLWFub3RoZXItZW5kcG9pbnQ="
+	ts := start(t, server.Config{Webhooks: server.WebhookConfig{Secrets: []string{secret, old}}}, nil)
+	signed := func(key, id string, at time.Time, body string) map[string]string {
+		k, err := stdwebhook.ParseSecret(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return map[string]string{"Webhook-Id": id, "Webhook-Timestamp": fmt.Sprint(at.Unix()), "Webhook-Signature": stdwebhook.Sign(k, id, at, []byte(body))}
+	}
+	body := `{"type": "user.created", "data": {"id": 7}}`
+	if status, got, _ := post(t, ts, body, signed(secret, "msg_1", time.Now(), body)); status != 202 || got["idempotency_key"] != "msg_1" {
+		t.Fatalf("signed: %d %v", status, got)
+	}
+	if status, got, _ := post(t, ts, body, signed(old, "msg_2", time.Now(), body)); status != 202 {
+		t.Fatalf("signed with the second secret: %d %v", status, got)
+	}
+	tampered := signed(secret, "msg_3", time.Now(), body)
+	stale := signed(secret, "msg_4", time.Now().Add(-10*time.Minute), body)
+	unsigned := map[string]string{"Webhook-Id": "msg_5", "Idempotency-Key": "k5"}
+	for name, c := range map[string]struct {
+		headers  map[string]string
+		body     string
+		mentions string
+	}{
+		"tampered body":  {tampered, `{"type": "user.created", "data": {"id": 8}}`, "no signature matches"},
+		"replayed later": {stale, body, "timestamp"},
+		"no signature":   {unsigned, body, "missing"},
+		"another secret": {signed("whsec_"+"b3RoZXI=", "msg_6", time.Now(), body), body, "no signature matches"},
+	} {
+		status, got, _ := post(t, ts, c.body, c.headers)
+		if status != http.StatusUnauthorized || errorCode(got) != "invalid_signature" || !strings.Contains(fmt.Sprint(got), c.mentions) {
+			t.Errorf("%s: %d %v, want 401 invalid_signature mentioning %q", name, status, got, c.mentions)
+		}
+	}
+	if _, err := server.New(server.Config{Webhooks: server.WebhookConfig{Secrets: []string{"whsec_%%%"}}}); err == nil {
+		t.Error("a secret that is not base64 was accepted at startup")
 	}
 }
