@@ -112,18 +112,7 @@ func (d *Delivery) List(ctx context.Context, inbox, state string, after int64, l
 
 // Item returns item id of inbox, or ErrNotFound.
 func (d *Delivery) Item(ctx context.Context, inbox string, id int64) (Item, error) {
-	rows, err := d.db.QueryContext(ctx, itemSelect+` WHERE item_id = ? AND inbox_id = ?`, id, inbox)
-	if err != nil {
-		return Item{}, err
-	}
-	items, err := scanItems(rows)
-	if err != nil {
-		return Item{}, err
-	}
-	if len(items) == 0 {
-		return Item{}, errorf(ErrNotFound, "item %d: not in inbox %q", id, inbox)
-	}
-	return items[0], nil
+	return d.oneItem(ctx, ` WHERE item_id = ? AND inbox_id = ?`, []any{id, inbox}, "item %d: not in inbox %q", id, inbox)
 }
 
 // ItemOf returns the item subscription made of the event at offset of its
@@ -133,7 +122,13 @@ func (d *Delivery) ItemOf(ctx context.Context, subscription string, offset int64
 	if err != nil {
 		return Item{}, err
 	}
-	rows, err := d.db.QueryContext(ctx, itemSelect+` WHERE subscription_uid = ? AND "offset" = ?`, sub.UID, offset)
+	return d.oneItem(ctx, ` WHERE subscription_uid = ? AND "offset" = ?`, []any{sub.UID, offset}, "no item of %s for offset %d", subscription, offset)
+}
+
+// oneItem returns the item where selects, or ErrNotFound with the message
+// notFound.
+func (d *Delivery) oneItem(ctx context.Context, where string, args []any, notFound string, fmtArgs ...any) (Item, error) {
+	rows, err := d.db.QueryContext(ctx, itemSelect+where, args...)
 	if err != nil {
 		return Item{}, err
 	}
@@ -142,7 +137,7 @@ func (d *Delivery) ItemOf(ctx context.Context, subscription string, offset int64
 		return Item{}, err
 	}
 	if len(items) == 0 {
-		return Item{}, errorf(ErrNotFound, "no item of %s for offset %d", subscription, offset)
+		return Item{}, errorf(ErrNotFound, notFound, fmtArgs...)
 	}
 	return items[0], nil
 }
