@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -105,14 +106,14 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any, optional bool) bo
 		writeError(w, http.StatusBadRequest, "invalid_json", "reading the body: %v", err)
 		return false
 	}
-	if len(strings.TrimSpace(string(body))) == 0 {
+	if len(bytes.TrimSpace(body)) == 0 {
 		if optional {
 			return true
 		}
 		writeError(w, http.StatusBadRequest, "invalid_json", "the body is empty: send a JSON object")
 		return false
 	}
-	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var typeErr *json.UnmarshalTypeError

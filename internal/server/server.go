@@ -330,10 +330,7 @@ func (s *Server) setReady(v bool) {
 }
 
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	ready := s.ready
-	s.mu.Unlock()
-	if !ready {
+	if !s.isReady() {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "starting"})
 		return
 	}

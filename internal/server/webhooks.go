@@ -99,7 +99,8 @@ func (s *Server) postWebhook(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	key, keyFrom := webhookKey(r, body, cfg)
+	fields := bodyFields(body, cfg)
+	key, keyFrom := webhookKey(r, fields, cfg)
 	switch {
 	case key == "":
 		writeError(w, http.StatusBadRequest, "missing_field", "idempotency key: send an Idempotency-Key or webhook-id header%s", keyHint(cfg))
@@ -110,7 +111,7 @@ func (s *Server) postWebhook(w http.ResponseWriter, r *http.Request) {
 	}
 	ev := stream.Event{
 		NativeID:   key,
-		Type:       webhookType(r, body, cfg),
+		Type:       webhookType(r, fields, cfg),
 		OccurredAt: time.Now(),
 		Metadata:   webhookMetadata(r),
 		Payload:    postbox.AppendCompact(nil, body), // whitespace alone does not make a conflict
@@ -162,7 +163,7 @@ func (s *Server) postWebhook(w http.ResponseWriter, r *http.Request) {
 
 // webhookKey returns the idempotency key of a webhook and where it came
 // from.
-func webhookKey(r *http.Request, body []byte, cfg WebhookConfig) (key, from string) {
+func webhookKey(r *http.Request, fields map[string]json.RawMessage, cfg WebhookConfig) (key, from string) {
 	for _, h := range []string{"Idempotency-Key", "Webhook-Id", cfg.KeyHeader} {
 		if h != "" {
 			if v := strings.TrimSpace(r.Header.Get(h)); v != "" {
@@ -171,7 +172,7 @@ func webhookKey(r *http.Request, body []byte, cfg WebhookConfig) (key, from stri
 		}
 	}
 	if cfg.KeyField != "" {
-		return topLevelField(body, cfg.KeyField), "field " + cfg.KeyField
+		return scalar(fields[cfg.KeyField]), "field " + cfg.KeyField
 	}
 	return "", ""
 }
@@ -190,7 +191,7 @@ func keyHint(cfg WebhookConfig) string {
 	return ", or " + strings.Join(also, " or ")
 }
 
-func webhookType(r *http.Request, body []byte, cfg WebhookConfig) string {
+func webhookType(r *http.Request, fields map[string]json.RawMessage, cfg WebhookConfig) string {
 	for _, h := range []string{"X-Event-Type", cfg.TypeHeader} {
 		if h != "" {
 			if v := strings.TrimSpace(r.Header.Get(h)); v != "" {
@@ -198,22 +199,26 @@ func webhookType(r *http.Request, body []byte, cfg WebhookConfig) string {
 			}
 		}
 	}
-	if cfg.TypeField != "" {
-		if v := topLevelField(body, cfg.TypeField); v != "" {
-			return v
-		}
+	if v := scalar(fields[cfg.TypeField]); cfg.TypeField != "" && v != "" {
+		return v
 	}
 	return "webhook"
 }
 
-// topLevelField returns the string or number value of a top-level field
-// of a JSON object, or "".
-func topLevelField(body []byte, field string) string {
-	var obj map[string]json.RawMessage
-	if json.Unmarshal(body, &obj) != nil {
-		return ""
+// bodyFields returns the top-level fields of a JSON object body, parsed
+// only when the source takes its key or type from one.
+func bodyFields(body []byte, cfg WebhookConfig) map[string]json.RawMessage {
+	if cfg.KeyField == "" && cfg.TypeField == "" {
+		return nil
 	}
-	raw := bytes.TrimSpace(obj[field])
+	var fields map[string]json.RawMessage
+	json.Unmarshal(body, &fields) // not an object: no fields
+	return fields
+}
+
+// scalar returns a JSON string's value or a number's text, or "".
+func scalar(raw json.RawMessage) string {
+	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
 		return ""
 	}

@@ -196,13 +196,14 @@ func (b *Backend) moveConsumer(ctx context.Context, tx *sql.Tx, c stream.Consume
 // startOffset returns the next offset of a consumer of st starting at
 // start. It runs on the writer goroutine, where st.last is current.
 func (b *Backend) startOffset(ctx context.Context, tx *sql.Tx, st *streamState, start stream.Start) (int64, error) {
+	if start.Policy == "" || start.Policy == stream.StartLatest {
+		return st.last + 1, nil
+	}
 	first, err := firstOffset(ctx, tx, st)
 	if err != nil {
 		return 0, err
 	}
 	switch start.Policy {
-	case "", stream.StartLatest:
-		return st.last + 1, nil
 	case stream.StartEarliest:
 		return first, nil
 	case stream.StartAtOffset:
