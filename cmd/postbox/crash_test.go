@@ -448,3 +448,62 @@ func leaseAndAck(ctx context.Context, srvURL, inbox string) {
 		}
 	}
 }
+
+// TestCrashWebhooks kills postbox serve with SIGKILL while webhooks are
+// posted: every webhook answered 202 or 200 is stored exactly once after
+// the restart, and sending each again answers 200, never 202 or 409.
+func TestCrashWebhooks(t *testing.T) {
+	if testing.Short() {
+		t.Skip("crash test runs the real binary")
+	}
+	dir := t.TempDir()
+	addr := freePort(t)
+	srv := start(t, "serve", "--addr", addr, "--db", filepath.Join(dir, "postbox.db"), "--log-level", "warn")
+	base := "http://" + addr
+	waitHTTP(t, base+"/ready", srv)
+	postOne := func(hc *http.Client, n int) int {
+		req, _ := http.NewRequest("POST", base+"/webhooks", bytes.NewBufferString(fmt.Sprintf(`{"n":%d}`, n)))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", fmt.Sprint("wh-", n))
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	var mu sync.Mutex
+	acked := map[int]bool{}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			hc := &http.Client{Timeout: 5 * time.Second}
+			for n := w; ctx.Err() == nil; n += 4 {
+				if s := postOne(hc, n); s == http.StatusAccepted || s == http.StatusOK {
+					mu.Lock()
+					acked[n] = true
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for range 3 {
+		time.Sleep(time.Duration(200+rand.IntN(400)) * time.Millisecond) // a random moment
+		srv.kill()
+		srv.restart()
+		waitHTTP(t, base+"/ready", srv)
+	}
+	stop()
+	wg.Wait()
+	if len(acked) == 0 {
+		t.Fatal("no webhook was accepted: the test proved nothing")
+	}
+	hc := &http.Client{Timeout: 5 * time.Second}
+	for n := range acked {
+		if s := postOne(hc, n); s != http.StatusOK {
+			t.Fatalf("webhook %d was accepted before a crash; sent again it answers %d, want 200 (stored)", n, s)
+		}
+	}
+	t.Logf("%d webhooks accepted across 3 SIGKILLs, each stored once", len(acked))
+}

@@ -94,6 +94,17 @@ func TestWebhookIntake(t *testing.T) {
 	if status, _, _ := post(t, ts, `{}`, map[string]string{"Idempotency-Key": "vendor", "Content-Type": "application/vnd.acme+json"}); status != http.StatusAccepted {
 		t.Errorf("a +json media type: %d", status)
 	}
+	// Refused requests stored nothing; the conflict and the redelivery
+	// were counted.
+	if _, st := call(t, ts, "GET", "/v1/streams/webhooks", ""); st["events"] != 3.0 {
+		t.Fatalf("the webhooks stream holds %v events, want the 3 accepted", st["events"])
+	}
+	m := ts.metrics(t)
+	for result, want := range map[string]float64{"stored": 3, "duplicate": 1, "conflict": 1} {
+		if got := m[`postbox_ingress_events_total{result="`+result+`",source="webhooks"}`]; got != want {
+			t.Errorf("webhooks %s counted %v, want %v", result, got, want)
+		}
+	}
 
 	// The webhook is found by id and by key, with its state in the default
 	// subscription; a runtime completes it through the inbox "webhooks".
@@ -173,10 +184,16 @@ func TestWebhookQueueFull(t *testing.T) {
 		})
 	}
 	waitFor(t, 10*time.Second, "a 429", func() bool { return len(statuses) > 0 })
+	count := map[int]int{}
+	for len(statuses) > 0 { // answered while nothing can commit: never 202
+		if s := <-statuses; s != http.StatusTooManyRequests {
+			t.Fatalf("answered %d while the writer could not commit", s)
+		}
+		count[http.StatusTooManyRequests]++
+	}
 	release()
 	wg.Wait()
 	close(statuses)
-	count := map[int]int{}
 	for s := range statuses {
 		count[s]++
 	}
