@@ -15,7 +15,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postbox_ingress_events_total",
-			Help: "Envelopes answered by the ingress, by source and result (stored, duplicate, conflict, rejected, unavailable).",
+			Help: "Events answered by the ingress and the webhook intake, by source and result (stored, duplicate, conflict, rejected, unavailable; webhooks also throttled, unauthorized).",
 		}, []string{"source", "result"}),
 		connections: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "postbox_ingress_connections",
