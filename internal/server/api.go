@@ -39,7 +39,7 @@ func (s *Server) routeAPI() {
 		"POST /v1/inboxes/{inbox}/ack":       s.ackItems,
 		"POST /v1/inboxes/{inbox}/nack":      s.nackItems,
 	} {
-		s.mux.HandleFunc(pattern, s.requireToken(h))
+		s.handle(pattern, s.requireToken(h))
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -70,6 +71,7 @@ type Server struct {
 	reg         *prometheus.Registry
 	ln          net.Listener
 	mux         *http.ServeMux
+	routes      []string // the mux's patterns, in the order handle registered them
 
 	mu       sync.Mutex
 	ready    bool
@@ -169,17 +171,28 @@ func New(cfg Config) (*Server, error) {
 	reg.MustRegister(dl.LagCollector())
 	s := &Server{cfg: cfg, log: cfg.Logger, store: store, delivery: dl, metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg, mux: http.NewServeMux()}
 	s.routeAPI()
-	s.mux.HandleFunc("POST /webhooks", s.postWebhook)
-	s.mux.HandleFunc("GET /webhooks/{id}", s.requireToken(s.getWebhook))
-	s.mux.HandleFunc("GET /webhooks", s.requireToken(s.findWebhook))
-	s.mux.Handle("GET "+ingress.WSPath, in)
-	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+	s.handle("POST /webhooks", http.HandlerFunc(s.postWebhook))
+	s.handle("GET /webhooks/{id}", s.requireToken(s.getWebhook))
+	s.handle("GET /webhooks", s.requireToken(s.findWebhook))
+	s.handle("GET "+ingress.WSPath, in)
+	s.handle("GET /health", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	s.mux.HandleFunc("GET /ready", s.handleReady)
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	}))
+	s.handle("GET /ready", http.HandlerFunc(s.handleReady))
+	s.handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	return s, nil
 }
+
+// handle registers h for pattern and records the pattern for Routes.
+func (s *Server) handle(pattern string, h http.Handler) {
+	s.routes = append(s.routes, pattern)
+	s.mux.Handle(pattern, h)
+}
+
+// Routes returns the patterns of every route the server serves
+// ("GET /health", "POST /v1/subscriptions", ...), for tests that check
+// docs/openapi.json against them.
+func (s *Server) Routes() []string { return slices.Clone(s.routes) }
 
 // Store returns the server's store.
 func (s *Server) Store() *streamsqlite.Backend { return s.store }
