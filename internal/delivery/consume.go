@@ -99,7 +99,7 @@ type pendingItem struct{ ev *stream.StoredEvent }
 // arguments in time quadratic in their number, so statements stay small.
 const itemChunk = 4
 
-const itemColumns = `INSERT INTO inbox_items (inbox_id, subscription_id, subscription_uid, stream_id, "offset",
+const itemInsert = `INSERT INTO inbox_items (inbox_id, subscription_id, subscription_uid, stream_id, "offset",
 	source_native_id, event_type, occurred_at, stored_at, metadata_json, payload_json, delivery_handle_json,
 	next_attempt_at, created_at, updated_at) VALUES `
 
@@ -135,14 +135,14 @@ func (d *Delivery) materialise(ctx context.Context, tx *sql.Tx, s Subscription, 
 		var err error
 		if len(part) == itemChunk {
 			if full == nil {
-				if full, err = tx.PrepareContext(ctx, itemColumns+itemRow+strings.Repeat(","+itemRow, itemChunk-1)+` ON CONFLICT DO NOTHING`); err != nil {
+				if full, err = tx.PrepareContext(ctx, itemInsert+itemRow+strings.Repeat(","+itemRow, itemChunk-1)+` ON CONFLICT DO NOTHING`); err != nil {
 					return fmt.Errorf("materialise: %w", err)
 				}
 				defer full.Close()
 			}
 			stmt = full
 		} else {
-			if stmt, err = tx.PrepareContext(ctx, itemColumns+itemRow+strings.Repeat(","+itemRow, len(part)-1)+` ON CONFLICT DO NOTHING`); err != nil {
+			if stmt, err = tx.PrepareContext(ctx, itemInsert+itemRow+strings.Repeat(","+itemRow, len(part)-1)+` ON CONFLICT DO NOTHING`); err != nil {
 				return fmt.Errorf("materialise: %w", err)
 			}
 			defer stmt.Close()

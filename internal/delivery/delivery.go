@@ -23,6 +23,8 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net/http"
+	"net/url"
 	"regexp"
 	"slices"
 	"sync"
@@ -51,6 +53,11 @@ type Backend interface {
 	Migrate(ctx context.Context, component string, fsys fs.FS) error
 	// ReadDB returns read-only connections to the store's database.
 	ReadDB() *sql.DB
+	// Streams returns every stream.
+	Streams() []stream.Stream
+	// Trim deletes up to limit of the oldest events of a stream stored
+	// before t that every consumer of the stream has read.
+	Trim(ctx context.Context, streamID string, t time.Time, limit int) (int, error)
 }
 
 // Errors the API maps to statuses.
@@ -80,6 +87,14 @@ const (
 	DefaultBatchSize         = 1000
 	DefaultVisibilityTimeout = 30 * time.Second
 	DefaultReapInterval      = time.Second
+	DefaultMaxAttempts       = 5
+	DefaultRetryBaseDelay    = 5 * time.Second
+	DefaultRetryMaxDelay     = 300 * time.Second
+	DefaultJitter            = 0.2
+	DefaultWorkers           = 16
+	DefaultHandlerTimeout    = 30 * time.Second
+	DefaultRetention         = 30 * 24 * time.Hour
+	DefaultCleanupInterval   = time.Hour
 )
 
 // Config configures a Delivery.
@@ -87,12 +102,68 @@ type Config struct {
 	// BatchSize is how many events a subscription reads and materialises
 	// per transaction. Defaults to DefaultBatchSize.
 	BatchSize int
-	// ReapInterval is how often leases that expired are returned to
-	// pending. Defaults to DefaultReapInterval.
+	// ReapInterval is how often leases that expired are ended. Defaults to
+	// DefaultReapInterval.
 	ReapInterval time.Duration
-	Logger       *slog.Logger
-	Now          func() time.Time // defaults to time.Now
-	Metrics      *Metrics         // nil: none
+	// MaxAttempts is how many attempts an item gets; after the last one
+	// fails it is failed: a dead letter (MAX_ATTEMPTS).
+	MaxAttempts int
+	// RetryBaseDelay and RetryMaxDelay shape the backoff of workers: the
+	// n-th retry of an item waits min(RetryBaseDelay·2^(n-1),
+	// RetryMaxDelay), less up to Jitter of it at random (RETRY_BASE_DELAY,
+	// RETRY_MAX_DELAY).
+	RetryBaseDelay time.Duration
+	RetryMaxDelay  time.Duration
+	Jitter         float64
+	// Workers is how many items the workers handle at once, over every
+	// inbox with a handler (WORKER_COUNT).
+	Workers int
+	// HandlerTimeout bounds one attempt of a handler.
+	HandlerTimeout time.Duration
+	// HTTPClient sends the items of subscriptions with a target URL.
+	// Defaults to a client with keep-alive connections for Workers.
+	HTTPClient *http.Client
+	// Retention is how long completed and failed items, and stream events
+	// every consumer has read, are kept; CleanupInterval is how often they
+	// are deleted (RETENTION_DAYS, CLEANUP_INTERVAL_HOURS). A negative
+	// Retention keeps them.
+	Retention       time.Duration
+	CleanupInterval time.Duration
+	Logger          *slog.Logger
+	Now             func() time.Time // defaults to time.Now
+	Metrics         *Metrics         // nil: none
+}
+
+func (cfg *Config) setDefaults() {
+	setDefault(&cfg.BatchSize, DefaultBatchSize)
+	setDefault(&cfg.ReapInterval, DefaultReapInterval)
+	setDefault(&cfg.MaxAttempts, DefaultMaxAttempts)
+	setDefault(&cfg.RetryBaseDelay, DefaultRetryBaseDelay)
+	setDefault(&cfg.RetryMaxDelay, DefaultRetryMaxDelay)
+	setDefault(&cfg.Jitter, DefaultJitter)
+	setDefault(&cfg.Workers, DefaultWorkers)
+	setDefault(&cfg.HandlerTimeout, DefaultHandlerTimeout)
+	if cfg.Retention == 0 {
+		cfg.Retention = DefaultRetention
+	}
+	setDefault(&cfg.CleanupInterval, DefaultCleanupInterval)
+	if cfg.HTTPClient == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConnsPerHost = cfg.Workers
+		cfg.HTTPClient = &http.Client{Transport: t}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+}
+
+func setDefault[T int | float64 | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }
 
 // Delivery runs the subscriptions of one store.
@@ -104,10 +175,16 @@ type Delivery struct {
 	now     func() time.Time
 	inboxes notifier
 
-	mu      sync.Mutex
-	runCtx  context.Context // nil until Run
-	loops   map[string]*loop
-	stopped bool
+	jobs  chan job      // leased items for the workers
+	slots chan struct{} // one per worker busy or promised a job
+
+	mu          sync.Mutex
+	runCtx      context.Context // nil until Run
+	loops       map[string]*loop
+	handlers    map[string]Handler // Go handlers by inbox
+	targets     map[string]string  // target URLs by inbox
+	dispatchers map[string]*loop   // by inbox
+	stopped     bool
 }
 
 // loop is one subscription's running consumption.
@@ -118,27 +195,19 @@ type loop struct {
 
 // New prepares delivery on b, creating its tables. Run starts it.
 func New(ctx context.Context, b Backend, cfg Config) (*Delivery, error) {
-	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = DefaultBatchSize
-	}
-	if cfg.ReapInterval <= 0 {
-		cfg.ReapInterval = DefaultReapInterval
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
+	cfg.setDefaults()
 	sub, _ := fs.Sub(migrations, "migrations")
 	if err := b.Migrate(ctx, "delivery", sub); err != nil {
 		return nil, err
 	}
-	return &Delivery{b: b, db: b.ReadDB(), cfg: cfg, log: cfg.Logger, now: cfg.Now, loops: map[string]*loop{}}, nil
+	return &Delivery{b: b, db: b.ReadDB(), cfg: cfg, log: cfg.Logger, now: cfg.Now, loops: map[string]*loop{},
+		jobs: make(chan job), slots: make(chan struct{}, cfg.Workers),
+		handlers: map[string]Handler{}, targets: map[string]string{}, dispatchers: map[string]*loop{}}, nil
 }
 
-// Run runs every subscription's consumption loop and the lease reaper
-// until ctx ends.
+// Run runs every subscription's consumption loop, the workers of the
+// inboxes with a handler, the lease reaper and retention, until ctx ends.
+// Call Recover first.
 func (d *Delivery) Run(ctx context.Context) error {
 	d.mu.Lock()
 	d.runCtx = ctx // from here on, Create starts the loops of new subscriptions
@@ -150,12 +219,26 @@ func (d *Delivery) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	var workers sync.WaitGroup
+	for range d.cfg.Workers {
+		workers.Go(func() { d.work(ctx) })
+	}
 	d.mu.Lock()
 	for _, s := range subs {
 		d.startLocked(s)
+		if s.Target != "" {
+			d.targets[s.Inbox] = s.Target
+		}
+	}
+	for inbox := range d.targets {
+		d.dispatchLocked(inbox)
+	}
+	for inbox := range d.handlers {
+		d.dispatchLocked(inbox)
 	}
 	d.mu.Unlock()
-	d.log.Info("delivery: running", "subscriptions", len(subs))
+	d.log.Info("delivery: running", "subscriptions", len(subs), "workers", d.cfg.Workers, "inboxes_with_handler", len(d.dispatchers))
+	workers.Go(func() { d.retain(ctx) })
 	t := time.NewTicker(d.cfg.ReapInterval)
 	defer t.Stop()
 	for {
@@ -165,15 +248,20 @@ func (d *Delivery) Run(ctx context.Context) error {
 			d.stopped = true
 			loops := d.loops
 			d.loops = map[string]*loop{}
+			for inbox, l := range d.dispatchers {
+				loops["dispatch "+inbox] = l
+			}
+			d.dispatchers = map[string]*loop{}
 			d.mu.Unlock()
 			for _, l := range loops {
 				l.cancel()
 				<-l.done
 			}
+			workers.Wait()
 			return nil
 		case <-t.C:
 			if err := d.reap(ctx); err != nil && ctx.Err() == nil {
-				d.log.Warn("delivery: returning expired leases failed; retrying", "err", err)
+				d.log.Warn("delivery: ending expired leases failed; retrying", "err", err)
 			}
 		}
 	}
@@ -195,14 +283,18 @@ func (d *Delivery) startLocked(s Subscription) {
 
 // Subscription is a named, filtered reader of one source.
 type Subscription struct {
-	Name      string
-	UID       string // sub_<ULID>: tells two subscriptions of one name apart over time
-	Source    string
-	Stream    string
-	Inbox     string
-	Types     []string          // type patterns; * matches any run of characters
-	Metadata  map[string]string // metadata values an event must have
-	Start     stream.Start
+	Name     string
+	UID      string // sub_<ULID>: tells two subscriptions of one name apart over time
+	Source   string
+	Stream   string
+	Inbox    string
+	Types    []string          // type patterns; * matches any run of characters
+	Metadata map[string]string // metadata values an event must have
+	Start    stream.Start
+	// Target, when set, is the URL the workers POST each item to (see
+	// Handler for what its answers mean); without one a runtime leases
+	// the inbox's items.
+	Target    string
 	CreatedAt time.Time
 }
 
@@ -241,7 +333,21 @@ func (s *Subscription) validate() error {
 	if err := s.Start.Validate(); err != nil {
 		return errorf(ErrInvalid, "start %q: use latest, earliest, at_offset with start_offset ≥ 1, or at_time with start_time", s.Start.Policy)
 	}
+	if err := validTarget(s.Target); err != nil {
+		return err
+	}
 	s.Stream = s.Source // one source, one stream
+	return nil
+}
+
+func validTarget(target string) error {
+	if target == "" {
+		return nil
+	}
+	u, err := url.Parse(target)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return errorf(ErrInvalid, "target %q: want an http:// or https:// URL", target)
+	}
 	return nil
 }
 
@@ -249,7 +355,7 @@ func (s *Subscription) validate() error {
 func sameDefinition(a, b Subscription) bool {
 	return a.Source == b.Source && a.Inbox == b.Inbox && slices.Equal(a.Types, b.Types) &&
 		fmt.Sprint(a.Metadata) == fmt.Sprint(b.Metadata) && a.Start.Policy == b.Start.Policy &&
-		a.Start.Offset == b.Start.Offset && a.Start.Time.Equal(b.Start.Time)
+		a.Start.Offset == b.Start.Offset && a.Start.Time.Equal(b.Start.Time) && a.Target == b.Target
 }
 
 // Create stores s, creates its consumer at its start and starts its loop.
@@ -279,6 +385,9 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 	} else if !errors.Is(err, ErrNotFound) {
 		return s, false, err
 	}
+	if err := d.sharedInbox(ctx, s); err != nil {
+		return s, false, err
+	}
 	s.UID = "sub_" + ulid.Make().String()
 	s.CreatedAt = d.now().UTC().Truncate(time.Microsecond)
 	types, _ := json.Marshal(s.Types)
@@ -291,9 +400,9 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 	// between, the loop creates the consumer at the next start.
 	err := d.b.Update(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO subscriptions (subscription_id, subscription_uid, source_id, stream_id, inbox_id,
-			match_types_json, match_metadata_json, start_policy, start_offset, start_time, created_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, s.Name, s.UID, s.Source, s.Stream, s.Inbox, string(types), string(meta),
-			s.Start.Policy, s.Start.Offset, startTime, s.CreatedAt.Format(sqlitedb.Time))
+			match_types_json, match_metadata_json, start_policy, start_offset, start_time, created_at, target_url)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, s.Name, s.UID, s.Source, s.Stream, s.Inbox, string(types), string(meta),
+			s.Start.Policy, s.Start.Offset, startTime, s.CreatedAt.Format(sqlitedb.Time), nullString(s.Target))
 		return err
 	})
 	if err != nil {
@@ -317,27 +426,32 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 	}
 	d.mu.Lock()
 	d.startLocked(s)
+	d.setTargetLocked(s.Inbox, s.Target)
 	d.mu.Unlock()
 	d.log.Info("delivery: subscription created", "subscription", s.Name, "source", s.Source, "inbox", s.Inbox,
-		"types", s.Types, "start", s.Start.Policy)
+		"types", s.Types, "start", s.Start.Policy, "target", s.Target)
 	return s, true, nil
 }
 
-// Delete stops the subscription's loop and deletes it and its consumer.
-// Its inbox items stay.
+// Delete stops the subscription's loop (and its workers when it has a
+// target) and deletes it and its consumer. Its inbox items stay.
 func (d *Delivery) Delete(ctx context.Context, name string) error {
-	if _, err := d.Subscription(ctx, name); err != nil {
+	s, err := d.Subscription(ctx, name)
+	if err != nil {
 		return err
 	}
 	d.mu.Lock()
 	l := d.loops[name]
 	delete(d.loops, name)
+	if s.Target != "" {
+		d.setTargetLocked(s.Inbox, "")
+	}
 	d.mu.Unlock()
 	if l != nil {
 		l.cancel()
 		<-l.done
 	}
-	err := d.b.Update(ctx, func(tx *sql.Tx) error {
+	err = d.b.Update(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `DELETE FROM subscriptions WHERE subscription_id = ?`, name)
 		return err
 	})
@@ -352,7 +466,7 @@ func (d *Delivery) Delete(ctx context.Context, name string) error {
 }
 
 const subscriptionColumns = `subscription_id, subscription_uid, source_id, stream_id, inbox_id, match_types_json,
-	match_metadata_json, start_policy, start_offset, start_time, created_at`
+	match_metadata_json, start_policy, start_offset, start_time, created_at, target_url`
 
 // Subscription returns the subscription name, or ErrNotFound.
 func (d *Delivery) Subscription(ctx context.Context, name string) (Subscription, error) {
@@ -386,9 +500,9 @@ func scanSubscriptions(rows *sql.Rows) ([]Subscription, error) {
 		var s Subscription
 		var types, meta, created string
 		var startOffset sql.NullInt64
-		var startTime sql.NullString
+		var startTime, target sql.NullString
 		if err := rows.Scan(&s.Name, &s.UID, &s.Source, &s.Stream, &s.Inbox, &types, &meta, &s.Start.Policy,
-			&startOffset, &startTime, &created); err != nil {
+			&startOffset, &startTime, &created, &target); err != nil {
 			return nil, fmt.Errorf("read subscriptions: %w", err)
 		}
 		if err := json.Unmarshal([]byte(types), &s.Types); err != nil {
@@ -402,9 +516,78 @@ func scanSubscriptions(rows *sql.Rows) ([]Subscription, error) {
 			s.Start.Time, _ = sqlitedb.ParseTime(startTime.String)
 		}
 		s.CreatedAt, _ = sqlitedb.ParseTime(created)
+		s.Target = target.String
 		subs = append(subs, s)
 	}
 	return subs, rows.Err()
+}
+
+// sharedInbox refuses s when another subscription fills its inbox with
+// another target: an inbox has one handler.
+func (d *Delivery) sharedInbox(ctx context.Context, s Subscription) error {
+	subs, err := d.Subscriptions(ctx)
+	if err != nil {
+		return err
+	}
+	for _, o := range subs {
+		if o.Inbox == s.Inbox && o.Name != s.Name && o.Target != s.Target {
+			return errorf(ErrConflict, "inbox %q is filled by subscription %q with target %q: an inbox has one target (use another inbox)",
+				s.Inbox, o.Name, o.Target)
+		}
+	}
+	return nil
+}
+
+// SetTarget sets the target URL of subscription name ("" for none) and
+// restarts its inbox's workers with it.
+func (d *Delivery) SetTarget(ctx context.Context, name, target string) error {
+	s, err := d.Subscription(ctx, name)
+	if err != nil {
+		return err
+	}
+	if err := validTarget(target); err != nil {
+		return err
+	}
+	if s.Target == target {
+		return nil
+	}
+	s.Target = target
+	if err := d.sharedInbox(ctx, s); err != nil {
+		return err
+	}
+	err = d.b.Update(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE subscriptions SET target_url = ? WHERE subscription_id = ?`, nullString(target), name)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("set target of %s: %w", name, err)
+	}
+	d.mu.Lock()
+	d.setTargetLocked(s.Inbox, target)
+	d.mu.Unlock()
+	d.log.Info("delivery: subscription target set", "subscription", name, "inbox", s.Inbox, "target", target)
+	return nil
+}
+
+// setTargetLocked records the target of inbox and restarts its workers.
+// d.mu is held.
+func (d *Delivery) setTargetLocked(inbox, target string) {
+	if d.targets[inbox] == target {
+		return
+	}
+	if target == "" {
+		delete(d.targets, inbox)
+	} else {
+		d.targets[inbox] = target
+	}
+	d.dispatchLocked(inbox)
+}
+
+func nullString(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }
 
 // translate maps the stream package's errors to delivery's.

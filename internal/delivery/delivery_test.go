@@ -41,7 +41,8 @@ func setupB(b *testing.B) *env { return setupTB(b, delivery.Config{}) }
 
 func setupTB(t testing.TB, cfg delivery.Config) *env {
 	t.Helper()
-	store, err := streamsqlite.Open(filepath.Join(t.TempDir(), "p.db"), streamsqlite.Config{})
+	c := newClock()
+	store, err := streamsqlite.Open(filepath.Join(t.TempDir(), "p.db"), streamsqlite.Config{Now: c.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +53,6 @@ func setupTB(t testing.TB, cfg delivery.Config) *env {
 	if _, err := store.EnsureStream(ctx, "devices"); err != nil {
 		t.Fatal(err)
 	}
-	c := newClock()
 	if cfg.Now == nil {
 		cfg.Now = c.Now
 	}

@@ -45,15 +45,18 @@ type Item struct {
 	LastError      *string
 	CreatedAt      time.Time
 	UpdatedAt      time.Time
+	FailedAt       *time.Time // when it became a dead letter
+	ReplayedAt     *time.Time // when an operator last replayed it
+	Replays        int
 }
 
-const itemSelect = `SELECT item_id, inbox_id, subscription_id, stream_id, "offset", source_native_id, event_type,
+const itemColumns = `item_id, inbox_id, subscription_id, stream_id, "offset", source_native_id, event_type,
 	occurred_at, stored_at, metadata_json, payload_json, delivery_handle_json, state, attempts, next_attempt_at,
-	lease_expires_at, last_error, created_at, updated_at FROM inbox_items`
+	lease_expires_at, last_error, created_at, updated_at, failed_at, replayed_at, replays`
 
-const itemReturning = ` RETURNING item_id, inbox_id, subscription_id, stream_id, "offset", source_native_id, event_type,
-	occurred_at, stored_at, metadata_json, payload_json, delivery_handle_json, state, attempts, next_attempt_at,
-	lease_expires_at, last_error, created_at, updated_at`
+const itemSelect = `SELECT ` + itemColumns + ` FROM inbox_items`
+
+const itemReturning = ` RETURNING ` + itemColumns
 
 func scanItems(rows *sql.Rows) ([]Item, error) {
 	defer rows.Close()
@@ -61,11 +64,11 @@ func scanItems(rows *sql.Rows) ([]Item, error) {
 	for rows.Next() {
 		var it Item
 		var occurred, stored, next, created, updated string
-		var lease, lastErr sql.NullString
+		var lease, lastErr, failed, replayed sql.NullString
 		var handle []byte
 		if err := rows.Scan(&it.ID, &it.Inbox, &it.Subscription, &it.Stream, &it.Offset, &it.EventID, &it.Type,
 			&occurred, &stored, (*[]byte)(&it.Metadata), (*[]byte)(&it.Payload), &handle, &it.State, &it.Attempts, &next,
-			&lease, &lastErr, &created, &updated); err != nil {
+			&lease, &lastErr, &created, &updated, &failed, &replayed, &it.Replays); err != nil {
 			return nil, fmt.Errorf("read items: %w", err)
 		}
 		it.StreamEventID = fmt.Sprintf("%s/%d", it.Stream, it.Offset)
@@ -77,16 +80,23 @@ func scanItems(rows *sql.Rows) ([]Item, error) {
 		if len(handle) > 0 {
 			it.DeliveryHandle = handle
 		}
-		if lease.Valid {
-			t, _ := sqlitedb.ParseTime(lease.String)
-			it.LeaseExpiresAt = &t
-		}
+		it.LeaseExpiresAt = nullTime(lease)
+		it.FailedAt = nullTime(failed)
+		it.ReplayedAt = nullTime(replayed)
 		if lastErr.Valid {
 			it.LastError = &lastErr.String
 		}
 		items = append(items, it)
 	}
 	return items, rows.Err()
+}
+
+func nullTime(s sql.NullString) *time.Time {
+	if !s.Valid {
+		return nil
+	}
+	t, _ := sqlitedb.ParseTime(s.String)
+	return &t
 }
 
 // ValidState reports whether s is an item state.
@@ -110,8 +120,12 @@ func (d *Delivery) List(ctx context.Context, inbox, state string, after int64, l
 	return scanItems(rows)
 }
 
-// Item returns item id of inbox, or ErrNotFound.
+// Item returns item id of inbox (of any inbox when inbox is ""), or
+// ErrNotFound.
 func (d *Delivery) Item(ctx context.Context, inbox string, id int64) (Item, error) {
+	if inbox == "" {
+		return d.oneItem(ctx, ` WHERE item_id = ?`, []any{id}, "item %d: no such item", id)
+	}
 	return d.oneItem(ctx, ` WHERE item_id = ? AND inbox_id = ?`, []any{id, inbox}, "item %d: not in inbox %q", id, inbox)
 }
 
@@ -146,6 +160,7 @@ func (d *Delivery) oneItem(ctx context.Context, where string, args []any, notFou
 type InboxCounts struct {
 	Inbox                                  string
 	Pending, Processing, Completed, Failed int64
+	OldestPending                          time.Time // created_at of the oldest pending item; zero when none
 }
 
 // Inboxes returns the item counts of every inbox that has items or a
@@ -183,12 +198,53 @@ func (d *Delivery) Inboxes(ctx context.Context) ([]InboxCounts, error) {
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
+	rows.Close()
 	out := make([]InboxCounts, 0, len(by))
 	for _, c := range by {
+		if c.Pending > 0 {
+			var created string
+			if err := d.db.QueryRowContext(ctx, `SELECT created_at FROM inbox_items WHERE inbox_id = ? AND state = 'pending'
+				ORDER BY item_id LIMIT 1`, c.Inbox).Scan(&created); err == nil {
+				c.OldestPending, _ = sqlitedb.ParseTime(created)
+			}
+		}
 		out = append(out, *c)
 	}
 	slices.SortFunc(out, func(a, b InboxCounts) int { return strings.Compare(a.Inbox, b.Inbox) })
 	return out, nil
+}
+
+// Backlog is the work inboxes hold, as Recover reports it at startup.
+type Backlog struct {
+	Recovered     int       // items a previous process left processing, returned to pending (or failed)
+	Pending       int64     // pending items of every inbox
+	Failed        int64     // dead letters of every inbox
+	OldestPending time.Time // created_at of the oldest pending item; zero when none
+}
+
+// Recover returns the items a previous process left processing to
+// pending, due now (to failed when that was their last attempt), and
+// reports what the inboxes hold: the boot rehydration of seed 001. Run it
+// before the server says it is ready, and before Run.
+func (d *Delivery) Recover(ctx context.Context) (Backlog, error) {
+	var b Backlog
+	n, _, err := d.interrupt(ctx, `1 = 1`, "interrupted: the process stopped during this attempt")
+	if err != nil {
+		return b, fmt.Errorf("recover processing items: %w", err)
+	}
+	b.Recovered = n
+	inboxes, err := d.Inboxes(ctx)
+	if err != nil {
+		return b, err
+	}
+	for _, in := range inboxes {
+		b.Pending += in.Pending
+		b.Failed += in.Failed
+		if !in.OldestPending.IsZero() && (b.OldestPending.IsZero() || in.OldestPending.Before(b.OldestPending)) {
+			b.OldestPending = in.OldestPending
+		}
+	}
+	return b, nil
 }
 
 // Lease is what Lease hands a runtime.
@@ -243,11 +299,11 @@ func (d *Delivery) lease(ctx context.Context, inbox string, max int, visibility 
 		rows, err := tx.QueryContext(ctx, `UPDATE inbox_items SET state = 'processing', attempts = attempts + 1,
 			lease_token = ?1, lease_expires_at = ?2, updated_at = ?3
 			WHERE item_id IN (
-				SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'processing' AND lease_expires_at <= ?3
+				SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'processing' AND lease_expires_at <= ?3 AND attempts < ?6
 				UNION ALL
 				SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3
 				ORDER BY item_id LIMIT ?5)`+itemReturning,
-			token, l.ExpiresAt.Format(sqlitedb.Time), nowText, inbox, max)
+			token, l.ExpiresAt.Format(sqlitedb.Time), nowText, inbox, max, d.cfg.MaxAttempts)
 		if err != nil {
 			return err
 		}
@@ -258,7 +314,7 @@ func (d *Delivery) lease(ctx context.Context, inbox string, max int, visibility 
 		return Lease{}, fmt.Errorf("lease from %s: %w", inbox, err)
 	}
 	slices.SortFunc(l.Items, func(a, b Item) int { return int(a.ID - b.ID) })
-	d.cfg.Metrics.leased(len(l.Items))
+	d.cfg.Metrics.leased(inbox, len(l.Items))
 	return l, nil
 }
 
@@ -279,34 +335,87 @@ type Result struct {
 // hold that lease; without one (an operator), any pending or processing
 // item may be acked. Acking a completed item again changes nothing.
 func (d *Delivery) Ack(ctx context.Context, inbox string, ids []int64, lease string) ([]Result, error) {
-	return d.settle(ctx, inbox, ids, lease, StateCompleted,
-		`state = 'completed', lease_token = NULL, lease_expires_at = NULL, completed_at = ?1, updated_at = ?1`)
+	return d.settle(ctx, inbox, ids, lease, StateCompleted, func(tx *sql.Tx, now string, moves []move) error {
+		return execIn(ctx, tx, `UPDATE inbox_items SET state = 'completed', lease_token = NULL, lease_expires_at = NULL,
+			completed_at = ?1, updated_at = ?1 WHERE item_id IN (%s)`, moves, now)
+	})
 }
 
-// Nack returns items of inbox to pending, due after delay, with reason
-// as their last error.
+// Nack records a failed attempt of items of inbox: each goes back to
+// pending, due after delay, with reason as its last error, or, when it has
+// had Config.MaxAttempts attempts, to failed: a dead letter.
 func (d *Delivery) Nack(ctx context.Context, inbox string, ids []int64, lease string, delay time.Duration, reason string) ([]Result, error) {
-	next := d.now().UTC().Add(max(delay, 0)).Format(sqlitedb.Time)
-	var lastErr any
-	if reason != "" {
-		lastErr = reason
+	return d.fail(ctx, inbox, ids, lease, failure{reason: reason, delay: func(int) time.Duration { return max(delay, 0) }})
+}
+
+// failure is how a failed attempt ends.
+type failure struct {
+	reason string
+	// delay is the wait before the next attempt of an item that has had
+	// attempts attempts.
+	delay func(attempts int) time.Duration
+	dead  bool // dead-letter at once, whatever the attempts
+}
+
+// fail records a failed attempt of items of inbox (see Nack).
+func (d *Delivery) fail(ctx context.Context, inbox string, ids []int64, lease string, f failure) ([]Result, error) {
+	now := d.now().UTC()
+	var reason any
+	if f.reason != "" {
+		reason = f.reason
 	}
-	res, err := d.settle(ctx, inbox, ids, lease, StatePending,
-		`state = 'pending', lease_token = NULL, lease_expires_at = NULL, updated_at = ?1, next_attempt_at = ?2,
-		last_error = coalesce(?3, last_error)`, next, lastErr)
+	res, err := d.settle(ctx, inbox, ids, lease, StatePending, func(tx *sql.Tx, nowText string, moves []move) error {
+		var dead []move
+		for i := range moves {
+			m := &moves[i]
+			if f.dead || m.attempts >= d.cfg.MaxAttempts {
+				m.to = StateFailed
+				dead = append(dead, *m)
+				continue
+			}
+			next := now.Add(f.delay(m.attempts)).Format(sqlitedb.Time)
+			if _, err := tx.ExecContext(ctx, `UPDATE inbox_items SET state = 'pending', lease_token = NULL, lease_expires_at = NULL,
+				updated_at = ?1, next_attempt_at = ?2, last_error = coalesce(?3, last_error) WHERE item_id = ?4`,
+				nowText, next, reason, m.id); err != nil {
+				return err
+			}
+		}
+		if len(dead) == 0 {
+			return nil
+		}
+		return execIn(ctx, tx, `UPDATE inbox_items SET state = 'failed', lease_token = NULL, lease_expires_at = NULL,
+			failed_at = ?1, updated_at = ?1, last_error = coalesce(?2, last_error) WHERE item_id IN (%s)`, dead, nowText, reason)
+	})
 	if err == nil {
 		d.inboxes.notify(inbox)
 	}
 	return res, err
 }
 
+// move is an item settle may move, and the state it goes to.
+type move struct {
+	id       int64
+	attempts int
+	to       string
+}
+
+// execIn runs query, whose %s is replaced by the ids of moves as
+// parameters after args.
+func execIn(ctx context.Context, tx *sql.Tx, query string, moves []move, args ...any) error {
+	for _, m := range moves {
+		args = append(args, m.id)
+	}
+	_, err := tx.ExecContext(ctx, fmt.Sprintf(query, strings.Repeat(",?", len(moves))[1:]), args...)
+	return err
+}
+
 // settle moves the items of ids that may go to state to, in one
-// transaction: one query reads their states, one UPDATE sets the columns
-// in set (whose ?1 is now, ?2 and on are args) on those that may. It
-// returns one result per id.
-func (d *Delivery) settle(ctx context.Context, inbox string, ids []int64, lease, to, set string, args ...any) ([]Result, error) {
+// transaction: one query reads their states, then apply updates those
+// that may (now is the time to record; apply may send a move elsewhere
+// than to). It returns one result per id.
+func (d *Delivery) settle(ctx context.Context, inbox string, ids []int64, lease, to string, apply func(tx *sql.Tx, now string, moves []move) error) ([]Result, error) {
 	results := make([]Result, len(ids))
-	changed := 0
+	var moves []move
 	nowText := d.now().UTC().Format(sqlitedb.Time)
 	in := strings.Repeat(",?", len(ids))[1:]
 	idArgs := make([]any, 0, len(ids)+1)
@@ -317,9 +426,10 @@ func (d *Delivery) settle(ctx context.Context, inbox string, ids []int64, lease,
 	type current struct {
 		state          string
 		token, expires sql.NullString
+		attempts       int
 	}
 	err := d.b.Update(ctx, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, `SELECT item_id, state, lease_token, lease_expires_at FROM inbox_items
+		rows, err := tx.QueryContext(ctx, `SELECT item_id, state, lease_token, lease_expires_at, attempts FROM inbox_items
 			WHERE inbox_id = ? AND item_id IN (`+in+`)`, idArgs...)
 		if err != nil {
 			return err
@@ -328,7 +438,7 @@ func (d *Delivery) settle(ctx context.Context, inbox string, ids []int64, lease,
 		for rows.Next() {
 			var id int64
 			var c current
-			if err := rows.Scan(&id, &c.state, &c.token, &c.expires); err != nil {
+			if err := rows.Scan(&id, &c.state, &c.token, &c.expires, &c.attempts); err != nil {
 				rows.Close()
 				return err
 			}
@@ -338,70 +448,90 @@ func (d *Delivery) settle(ctx context.Context, inbox string, ids []int64, lease,
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		update := append(make([]any, 0, len(args)+1+len(ids)), nowText)
-		update = append(update, args...)
-		first := len(update)
+		moves = moves[:0]
 		for i, id := range ids {
 			results[i] = Result{ID: id}
 			c, ok := found[id]
 			switch {
 			case !ok:
 				results[i].Err = errorf(ErrNotFound, "item %d: not in inbox %q", id, inbox)
-				continue
 			case to == StateCompleted && c.state == StateCompleted:
 				results[i].State = c.state // acked already
-				continue
 			case lease != "" && (c.state != StateProcessing || c.token.String != lease || c.expires.String <= nowText):
 				results[i].Err = errorf(ErrLeaseLost, "item %d is %s and no longer holds this lease", id, c.state)
-				continue
 			case c.state != StatePending && c.state != StateProcessing:
 				results[i].Err = errorf(ErrInvalidState, "item %d is %s", id, c.state)
-				continue
-			case slices.Contains(update[first:], any(id)):
-				results[i].State = to // the same id twice in one request
-				continue
+			case !slices.ContainsFunc(moves, func(m move) bool { return m.id == id }): // not the same id twice
+				moves = append(moves, move{id: id, attempts: c.attempts, to: to})
 			}
-			update = append(update, id)
-			results[i].State = to
 		}
-		if n := len(update) - first; n > 0 {
-			changed = n
-			_, err := tx.ExecContext(ctx, `UPDATE inbox_items SET `+set+` WHERE item_id IN (`+strings.Repeat(",?", n)[1:]+`)`, update...)
-			return err
+		if len(moves) == 0 {
+			return nil
 		}
-		return nil
+		return apply(tx, nowText, moves)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("settle items of %s: %w", inbox, err)
 	}
-	d.cfg.Metrics.settled(to, changed)
+	for i := range results {
+		if results[i].Err != nil || results[i].State != "" {
+			continue
+		}
+		for _, m := range moves {
+			if m.id == results[i].ID {
+				results[i].State = m.to
+				break
+			}
+		}
+	}
+	for _, m := range moves {
+		d.cfg.Metrics.settled(inbox, m.to, 1)
+	}
 	return results, nil
 }
 
-// reap returns the items whose lease expired to pending.
+// reap ends the leases that expired: their items go back to pending, or
+// to failed after their last attempt.
 func (d *Delivery) reap(ctx context.Context) error {
 	now := d.now().UTC().Format(sqlitedb.Time)
-	var expired int
 	var probe int
 	// Look first, on a reader, so that an idle server does not write.
 	if err := d.db.QueryRowContext(ctx, `SELECT count(*) FROM inbox_items WHERE state = 'processing' AND lease_expires_at <= ?`, now).Scan(&probe); err != nil || probe == 0 {
 		return err
 	}
+	n, inboxes, err := d.interrupt(ctx, `lease_expires_at <= ?1`, "lease expired: no ack or nack within the visibility timeout")
+	if n > 0 {
+		d.log.Info("delivery: leases expired; items are pending again (failed after their last attempt)", "items", n, "inboxes", inboxes)
+	}
+	return err
+}
+
+// interrupt ends the attempts of the processing items where (whose ?1 is
+// now) with reason as their last error: they go back to pending, or to
+// failed when they had their last attempt. It returns how many, and their
+// inboxes.
+func (d *Delivery) interrupt(ctx context.Context, where, reason string) (int, []string, error) {
+	now := d.now().UTC().Format(sqlitedb.Time)
 	var inboxes []string
+	type key struct{ inbox, state string }
+	var counts map[key]int
 	err := d.b.Update(ctx, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, `UPDATE inbox_items SET state = 'pending', lease_token = NULL, lease_expires_at = NULL, updated_at = ?1
-			WHERE state = 'processing' AND lease_expires_at <= ?1 RETURNING inbox_id`, now)
+		rows, err := tx.QueryContext(ctx, `UPDATE inbox_items SET
+			state = CASE WHEN attempts >= ?2 THEN 'failed' ELSE 'pending' END,
+			failed_at = CASE WHEN attempts >= ?2 THEN ?1 END,
+			lease_token = NULL, lease_expires_at = NULL, updated_at = ?1, next_attempt_at = ?1, last_error = ?3
+			WHERE state = 'processing' AND `+where+` RETURNING inbox_id, state`, now, d.cfg.MaxAttempts, reason)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
-		inboxes = inboxes[:0]
+		inboxes, counts = inboxes[:0], map[key]int{}
 		for rows.Next() {
-			var inbox string
-			if err := rows.Scan(&inbox); err != nil {
+			var inbox, state string
+			if err := rows.Scan(&inbox, &state); err != nil {
 				return err
 			}
-			expired++
+			counts[key{inbox, state}]++
 			if !slices.Contains(inboxes, inbox) {
 				inboxes = append(inboxes, inbox)
 			}
@@ -409,15 +539,17 @@ func (d *Delivery) reap(ctx context.Context) error {
 		return rows.Err()
 	})
 	if err != nil {
-		return err
+		return 0, nil, err
 	}
 	for _, inbox := range inboxes {
 		d.inboxes.notify(inbox)
 	}
-	if expired > 0 {
-		d.log.Info("delivery: leases expired; items are pending again", "items", expired, "inboxes", inboxes)
+	n := 0
+	for k, c := range counts {
+		d.cfg.Metrics.settled(k.inbox, k.state, c)
+		n += c
 	}
-	return nil
+	return n, inboxes, nil
 }
 
 // notifier wakes the waiters of an inbox when it may have items to lease.

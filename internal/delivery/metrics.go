@@ -2,6 +2,7 @@ package delivery
 
 import (
 	"context"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -9,10 +10,13 @@ import (
 // Metrics are delivery's Prometheus metrics. A nil *Metrics records
 // nothing.
 type Metrics struct {
-	events  *prometheus.CounterVec
-	items   *prometheus.CounterVec
-	leases  prometheus.Counter
-	settles *prometheus.CounterVec
+	events   *prometheus.CounterVec
+	items    *prometheus.CounterVec
+	leases   *prometheus.CounterVec
+	settles  *prometheus.CounterVec
+	replays  *prometheus.CounterVec
+	attempts *prometheus.HistogramVec
+	deleted  *prometheus.CounterVec
 }
 
 // NewMetrics registers delivery's metrics with reg.
@@ -26,16 +30,29 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "postbox_subscription_items_total",
 			Help: "Inbox items a subscription materialised (events that matched).",
 		}, []string{"subscription"}),
-		leases: prometheus.NewCounter(prometheus.CounterOpts{
+		leases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postbox_inbox_leased_total",
-			Help: "Inbox items handed to runtimes by lease (each lease is an attempt).",
-		}),
+			Help: "Inbox items handed to runtimes and workers by lease (each lease is an attempt).",
+		}, []string{"inbox"}),
 		settles: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postbox_inbox_settled_total",
-			Help: "Inbox items acked (completed) or nacked (pending), by result.",
-		}, []string{"state"}),
+			Help: "Inbox items that left processing, by the state they went to: completed (acked), pending (a failed attempt with a retry scheduled, or an expired lease) or failed (dead-lettered).",
+		}, []string{"inbox", "state"}),
+		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "postbox_inbox_replayed_total",
+			Help: "Dead letters an operator returned to pending.",
+		}, []string{"inbox"}),
+		attempts: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "postbox_worker_attempt_seconds",
+			Help:    "Time a worker's handler took for one attempt, by its result: completed, pending (retry scheduled) or failed (dead-lettered).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 14),
+		}, []string{"inbox", "result"}),
+		deleted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "postbox_retention_deleted_total",
+			Help: "Rows retention deleted: completed and failed items, and stream events every consumer had read.",
+		}, []string{"kind"}),
 	}
-	reg.MustRegister(m.events, m.items, m.leases, m.settles)
+	reg.MustRegister(m.events, m.items, m.leases, m.settles, m.replays, m.attempts, m.deleted)
 	return m
 }
 
@@ -47,18 +64,40 @@ func (m *Metrics) materialised(sub string, events, items int) {
 	m.items.WithLabelValues(sub).Add(float64(items))
 }
 
-func (m *Metrics) leased(n int) {
-	if m == nil {
+func (m *Metrics) leased(inbox string, n int) {
+	if m == nil || n == 0 {
 		return
 	}
-	m.leases.Add(float64(n))
+	m.leases.WithLabelValues(inbox).Add(float64(n))
 }
 
-func (m *Metrics) settled(state string, n int) {
+func (m *Metrics) settled(inbox, state string, n int) {
 	if m == nil {
 		return
 	}
-	m.settles.WithLabelValues(state).Add(float64(n))
+	m.settles.WithLabelValues(inbox, state).Add(float64(n))
+}
+
+func (m *Metrics) replayed(inbox string, n int) {
+	if m == nil {
+		return
+	}
+	m.replays.WithLabelValues(inbox).Add(float64(n))
+}
+
+func (m *Metrics) attempted(inbox, result string, took time.Duration) {
+	if m == nil {
+		return
+	}
+	m.attempts.WithLabelValues(inbox, result).Observe(took.Seconds())
+}
+
+func (m *Metrics) cleaned(c Cleaned) {
+	if m == nil {
+		return
+	}
+	m.deleted.WithLabelValues("items").Add(float64(c.Items))
+	m.deleted.WithLabelValues("events").Add(float64(c.Events))
 }
 
 // LagCollector returns a collector of every subscription's lag, read at
@@ -82,5 +121,43 @@ func (c lagCollector) Collect(ch chan<- prometheus.Metric) {
 		if lag, err := c.d.b.Lag(ctx, s.Name); err == nil {
 			ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, float64(lag.Events), s.Name, lag.StreamID)
 		}
+	}
+}
+
+// InboxCollector returns a collector of every inbox's items by state (the
+// queue depth; failed is the dead-letter count) and the age of its oldest
+// pending item, read at each scrape.
+func (d *Delivery) InboxCollector() prometheus.Collector { return inboxCollector{d} }
+
+var (
+	inboxItemsDesc = prometheus.NewDesc("postbox_inbox_items",
+		"Items of an inbox by state: pending and processing are the queue, failed the dead letters.", []string{"inbox", "state"}, nil)
+	oldestPendingDesc = prometheus.NewDesc("postbox_inbox_oldest_pending_age_seconds",
+		"Age of the oldest pending item of an inbox (0 when none).", []string{"inbox"}, nil)
+)
+
+type inboxCollector struct{ d *Delivery }
+
+func (c inboxCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- inboxItemsDesc
+	ch <- oldestPendingDesc
+}
+
+func (c inboxCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx := context.Background()
+	inboxes, err := c.d.Inboxes(ctx)
+	if err != nil {
+		return
+	}
+	for _, in := range inboxes {
+		for state, n := range map[string]int64{StatePending: in.Pending, StateProcessing: in.Processing,
+			StateCompleted: in.Completed, StateFailed: in.Failed} {
+			ch <- prometheus.MustNewConstMetric(inboxItemsDesc, prometheus.GaugeValue, float64(n), in.Inbox, state)
+		}
+		age := 0.0
+		if !in.OldestPending.IsZero() {
+			age = max(c.d.now().Sub(in.OldestPending).Seconds(), 0)
+		}
+		ch <- prometheus.MustNewConstMetric(oldestPendingDesc, prometheus.GaugeValue, age, in.Inbox)
 	}
 }

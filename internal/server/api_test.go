@@ -170,7 +170,7 @@ func TestAPIDeviceEventsToInbox(t *testing.T) {
 	for name, want := range map[string]float64{
 		`postbox_subscription_lag_events{stream="devices",subscription="pi7"}`: 0,
 		`postbox_subscription_items_total{subscription="pi7"}`:                 4,
-		`postbox_inbox_settled_total{state="completed"}`:                       2,
+		`postbox_inbox_settled_total{inbox="pi7",state="completed"}`:           2,
 	} {
 		if got, ok := m[name]; !ok || got != want {
 			t.Errorf("/metrics %s = %v (present %v), want %v", name, got, ok, want)

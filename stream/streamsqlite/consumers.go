@@ -311,3 +311,50 @@ func scanConsumer(row *sql.Row, id string) (stream.Consumer, error) {
 func (b *Backend) Migrate(ctx context.Context, component string, fsys fs.FS) error {
 	return sqlitedb.Migrate(ctx, b.write, component, fsys)
 }
+
+// Trim deletes up to limit of the oldest events of streamID stored before
+// t that every consumer of the stream has read (retention), and returns how
+// many it deleted. A stream without consumers keeps nothing older than t.
+// The high watermark is recorded in streams.last_offset first, so offsets
+// are never reused after the newest events are deleted.
+func (b *Backend) Trim(ctx context.Context, streamID string, t time.Time, limit int) (int, error) {
+	st, err := b.stream(streamID)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	err = b.Update(ctx, func(tx *sql.Tx) error {
+		first, err := firstOffset(ctx, tx, st)
+		if err != nil {
+			return err
+		}
+		end, err := b.offsetAt(ctx, tx, st, first, t) // the first offset stored at or after t
+		if err != nil {
+			return err
+		}
+		var read sql.NullInt64 // the lowest next offset of the stream's consumers
+		if err := tx.QueryRowContext(ctx, `SELECT min(next_offset) FROM consumers WHERE stream_id = ?`, streamID).Scan(&read); err != nil {
+			return err
+		}
+		if read.Valid {
+			end = min(end, read.Int64)
+		}
+		if end <= first {
+			return nil
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE streams SET last_offset = max(last_offset, ?) WHERE stream_id = ?`, st.last, streamID); err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, `DELETE FROM stream_events WHERE pos >= ? AND pos < ? AND pos < ?`,
+			st.base+first, st.base+end, st.base+first+int64(limit))
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("trim %s: %w", streamID, err)
+	}
+	return int(n), nil
+}

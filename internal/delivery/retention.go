@@ -1,0 +1,90 @@
+package delivery
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/postbox-events/postbox/internal/sqlitedb"
+)
+
+// cleanupBatch is how many rows one retention transaction deletes, so that
+// the writer is never held long.
+const cleanupBatch = 1000
+
+// Cleaned is what one Cleanup deleted.
+type Cleaned struct {
+	Items  int // completed and failed inbox items
+	Events int // stream events
+}
+
+// Cleanup deletes, in batches of 1000, the completed and failed items that
+// reached that state before cutoff (never pending or processing ones), and
+// the stream events stored before cutoff that every consumer of their
+// stream has read: no subscription needs them any more, since items carry
+// their own copy of the event.
+func (d *Delivery) Cleanup(ctx context.Context, cutoff time.Time) (Cleaned, error) {
+	var c Cleaned
+	before := cutoff.UTC().Format(sqlitedb.Time)
+	for {
+		var n int64
+		err := d.b.Update(ctx, func(tx *sql.Tx) error {
+			res, err := tx.ExecContext(ctx, `DELETE FROM inbox_items WHERE item_id IN (SELECT item_id FROM inbox_items
+				WHERE state IN ('completed', 'failed') AND updated_at < ? LIMIT ?)`, before, cleanupBatch)
+			if err != nil {
+				return err
+			}
+			n, err = res.RowsAffected()
+			return err
+		})
+		if err != nil {
+			return c, fmt.Errorf("retention: items: %w", err)
+		}
+		c.Items += int(n)
+		if n < cleanupBatch {
+			break
+		}
+	}
+	for _, st := range d.b.Streams() {
+		for {
+			n, err := d.b.Trim(ctx, st.ID, cutoff, cleanupBatch)
+			if err != nil {
+				return c, fmt.Errorf("retention: %w", err)
+			}
+			c.Events += n
+			if n < cleanupBatch {
+				break
+			}
+		}
+	}
+	d.cfg.Metrics.cleaned(c)
+	return c, nil
+}
+
+// retain runs Cleanup every CleanupInterval until ctx ends.
+func (d *Delivery) retain(ctx context.Context) {
+	if d.cfg.Retention < 0 {
+		return
+	}
+	t := time.NewTicker(d.cfg.CleanupInterval)
+	defer t.Stop()
+	for {
+		cutoff := d.now().Add(-d.cfg.Retention)
+		c, err := d.Cleanup(ctx, cutoff)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			d.log.Error("delivery: retention failed; trying again at the next interval", "err", err)
+		case c.Items > 0 || c.Events > 0:
+			d.log.Info("delivery: retention deleted old items and events", "items", c.Items, "events", c.Events,
+				"before", cutoff.UTC().Format(time.RFC3339))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

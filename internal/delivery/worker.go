@@ -1,0 +1,350 @@
+package delivery
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Handler handles one inbox item in the process (a worker calls it). A nil
+// error completes the item. An error is a failed attempt: the item is
+// retried with backoff until its last attempt, then it is failed (a dead
+// letter). Wrap the error with Dead to dead-letter the item at once, or
+// with RetryAfter to wait longer before the next attempt. ctx ends after
+// Config.HandlerTimeout, or when the server stops (the item is then handed
+// back, and the attempt is not counted).
+type Handler func(ctx context.Context, it *Item) error
+
+// handlerError is an error a Handler wrapped with Dead or RetryAfter.
+type handlerError struct {
+	err        error
+	dead       bool
+	retryAfter time.Duration
+}
+
+func (e *handlerError) Error() string { return e.err.Error() }
+func (e *handlerError) Unwrap() error { return e.err }
+
+// Dead makes err final: the item becomes a dead letter without further
+// attempts (an HTTP target answering 410 Gone).
+func Dead(err error) error { return &handlerError{err: err, dead: true} }
+
+// RetryAfter makes the next attempt wait at least d (an HTTP target's
+// Retry-After).
+func RetryAfter(err error, d time.Duration) error { return &handlerError{err: err, retryAfter: d} }
+
+// Handle registers h as the handler of inbox: the workers lease its items
+// and complete them with h. It replaces the target URL of the inbox's
+// subscription, if any. A nil h unregisters it.
+func (d *Delivery) Handle(inbox string, h Handler) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if h == nil {
+		delete(d.handlers, inbox)
+	} else {
+		d.handlers[inbox] = h
+	}
+	d.dispatchLocked(inbox)
+}
+
+// handler returns the handler of inbox: the registered one, else one that
+// posts to the target URL of its subscription, else nil.
+func (d *Delivery) handlerLocked(inbox string) Handler {
+	if h := d.handlers[inbox]; h != nil {
+		return h
+	}
+	if url := d.targets[inbox]; url != "" {
+		return d.post(url)
+	}
+	return nil
+}
+
+// dispatchLocked starts or stops the dispatcher of inbox after its
+// handler changed. d.mu is held.
+func (d *Delivery) dispatchLocked(inbox string) {
+	if l := d.dispatchers[inbox]; l != nil {
+		l.cancel() // a new one takes the new handler
+		delete(d.dispatchers, inbox)
+	}
+	h := d.handlerLocked(inbox)
+	if h == nil || d.runCtx == nil || d.stopped {
+		return
+	}
+	ctx, cancel := context.WithCancel(d.runCtx)
+	l := &loop{cancel: cancel, done: make(chan struct{})}
+	d.dispatchers[inbox] = l
+	go func() {
+		defer close(l.done)
+		d.dispatch(ctx, inbox, h)
+	}()
+}
+
+// job is one leased item for a worker.
+type job struct {
+	inbox, lease string
+	item         Item
+	h            Handler
+}
+
+// dispatch leases the items of inbox as workers become free and hands them
+// to the workers, until ctx ends.
+func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler) {
+	// A leased item may wait briefly for a worker, and its handler may
+	// take HandlerTimeout: the lease outlasts both.
+	visibility := 2*d.cfg.HandlerTimeout + 10*time.Second
+	for ctx.Err() == nil {
+		changed := d.inboxes.channel(inbox) // before looking, so no wake-up is missed
+		n := d.acquire(ctx)
+		if n == 0 {
+			return
+		}
+		l, err := d.lease(ctx, inbox, n, visibility)
+		d.releaseSlots(n - len(l.Items))
+		if err != nil {
+			if ctx.Err() == nil {
+				d.log.Error("delivery: lease for workers failed; retrying", "inbox", inbox, "err", err)
+				sleep(ctx, retryDelay)
+			}
+			continue
+		}
+		for i, it := range l.Items {
+			select {
+			case d.jobs <- job{inbox: inbox, lease: l.Token, item: it, h: h}:
+			case <-ctx.Done(): // stopping: hand back what no worker took
+				d.releaseSlots(len(l.Items) - i)
+				d.handBack(inbox, l.Token, l.Items[i:])
+				return
+			}
+		}
+		if len(l.Items) == 0 {
+			// Items due later (a retry's backoff) wake no one: look again
+			// every second.
+			t := time.NewTimer(time.Second)
+			select {
+			case <-changed:
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		}
+	}
+}
+
+// acquire takes at least one free worker slot, waiting for it, and as many
+// more as are free. It returns how many, 0 when ctx ended.
+func (d *Delivery) acquire(ctx context.Context) int {
+	select {
+	case d.slots <- struct{}{}:
+	case <-ctx.Done():
+		return 0
+	}
+	n := 1
+	for {
+		select {
+		case d.slots <- struct{}{}:
+			n++
+		default:
+			return n
+		}
+	}
+}
+
+func (d *Delivery) releaseSlots(n int) {
+	for range n {
+		<-d.slots
+	}
+}
+
+// work runs jobs until ctx ends.
+func (d *Delivery) work(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case j := <-d.jobs:
+			d.attempt(ctx, j)
+			d.releaseSlots(1)
+		}
+	}
+}
+
+// attempt runs one attempt of a job and settles its item.
+func (d *Delivery) attempt(ctx context.Context, j job) {
+	log := d.log.With("inbox", j.inbox, "item", j.item.ID, "attempt", j.item.Attempts)
+	log.Debug("delivery: processing")
+	start := time.Now()
+	hctx, cancel := context.WithTimeout(ctx, d.cfg.HandlerTimeout)
+	err := call(hctx, j.h, &j.item)
+	cancel()
+	took := time.Since(start)
+	if err != nil && ctx.Err() != nil { // stopping: not the handler's failure
+		d.handBack(j.inbox, j.lease, []Item{j.item})
+		return
+	}
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer scancel()
+	var res []Result
+	var serr error
+	if err == nil {
+		res, serr = d.Ack(sctx, j.inbox, []int64{j.item.ID}, j.lease)
+	} else {
+		var he *handlerError
+		errors.As(err, &he)
+		f := failure{reason: truncate(err.Error(), 1000), delay: d.backoff(0)}
+		if he != nil {
+			f.dead, f.delay = he.dead, d.backoff(he.retryAfter)
+		}
+		res, serr = d.fail(sctx, j.inbox, []int64{j.item.ID}, j.lease, f)
+	}
+	switch {
+	case serr != nil:
+		log.Error("delivery: recording the attempt failed; the item is retried when its lease expires", "err", serr)
+		return
+	case res[0].Err != nil:
+		log.Warn("delivery: the attempt outlasted its lease; the item was handed out again", "err", res[0].Err, "took", took)
+		return
+	}
+	d.cfg.Metrics.attempted(j.inbox, res[0].State, took)
+	switch res[0].State {
+	case StateCompleted:
+		log.Debug("delivery: completed", "took", took)
+	case StatePending:
+		log.Info("delivery: attempt failed; retry scheduled", "err", err, "took", took)
+	case StateFailed:
+		log.Error("delivery: attempt failed; the item is a dead letter", "err", err, "attempts", j.item.Attempts)
+	}
+}
+
+// call runs h, turning a panic into an error.
+func call(ctx context.Context, h Handler, it *Item) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("handler panicked: %v", p)
+		}
+	}()
+	return h(ctx, it)
+}
+
+// handBack returns items leased but not handled (the server is stopping)
+// to pending, due now, without counting the attempt.
+func (d *Delivery) handBack(inbox, lease string, items []Item) {
+	ids := make([]int64, len(items))
+	for i := range items {
+		ids[i] = items[i].ID
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := d.settle(ctx, inbox, ids, lease, StatePending, func(tx *sql.Tx, now string, moves []move) error {
+		return execIn(ctx, tx, `UPDATE inbox_items SET state = 'pending', attempts = max(attempts - 1, 0), lease_token = NULL,
+			lease_expires_at = NULL, updated_at = ?1, next_attempt_at = ?1 WHERE item_id IN (%s)`, moves, now)
+	})
+	if err != nil {
+		d.log.Warn("delivery: handing back unhandled items failed; they return when their lease expires or at the next start",
+			"inbox", inbox, "items", len(ids), "err", err)
+	}
+}
+
+// backoff returns the wait before the next attempt of an item that has
+// had attempts attempts: the n-th retry waits min(RetryBaseDelay·2^(n-1),
+// RetryMaxDelay), less up to Jitter of it at random, and at least atLeast.
+func (d *Delivery) backoff(atLeast time.Duration) func(attempts int) time.Duration {
+	return func(attempts int) time.Duration {
+		wait := d.cfg.RetryMaxDelay
+		if n := max(attempts-1, 0); n < 62 && d.cfg.RetryBaseDelay <= d.cfg.RetryMaxDelay>>n {
+			wait = d.cfg.RetryBaseDelay << n
+		}
+		wait -= time.Duration(rand.Float64() * min(d.cfg.Jitter, 1) * float64(wait))
+		return max(wait, atLeast)
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// forwardedHeaders are webhook headers kept in an item's metadata that a
+// target is not sent: they describe the first hop, not the event.
+var forwardedSkip = map[string]bool{"host": true, "content-length": true, "content-type": true, "connection": true,
+	"transfer-encoding": true, "accept-encoding": true, "user-agent": true, "keep-alive": true, "te": true,
+	"upgrade": true, "expect": true, "idempotency-key": true, "x-event-type": true}
+
+// post returns a Handler that POSTs an item's payload to url: 2xx
+// completes it; any other status, a timeout or a refused connection is a
+// failed attempt; 410 Gone dead-letters it; Retry-After is honoured. The
+// request carries the event's identity in headers (Idempotency-Key: the
+// source's id of the event, so the target can skip what it has done) and
+// the headers a webhook arrived with.
+func (d *Delivery) post(url string) Handler {
+	return func(ctx context.Context, it *Item) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(it.Payload))
+		if err != nil {
+			return Dead(fmt.Errorf("target %s: %w", url, err))
+		}
+		var meta struct {
+			Headers map[string]string `json:"headers"`
+		}
+		if json.Unmarshal(it.Metadata, &meta) == nil {
+			for name, value := range meta.Headers {
+				if !forwardedSkip[strings.ToLower(name)] {
+					req.Header.Set(name, value)
+				}
+			}
+		}
+		h := req.Header
+		h.Set("Content-Type", "application/json")
+		h.Set("User-Agent", "postbox")
+		h.Set("Idempotency-Key", it.EventID)
+		h.Set("X-Event-Type", it.Type)
+		h.Set("X-Postbox-Event", it.StreamEventID)
+		h.Set("X-Postbox-Subscription", it.Subscription)
+		h.Set("X-Postbox-Item", strconv.FormatInt(it.ID, 10))
+		h.Set("X-Postbox-Attempt", strconv.Itoa(it.Attempts))
+		resp, err := d.cfg.HTTPClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20)) // so the connection is reused
+		if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+			return nil
+		}
+		err = fmt.Errorf("%s answered %s", url, resp.Status)
+		if b := strings.TrimSpace(string(body)); b != "" {
+			err = fmt.Errorf("%w: %s", err, b)
+		}
+		if resp.StatusCode == http.StatusGone {
+			return Dead(err)
+		}
+		if wait := retryAfter(resp.Header.Get("Retry-After"), d.now()); wait > 0 {
+			return RetryAfter(err, wait)
+		}
+		return err
+	}
+}
+
+// retryAfter parses a Retry-After header: seconds or an HTTP date.
+func retryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(v); err == nil {
+		return time.Duration(max(s, 0)) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return t.Sub(now)
+	}
+	return 0
+}

@@ -1,0 +1,306 @@
+package delivery_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/internal/servertest"
+	"github.com/postbox-events/postbox/stream"
+)
+
+// target is an HTTP endpoint that answers with the statuses of answer, in
+// turn (the last one from then on), and records the requests.
+type target struct {
+	*httptest.Server
+	mu      sync.Mutex
+	answers []int
+	headers []http.Header
+	bodies  []string
+	header  http.Header // added to every answer
+}
+
+func newTarget(t *testing.T, answers ...int) *target {
+	tg := &target{answers: answers, header: http.Header{}}
+	tg.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		tg.mu.Lock()
+		n := len(tg.bodies)
+		tg.headers = append(tg.headers, r.Header.Clone())
+		tg.bodies = append(tg.bodies, string(body))
+		status := tg.answers[min(n, len(tg.answers)-1)]
+		for k, v := range tg.header {
+			w.Header()[k] = v
+		}
+		tg.mu.Unlock()
+		w.WriteHeader(status)
+		io.WriteString(w, "answer "+http.StatusText(status))
+	}))
+	t.Cleanup(tg.Close)
+	return tg
+}
+
+func (tg *target) calls() int {
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	return len(tg.bodies)
+}
+
+func (tg *target) setAnswers(answers ...int) {
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	tg.answers = answers
+}
+
+// waitItem waits until the only item of inbox is in state with attempts,
+// and returns it.
+func (e *env) waitItem(t *testing.T, inbox, state string, attempts int) delivery.Item {
+	t.Helper()
+	var it delivery.Item
+	servertest.Eventually(t, 10*time.Second, inbox+" item "+state, func() bool {
+		items, err := e.d.List(context.Background(), inbox, "", 0, 10)
+		if err != nil || len(items) != 1 {
+			return false
+		}
+		it = items[0]
+		return it.State == state && it.Attempts == attempts
+	})
+	return it
+}
+
+// checkWait checks that an item retried at now waits between 80% and 100%
+// of want (the jitter takes up to a fifth off).
+func checkWait(t *testing.T, it delivery.Item, now time.Time, want time.Duration) {
+	t.Helper()
+	got := it.NextAttemptAt.Sub(now)
+	if got < want*8/10 || got > want {
+		t.Fatalf("after attempt %d the item waits %v, want %v less up to 20%%", it.Attempts, got, want)
+	}
+}
+
+// TestTargetFailsTwice: a target that fails twice, then succeeds, completes
+// the item on the third attempt, after 5s and 10s of backoff (the
+// defaults), measured on an injected clock.
+func TestTargetFailsTwice(t *testing.T) {
+	e := setup(t, delivery.Config{})
+	tg := newTarget(t, 500, 503, 200)
+	e.create(t, delivery.Subscription{Name: "hook", Source: "devices", Target: tg.URL + "/in"})
+	e.appendEvents(t, "h", "order.paid", 1)
+
+	it := e.waitItem(t, "hook", delivery.StatePending, 1)
+	checkWait(t, it, e.clock.Now(), 5*time.Second)
+	if it.LastError == nil || !strings.Contains(*it.LastError, "answered 500 Internal Server Error: answer Internal Server Error") {
+		t.Fatalf("last error %v", it.LastError)
+	}
+	e.clock.Advance(5 * time.Second)
+	it = e.waitItem(t, "hook", delivery.StatePending, 2)
+	checkWait(t, it, e.clock.Now(), 10*time.Second)
+	e.clock.Advance(10 * time.Second)
+	e.waitItem(t, "hook", delivery.StateCompleted, 3)
+	if tg.calls() != 3 {
+		t.Fatalf("%d calls, want 3", tg.calls())
+	}
+	h := tg.headers[2]
+	if h.Get("Idempotency-Key") != "h-0" || h.Get("X-Event-Type") != "order.paid" || h.Get("X-Postbox-Attempt") != "3" ||
+		h.Get("X-Postbox-Event") != "devices/1" || h.Get("Content-Type") != "application/json" || tg.bodies[2] != `{"i":0}` {
+		t.Fatalf("request: %v %s", h, tg.bodies[2])
+	}
+}
+
+// TestTargetAlwaysFails: after MaxAttempts the item is failed, a dead
+// letter; the backoff doubles up to RetryMaxDelay.
+func TestTargetAlwaysFails(t *testing.T) {
+	e := setup(t, delivery.Config{MaxAttempts: 4, RetryBaseDelay: time.Second, RetryMaxDelay: 3 * time.Second})
+	tg := newTarget(t, 500)
+	e.create(t, delivery.Subscription{Name: "hook", Source: "devices", Target: tg.URL})
+	e.appendEvents(t, "h", "t", 1)
+	for attempt, wait := range []time.Duration{time.Second, 2 * time.Second, 3 * time.Second} {
+		it := e.waitItem(t, "hook", delivery.StatePending, attempt+1)
+		checkWait(t, it, e.clock.Now(), wait)
+		e.clock.Advance(wait)
+	}
+	it := e.waitItem(t, "hook", delivery.StateFailed, 4)
+	if it.FailedAt == nil || it.LastError == nil || !strings.Contains(*it.LastError, "answered 500") {
+		t.Fatalf("dead letter: %+v", it)
+	}
+	e.clock.Advance(time.Hour)
+	time.Sleep(1500 * time.Millisecond) // a dispatcher looks every second
+	if tg.calls() != 4 {
+		t.Fatalf("%d calls, want 4: a dead letter is not retried", tg.calls())
+	}
+}
+
+// TestTargetGoneAndRetryAfter: 410 dead-letters at once; Retry-After
+// stretches the wait; a refused connection is a failed attempt.
+func TestTargetGoneAndRetryAfter(t *testing.T) {
+	e := setup(t, delivery.Config{})
+	gone := newTarget(t, 410)
+	e.create(t, delivery.Subscription{Name: "gone", Source: "devices", Target: gone.URL, Types: []string{"a"}})
+	busy := newTarget(t, 429)
+	busy.header.Set("Retry-After", "120")
+	e.create(t, delivery.Subscription{Name: "busy", Source: "devices", Target: busy.URL, Types: []string{"b"}})
+	down := newTarget(t, 200)
+	down.Close() // refuses connections
+	e.create(t, delivery.Subscription{Name: "down", Source: "devices", Target: down.URL, Types: []string{"c"}})
+	e.appendEvents(t, "a", "a", 1)
+	e.appendEvents(t, "b", "b", 1)
+	e.appendEvents(t, "c", "c", 1)
+	if it := e.waitItem(t, "gone", delivery.StateFailed, 1); !strings.Contains(*it.LastError, "410 Gone") {
+		t.Fatalf("gone: %v", *it.LastError)
+	}
+	it := e.waitItem(t, "busy", delivery.StatePending, 1)
+	if got := it.NextAttemptAt.Sub(e.clock.Now()); got != 120*time.Second {
+		t.Fatalf("Retry-After 120: waits %v", got)
+	}
+	if it := e.waitItem(t, "down", delivery.StatePending, 1); !strings.Contains(*it.LastError, "connect") {
+		t.Fatalf("down: %v", *it.LastError)
+	}
+}
+
+// TestGoHandlerAndReplay: a Go handler that fails dead-letters the item;
+// replay brings it back with its attempts reset, and it completes once the
+// handler works.
+func TestGoHandlerAndReplay(t *testing.T) {
+	e := setup(t, delivery.Config{})
+	var broken atomic.Bool
+	broken.Store(true)
+	var done atomic.Int64
+	e.d.Handle("jobs", func(ctx context.Context, it *delivery.Item) error {
+		if broken.Load() {
+			if it.Attempts == 2 {
+				panic("boom")
+			}
+			if it.Attempts == 3 {
+				return delivery.Dead(errors.New("bad payload"))
+			}
+			return errors.New("not yet")
+		}
+		done.Add(1)
+		return nil
+	})
+	e.create(t, delivery.Subscription{Name: "jobs", Source: "devices"})
+	e.appendEvents(t, "j", "t", 1)
+	e.waitItem(t, "jobs", delivery.StatePending, 1)
+	e.clock.Advance(5 * time.Second)
+	if it := e.waitItem(t, "jobs", delivery.StatePending, 2); !strings.Contains(*it.LastError, "handler panicked: boom") {
+		t.Fatalf("panic: %v", *it.LastError)
+	}
+	e.clock.Advance(10 * time.Second)
+	dead := e.waitItem(t, "jobs", delivery.StateFailed, 3)
+	if *dead.LastError != "bad payload" {
+		t.Fatalf("dead: %v", *dead.LastError)
+	}
+	ctx := context.Background()
+	list, err := e.d.ListDeadLetters(ctx, delivery.DeadLetters{Subscription: "jobs"})
+	if err != nil || len(list) != 1 || list[0].ID != dead.ID {
+		t.Fatalf("dead letters: %+v %v", list, err)
+	}
+	if none, _ := e.d.ListDeadLetters(ctx, delivery.DeadLetters{From: e.clock.Now().Add(time.Second)}); len(none) != 0 {
+		t.Fatalf("dead letters failed after now: %d", len(none))
+	}
+	broken.Store(false)
+	ids, err := e.d.Replay(ctx, delivery.DeadLetters{ID: dead.ID})
+	if err != nil || len(ids) != 1 {
+		t.Fatalf("replay: %v %v", ids, err)
+	}
+	it := e.waitItem(t, "jobs", delivery.StateCompleted, 1)
+	if it.Replays != 1 || it.ReplayedAt == nil || it.FailedAt != nil || done.Load() != 1 {
+		t.Fatalf("replayed item: %+v, handled %d times", it, done.Load())
+	}
+	if ids, _ := e.d.Replay(ctx, delivery.DeadLetters{ID: dead.ID}); len(ids) != 0 {
+		t.Fatalf("replayed a completed item: %v", ids)
+	}
+}
+
+// TestRecover: items a previous process left processing come back
+// pending, or failed after their last attempt, and Recover reports the
+// backlog.
+func TestRecover(t *testing.T) {
+	e := setup(t, delivery.Config{MaxAttempts: 2})
+	e.create(t, delivery.Subscription{Name: "r", Source: "devices"})
+	e.appendEvents(t, "r", "t", 5)
+	e.waitLag(t, "r", 0)
+	ctx := context.Background()
+	l, _ := e.d.Lease(ctx, "r", 1, time.Hour, 0)
+	e.d.Nack(ctx, "r", []int64{l.Items[0].ID}, l.Token, 0, "first")
+	if l, _ = e.d.Lease(ctx, "r", 3, time.Hour, 0); len(l.Items) != 3 || l.Items[0].Attempts != 2 {
+		t.Fatalf("lease: %+v", l)
+	}
+	e.clock.Advance(time.Minute)
+	b, err := e.d.Recover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Recovered != 3 || b.Pending != 4 || b.Failed != 1 || !b.OldestPending.Equal(l.Items[1].CreatedAt) {
+		t.Fatalf("backlog %+v; oldest pending want %v", b, l.Items[1].CreatedAt)
+	}
+	it, _ := e.d.Item(ctx, "", l.Items[0].ID)
+	if it.State != delivery.StateFailed || !strings.Contains(*it.LastError, "interrupted") {
+		t.Fatalf("item on its last attempt: %+v", it)
+	}
+}
+
+// TestRetention deletes completed and failed items and read stream events
+// older than the cutoff, and nothing else.
+func TestRetention(t *testing.T) {
+	e := setup(t, delivery.Config{Retention: -1})
+	ctx := context.Background()
+	e.create(t, delivery.Subscription{Name: "all", Source: "devices"})
+	e.appendEvents(t, "old", "t", 2500)
+	e.waitLag(t, "all", 0)
+	// 2000 completed, 300 failed, 100 processing, 100 pending; all old.
+	l, _ := e.d.Lease(ctx, "all", 2400, 100*time.Hour, 0) // outlasts the 48h the clock moves
+	var done, failed []int64
+	for i, it := range l.Items {
+		switch {
+		case i < 2000:
+			done = append(done, it.ID)
+		case i < 2300:
+			failed = append(failed, it.ID)
+		}
+	}
+	for i := 0; i < len(done); i += 500 {
+		e.d.Ack(ctx, "all", done[i:i+500], l.Token)
+	}
+	e.store.Update(ctx, func(tx *sql.Tx) error {
+		_, err := tx.Exec(`UPDATE inbox_items SET state = 'failed', failed_at = updated_at, lease_token = NULL
+			WHERE item_id BETWEEN ? AND ?`, failed[0], failed[len(failed)-1])
+		return err
+	})
+	e.clock.Advance(48 * time.Hour)
+	// A consumer that is not a subscription has read only half the stream.
+	if _, err := e.store.EnsureConsumer(ctx, stream.ConsumerConfig{ID: "behind", StreamID: "devices",
+		Start: stream.Start{Policy: stream.StartAtOffset, Offset: 1200}}); err != nil {
+		t.Fatal(err)
+	}
+	e.appendEvents(t, "new", "t", 10) // recent events and items
+	e.waitLag(t, "all", 0)
+	c, err := e.d.Cleanup(ctx, e.clock.Now().Add(-24*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Items != 2300 || c.Events != 1199 {
+		t.Fatalf("cleanup: %+v, want 2300 items and 1199 events (those before the slowest consumer's offset 1200)", c)
+	}
+	for state, want := range map[string]int{"completed": 0, "failed": 0, "processing": 100, "pending": 110} {
+		if n := e.count(t, `SELECT count(*) FROM inbox_items WHERE state = ?`, state); n != want {
+			t.Errorf("%s items: %d, want %d", state, n, want)
+		}
+	}
+	if n := e.count(t, `SELECT count(*) FROM stream_events`); n != 2510-1199 {
+		t.Errorf("stream events: %d, want %d", n, 2510-1199)
+	}
+	st, _ := e.store.Stats(ctx, "devices")
+	if st.LastOffset != 2510 {
+		t.Errorf("high watermark %d after trimming, want 2510", st.LastOffset)
+	}
+}
