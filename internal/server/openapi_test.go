@@ -1,0 +1,681 @@
+package server_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"mime"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/postbox-events/postbox/client"
+	"github.com/postbox-events/postbox/internal/ingress"
+	"github.com/postbox-events/postbox/internal/server"
+)
+
+// The tests here keep docs/openapi.json true: it describes every route the
+// server registers and no other, and real requests get the statuses,
+// headers and bodies it documents.
+
+// openAPI is docs/openapi.json, its numbers decoded as json.Number.
+type openAPI struct {
+	doc map[string]any
+	ops map[string]map[string]any // "GET /v1/streams" → its operation
+}
+
+var httpMethods = []string{"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+
+func loadOpenAPI(t *testing.T) *openAPI {
+	t.Helper()
+	data, err := os.ReadFile("../../docs/openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := decodeJSON(data, &doc); err != nil {
+		t.Fatalf("docs/openapi.json: %v", err)
+	}
+	if v, _ := doc["openapi"].(string); !strings.HasPrefix(v, "3.1.") {
+		t.Fatalf("docs/openapi.json: openapi %q, want 3.1.x", v)
+	}
+	spec := &openAPI{doc: doc, ops: map[string]map[string]any{}}
+	paths, _ := doc["paths"].(map[string]any)
+	for path, item := range paths {
+		for method, op := range item.(map[string]any) {
+			if !slices.Contains(httpMethods, method) {
+				t.Fatalf("docs/openapi.json: %s: %q is not a method this test reads", path, method)
+			}
+			spec.ops[strings.ToUpper(method)+" "+path] = op.(map[string]any)
+		}
+	}
+	return spec
+}
+
+func decodeJSON(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return fmt.Errorf("more than one JSON value")
+	}
+	return nil
+}
+
+// pointer returns what a local reference ("#/components/schemas/Item")
+// points to.
+func (s *openAPI) pointer(ref string) (any, error) {
+	var v any = s.doc
+	for _, name := range strings.Split(strings.TrimPrefix(ref, "#/"), "/") {
+		m, ok := v.(map[string]any)
+		if !ok || m[name] == nil {
+			return nil, fmt.Errorf("$ref %q: nothing there", ref)
+		}
+		v = m[name]
+	}
+	return v, nil
+}
+
+// resolve returns o, or what it points to when it is a reference.
+func (s *openAPI) resolve(o any) map[string]any {
+	m, _ := o.(map[string]any)
+	if ref, ok := m["$ref"].(string); ok {
+		v, _ := s.pointer(ref)
+		m, _ = v.(map[string]any)
+	}
+	return m
+}
+
+// annotations are keywords that say nothing the validator checks.
+var annotations = []string{"description", "title", "default", "examples"}
+
+// validate checks v against schema for the subset of JSON Schema 2020-12
+// that docs/openapi.json uses. Any other keyword is an error, so the spec
+// cannot promise more than this test checks.
+func (s *openAPI) validate(schema, v any, at string) error {
+	sch, ok := schema.(map[string]any)
+	if !ok {
+		return fmt.Errorf("%s: schema %v is not an object", at, schema)
+	}
+	obj, isObj := v.(map[string]any)
+	arr, isArr := v.([]any)
+	str, isStr := v.(string)
+	num, isNum := v.(json.Number)
+	for k, kv := range sch {
+		var err error
+		switch k {
+		case "$ref": // applies beside the other keywords, as in 2020-12
+			target, perr := s.pointer(kv.(string))
+			if err = perr; err == nil {
+				err = s.validate(target, v, at)
+			}
+		case "type":
+			types, _ := kv.([]any)
+			if t, ok := kv.(string); ok {
+				types = []any{t}
+			}
+			got := jsonType(v)
+			if !slices.Contains(types, any(got)) && !(got == "integer" && slices.Contains(types, any("number"))) {
+				err = fmt.Errorf("%s: a JSON %s, want %v", at, got, kv)
+			}
+		case "enum":
+			if !slices.ContainsFunc(kv.([]any), func(e any) bool { return reflect.DeepEqual(e, v) }) {
+				err = fmt.Errorf("%s: %v is not one of %v", at, v, kv)
+			}
+		case "required":
+			for _, name := range kv.([]any) {
+				if _, ok := obj[name.(string)]; isObj && !ok {
+					err = fmt.Errorf("%s: no field %q", at, name)
+					break
+				}
+			}
+		case "properties":
+			for name, ps := range kv.(map[string]any) {
+				if pv, ok := obj[name]; ok && err == nil {
+					err = s.validate(ps, pv, at+"."+name)
+				}
+			}
+		case "additionalProperties":
+			props, _ := sch["properties"].(map[string]any)
+			for name, pv := range obj {
+				if _, ok := props[name]; ok || err != nil {
+					continue
+				}
+				if kv == false {
+					err = fmt.Errorf("%s: field %q is not in the spec", at, name)
+				} else {
+					err = s.validate(kv, pv, at+"."+name)
+				}
+			}
+		case "items":
+			for i, e := range arr {
+				if err == nil {
+					err = s.validate(kv, e, fmt.Sprintf("%s[%d]", at, i))
+				}
+			}
+		case "minItems", "maxItems":
+			n, _ := strconv.Atoi(kv.(json.Number).String())
+			if isArr && (k == "minItems" && len(arr) < n || k == "maxItems" && len(arr) > n) {
+				err = fmt.Errorf("%s: %d items, %s %d", at, len(arr), k, n)
+			}
+		case "minimum", "maximum":
+			lim, _ := kv.(json.Number).Float64()
+			f, _ := num.Float64()
+			if isNum && (k == "minimum" && f < lim || k == "maximum" && f > lim) {
+				err = fmt.Errorf("%s: %v, %s %v", at, num, k, kv)
+			}
+		case "pattern":
+			if isStr && !regexp.MustCompile(kv.(string)).MatchString(str) {
+				err = fmt.Errorf("%s: %q does not match %s", at, str, kv)
+			}
+		case "format":
+			if kv != "date-time" {
+				err = fmt.Errorf("%s: format %q: not one this test checks", at, kv)
+			} else if _, perr := time.Parse(time.RFC3339Nano, str); isStr && perr != nil {
+				err = fmt.Errorf("%s: %q is not an RFC 3339 time", at, str)
+			}
+		default:
+			if !slices.Contains(annotations, k) {
+				err = fmt.Errorf("%s: keyword %q: not one this test's validator knows", at, k)
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func jsonType(v any) string {
+	switch v := v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "boolean"
+	case string:
+		return "string"
+	case json.Number:
+		if strings.ContainsAny(v.String(), ".eE") {
+			return "number"
+		}
+		return "integer"
+	case []any:
+		return "array"
+	default:
+		return "object"
+	}
+}
+
+// schemas returns every schema of the spec, under components and in each
+// operation's request body and responses, named by where it is.
+func (s *openAPI) schemas() map[string]any {
+	out := map[string]any{}
+	comps, _ := s.doc["components"].(map[string]any)
+	for name, sch := range comps["schemas"].(map[string]any) {
+		out["components.schemas."+name] = sch
+	}
+	addContent := func(at string, holder any) {
+		content, _ := s.resolve(holder)["content"].(map[string]any)
+		for mt, m := range content {
+			out[at+" "+mt] = m.(map[string]any)["schema"]
+		}
+	}
+	for name, op := range s.ops {
+		addContent(name+" request", op["requestBody"])
+		for status, r := range op["responses"].(map[string]any) {
+			addContent(name+" "+status, r)
+		}
+	}
+	return out
+}
+
+// TestOpenAPIRoutes: the operations of docs/openapi.json are exactly the
+// routes the server registers, each declares its path parameters, and its
+// schemas use only keywords the validator of these tests checks.
+func TestOpenAPIRoutes(t *testing.T) {
+	spec := loadOpenAPI(t)
+	srv, err := server.New(server.Config{DBPath: filepath.Join(t.TempDir(), "postbox.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Store().Close()
+	routes := srv.Routes()
+	for _, r := range routes {
+		if spec.ops[r] == nil {
+			t.Errorf("the server serves %s, which docs/openapi.json does not describe", r)
+		}
+	}
+	for op, o := range spec.ops {
+		if !slices.Contains(routes, op) {
+			t.Errorf("docs/openapi.json describes %s, which the server does not serve", op)
+		}
+		var declared []string
+		params, _ := o["parameters"].([]any)
+		for _, p := range params {
+			if p := p.(map[string]any); p["in"] == "path" {
+				declared = append(declared, p["name"].(string))
+			}
+		}
+		inPath := regexp.MustCompile(`\{([^}]+)\}`).FindAllStringSubmatch(op, -1)
+		for _, m := range inPath {
+			if !slices.Contains(declared, m[1]) {
+				t.Errorf("%s: path parameter %q is not declared", op, m[1])
+			}
+		}
+		if len(declared) != len(inPath) {
+			t.Errorf("%s: declares path parameters %v", op, declared)
+		}
+		if len(o["responses"].(map[string]any)) == 0 {
+			t.Errorf("%s: no responses", op)
+		}
+	}
+	// The validator meets a keyword only where an answer leads it: look
+	// through every schema for keywords it does not know.
+	for at, sch := range spec.schemas() {
+		walkKeywords(t, spec, sch, at)
+	}
+}
+
+// walkKeywords fails for a keyword of schema, or of a schema within it,
+// that the validator does not know.
+func walkKeywords(t *testing.T, spec *openAPI, schema any, at string) {
+	sch, ok := schema.(map[string]any)
+	if !ok {
+		t.Errorf("%s: schema is not an object", at)
+		return
+	}
+	for k, kv := range sch {
+		switch k {
+		case "properties":
+			for name, ps := range kv.(map[string]any) {
+				walkKeywords(t, spec, ps, at+"."+name)
+			}
+		case "items":
+			walkKeywords(t, spec, kv, at+"[]")
+		case "additionalProperties":
+			if kv != false {
+				walkKeywords(t, spec, kv, at+".*")
+			}
+		case "$ref":
+			if _, err := spec.pointer(kv.(string)); err != nil {
+				t.Errorf("%s: %v", at, err)
+			}
+		case "type", "enum", "required", "minItems", "maxItems", "minimum", "maximum", "pattern":
+		case "format":
+			if kv != "date-time" {
+				t.Errorf("%s: format %q: not one the validator checks", at, kv)
+			}
+		default:
+			if !slices.Contains(annotations, k) {
+				t.Errorf("%s: keyword %q: not one the validator knows", at, k)
+			}
+		}
+	}
+}
+
+// apiChecker sends requests for the operations of the spec and checks the
+// answers against it, remembering which statuses it saw.
+type apiChecker struct {
+	spec *openAPI
+	mu   sync.Mutex
+	seen map[string]map[string]bool // operation → statuses answered
+}
+
+// do sends op ("POST /v1/inboxes/{inbox}/lease") to target (its path with
+// the parameters filled in, and a query) on base, checks the answer and
+// returns its status and its decoded JSON body (nil when it has none). A
+// POST body is sent as application/json unless hdr says otherwise.
+func (c *apiChecker) do(t testing.TB, hc *http.Client, base, op, target, body string, hdr map[string]string) (int, any) {
+	t.Helper()
+	method, _, _ := strings.Cut(op, " ")
+	req, err := http.NewRequest(method, base+target, strings.NewReader(body))
+	if err != nil {
+		t.Errorf("%s: %v", op, err)
+		return 0, nil
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Errorf("%s %s: %v", method, target, err)
+		return 0, nil
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Errorf("%s %s: reading the answer: %v", method, target, err)
+	}
+	return resp.StatusCode, c.check(t, op, body, resp, data)
+}
+
+// check checks an answer to op against the spec: its status is listed, its
+// required headers are there, its body has a listed media type and, when
+// JSON, validates against its schema. The body of a request that succeeded
+// must validate against the request schema too.
+func (c *apiChecker) check(t testing.TB, op, reqBody string, resp *http.Response, data []byte) any {
+	t.Helper()
+	o := c.spec.ops[op]
+	if o == nil {
+		t.Errorf("%s: not in docs/openapi.json", op)
+		return nil
+	}
+	status := strconv.Itoa(resp.StatusCode)
+	r := c.spec.resolve(o["responses"].(map[string]any)[status])
+	if r == nil {
+		t.Errorf("%s answered %s, which docs/openapi.json does not list: %s", op, status, data)
+		return nil
+	}
+	c.mu.Lock()
+	if c.seen[op] == nil {
+		c.seen[op] = map[string]bool{}
+	}
+	c.seen[op][status] = true
+	c.mu.Unlock()
+	headers, _ := r["headers"].(map[string]any)
+	for name, h := range headers {
+		if h.(map[string]any)["required"] == true && resp.Header.Get(name) == "" {
+			t.Errorf("%s %s: no %s header", op, status, name)
+		}
+	}
+	content, _ := r["content"].(map[string]any)
+	if len(content) == 0 {
+		if len(data) > 0 {
+			t.Errorf("%s %s: a body the spec does not document: %s", op, status, data)
+		}
+		return nil
+	}
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	m, ok := content[mt].(map[string]any)
+	if !ok {
+		t.Errorf("%s %s: Content-Type %q, the spec lists %v", op, status, resp.Header.Get("Content-Type"), slices.Sorted(maps.Keys(content)))
+		return nil
+	}
+	if mt != "application/json" {
+		return string(data)
+	}
+	var v any
+	if err := decodeJSON(data, &v); err != nil {
+		t.Errorf("%s %s: the body is not JSON (%v): %s", op, status, err, data)
+		return nil
+	}
+	if err := c.spec.validate(m["schema"], v, "body"); err != nil {
+		t.Errorf("%s %s: the body does not match docs/openapi.json: %v\n%s", op, status, err, data)
+	}
+	if reqBody != "" && resp.StatusCode < 300 {
+		rb := c.spec.resolve(o["requestBody"])
+		if m, ok := rb["content"].(map[string]any)["application/json"].(map[string]any); ok {
+			var req any
+			if err := decodeJSON([]byte(reqBody), &req); err != nil {
+				t.Errorf("%s: the request body is not JSON: %v", op, err)
+			} else if err := c.spec.validate(m["schema"], req, "request"); err != nil {
+				t.Errorf("%s: a request the server took does not match docs/openapi.json: %v\n%s", op, err, reqBody)
+			}
+		}
+	}
+	return v
+}
+
+// jget returns the value at keys (field names and indexes) within v.
+func jget(v any, keys ...any) any {
+	for _, k := range keys {
+		switch k := k.(type) {
+		case string:
+			m, _ := v.(map[string]any)
+			v = m[k]
+		case int:
+			a, _ := v.([]any)
+			if k >= len(a) {
+				return nil
+			}
+			v = a[k]
+		}
+	}
+	return v
+}
+
+// unexercised says why no request of TestOpenAPIAnswers gets status of op,
+// or "" when one must.
+func unexercised(op, status string) string {
+	switch {
+	case status == "503" && op != "GET /ready" && op != "POST /webhooks":
+		return "only when the store fails"
+	case op == "GET /metrics" && status == "500":
+		return "only when gathering a metric fails"
+	}
+	return ""
+}
+
+// TestOpenAPIAnswers sends each operation of docs/openapi.json from a real
+// client to real servers and checks every answer against it; every
+// documented status is reached unless unexercised says why not.
+func TestOpenAPIAnswers(t *testing.T) {
+	spec := loadOpenAPI(t)
+	c := &apiChecker{spec: spec, seen: map[string]map[string]bool{}}
+	big := `{"name": "` + strings.Repeat("x", 1<<20) + `"}`
+
+	// An open server, with a small webhook limit.
+	ts := start(t, server.Config{Webhooks: server.WebhookConfig{MaxBytes: 4096}}, nil)
+	do := func(op, target, body string, hdr map[string]string) (int, any) {
+		t.Helper()
+		return c.do(t, ts.HTTP, ts.Base, op, target, body, hdr)
+	}
+	want := func(wantStatus int, op, target, body string, hdr map[string]string) any {
+		t.Helper()
+		status, v := do(op, target, body, hdr)
+		if status != wantStatus {
+			t.Errorf("%s %s: %d %v, want %d", op, target, status, v, wantStatus)
+		}
+		return v
+	}
+	want(200, "GET /health", "/health", "", nil)
+	want(200, "GET /ready", "/ready", "", nil)
+	want(200, "GET /metrics", "/metrics", "", nil)
+
+	const ws = "GET " + ingress.WSPath
+	conn, resp, err := websocket.Dial(testCtx(t, 10*time.Second), ts.WS, &websocket.DialOptions{HTTPClient: ts.HTTP, Subprotocols: []string{ingress.Subprotocol}})
+	if err != nil {
+		t.Fatalf("WebSocket: %v", err)
+	}
+	c.check(t, ws, "", resp, nil)
+	conn.Close(websocket.StatusNormalClosure, "")
+	upgrade := map[string]string{"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+	want(426, ws, ingress.WSPath, "", nil)
+	want(400, ws, ingress.WSPath, "", map[string]string{"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "12", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+	upgrade["Origin"] = "http://elsewhere.example"
+	want(403, ws, ingress.WSPath, "", upgrade)
+
+	// Subscriptions.
+	const subs = "POST /v1/subscriptions"
+	def := `{"name": "planner", "source": "devices", "types": ["sensor.*"], "metadata": {"device_id": "pi-7"}, "start": "earliest"}`
+	want(201, subs, "/v1/subscriptions", def, nil)
+	want(200, subs, "/v1/subscriptions", def, nil)
+	want(201, subs, "/v1/subscriptions", `{"name": "from-1", "source": "devices", "inbox": "audit", "start": "at_offset", "start_offset": 1}`, nil)
+	want(409, subs, "/v1/subscriptions", `{"name": "planner", "source": "devices"}`, nil)
+	want(404, subs, "/v1/subscriptions", `{"name": "nowhere", "source": "no-such-source"}`, nil)
+	want(400, subs, "/v1/subscriptions", `{"source": "devices"}`, nil)
+	want(400, subs, "/v1/subscriptions", `{"name": "x", "source": "devices", "colour": "red"}`, nil)
+	want(413, subs, "/v1/subscriptions", big, nil)
+	want(200, "GET /v1/subscriptions", "/v1/subscriptions", "", nil)
+	want(200, "GET /v1/subscriptions/{name}", "/v1/subscriptions/planner", "", nil)
+	want(404, "GET /v1/subscriptions/{name}", "/v1/subscriptions/nope", "", nil)
+	want(200, "GET /v1/streams", "/v1/streams", "", nil)
+	want(200, "GET /v1/streams/{stream}", "/v1/streams/devices", "", nil)
+	want(404, "GET /v1/streams/{stream}", "/v1/streams/nope", "", nil)
+
+	// A device event for planner, two webhooks for the inbox webhooks.
+	dc := dial(t, ts.WS, client.Options{})
+	if rs := send(t, dc, message(t, envelope("evt-openapi-1", "pi-7", `{"c": 21.5}`))); !rs[0].OK() {
+		t.Fatalf("device event: %+v", rs[0])
+	}
+	const hook = "POST /webhooks"
+	key1 := map[string]string{"Idempotency-Key": "oa-1", "X-Event-Type": "invoice.paid"}
+	created := want(202, hook, "/webhooks", `{"amount": 42}`, key1)
+	want(200, hook, "/webhooks", `{ "amount": 42 }`, key1)
+	want(409, hook, "/webhooks", `{"amount": 43}`, key1)
+	want(202, hook, "/webhooks", `{"amount": 7}`, map[string]string{"Idempotency-Key": "oa-2"})
+	want(400, hook, "/webhooks", `{"amount": 1}`, nil)
+	want(413, hook, "/webhooks", `{"pad": "`+strings.Repeat("x", 5000)+`"}`, map[string]string{"Idempotency-Key": "oa-3"})
+	want(415, hook, "/webhooks", `{}`, map[string]string{"Idempotency-Key": "oa-4", "Content-Type": "text/plain"})
+
+	// Inboxes: wait for the items, then page, lease, ack and nack them.
+	const items = "GET /v1/inboxes/{inbox}/items"
+	for _, inbox := range []string{"planner", "webhooks"} {
+		waitFor(t, 10*time.Second, "items in "+inbox, func() bool {
+			_, v := do(items, "/v1/inboxes/"+inbox+"/items", "", nil)
+			n, _ := jget(v, "items").([]any)
+			return len(n) == map[string]int{"planner": 1, "webhooks": 2}[inbox]
+		})
+	}
+	want(200, "GET /v1/consumers", "/v1/consumers", "", nil)
+	want(200, "GET /v1/inboxes", "/v1/inboxes", "", nil)
+	page := want(200, items, "/v1/inboxes/webhooks/items?state=pending&limit=1", "", nil)
+	if jget(page, "next_after") == json.Number("0") {
+		t.Errorf("a full page of 1 has next_after 0: %v", page)
+	}
+	want(200, items, "/v1/inboxes/no-such-inbox/items", "", nil)
+	want(400, items, "/v1/inboxes/webhooks/items?state=lost", "", nil)
+	want(400, items, "/v1/inboxes/webhooks/items?limit=0", "", nil)
+	first := jget(page, "items", 0, "id")
+	const item = "GET /v1/inboxes/{inbox}/items/{id}"
+	want(200, item, fmt.Sprint("/v1/inboxes/webhooks/items/", first), "", nil)
+	want(400, item, "/v1/inboxes/webhooks/items/first", "", nil)
+	want(404, item, "/v1/inboxes/webhooks/items/999999", "", nil)
+
+	const lease = "POST /v1/inboxes/{inbox}/lease"
+	l := want(200, lease, "/v1/inboxes/webhooks/lease", `{"max": 1, "visibility_timeout": "30s", "wait": "0s"}`, nil)
+	want(200, lease, "/v1/inboxes/planner/lease", "", nil)
+	want(400, lease, "/v1/inboxes/webhooks/lease", `{"max": 0}`, nil)
+	want(400, lease, "/v1/inboxes/webhooks/lease", `{"wait": "2m"}`, nil)
+	want(413, lease, "/v1/inboxes/webhooks/lease", big, nil)
+	leased, token := jget(l, "items", 0, "id"), jget(l, "lease")
+	const ack, nack = "POST /v1/inboxes/{inbox}/ack", "POST /v1/inboxes/{inbox}/nack"
+	res := want(200, ack, "/v1/inboxes/webhooks/ack", fmt.Sprintf(`{"ids": [%v, 999999], "lease": %q}`, leased, token), nil)
+	if jget(res, "items", 0, "state") != "completed" || jget(res, "items", 1, "error", "code") != "not_found" {
+		t.Errorf("ack: %v", res)
+	}
+	want(400, ack, "/v1/inboxes/webhooks/ack", `{"ids": []}`, nil)
+	want(400, ack, "/v1/inboxes/webhooks/ack", `{"ids": [1], "reason": "not for ack"}`, nil)
+	want(413, ack, "/v1/inboxes/webhooks/ack", big, nil)
+	other := jget(want(200, items, "/v1/inboxes/webhooks/items?state=pending", "", nil), "items", 0, "id")
+	res = want(200, nack, "/v1/inboxes/webhooks/nack", fmt.Sprintf(`{"ids": [%v, %v], "delay": "1m", "reason": "downstream 503"}`, other, leased), nil)
+	if jget(res, "items", 0, "state") != "pending" || jget(res, "items", 1, "error", "code") == nil {
+		t.Errorf("nack: %v", res)
+	}
+	want(400, nack, "/v1/inboxes/webhooks/nack", `{"ids": [0]}`, nil)
+	want(400, nack, "/v1/inboxes/webhooks/nack", `{"ids": [1], "delay": "soon"}`, nil)
+	want(413, nack, "/v1/inboxes/webhooks/nack", big, nil)
+
+	// Webhooks by id and by key; the nacked one has a last_error.
+	const byID, byKey = "GET /webhooks/{id}", "GET /webhooks"
+	want(200, byID, fmt.Sprint("/webhooks/", jget(created, "id")), "", nil)
+	wh := want(200, byKey, "/webhooks?idempotency_key=oa-2", "", nil)
+	if jget(wh, "last_error") != "downstream 503" {
+		t.Errorf("the nacked webhook: %v, want last_error", wh)
+	}
+	want(404, byID, "/webhooks/wh_999999", "", nil)
+	want(404, byID, "/webhooks/42", "", nil)
+	want(400, byKey, "/webhooks", "", nil)
+	want(404, byKey, "/webhooks?idempotency_key=never-sent", "", nil)
+
+	const del = "DELETE /v1/subscriptions/{name}"
+	want(204, del, "/v1/subscriptions/planner", "", nil)
+	want(404, del, "/v1/subscriptions/planner", "", nil)
+
+	// With an API token, exactly the operations that list it need it.
+	tok := start(t, server.Config{APIToken: "op-token"}, nil)
+	for op, o := range spec.ops {
+		method, path, _ := strings.Cut(op, " ")
+		target := regexp.MustCompile(`\{[^}]+\}`).ReplaceAllString(path, "1")
+		body := ""
+		if method == "POST" {
+			body = "{}"
+		}
+		needs := slices.ContainsFunc(o["security"].([]any), func(s any) bool { return s.(map[string]any)["apiToken"] != nil })
+		if status, v := c.do(t, tok.HTTP, tok.Base, op, target, body, nil); (status == 401) != needs {
+			t.Errorf("%s without the API token: %d %v; the spec says it needs it: %v", op, status, v, needs)
+		}
+	}
+	if status, v := c.do(t, tok.HTTP, tok.Base, "GET /v1/streams", "/v1/streams", "", map[string]string{"Authorization": "Bearer op-token"}); status != 200 {
+		t.Errorf("with the API token: %d %v", status, v)
+	}
+
+	// Device tokens and a webhook secret.
+	tokens := ingress.Tokens{}
+	tokens.Add("device-token", "pi-1")
+	sec := start(t, server.Config{Tokens: tokens, Webhooks: server.WebhookConfig{Secrets: []string{"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}}}, nil)
+	if status, v := c.do(t, sec.HTTP, sec.Base, ws, ingress.WSPath, "", upgrade); status != 401 {
+		t.Errorf("WebSocket without a device token: %d %v", status, v)
+	}
+	if status, v := c.do(t, sec.HTTP, sec.Base, hook, "/webhooks", `{}`, map[string]string{"Idempotency-Key": "k"}); status != 401 {
+		t.Errorf("an unsigned webhook: %d %v", status, v)
+	}
+
+	// A server that is not running yet: not ready, takes no webhook.
+	srv, err := server.New(server.Config{DBPath: filepath.Join(t.TempDir(), "postbox.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Store().Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: srv.Handler()}
+	go hs.Serve(ln)
+	defer hs.Close()
+	base := "http://" + ln.Addr().String()
+	if status, v := c.do(t, http.DefaultClient, base, "GET /ready", "/ready", "", nil); status != 503 {
+		t.Errorf("/ready before Run: %d %v", status, v)
+	}
+	if status, v := c.do(t, http.DefaultClient, base, hook, "/webhooks", `{}`, map[string]string{"Idempotency-Key": "k"}); status != 503 {
+		t.Errorf("a webhook before Run: %d %v", status, v)
+	}
+
+	// A full writer queue: 429 with Retry-After.
+	full := start(t, server.Config{QueueSize: 1}, nil)
+	release := lockDB(t, full.DBPath)
+	var wg sync.WaitGroup
+	throttled := make(chan struct{}, 8)
+	for i := range 8 {
+		wg.Go(func() {
+			if status, _ := c.do(t, full.HTTP, full.Base, hook, "/webhooks", `{}`, map[string]string{"Idempotency-Key": fmt.Sprint("q", i)}); status == 429 {
+				throttled <- struct{}{}
+			}
+		})
+	}
+	waitFor(t, 10*time.Second, "a 429", func() bool { return len(throttled) > 0 })
+	release()
+	wg.Wait()
+
+	// Every documented status was reached, or has a reason not to be.
+	for op, o := range spec.ops {
+		for status := range o["responses"].(map[string]any) {
+			why := unexercised(op, status)
+			switch got := c.seen[op][status]; {
+			case !got && why == "":
+				t.Errorf("%s: no request got the documented %s", op, status)
+			case got && why != "":
+				t.Errorf("%s: a request got %s, which unexercised says happens %s", op, status, why)
+			}
+		}
+	}
+}
