@@ -4,10 +4,15 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net/url"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/groupcommit"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/server"
@@ -17,9 +22,13 @@ import (
 func runServe(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "serve", "[flags]", `Runs the control plane: the WebSocket ingress (`+ingress.WSPath+`), the webhook intake
 (POST /webhooks), the SQLite store with its single group-commit writer, subscriptions and
-their inboxes (the API of docs/API.md), /health, /ready and /metrics. Every event is ACKed only
-after its transaction committed. Flags win over the environment variables named in brackets.`)
-	addr := fs.String("addr", ":8000", "listen address [POSTBOX_ADDR]")
+their inboxes, the workers that POST items to targets with retries and dead letters, retention
+(the API of docs/API.md), /health, /ready and /metrics. Every event is ACKed only after its
+transaction committed. At start, items a previous process left processing are pending again
+before /ready answers 200. Flags win over the environment variables named in brackets.`)
+	addr := fs.String("addr", "", "listen `address` (host:port); overrides --port [POSTBOX_ADDR]")
+	port := positiveInt(8000)
+	fs.Var(&port, "port", "listen `port` on every interface [PORT]")
 	db := fs.String("db", "data/postbox.db", "SQLite database file [DB_PATH]")
 	sync := fs.String("synchronous", "FULL", "SQLite synchronous mode: FULL (an ACK survives power loss) or NORMAL [POSTBOX_SYNCHRONOUS]")
 	maxBatch := positiveInt(groupcommit.DefaultMaxBatch)
@@ -41,8 +50,26 @@ after its transaction committed. Flags win over the environment variables named 
 	apiToken := fs.String("api-token", "", "bearer `token` the operator API (subscriptions, streams, consumers, inboxes) requires [POSTBOX_API_TOKEN]")
 	cert := fs.String("tls-cert", "", "TLS certificate file (PEM); serves HTTPS/WSS with --tls-key [POSTBOX_TLS_CERT]")
 	key := fs.String("tls-key", "", "TLS private key file (PEM) [POSTBOX_TLS_KEY]")
-	level := fs.String("log-level", "info", "debug, info, warn or error [LOG_LEVEL]")
-	format := fs.String("log-format", "pretty", "json or pretty [LOG_FORMAT]")
+	workers := positiveInt(delivery.DefaultWorkers)
+	fs.Var(&workers, "workers", "`items` the workers handle at once, over every inbox with a target or handler [WORKER_COUNT]")
+	maxAttempts := positiveInt(delivery.DefaultMaxAttempts)
+	fs.Var(&maxAttempts, "max-attempts", "`attempts` an item gets before it is failed, a dead letter [MAX_ATTEMPTS]")
+	retryBase := positiveDuration(delivery.DefaultRetryBaseDelay)
+	fs.Var(&retryBase, "retry-base-delay", "wait before the first retry; each later one doubles it (`duration`, e.g. 5s, 300ms) [RETRY_BASE_DELAY]")
+	retryMax := positiveDuration(delivery.DefaultRetryMaxDelay)
+	fs.Var(&retryMax, "retry-max-delay", "longest wait between retries (`duration`) [RETRY_MAX_DELAY]")
+	handlerTimeout := positiveDuration(delivery.DefaultHandlerTimeout)
+	fs.Var(&handlerTimeout, "handler-timeout", "longest one attempt may take, e.g. a POST to a target (`duration`) [POSTBOX_HANDLER_TIMEOUT]")
+	retention := wholeNumber(30)
+	fs.Var(&retention, "retention-days", "`days` completed and failed items, and stream events every consumer has read, are kept; 0 keeps them [RETENTION_DAYS]")
+	cleanup := hours(delivery.DefaultCleanupInterval)
+	fs.Var(&cleanup, "cleanup-interval-hours", "how often retention runs, in `hours` (or a duration such as 30m) [CLEANUP_INTERVAL_HOURS]")
+	var whTarget httpURL
+	fs.Var(&whTarget, "webhook-target", "`URL` the workers POST each webhook to (the default subscription webhooks); without one, runtimes lease the inbox webhooks [WEBHOOK_TARGET_URL]")
+	level := choice{value: "info", choices: []string{"debug", "info", "warn", "error"}}
+	fs.Var(&level, "log-level", "`level`: debug, info, warn or error [LOG_LEVEL]")
+	format := choice{value: "pretty", choices: []string{"pretty", "json", "text"}}
+	fs.Var(&format, "log-format", "`format`: json or pretty [LOG_FORMAT]")
 	if err := parse(env, fs, args); err != nil {
 		return err
 	}
@@ -50,7 +77,10 @@ after its transaction committed. Flags win over the environment variables named 
 		return usagef("serve takes no arguments, got %q", fs.Args())
 	}
 	if err := envDefaults(env, fs, map[string]string{
-		"addr": "POSTBOX_ADDR", "db": "DB_PATH", "synchronous": "POSTBOX_SYNCHRONOUS", "max-batch": "POSTBOX_MAX_BATCH",
+		"addr": "POSTBOX_ADDR", "port": "PORT", "db": "DB_PATH",
+		"workers": "WORKER_COUNT", "max-attempts": "MAX_ATTEMPTS", "retry-base-delay": "RETRY_BASE_DELAY", "retry-max-delay": "RETRY_MAX_DELAY",
+		"handler-timeout": "POSTBOX_HANDLER_TIMEOUT", "retention-days": "RETENTION_DAYS", "cleanup-interval-hours": "CLEANUP_INTERVAL_HOURS",
+		"webhook-target": "WEBHOOK_TARGET_URL", "synchronous": "POSTBOX_SYNCHRONOUS", "max-batch": "POSTBOX_MAX_BATCH",
 		"queue-size": "QUEUE_MAXSIZE", "queue-bytes": "POSTBOX_QUEUE_BYTES", "max-envelope-bytes": "POSTBOX_MAX_ENVELOPE_BYTES", "auth-tokens": "POSTBOX_AUTH_TOKENS", "api-token": "POSTBOX_API_TOKEN",
 		"webhook-max-bytes": "POSTBOX_WEBHOOK_MAX_BYTES", "webhook-key-header": "POSTBOX_WEBHOOK_KEY_HEADER", "webhook-key-field": "POSTBOX_WEBHOOK_KEY_FIELD",
 		"webhook-type-header": "POSTBOX_WEBHOOK_TYPE_HEADER", "webhook-type-field": "POSTBOX_WEBHOOK_TYPE_FIELD",
@@ -59,9 +89,20 @@ after its transaction committed. Flags win over the environment variables named 
 	}); err != nil {
 		return err
 	}
-	log, err := newLogger(env.stderr, *level, *format)
+	if retryBase > retryMax {
+		return usagef("the retry base delay %v (--retry-base-delay, RETRY_BASE_DELAY) is above the retry max delay %v (--retry-max-delay, RETRY_MAX_DELAY)",
+			time.Duration(retryBase), time.Duration(retryMax))
+	}
+	log, err := newLogger(env.stderr, level.value, format.value)
 	if err != nil {
 		return err
+	}
+	if *addr == "" {
+		*addr = fmt.Sprintf(":%d", port)
+	}
+	keep := time.Duration(retention) * 24 * time.Hour
+	if retention == 0 {
+		keep = -1
 	}
 	cfg := server.Config{
 		Addr:        *addr,
@@ -75,7 +116,10 @@ after its transaction committed. Flags win over the environment variables named 
 		TLSKey:      *key,
 		APIToken:    *apiToken,
 		Webhooks: server.WebhookConfig{MaxBytes: int64(whMax), KeyHeader: *whKeyHeader, KeyField: *whKeyField,
-			TypeHeader: *whTypeHeader, TypeField: *whTypeField, Secrets: splitList(*whSecrets)},
+			TypeHeader: *whTypeHeader, TypeField: *whTypeField, Secrets: splitList(*whSecrets), Target: string(whTarget)},
+		Delivery: delivery.Config{Workers: int(workers), MaxAttempts: int(maxAttempts), RetryBaseDelay: time.Duration(retryBase),
+			RetryMaxDelay: time.Duration(retryMax), HandlerTimeout: time.Duration(handlerTimeout), Retention: keep,
+			CleanupInterval: time.Duration(cleanup)},
 		Logger: log,
 	}
 	if *tokens != "" {
@@ -129,4 +173,79 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// positiveDuration is a flag.Value for a duration > 0: Go syntax (5s,
+// 300ms, 2m30s) or a bare number of seconds.
+type positiveDuration time.Duration
+
+func (p *positiveDuration) String() string { return time.Duration(*p).String() }
+func (p *positiveDuration) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if n, nerr := strconv.ParseFloat(s, 64); nerr == nil {
+		d, err = time.Duration(n*float64(time.Second)), nil
+	}
+	if err != nil || d <= 0 {
+		return fmt.Errorf("%q is not a positive duration: use Go syntax such as 5s, 300ms or 2m, or seconds", s)
+	}
+	*p = positiveDuration(d)
+	return nil
+}
+
+// hours is a flag.Value for a positive number of hours (1, 0.5) or a
+// duration (30m).
+type hours time.Duration
+
+func (h *hours) String() string { return strconv.FormatFloat(time.Duration(*h).Hours(), 'f', -1, 64) }
+func (h *hours) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if n, nerr := strconv.ParseFloat(s, 64); nerr == nil {
+		d, err = time.Duration(n*float64(time.Hour)), nil
+	}
+	if err != nil || d <= 0 {
+		return fmt.Errorf("%q is not a positive number of hours (or a duration such as 30m)", s)
+	}
+	*h = hours(d)
+	return nil
+}
+
+// wholeNumber is a flag.Value for an int >= 0.
+type wholeNumber int
+
+func (w *wholeNumber) String() string { return strconv.Itoa(int(*w)) }
+func (w *wholeNumber) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return fmt.Errorf("%q is not a whole number (0 or more)", s)
+	}
+	*w = wholeNumber(n)
+	return nil
+}
+
+// choice is a flag.Value for one of a few words, in any case.
+type choice struct {
+	value   string
+	choices []string
+}
+
+func (c *choice) String() string { return c.value }
+func (c *choice) Set(s string) error {
+	if !slices.Contains(c.choices, strings.ToLower(s)) {
+		return fmt.Errorf("%q: use %s", s, strings.Join(c.choices, ", "))
+	}
+	c.value = strings.ToLower(s)
+	return nil
+}
+
+// httpURL is a flag.Value for an http:// or https:// URL.
+type httpURL string
+
+func (h *httpURL) String() string { return string(*h) }
+func (h *httpURL) Set(s string) error {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%q is not an http:// or https:// URL", s)
+	}
+	*h = httpURL(s)
+	return nil
 }

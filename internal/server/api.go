@@ -38,6 +38,10 @@ func (s *Server) routeAPI() {
 		"POST /v1/inboxes/{inbox}/lease":     s.leaseItems,
 		"POST /v1/inboxes/{inbox}/ack":       s.ackItems,
 		"POST /v1/inboxes/{inbox}/nack":      s.nackItems,
+		"GET /v1/dead-letters":               s.listDeadLetters,
+		"GET /v1/dead-letters/{id}":          s.getDeadLetter,
+		"POST /v1/dead-letters/{id}/replay":  s.replayDeadLetter,
+		"POST /v1/dead-letters/replay":       s.replayDeadLetters,
 	} {
 		s.handle(pattern, s.requireToken(h))
 	}
@@ -145,6 +149,7 @@ type subscriptionJSON struct {
 	Start         string            `json:"start"`
 	StartOffset   int64             `json:"start_offset"`
 	StartTime     *time.Time        `json:"start_time"`
+	Target        *string           `json:"target"`
 	CreatedAt     time.Time         `json:"created_at"`
 	NextOffset    int64             `json:"next_offset"`
 	HighWatermark int64             `json:"high_watermark"`
@@ -159,6 +164,9 @@ func (s *Server) subscriptionJSON(r *http.Request, sub delivery.Subscription) su
 	if !sub.Start.Time.IsZero() {
 		t := sub.Start.Time
 		j.StartTime = &t
+	}
+	if sub.Target != "" {
+		j.Target = &sub.Target
 	}
 	if lag, err := s.store.Lag(r.Context(), sub.Name); err == nil {
 		j.NextOffset, j.HighWatermark, j.Lag = lag.NextOffset, lag.HighWatermark, lag.Events
@@ -176,6 +184,7 @@ func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
 		Start       string            `json:"start"`
 		StartOffset int64             `json:"start_offset"`
 		StartTime   string            `json:"start_time"`
+		Target      string            `json:"target"`
 	}
 	if !decodeBody(w, r, &req, false) {
 		return
@@ -189,7 +198,7 @@ func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sub := delivery.Subscription{Name: *req.Name, Source: *req.Source, Types: req.Types, Metadata: req.Metadata, Inbox: req.Inbox,
-		Start: stream.Start{Policy: req.Start, Offset: req.StartOffset}}
+		Start: stream.Start{Policy: req.Start, Offset: req.StartOffset}, Target: req.Target}
 	if req.StartTime != "" {
 		t, err := time.Parse(time.RFC3339Nano, req.StartTime)
 		if err != nil {
@@ -380,6 +389,9 @@ type itemJSON struct {
 	LastError      *string         `json:"last_error"`
 	CreatedAt      time.Time       `json:"created_at"`
 	UpdatedAt      time.Time       `json:"updated_at"`
+	FailedAt       *time.Time      `json:"failed_at"`
+	ReplayedAt     *time.Time      `json:"replayed_at"`
+	Replays        int             `json:"replays"`
 }
 
 func itemsJSON(items []delivery.Item) []itemJSON {
@@ -391,7 +403,7 @@ func itemsJSON(items []delivery.Item) []itemJSON {
 		}
 		out[i] = itemJSON{it.ID, it.Inbox, it.Subscription, it.Stream, it.Offset, it.StreamEventID, it.EventID, it.Type,
 			it.OccurredAt, it.StoredAt, it.Metadata, it.Payload, handle, it.State, it.Attempts, it.NextAttemptAt,
-			it.LeaseExpiresAt, it.LastError, it.CreatedAt, it.UpdatedAt}
+			it.LeaseExpiresAt, it.LastError, it.CreatedAt, it.UpdatedAt, it.FailedAt, it.ReplayedAt, it.Replays}
 	}
 	return out
 }

@@ -45,6 +45,12 @@ type Config struct {
 	Tokens      ingress.Tokens // nil: no authentication
 	// Webhooks configures POST /webhooks.
 	Webhooks WebhookConfig
+	// Delivery configures workers, retries, dead letters and retention;
+	// the server sets its Logger and Metrics.
+	Delivery delivery.Config
+	// Handlers are Go functions that complete the items of inboxes (by
+	// inbox name), for programs that embed the server.
+	Handlers map[string]delivery.Handler
 	// APIToken, when set, is the bearer token the operator API (/v1/
 	// subscriptions, streams, consumers, inboxes) requires.
 	APIToken string
@@ -163,12 +169,17 @@ func New(cfg Config) (*Server, error) {
 		store.Close()
 		return nil, err
 	}
-	dl, err := delivery.New(context.Background(), store, delivery.Config{Logger: cfg.Logger, Metrics: delivery.NewMetrics(reg)})
+	dcfg := cfg.Delivery
+	dcfg.Logger, dcfg.Metrics = cfg.Logger, delivery.NewMetrics(reg)
+	dl, err := delivery.New(context.Background(), store, dcfg)
 	if err != nil {
 		store.Close()
 		return nil, fmt.Errorf("open store: %w", err)
 	}
-	reg.MustRegister(dl.LagCollector())
+	for inbox, h := range cfg.Handlers {
+		dl.Handle(inbox, h)
+	}
+	reg.MustRegister(dl.LagCollector(), dl.InboxCollector())
 	s := &Server{cfg: cfg, log: cfg.Logger, store: store, delivery: dl, metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg, mux: http.NewServeMux()}
 	s.routeAPI()
 	s.handle("POST /webhooks", http.HandlerFunc(s.postWebhook))
@@ -254,8 +265,16 @@ func (s *Server) Run(ctx context.Context) error {
 	deliveryCtx, stopDelivery := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopDelivery()
 	deliveryDone := make(chan struct{})
+	recovered := make(chan struct{})
 	g.Go(func() error {
 		defer close(deliveryDone)
+		if err := s.recover(deliveryCtx); err != nil {
+			if deliveryCtx.Err() != nil {
+				return nil // stopped before it started
+			}
+			return err
+		}
+		close(recovered)
 		return s.delivery.Run(deliveryCtx)
 	})
 	g.Go(func() error {
@@ -298,7 +317,12 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 			return fmt.Errorf("webhooks: %w", err)
 		}
-		s.setReady(true) // /ready says 200 once webhooks have their subscription
+		select {
+		case <-recovered:
+		case <-gctx.Done():
+			return nil
+		}
+		s.setReady(true) // /ready says 200 once interrupted work is pending again and webhooks have their subscription
 		return nil
 	})
 	scheme := "ws"
@@ -311,6 +335,22 @@ func (s *Server) Run(ctx context.Context) error {
 	s.setReady(false)
 	s.log.Info("postbox serve: stopped", "err", err)
 	return err
+}
+
+// recover returns the work a previous process left processing to pending
+// and logs what the inboxes hold (seed 001's boot rehydration).
+func (s *Server) recover(ctx context.Context) error {
+	b, err := s.delivery.Recover(ctx)
+	if err != nil {
+		return fmt.Errorf("startup recovery: %w", err)
+	}
+	oldest := "none"
+	if !b.OldestPending.IsZero() {
+		oldest = time.Since(b.OldestPending).Round(time.Second).String()
+	}
+	s.log.Info("postbox serve: startup recovery done", "interrupted_items_returned", b.Recovered, "pending", b.Pending,
+		"dead_letters", b.Failed, "oldest_pending_age", oldest)
+	return nil
 }
 
 func (s *Server) synchronous() string {

@@ -46,6 +46,10 @@ type WebhookConfig struct {
 	// webhook-id, webhook-timestamp (within 5 minutes) and
 	// webhook-signature. Others are refused with 401.
 	Secrets []string
+	// Target, when set, is the URL the workers POST each webhook to (the
+	// target of the default subscription webhooks); "" leaves the webhooks
+	// inbox to runtimes that lease it.
+	Target string
 }
 
 // webhookJSON is a webhook in the API (seed 003).
@@ -304,10 +308,15 @@ func (s *Server) ensureWebhooks(ctx context.Context) error {
 	if _, err := s.store.EnsureStream(ctx, WebhookSource); err != nil {
 		return err
 	}
-	_, _, err := s.delivery.Create(ctx, delivery.Subscription{Name: WebhookSource, Source: WebhookSource, Start: stream.Start{Policy: stream.StartEarliest}})
+	sub, _, err := s.delivery.Create(ctx, delivery.Subscription{Name: WebhookSource, Source: WebhookSource,
+		Start: stream.Start{Policy: stream.StartEarliest}, Target: s.cfg.Webhooks.Target})
 	if errors.Is(err, delivery.ErrConflict) {
-		s.log.Info("webhooks: the default subscription was redefined; keeping it", "subscription", WebhookSource)
-		return nil
+		if sub.Target == s.cfg.Webhooks.Target {
+			s.log.Info("webhooks: the default subscription was redefined; keeping it", "subscription", WebhookSource)
+			return nil
+		}
+		// The target follows the configuration (--webhook-target).
+		return s.delivery.SetTarget(ctx, WebhookSource, s.cfg.Webhooks.Target)
 	}
 	return err
 }

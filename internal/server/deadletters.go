@@ -1,0 +1,143 @@
+package server
+
+import (
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/postbox-events/postbox/internal/delivery"
+)
+
+// The dead-letter API (docs/API.md#dead-letters): failed items, listed by
+// inbox, subscription and time of failure, and replayed one by one or by
+// selection.
+
+// deadLetterFilter reads the selection of a dead-letter request from
+// query, or answers 400 naming the field.
+func deadLetterFilter(w http.ResponseWriter, q url.Values) (delivery.DeadLetters, bool) {
+	f := delivery.DeadLetters{Inbox: q.Get("inbox"), Subscription: q.Get("subscription")}
+	for name, t := range map[string]*time.Time{"from": &f.From, "to": &f.To} {
+		if v := q.Get(name); v != "" {
+			var err error
+			if *t, err = time.Parse(time.RFC3339Nano, v); err != nil {
+				writeError(w, http.StatusBadRequest, "invalid_field", "%s %q: want an RFC 3339 time such as 2026-11-21T10:00:00Z", name, v)
+				return f, false
+			}
+		}
+	}
+	if !f.From.IsZero() && !f.To.IsZero() && !f.From.Before(f.To) {
+		writeError(w, http.StatusBadRequest, "invalid_field", "from %s is not before to %s", q.Get("from"), q.Get("to"))
+		return f, false
+	}
+	return f, true
+}
+
+func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f, ok := deadLetterFilter(w, q)
+	if !ok {
+		return
+	}
+	limit, ok := intParam(w, q.Get("limit"), "limit", 100, 1, maxListLimit)
+	if !ok {
+		return
+	}
+	if f.After, ok = intParam(w, q.Get("after"), "after", 0, 0, 1<<62); !ok {
+		return
+	}
+	f.Limit = int(limit)
+	items, err := s.delivery.ListDeadLetters(r.Context(), f)
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	next := int64(0)
+	if len(items) == f.Limit {
+		next = items[len(items)-1].ID
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": itemsJSON(items), "next_after": next})
+}
+
+// deadLetterID reads the {id} of the path, or answers 400.
+func deadLetterID(w http.ResponseWriter, r *http.Request) (int64, bool) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id < 1 {
+		writeError(w, http.StatusBadRequest, "invalid_field", "item id %q: want a positive whole number", r.PathValue("id"))
+		return 0, false
+	}
+	return id, true
+}
+
+func (s *Server) getDeadLetter(w http.ResponseWriter, r *http.Request) {
+	id, ok := deadLetterID(w, r)
+	if !ok {
+		return
+	}
+	it, err := s.delivery.Item(r.Context(), "", id)
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	if it.State != delivery.StateFailed {
+		writeError(w, http.StatusNotFound, "not_found", "item %d is %s, not a dead letter", id, it.State)
+		return
+	}
+	writeJSON(w, http.StatusOK, itemsJSON([]delivery.Item{it})[0])
+}
+
+// replayDeadLetter replays one dead letter: 200 with the item, now
+// pending; 404 when there is no such item; 409 when it is not failed.
+func (s *Server) replayDeadLetter(w http.ResponseWriter, r *http.Request) {
+	id, ok := deadLetterID(w, r)
+	if !ok {
+		return
+	}
+	ids, err := s.delivery.Replay(r.Context(), delivery.DeadLetters{ID: id})
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	it, err := s.delivery.Item(r.Context(), "", id)
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	if len(ids) == 0 {
+		writeError(w, http.StatusConflict, "invalid_state", "item %d is %s, not a dead letter: only failed items are replayed", id, it.State)
+		return
+	}
+	writeJSON(w, http.StatusOK, itemsJSON([]delivery.Item{it})[0])
+}
+
+// replayDeadLetters replays every dead letter a selection names. An empty
+// selection must say "all": true, so that nothing is replayed by accident.
+func (s *Server) replayDeadLetters(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Inbox        string `json:"inbox"`
+		Subscription string `json:"subscription"`
+		From         string `json:"from"`
+		To           string `json:"to"`
+		All          bool   `json:"all"`
+	}
+	if !decodeBody(w, r, &req, false) {
+		return
+	}
+	f, ok := deadLetterFilter(w, url.Values{"inbox": {req.Inbox}, "subscription": {req.Subscription}, "from": {req.From}, "to": {req.To}})
+	if !ok {
+		return
+	}
+	if f == (delivery.DeadLetters{}) && !req.All {
+		writeError(w, http.StatusBadRequest, "missing_field", "name an inbox, a subscription or a time range (from, to), or send \"all\": true to replay every dead letter")
+		return
+	}
+	ids, err := s.delivery.Replay(r.Context(), f)
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	if ids == nil {
+		ids = []int64{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"replayed": len(ids), "ids": ids})
+}
