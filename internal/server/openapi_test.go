@@ -23,6 +23,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/postbox-events/postbox/client"
+	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/server"
 )
@@ -472,8 +473,9 @@ func TestOpenAPIAnswers(t *testing.T) {
 	c := &apiChecker{spec: spec, seen: map[string]map[string]bool{}}
 	big := `{"name": "` + strings.Repeat("x", 1<<20) + `"}`
 
-	// An open server, with a small webhook limit.
-	ts := start(t, server.Config{Webhooks: server.WebhookConfig{MaxBytes: 4096}}, nil)
+	// An open server, with a small webhook limit; a nacked item that was
+	// leased once is a dead letter.
+	ts := start(t, server.Config{Webhooks: server.WebhookConfig{MaxBytes: 4096}, Delivery: delivery.Config{MaxAttempts: 1}}, nil)
 	do := func(op, target, body string, hdr map[string]string) (int, any) {
 		t.Helper()
 		return c.do(t, ts.HTTP, ts.Base, op, target, body, hdr)
@@ -509,6 +511,8 @@ func TestOpenAPIAnswers(t *testing.T) {
 	want(201, subs, "/v1/subscriptions", def, nil)
 	want(200, subs, "/v1/subscriptions", def, nil)
 	want(201, subs, "/v1/subscriptions", `{"name": "from-1", "source": "devices", "inbox": "audit", "start": "at_offset", "start_offset": 1}`, nil)
+	want(201, subs, "/v1/subscriptions", `{"name": "hooked", "source": "devices", "types": ["never.*"], "target": "http://127.0.0.1:9/events"}`, nil)
+	want(400, subs, "/v1/subscriptions", `{"name": "x", "source": "devices", "target": "ftp://127.0.0.1/"}`, nil)
 	want(409, subs, "/v1/subscriptions", `{"name": "planner", "source": "devices"}`, nil)
 	want(404, subs, "/v1/subscriptions", `{"name": "nowhere", "source": "no-such-source"}`, nil)
 	want(400, subs, "/v1/subscriptions", `{"source": "devices"}`, nil)
@@ -562,7 +566,7 @@ func TestOpenAPIAnswers(t *testing.T) {
 
 	const lease = "POST /v1/inboxes/{inbox}/lease"
 	l := want(200, lease, "/v1/inboxes/webhooks/lease", `{"max": 1, "visibility_timeout": "30s", "wait": "0s"}`, nil)
-	want(200, lease, "/v1/inboxes/planner/lease", "", nil)
+	pl := want(200, lease, "/v1/inboxes/planner/lease", "", nil)
 	want(400, lease, "/v1/inboxes/webhooks/lease", `{"max": 0}`, nil)
 	want(400, lease, "/v1/inboxes/webhooks/lease", `{"wait": "2m"}`, nil)
 	want(413, lease, "/v1/inboxes/webhooks/lease", big, nil)
@@ -583,6 +587,32 @@ func TestOpenAPIAnswers(t *testing.T) {
 	want(400, nack, "/v1/inboxes/webhooks/nack", `{"ids": [0]}`, nil)
 	want(400, nack, "/v1/inboxes/webhooks/nack", `{"ids": [1], "delay": "soon"}`, nil)
 	want(413, nack, "/v1/inboxes/webhooks/nack", big, nil)
+
+	// Dead letters: the device item, leased once and nacked.
+	dead := jget(pl, "items", 0, "id")
+	res = want(200, nack, "/v1/inboxes/planner/nack", fmt.Sprintf(`{"ids": [%v], "lease": %q, "reason": "no handler"}`, dead, jget(pl, "lease")), nil)
+	if jget(res, "items", 0, "state") != "failed" {
+		t.Errorf("nack of a last attempt: %v, want failed", res)
+	}
+	const dls, dl, replay, replaySel = "GET /v1/dead-letters", "GET /v1/dead-letters/{id}", "POST /v1/dead-letters/{id}/replay", "POST /v1/dead-letters/replay"
+	if page := want(200, dls, "/v1/dead-letters?inbox=planner&from=2026-01-01T00:00:00Z&limit=10", "", nil); jget(page, "items", 0, "id") != dead {
+		t.Errorf("dead letters of planner: %v, want item %v", page, dead)
+	}
+	want(400, dls, "/v1/dead-letters?from=yesterday", "", nil)
+	want(200, dl, fmt.Sprint("/v1/dead-letters/", dead), "", nil)
+	want(404, dl, fmt.Sprint("/v1/dead-letters/", leased), "", nil)
+	want(400, dl, "/v1/dead-letters/first", "", nil)
+	if it := want(200, replay, fmt.Sprintf("/v1/dead-letters/%v/replay", dead), "", nil); jget(it, "state") != "pending" || jget(it, "replays") != json.Number("1") {
+		t.Errorf("replayed: %v", it)
+	}
+	want(409, replay, fmt.Sprintf("/v1/dead-letters/%v/replay", dead), "", nil)
+	want(404, replay, "/v1/dead-letters/999999/replay", "", nil)
+	want(400, replay, "/v1/dead-letters/first/replay", "", nil)
+	want(200, replaySel, "/v1/dead-letters/replay", `{"inbox": "planner", "from": "2026-01-01T00:00:00Z"}`, nil)
+	want(200, replaySel, "/v1/dead-letters/replay", `{"all": true}`, nil)
+	want(400, replaySel, "/v1/dead-letters/replay", `{}`, nil)
+	want(400, replaySel, "/v1/dead-letters/replay", `{"to": "tomorrow"}`, nil)
+	want(413, replaySel, "/v1/dead-letters/replay", big, nil)
 
 	// Webhooks by id and by key; the nacked one has a last_error.
 	const byID, byKey = "GET /webhooks/{id}", "GET /webhooks"
