@@ -47,6 +47,7 @@ func init() {
 		"streams":       {"show the streams: events, offsets, first and last stored", runStreams},
 		"consumers":     {"show each subscription's next offset and lag", runConsumers},
 		"inbox":         {"list, show, lease, ack and nack inbox items", runInbox},
+		"dlq":           {"list, show and replay dead letters: items whose delivery failed", runDLQ},
 	}
 }
 

@@ -35,6 +35,7 @@ type subscription struct {
 	Start         string         `json:"start"`
 	StartOffset   int64          `json:"start_offset"`
 	StartTime     apiTime        `json:"start_time"`
+	Target        string         `json:"target"`
 	CreatedAt     apiTime        `json:"created_at"`
 	NextOffset    int64          `json:"next_offset"`
 	HighWatermark int64          `json:"high_watermark"`
@@ -62,6 +63,7 @@ type createSubscription struct {
 	Start       string            `json:"start"`
 	StartOffset int64             `json:"start_offset,omitempty"`
 	StartTime   string            `json:"start_time,omitempty"`
+	Target      string            `json:"target,omitempty"`
 }
 
 // patternList is a repeatable flag of comma-separated patterns.
@@ -129,6 +131,10 @@ event the stream holds), at_offset (from --start-offset) or at_time (from the fi
 event stored at or after --start-time). --start-offset alone implies at_offset, and
 --start-time alone at_time.
 
+With --target, the server's workers POST each item's payload to that URL: 2xx
+completes it, other answers are retried with backoff, and 410 Gone or the last failed
+attempt makes it a dead letter (postbox dlq). Without one, runtimes lease the inbox.
+
 Creating it again with the same definition succeeds and prints "exists"; another
 definition under the same name is a conflict (exit status 1).`)
 	af := addAPIFlags(fs, "print the subscription's JSON")
@@ -142,6 +148,8 @@ definition under the same name is a conflict (exit status 1).`)
 	fs.Var(&startOffset, "start-offset", "the first `offset` to read (with --start at_offset)")
 	startTime := fs.String("start-time", "", "begin at the first event stored at or after this RFC 3339 `time` (with --start at_time)")
 	inbox := fs.String("inbox", "", "the `inbox` its items go to (default: NAME)")
+	var target httpURL
+	fs.Var(&target, "target", "the http:// or https:// `URL` the server's workers POST each item to (default: none, runtimes lease the inbox)")
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
 		return err
@@ -168,7 +176,7 @@ definition under the same name is a conflict (exit status 1).`)
 			*start = "at_time"
 		}
 	}
-	body := createSubscription{Name: name, Source: *source, Types: types, Inbox: *inbox, Start: *start}
+	body := createSubscription{Name: name, Source: *source, Types: types, Inbox: *inbox, Start: *start, Target: string(target)}
 	if len(match) > 0 {
 		body.Metadata = match
 	}
@@ -222,12 +230,16 @@ definition under the same name is a conflict (exit status 1).`)
 	if status == http.StatusOK {
 		verb = "exists:"
 	}
-	fmt.Fprintf(env.stdout, "%s subscription %s on %s (start %s) → inbox %s\n", verb, s.Name, s.Source, s.startText(), s.Inbox)
+	fmt.Fprintf(env.stdout, "%s subscription %s on %s (start %s) → inbox %s", verb, s.Name, s.Source, s.startText(), s.Inbox)
+	if s.Target != "" {
+		fmt.Fprintf(env.stdout, " → POST %s", s.Target)
+	}
+	fmt.Fprintln(env.stdout)
 	return nil
 }
 
 func runSubscriptionsList(ctx context.Context, env *cmdEnv, args []string) error {
-	fs := newFlags(env, "subscriptions list", "[flags]", "Lists the subscriptions by name, with their inbox, filters, start, next offset and lag.")
+	fs := newFlags(env, "subscriptions list", "[flags]", "Lists the subscriptions by name, with their inbox, filters, start, target, next offset and lag.")
 	af := addAPIFlags(fs, "print the subscriptions as a JSON array")
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
@@ -251,10 +263,10 @@ func runSubscriptionsList(ctx context.Context, env *cmdEnv, args []string) error
 		return fmt.Errorf("subscriptions list: the server's answer: %w", err)
 	}
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSOURCE\tINBOX\tTYPES\tMATCH\tSTART\tNEXT_OFFSET\tLAG\tCREATED")
+	fmt.Fprintln(tw, "NAME\tSOURCE\tINBOX\tTYPES\tMATCH\tSTART\tTARGET\tNEXT_OFFSET\tLAG\tCREATED")
 	for _, s := range subs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", s.Name, s.Source, s.Inbox, typesText(s.Types),
-			pairs(s.Metadata), s.startText(), s.NextOffset, s.Lag, s.CreatedAt)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", s.Name, s.Source, s.Inbox, typesText(s.Types),
+			pairs(s.Metadata), s.startText(), orDash(s.Target), s.NextOffset, s.Lag, s.CreatedAt)
 	}
 	return tw.Flush()
 }
@@ -267,7 +279,7 @@ func typesText(types []string) string {
 }
 
 func runSubscriptionsGet(ctx context.Context, env *cmdEnv, args []string) error {
-	fs := newFlags(env, "subscriptions get", "NAME [flags]", "Shows the subscription NAME: its definition, next offset, high watermark and lag.")
+	fs := newFlags(env, "subscriptions get", "NAME [flags]", "Shows the subscription NAME: its definition and target, next offset, high watermark and lag.")
 	af := addAPIFlags(fs, "print the subscription's JSON")
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
@@ -288,18 +300,15 @@ func runSubscriptionsGet(ctx context.Context, env *cmdEnv, args []string) error 
 	if af.json {
 		return printJSON(env, raw)
 	}
-	tw := tabwriter.NewWriter(env.stdout, 2, 4, 1, ' ', 0)
-	for _, kv := range [][2]string{
+	return printFields(env, [][2]string{
 		{"name", s.Name}, {"source", s.Source}, {"stream", s.Stream}, {"inbox", s.Inbox},
 		{"types", typesText(s.Types)}, {"match", pairs(s.Metadata)}, {"start", s.startText()},
+		{"target", orDash(s.Target)},
 		{"created_at", s.CreatedAt.String()},
 		{"next_offset", strconv.FormatInt(s.NextOffset, 10)},
 		{"high_watermark", strconv.FormatInt(s.HighWatermark, 10)},
 		{"lag", strconv.FormatInt(s.Lag, 10)},
-	} {
-		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
-	}
-	return tw.Flush()
+	})
 }
 
 func runSubscriptionsDelete(ctx context.Context, env *cmdEnv, args []string) error {

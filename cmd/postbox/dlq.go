@@ -1,0 +1,320 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// The dead-letter commands: failed items (their last attempt failed, or
+// their target answered 410 Gone), listed, shown and replayed through
+// /v1/dead-letters.
+
+var dlqCommands = []subcommand{
+	{"list", "list dead letters by inbox, subscription and time of failure", runDLQList},
+	{"show", "show one dead letter with its last error and payload", runDLQShow},
+	{"replay", "return dead letters to pending: one ID, or a selection", runDLQReplay},
+}
+
+func runDLQ(ctx context.Context, env *cmdEnv, args []string) error {
+	return runGroup(ctx, env, "dlq", dlqCommands, args)
+}
+
+// deadLetter is a failed item as the API answers it.
+type deadLetter struct {
+	inboxItem
+	FailedAt   apiTime `json:"failed_at"`
+	ReplayedAt apiTime `json:"replayed_at"`
+	Replays    int     `json:"replays"`
+}
+
+// whenHelp says which times --from and --to take.
+const whenHelp = "an RFC 3339 `time` (2026-11-21T10:00:00Z) or how long ago (90m, 2h, 7d)"
+
+// maxDaysAgo bounds a relative time in days.
+const maxDaysAgo = 36500
+
+// parseWhen reads a time: RFC 3339, or a duration before now (Go's
+// 90s, 15m, 2h30m, or a whole number of days such as 7d).
+func parseWhen(s string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	d, err := time.ParseDuration(s)
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, nerr := strconv.Atoi(days)
+		if nerr == nil && n >= 0 && n <= maxDaysAgo {
+			d, err = time.Duration(n)*24*time.Hour, nil
+		}
+	}
+	if err != nil || d < 0 {
+		return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time (2026-11-21T10:00:00Z) nor how long ago (90m, 2h, 7d)", s)
+	}
+	return now.Add(-d), nil
+}
+
+// dlqSelection is the flags that select dead letters.
+type dlqSelection struct {
+	inbox, subscription, from, to string
+}
+
+func addSelectionFlags(fs *flag.FlagSet, verb string) *dlqSelection {
+	s := &dlqSelection{}
+	fs.StringVar(&s.inbox, "inbox", "", verb+" only the dead letters of this `inbox`")
+	fs.StringVar(&s.subscription, "subscription", "", verb+" only the dead letters of this `subscription`")
+	fs.StringVar(&s.from, "from", "", verb+" only those that failed at or after "+whenHelp)
+	fs.StringVar(&s.to, "to", "", verb+" only those that failed before "+whenHelp)
+	return s
+}
+
+// empty reports whether the selection selects every dead letter.
+func (s *dlqSelection) empty() bool { return *s == dlqSelection{} }
+
+// values checks the selection and returns it as the API's fields, with
+// the times in RFC 3339 (UTC).
+func (s *dlqSelection) values(cmd string, now time.Time) (url.Values, error) {
+	v := url.Values{}
+	for _, f := range []struct{ flag, name, value string }{{"--inbox", "inbox", s.inbox}, {"--subscription", "subscription", s.subscription}} {
+		if f.value == "" {
+			continue
+		}
+		if err := checkName(cmd, f.flag, f.value); err != nil {
+			return nil, err
+		}
+		v.Set(f.name, f.value)
+	}
+	var from, to time.Time
+	for _, f := range []struct {
+		name, value string
+		t           *time.Time
+	}{{"from", s.from, &from}, {"to", s.to, &to}} {
+		if f.value == "" {
+			continue
+		}
+		t, err := parseWhen(f.value, now)
+		if err != nil {
+			return nil, usagef("%s: --%s %v", cmd, f.name, err)
+		}
+		*f.t = t
+		v.Set(f.name, t.UTC().Format(time.RFC3339Nano))
+	}
+	if !from.IsZero() && !to.IsZero() && !from.Before(to) {
+		return nil, usagef("%s: --from %s is not before --to %s", cmd, from.UTC().Format(time.RFC3339), to.UTC().Format(time.RFC3339))
+	}
+	return v, nil
+}
+
+func runDLQList(ctx context.Context, env *cmdEnv, args []string) error {
+	fs := newFlags(env, "dlq list", "[flags]", `Lists the dead letters (failed items) in id order, one page of --limit items from after
+--after: of every inbox, or only those --inbox, --subscription, --from and --to select.
+--from and --to select by when the item failed; each takes an RFC 3339 time or how long
+ago (a Go duration such as 90m or 2h30m, or whole days such as 7d). When more are left
+it says so on stderr; --all-pages fetches every page.`)
+	af := addAPIFlags(fs, "print the dead letters as a JSON array")
+	sel := addSelectionFlags(fs, "list")
+	limit := positiveInt(100)
+	fs.Var(&limit, "limit", fmt.Sprintf("most `items` per page (at most %d)", maxItemsPerCall))
+	var after positiveInt
+	fs.Var(&after, "after", "list dead letters after this item `ID`")
+	allPages := fs.Bool("all-pages", false, "follow the pages until the last")
+	c, err := parseAPI(env, fs, af, args)
+	if err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("dlq list: takes no arguments, got %q", fs.Args())
+	}
+	if limit > maxItemsPerCall {
+		return usagef("dlq list: --limit is at most %d, not %d", maxItemsPerCall, limit)
+	}
+	q, err := sel.values("dlq list", time.Now())
+	if err != nil {
+		return err
+	}
+	q.Set("limit", strconv.Itoa(int(limit)))
+	items, err := fetchPages(ctx, env, c, "dlq list", "/v1/dead-letters", q, int64(after), *allPages, "--all-pages")
+	if err != nil {
+		return fmt.Errorf("dlq list: %w", err)
+	}
+	raw := jsonArray(items)
+	if af.json {
+		return printJSON(env, raw)
+	}
+	var list []deadLetter
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return fmt.Errorf("dlq list: the server's answer: %w", err)
+	}
+	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tINBOX\tSUBSCRIPTION\tATTEMPTS\tFAILED_AT\tLAST_ERROR")
+	for _, it := range list {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\n", it.ID, it.Inbox, it.Subscription, it.Attempts, it.FailedAt, shorten(it.lastError(), 60))
+	}
+	return tw.Flush()
+}
+
+// fetchPages gets the page of path (a list answering {"items": [...],
+// "next_after": N}) with the query q after the item after; with all, the
+// pages that follow until the last. When it stops early it says on stderr
+// how to go on: --after N, or allFlag.
+func fetchPages(ctx context.Context, env *cmdEnv, c *apiClient, cmd, path string, q url.Values, after int64, all bool, allFlag string) ([]json.RawMessage, error) {
+	var items []json.RawMessage
+	for {
+		if after > 0 {
+			q.Set("after", strconv.FormatInt(after, 10))
+		}
+		var page struct {
+			Items     []json.RawMessage `json:"items"`
+			NextAfter int64             `json:"next_after"`
+		}
+		if _, err := c.get(ctx, path+"?"+q.Encode(), &page); err != nil {
+			return nil, err
+		}
+		items = append(items, page.Items...)
+		switch {
+		case page.NextAfter == 0:
+			return items, nil
+		case page.NextAfter <= after:
+			return nil, fmt.Errorf("the server's next_after %d does not move past %d", page.NextAfter, after)
+		}
+		after = page.NextAfter
+		if !all {
+			fmt.Fprintf(env.stderr, "%s: more items: --after %d, or %s\n", cmd, after, allFlag)
+			return items, nil
+		}
+	}
+}
+
+// printFields prints name: value lines, the values aligned.
+func printFields(env *cmdEnv, fields [][2]string) error {
+	tw := tabwriter.NewWriter(env.stdout, 2, 4, 1, ' ', 0)
+	for _, kv := range fields {
+		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
+	}
+	return tw.Flush()
+}
+
+// deadLetterID returns the one positional item ID of fs.
+func deadLetterID(fs *flag.FlagSet) (int64, error) {
+	arg, err := args1(fs, "ID")
+	if err != nil {
+		return 0, err
+	}
+	ids, err := itemIDs(fs.Name(), []string{arg})
+	if err != nil {
+		return 0, err
+	}
+	return ids[0], nil
+}
+
+func runDLQShow(ctx context.Context, env *cmdEnv, args []string) error {
+	fs := newFlags(env, "dlq show", "ID [flags]", `Shows the dead letter ID: where it came from, its attempts, when it failed, its last
+error in full, how often it was replayed, and its payload. An item that is not failed
+(never, or no longer: replayed) is not a dead letter; postbox inbox show INBOX ID shows
+any item.`)
+	af := addAPIFlags(fs, "print the item's JSON")
+	c, err := parseAPI(env, fs, af, args)
+	if err != nil {
+		return err
+	}
+	id, err := deadLetterID(fs)
+	if err != nil {
+		return err
+	}
+	var it deadLetter
+	raw, err := c.get(ctx, "/v1/dead-letters/"+strconv.FormatInt(id, 10), &it)
+	if err != nil {
+		return fmt.Errorf("dlq show %d: %w", id, err)
+	}
+	if af.json {
+		return printJSON(env, raw)
+	}
+	err = printFields(env, [][2]string{
+		{"id", strconv.FormatInt(it.ID, 10)}, {"inbox", it.Inbox}, {"subscription", it.Subscription},
+		{"stream", it.Stream}, {"offset", strconv.FormatInt(it.Offset, 10)}, {"event_id", it.EventID},
+		{"type", it.Type}, {"occurred_at", it.OccurredAt.String()}, {"metadata", pairs(it.Metadata)},
+		{"state", it.State}, {"attempts", strconv.Itoa(it.Attempts)}, {"failed_at", it.FailedAt.String()},
+		{"replays", strconv.Itoa(it.Replays)}, {"replayed_at", it.ReplayedAt.String()}, {"last_error", it.lastError()},
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(env.stdout, "payload:")
+	if len(it.Payload) == 0 {
+		it.Payload = json.RawMessage("null")
+	}
+	return printJSON(env, it.Payload)
+}
+
+func runDLQReplay(ctx context.Context, env *cmdEnv, args []string) error {
+	fs := newFlags(env, "dlq replay", "ID | --inbox I | --subscription S | --from T --to T | --all [flags]", `Returns dead letters to pending, due now with their attempts reset, so that the
+workers (or runtimes) try them again; each keeps its last error and counts the replay.
+Name one ID, or select them with --inbox, --subscription, --from and --to (together they
+narrow the selection; the times select by when the item failed, and take an RFC 3339
+time or how long ago: 90m, 2h30m, 7d). --all replays every dead letter and goes alone.
+
+Prints how many it replayed; an ID that is not a dead letter is an error (exit status 1).`)
+	af := addAPIFlags(fs, `print {"replayed": N, "ids": [...]}`)
+	sel := addSelectionFlags(fs, "replay")
+	all := fs.Bool("all", false, "replay every dead letter")
+	c, err := parseAPI(env, fs, af, args)
+	if err != nil {
+		return err
+	}
+	var out struct {
+		Replayed int     `json:"replayed"`
+		IDs      []int64 `json:"ids"`
+	}
+	switch {
+	case fs.NArg() > 0:
+		if *all || !sel.empty() {
+			return usagef("dlq replay: an ID goes alone, without --all, --inbox, --subscription, --from or --to")
+		}
+		id, err := deadLetterID(fs)
+		if err != nil {
+			return err
+		}
+		if _, err := c.do(ctx, http.MethodPost, "/v1/dead-letters/"+strconv.FormatInt(id, 10)+"/replay", nil, nil); err != nil {
+			return fmt.Errorf("dlq replay %d: %w", id, err)
+		}
+		out.Replayed, out.IDs = 1, []int64{id}
+	case *all && !sel.empty():
+		return usagef("dlq replay: --all replays every dead letter; leave out --inbox, --subscription, --from and --to, or --all")
+	case !*all && sel.empty():
+		return usagef("dlq replay: name an ID, or select dead letters with --inbox, --subscription, --from or --to, or replay every one with --all")
+	default:
+		q, err := sel.values("dlq replay", time.Now())
+		if err != nil {
+			return err
+		}
+		body := map[string]any{"all": *all}
+		for k := range q {
+			body[k] = q.Get(k)
+		}
+		if _, err := c.do(ctx, http.MethodPost, "/v1/dead-letters/replay", body, &out); err != nil {
+			return fmt.Errorf("dlq replay: %w", err)
+		}
+		if out.Replayed != len(out.IDs) {
+			return fmt.Errorf("dlq replay: the server says it replayed %d items but names %d", out.Replayed, len(out.IDs))
+		}
+	}
+	if af.json {
+		b, _ := json.Marshal(map[string]any{"replayed": out.Replayed, "ids": jsonArray(out.IDs)})
+		return printJSON(env, b)
+	}
+	switch out.Replayed {
+	case 0:
+		fmt.Fprintln(env.stdout, "no dead letters selected: replayed none")
+	case 1:
+		fmt.Fprintf(env.stdout, "replayed 1 dead letter (item %d): pending again\n", out.IDs[0])
+	default:
+		fmt.Fprintf(env.stdout, "replayed %d dead letters: pending again\n", out.Replayed)
+	}
+	return nil
+}
