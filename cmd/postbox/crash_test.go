@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -506,4 +508,114 @@ func TestCrashWebhooks(t *testing.T) {
 		}
 	}
 	t.Logf("%d webhooks accepted across 3 SIGKILLs, each stored once", len(acked))
+}
+
+// TestCrashMidProcessing kills postbox serve with SIGKILL while its
+// workers are inside a target's handler: after the restart every
+// interrupted item is retried, with the attempt it was on still counted,
+// and every webhook is completed exactly once.
+func TestCrashMidProcessing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("crash test runs the real binary")
+	}
+	var mu sync.Mutex
+	blocking := true
+	inFlight := 0
+	completed := map[string]int{} // answered 200, by idempotency key
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body) // then the server watches the connection, and r's context ends when it drops
+		mu.Lock()
+		block := blocking
+		if block {
+			inFlight++
+		}
+		mu.Unlock()
+		if block {
+			<-r.Context().Done() // the server died holding this request
+			return
+		}
+		mu.Lock()
+		completed[r.Header.Get("Idempotency-Key")]++
+		mu.Unlock()
+	}))
+	defer target.Close()
+	dir := t.TempDir()
+	addr := freePort(t)
+	base := "http://" + addr
+	srv := start(t, "serve", "--addr", addr, "--db", filepath.Join(dir, "postbox.db"), "--log-level", "warn",
+		"--webhook-target", target.URL, "--workers", "8", "--retry-base-delay", "50ms")
+	waitHTTP(t, base+"/ready", srv)
+	const n = 20
+	for i := range n {
+		req, _ := http.NewRequest("POST", base+"/webhooks", bytes.NewBufferString(fmt.Sprintf(`{"n":%d}`, i)))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", fmt.Sprint("k-", i))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("POST %d: %v %v", i, resp, err)
+		}
+		resp.Body.Close()
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		mu.Lock()
+		busy := inFlight
+		mu.Unlock()
+		if busy == 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests reached the target, want 8 (one per worker); log:\n%s", busy, srv.log)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	srv.kill() // mid-processing: 8 items are processing, 12 pending
+	mu.Lock()
+	blocking = false
+	mu.Unlock()
+	srv.restart()
+	waitHTTP(t, base+"/ready", srv)
+	for deadline = time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var body struct {
+			Inboxes []struct {
+				Completed int `json:"completed"`
+			} `json:"inboxes"`
+		}
+		if resp, err := http.Get(base + "/v1/inboxes"); err == nil {
+			json.NewDecoder(resp.Body).Decode(&body)
+			resp.Body.Close()
+		}
+		if len(body.Inboxes) == 1 && body.Inboxes[0].Completed == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("inboxes %+v, want %d completed; log:\n%s", body.Inboxes, n, srv.log)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range n {
+		if c := completed[fmt.Sprint("k-", i)]; c != 1 {
+			t.Errorf("webhook k-%d was completed by the target %d times, want 1", i, c)
+		}
+	}
+	retried := 0
+	for i := range n {
+		var wh struct {
+			Attempts  int     `json:"attempts"`
+			LastError *string `json:"last_error"`
+		}
+		resp, err := http.Get(base + "/webhooks?idempotency_key=k-" + strconv.Itoa(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		json.NewDecoder(resp.Body).Decode(&wh)
+		resp.Body.Close()
+		if wh.Attempts == 2 && wh.LastError != nil {
+			retried++
+		}
+	}
+	if retried != 8 {
+		t.Fatalf("%d webhooks have 2 attempts and an error, want the 8 that were interrupted", retried)
+	}
 }
