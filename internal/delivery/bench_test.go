@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -68,5 +71,53 @@ func BenchmarkMaterialise(b *testing.B) {
 	wg.Wait()
 	b.ReportMetric(float64(backlog)/elapsed, "events/s")
 	b.ReportMetric(float64(live)/elapsed, "ingest-events/s")
+	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkWorkersHTTP measures the workers pushing a backlog of b.N
+// items to a local HTTP target that answers 204 at once: lease, POST,
+// ack, with the default 16 workers.
+func BenchmarkWorkersHTTP(b *testing.B) {
+	var got atomic.Int64
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		got.Add(1)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer target.Close()
+	e := setupTB(b, delivery.Config{Now: time.Now})
+	n := max(b.N, 1000)
+	e.create(b, delivery.Subscription{Name: "bench", Source: "devices"})
+	payload := json.RawMessage(`{"intent":"server.log_summary","confidence":0.84,"user_text":"summarize last night crash logs and tell me what went wrong with the deploy, please, thanks","n":0000000}`)
+	for i := 0; i < n; i += 1000 {
+		evs := make([]stream.Event, min(1000, n-i))
+		for j := range evs {
+			evs[j] = stream.Event{NativeID: fmt.Sprint("w-", i+j), Type: "t", OccurredAt: time.Now(), Payload: payload}
+		}
+		if _, err := e.store.Append(context.Background(), "devices", evs); err != nil {
+			b.Fatal(err)
+		}
+	}
+	e.waitLag(b, "bench", 0)
+	b.ResetTimer()
+	if err := e.d.SetTarget(context.Background(), "bench", target.URL); err != nil {
+		b.Fatal(err)
+	}
+	for got.Load() < int64(n) {
+		time.Sleep(time.Millisecond)
+	}
+	for { // and the last acks are in
+		counts, err := e.d.Inboxes(context.Background())
+		if err == nil && len(counts) == 1 && counts[0].Completed == int64(n) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := b.Elapsed().Seconds()
+	b.StopTimer()
+	if got.Load() != int64(n) {
+		b.Fatalf("the target got %d requests for %d items", got.Load(), n)
+	}
+	b.ReportMetric(float64(n)/elapsed, "items/s")
 	b.ReportMetric(0, "ns/op")
 }

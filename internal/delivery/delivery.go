@@ -175,8 +175,8 @@ type Delivery struct {
 	now     func() time.Time
 	inboxes notifier
 
-	jobs  chan job      // leased items for the workers
-	slots chan struct{} // one per worker busy or promised a job
+	jobs  chan job // leased items for the workers
+	slots *slots
 
 	mu          sync.Mutex
 	runCtx      context.Context // nil until Run
@@ -201,7 +201,7 @@ func New(ctx context.Context, b Backend, cfg Config) (*Delivery, error) {
 		return nil, err
 	}
 	return &Delivery{b: b, db: b.ReadDB(), cfg: cfg, log: cfg.Logger, now: cfg.Now, loops: map[string]*loop{},
-		jobs: make(chan job), slots: make(chan struct{}, cfg.Workers),
+		jobs: make(chan job), slots: newSlots(2 * cfg.Workers),
 		handlers: map[string]Handler{}, targets: map[string]string{}, dispatchers: map[string]*loop{}}, nil
 }
 

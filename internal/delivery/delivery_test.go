@@ -105,7 +105,7 @@ func (e *env) count(t *testing.T, q string, args ...any) int {
 	return n
 }
 
-func (e *env) create(t *testing.T, s delivery.Subscription) delivery.Subscription {
+func (e *env) create(t testing.TB, s delivery.Subscription) delivery.Subscription {
 	t.Helper()
 	got, created, err := e.d.Create(context.Background(), s)
 	if err != nil || !created {
@@ -114,7 +114,7 @@ func (e *env) create(t *testing.T, s delivery.Subscription) delivery.Subscriptio
 	return got
 }
 
-func (e *env) waitLag(t *testing.T, sub string, want int64) {
+func (e *env) waitLag(t testing.TB, sub string, want int64) {
 	t.Helper()
 	servertest.Eventually(t, 30*time.Second, sub+" to catch up", func() bool {
 		lag, err := e.store.Lag(context.Background(), sub)

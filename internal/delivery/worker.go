@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -103,12 +104,12 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler) {
 	visibility := 2*d.cfg.HandlerTimeout + 10*time.Second
 	for ctx.Err() == nil {
 		changed := d.inboxes.channel(inbox) // before looking, so no wake-up is missed
-		n := d.acquire(ctx)
+		n := d.slots.acquire(ctx, d.cfg.Workers, cleanupBatch)
 		if n == 0 {
 			return
 		}
 		l, err := d.lease(ctx, inbox, n, visibility)
-		d.releaseSlots(n - len(l.Items))
+		d.slots.release(n - len(l.Items))
 		if err != nil {
 			if ctx.Err() == nil {
 				d.log.Error("delivery: lease for workers failed; retrying", "inbox", inbox, "err", err)
@@ -120,7 +121,7 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler) {
 			select {
 			case d.jobs <- job{inbox: inbox, lease: l.Token, item: it, h: h}:
 			case <-ctx.Done(): // stopping: hand back what no worker took
-				d.releaseSlots(len(l.Items) - i)
+				d.slots.release(len(l.Items) - i)
 				d.handBack(inbox, l.Token, l.Items[i:])
 				return
 			}
@@ -139,28 +140,49 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler) {
 	}
 }
 
-// acquire takes at least one free worker slot, waiting for it, and as many
-// more as are free. It returns how many, 0 when ctx ended.
-func (d *Delivery) acquire(ctx context.Context) int {
-	select {
-	case d.slots <- struct{}{}:
-	case <-ctx.Done():
-		return 0
-	}
-	n := 1
+// slots counts the items the workers hold: those being handled and those
+// leased and waiting for a worker, at most 2·Workers. Leasing waits until
+// half of them are free, so that under load a lease takes a batch of
+// Workers items or more, not one at a time (each lease is a write); idle,
+// it takes what there is at once.
+type slots struct {
+	mu    sync.Mutex
+	free  int
+	freed chan struct{} // signalled when slots are released
+}
+
+func newSlots(n int) *slots { return &slots{free: n, freed: make(chan struct{}, 1)} }
+
+// acquire waits until at least atLeast slots are free and takes them all
+// (at most most). It returns how many, 0 when ctx ended.
+func (s *slots) acquire(ctx context.Context, atLeast, most int) int {
 	for {
-		select {
-		case d.slots <- struct{}{}:
-			n++
-		default:
+		s.mu.Lock()
+		if s.free >= atLeast {
+			n := min(s.free, most)
+			s.free -= n
+			s.mu.Unlock()
 			return n
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.freed:
+		case <-ctx.Done():
+			return 0
 		}
 	}
 }
 
-func (d *Delivery) releaseSlots(n int) {
-	for range n {
-		<-d.slots
+func (s *slots) release(n int) {
+	if n <= 0 {
+		return
+	}
+	s.mu.Lock()
+	s.free += n
+	s.mu.Unlock()
+	select {
+	case s.freed <- struct{}{}:
+	default:
 	}
 }
 
@@ -172,7 +194,7 @@ func (d *Delivery) work(ctx context.Context) {
 			return
 		case j := <-d.jobs:
 			d.attempt(ctx, j)
-			d.releaseSlots(1)
+			d.slots.release(1)
 		}
 	}
 }
