@@ -104,7 +104,8 @@ func (d *Delivery) Replay(ctx context.Context, f DeadLetters) ([]int64, error) {
 		d.cfg.Metrics.replayed(inbox, n)
 	}
 	if len(all) > 0 {
-		d.log.Info("delivery: dead letters replayed", "items", len(all), "inbox", f.Inbox, "subscription", f.Subscription)
+		d.log.Info("delivery: dead letters replayed", "items", len(all), "id", f.ID, "inbox", f.Inbox, "subscription", f.Subscription,
+			"from", f.From, "to", f.To)
 	}
 	return all, nil
 }

@@ -29,6 +29,7 @@ func (s *Server) routeAPI() {
 		"GET /v1/subscriptions":              s.listSubscriptions,
 		"GET /v1/subscriptions/{name}":       s.getSubscription,
 		"DELETE /v1/subscriptions/{name}":    s.deleteSubscription,
+		"PATCH /v1/subscriptions/{name}":     s.patchSubscription,
 		"GET /v1/streams":                    s.listStreams,
 		"GET /v1/streams/{stream}":           s.getStream,
 		"GET /v1/consumers":                  s.listConsumers,
@@ -247,6 +248,41 @@ func (s *Server) getSubscription(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, s.subscriptionJSON(r, sub))
+}
+
+// patchSubscription changes what may change of a subscription: its
+// target ("target": URL, or null for none). The rest defines what it reads
+// and is fixed: create another subscription for another definition.
+func (s *Server) patchSubscription(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Target json.RawMessage `json:"target"` // null stays "null": absent is empty
+	}
+	if !decodeBody(w, r, &req, false) {
+		return
+	}
+	if len(req.Target) == 0 {
+		writeError(w, http.StatusBadRequest, "missing_field", "target: required (a URL, or null for none)")
+		return
+	}
+	var target *string
+	if err := json.Unmarshal(req.Target, &target); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_json", "field \"target\": want a string or null")
+		return
+	}
+	name := r.PathValue("name")
+	if err := s.delivery.SetTarget(r.Context(), name, ptrValue(target)); err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	s.getSubscription(w, r)
+}
+
+func ptrValue[T any](p *T) T {
+	var v T
+	if p != nil {
+		v = *p
+	}
+	return v
 }
 
 func (s *Server) deleteSubscription(w http.ResponseWriter, r *http.Request) {

@@ -17,7 +17,11 @@ import (
 // query, or answers 400 naming the field.
 func deadLetterFilter(w http.ResponseWriter, q url.Values) (delivery.DeadLetters, bool) {
 	f := delivery.DeadLetters{Inbox: q.Get("inbox"), Subscription: q.Get("subscription")}
-	for name, t := range map[string]*time.Time{"from": &f.From, "to": &f.To} {
+	for _, p := range []struct {
+		name string
+		t    *time.Time
+	}{{"from", &f.From}, {"to", &f.To}} {
+		name, t := p.name, p.t
 		if v := q.Get(name); v != "" {
 			var err error
 			if *t, err = time.Parse(time.RFC3339Nano, v); err != nil {

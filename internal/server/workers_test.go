@@ -194,3 +194,39 @@ func TestSubscriptionTarget(t *testing.T) {
 		t.Fatalf("the target got %s", k)
 	}
 }
+
+// TestPatchTarget: a subscription's target changes over the API, and the
+// workers follow it.
+func TestPatchTarget(t *testing.T) {
+	first, second := newHookTarget(t, 200), newHookTarget(t, 200)
+	ts := start(t, server.Config{Webhooks: server.WebhookConfig{Target: first.URL}}, nil)
+	post(t, ts, `{}`, map[string]string{"Idempotency-Key": "p-1"})
+	waitFor(t, 10*time.Second, "the first target to get p-1", func() bool { return first.calls() == 1 })
+	st, got := call(t, ts, "PATCH", "/v1/subscriptions/webhooks", `{"target": "`+second.URL+`"}`)
+	if st != 200 || got["target"] != second.URL {
+		t.Fatalf("patch: %d %v", st, got)
+	}
+	post(t, ts, `{}`, map[string]string{"Idempotency-Key": "p-2"})
+	waitFor(t, 10*time.Second, "the second target to get p-2", func() bool { return second.calls() == 1 })
+	if st, got := call(t, ts, "PATCH", "/v1/subscriptions/webhooks", `{"target": null}`); st != 200 || got["target"] != nil {
+		t.Fatalf("patch to none: %d %v", st, got)
+	}
+	post(t, ts, `{}`, map[string]string{"Idempotency-Key": "p-3"})
+	waitFor(t, 10*time.Second, "p-3 to wait in the inbox for a runtime", func() bool {
+		_, got := call(t, ts, "GET", "/v1/inboxes", "")
+		in := got["inboxes"].([]any)
+		return len(in) == 1 && in[0].(map[string]any)["pending"] == float64(1)
+	})
+	for body, want := range map[string]string{`{}`: "missing_field", `{"target": 3}`: "invalid_json",
+		`{"target": "ftp://x"}`: "invalid_field", `{"types": ["a"]}`: "unknown_field"} {
+		if st, got := call(t, ts, "PATCH", "/v1/subscriptions/webhooks", body); st != 400 || errorCode(got) != want {
+			t.Errorf("PATCH %s: %d %v, want 400 %s", body, st, got, want)
+		}
+	}
+	if st, _ := call(t, ts, "PATCH", "/v1/subscriptions/nope", `{"target": null}`); st != 404 {
+		t.Errorf("PATCH of an unknown subscription: %d", st)
+	}
+	if first.calls() != 1 || second.calls() != 1 {
+		t.Fatalf("calls %d and %d, want 1 and 1", first.calls(), second.calls())
+	}
+}
