@@ -36,6 +36,7 @@ func TestHelpOnEveryCommand(t *testing.T) {
 	for _, args := range [][]string{
 		{"--help"}, {"serve", "--help"}, {"agent", "--help"}, {"send", "--help"},
 		{"outbox", "--help"}, {"outbox", "list", "--help"}, {"outbox", "requeue", "--help"}, {"bench", "--help"},
+		{"dlq", "--help"}, {"dlq", "list", "--help"}, {"dlq", "replay", "--help"},
 	} {
 		out, code := run(t, args...)
 		if code != 0 || !strings.Contains(out, "Usage: postbox") {
@@ -54,7 +55,9 @@ func TestBadInvocations(t *testing.T) {
 		{nil, 2, "no command"},
 		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
 		{[]string{"serve", "--max-batch", "0"}, 2, "max-batch"},
-		{[]string{"serve", "--log-format", "xml"}, 2, "log format"},
+		{[]string{"serve", "--log-format", "xml"}, 2, "log-format"},
+		{[]string{"serve", "--retry-base-delay", "10m", "--retry-max-delay", "1m"}, 2, "above the retry max delay"},
+		{[]string{"serve", "--webhook-target", "localhost:9000"}, 2, "not an http:// or https:// URL"},
 		{[]string{"agent", "--outbox", filepath.Join(dir, "o.db")}, 2, "--server and --device-id are required"},
 		{[]string{"send", "--type", "t", "--payload", "[1]"}, 2, "--payload must be a JSON object"},
 		{[]string{"send", "--type", "t", "--payload", "{}", "--agent", "http://127.0.0.1:1"}, 1, "is the agent running?"},
@@ -69,12 +72,25 @@ func TestBadInvocations(t *testing.T) {
 	}
 }
 
+// TestEnvironmentErrorNamesVariable: each of seed 003's variables with a
+// bad value stops serve with a message naming it; a flag wins over its
+// variable.
 func TestEnvironmentErrorNamesVariable(t *testing.T) {
-	cmd := exec.Command(binary, "serve", "--addr", "127.0.0.1:0")
-	cmd.Env = append(cmd.Environ(), "QUEUE_MAXSIZE=lots")
-	out, err := cmd.CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "QUEUE_MAXSIZE") {
-		t.Fatalf("want a startup error naming QUEUE_MAXSIZE, got %v: %s", err, out)
+	for _, env := range []string{"QUEUE_MAXSIZE=lots", "WORKER_COUNT=0", "MAX_ATTEMPTS=-1", "RETRY_BASE_DELAY=soon",
+		"RETRY_MAX_DELAY=5x", "RETENTION_DAYS=-3", "CLEANUP_INTERVAL_HOURS=never", "LOG_LEVEL=loud", "LOG_FORMAT=xml",
+		"PORT=http", "WEBHOOK_TARGET_URL=ftp://x"} {
+		cmd := exec.Command(binary, "serve", "--addr", "127.0.0.1:0", "--db", filepath.Join(t.TempDir(), "p.db"))
+		cmd.Env = append(cmd.Environ(), env)
+		out, err := cmd.CombinedOutput()
+		name, _, _ := strings.Cut(env, "=")
+		if err == nil || !strings.Contains(string(out), "environment variable "+name) {
+			t.Errorf("%s: want a startup error naming %s, got %v: %s", env, name, err, out)
+		}
+	}
+	cmd := exec.Command(binary, "serve", "--max-attempts", "3", "--retry-base-delay", "10m", "--db", filepath.Join(t.TempDir(), "p.db"))
+	cmd.Env = append(cmd.Environ(), "MAX_ATTEMPTS=bad", "RETRY_MAX_DELAY=1m")
+	if out, _ := cmd.CombinedOutput(); !strings.Contains(string(out), "above the retry max delay 1m0s") {
+		t.Errorf("--max-attempts should win over MAX_ATTEMPTS, and RETRY_MAX_DELAY apply: %s", out)
 	}
 }
 

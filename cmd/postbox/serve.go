@@ -181,11 +181,8 @@ type positiveDuration time.Duration
 
 func (p *positiveDuration) String() string { return time.Duration(*p).String() }
 func (p *positiveDuration) Set(s string) error {
-	d, err := time.ParseDuration(s)
-	if n, nerr := strconv.ParseFloat(s, 64); nerr == nil {
-		d, err = time.Duration(n*float64(time.Second)), nil
-	}
-	if err != nil || d <= 0 {
+	d, ok := parseDuration(s, time.Second)
+	if !ok {
 		return fmt.Errorf("%q is not a positive duration: use Go syntax such as 5s, 300ms or 2m, or seconds", s)
 	}
 	*p = positiveDuration(d)
@@ -198,15 +195,22 @@ type hours time.Duration
 
 func (h *hours) String() string { return strconv.FormatFloat(time.Duration(*h).Hours(), 'f', -1, 64) }
 func (h *hours) Set(s string) error {
-	d, err := time.ParseDuration(s)
-	if n, nerr := strconv.ParseFloat(s, 64); nerr == nil {
-		d, err = time.Duration(n*float64(time.Hour)), nil
-	}
-	if err != nil || d <= 0 {
+	d, ok := parseDuration(s, time.Hour)
+	if !ok {
 		return fmt.Errorf("%q is not a positive number of hours (or a duration such as 30m)", s)
 	}
 	*h = hours(d)
 	return nil
+}
+
+// parseDuration reads a duration > 0 in Go syntax, or a bare number of
+// unit.
+func parseDuration(s string, unit time.Duration) (time.Duration, bool) {
+	if n, err := strconv.ParseFloat(s, 64); err == nil {
+		return time.Duration(n * float64(unit)), n > 0
+	}
+	d, err := time.ParseDuration(s)
+	return d, err == nil && d > 0
 }
 
 // wholeNumber is a flag.Value for an int >= 0.

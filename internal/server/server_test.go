@@ -146,6 +146,17 @@ func (ts *testServer) queryInt(t *testing.T, q string, args ...any) int {
 
 // metrics scrapes /metrics into series → value, a series being the
 // metric name with its labels as Prometheus prints them.
+// wantMetrics checks the values of metrics (with their labels) on /metrics.
+func (ts *testServer) wantMetrics(t *testing.T, want map[string]float64) {
+	t.Helper()
+	m := ts.metrics(t)
+	for name, w := range want {
+		if got, ok := m[name]; !ok || got != w {
+			t.Errorf("/metrics %s = %v (present %v), want %v", name, got, ok, w)
+		}
+	}
+}
+
 func (ts *testServer) metrics(t *testing.T) map[string]float64 {
 	t.Helper()
 	resp, err := ts.HTTP.Get(ts.Base + "/metrics")

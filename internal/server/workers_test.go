@@ -83,19 +83,14 @@ func TestWebhookTarget(t *testing.T) {
 		r.Header.Get("Authorization") != "" || r.Header.Get("X-Postbox-Attempt") != "2" {
 		t.Fatalf("the target got %s %v %s", r.URL.Path, r.Header, tg.bodies[1])
 	}
-	m := ts.metrics(t)
-	for name, want := range map[string]float64{
+	ts.wantMetrics(t, map[string]float64{
 		`postbox_worker_attempt_seconds_count{inbox="webhooks",result="completed"}`: 1,
 		`postbox_worker_attempt_seconds_count{inbox="webhooks",result="pending"}`:   1,
 		`postbox_inbox_items{inbox="webhooks",state="completed"}`:                   1,
 		`postbox_inbox_items{inbox="webhooks",state="pending"}`:                     0,
 		`postbox_inbox_oldest_pending_age_seconds{inbox="webhooks"}`:                0,
 		`postbox_inbox_settled_total{inbox="webhooks",state="pending"}`:             1,
-	} {
-		if got, ok := m[name]; !ok || got != want {
-			t.Errorf("/metrics %s = %v (present %v), want %v", name, got, ok, want)
-		}
-	}
+	})
 }
 
 // TestDeadLetterAPI: a target answering 410 dead-letters the webhook; the
