@@ -321,3 +321,30 @@ func TestDLQAPIToken(t *testing.T) {
 		t.Fatalf("dlq replay --all with POSTBOX_API_TOKEN: %v", r)
 	}
 }
+
+// TestSubscriptionsSetTarget changes a subscription's target and removes
+// it.
+func TestSubscriptionsSetTarget(t *testing.T) {
+	s := servertest.Start(t, server.Config{}, nil)
+	srv := []string{"--server", s.Base}
+	tg := newHookTarget(t, http.StatusOK)
+	if r := cli(t, append([]string{"subscriptions", "set-target", "webhooks", "--target", tg.URL}, srv...)...); r.code != 0 ||
+		strings.TrimSpace(r.stdout) != "subscription webhooks: target "+tg.URL {
+		t.Fatalf("set-target: %v", r)
+	}
+	storeWebhook(t, s, "st-1", `{}`)
+	servertest.Eventually(t, 10*time.Second, "the target to get the webhook", func() bool { return tg.postsOf("1") == 1 })
+	var sub map[string]any
+	cliJSON(t, &sub, append([]string{"subscriptions", "set-target", "webhooks", "--none", "--json"}, srv...)...)
+	if sub["target"] != nil {
+		t.Fatalf("set-target --none --json: %v", sub)
+	}
+	for _, args := range [][]string{{"webhooks"}, {"webhooks", "--none", "--target", tg.URL}, {"webhooks", "--target", "ftp://x"}} {
+		if r := cli(t, append(append([]string{"subscriptions", "set-target"}, args...), srv...)...); r.code != 2 {
+			t.Errorf("set-target %v: %v, want a usage error", args, r)
+		}
+	}
+	if r := cli(t, append([]string{"subscriptions", "set-target", "nope", "--none"}, srv...)...); r.code != 1 || !strings.Contains(r.stderr, "404") {
+		t.Errorf("set-target of an unknown subscription: %v", r)
+	}
+}

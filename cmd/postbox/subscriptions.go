@@ -17,6 +17,7 @@ var subscriptionCommands = []subcommand{
 	{"create", "create a subscription (again with the same definition: a no-op)", runSubscriptionsCreate},
 	{"list", "list the subscriptions with their offset and lag", runSubscriptionsList},
 	{"get", "show one subscription", runSubscriptionsGet},
+	{"set-target", "change the URL the workers POST a subscription's items to, or remove it", runSubscriptionsSetTarget},
 	{"delete", "delete a subscription and its consumer (its inbox items stay)", runSubscriptionsDelete},
 }
 
@@ -309,6 +310,50 @@ func runSubscriptionsGet(ctx context.Context, env *cmdEnv, args []string) error 
 		{"high_watermark", strconv.FormatInt(s.HighWatermark, 10)},
 		{"lag", strconv.FormatInt(s.Lag, 10)},
 	})
+}
+
+func runSubscriptionsSetTarget(ctx context.Context, env *cmdEnv, args []string) error {
+	fs := newFlags(env, "subscriptions set-target", "NAME (--target URL | --none) [flags]", `Changes the URL the server's workers POST the items of subscription NAME to (for
+instance after fixing a target, before replaying its dead letters), or removes it with
+--none: the items then wait in the inbox for a runtime that leases them. What the
+subscription reads does not change.`)
+	var target httpURL
+	fs.Var(&target, "target", "the new target `URL` (http:// or https://)")
+	none := fs.Bool("none", false, "remove the target")
+	af := addAPIFlags(fs, "print the subscription's JSON")
+	c, err := parseAPI(env, fs, af, args)
+	if err != nil {
+		return err
+	}
+	name, err := args1(fs, "NAME")
+	if err != nil {
+		return err
+	}
+	if err := checkName("subscriptions set-target", "NAME", name); err != nil {
+		return err
+	}
+	if (target == "") == !*none {
+		return usagef("subscriptions set-target: give --target URL or --none")
+	}
+	var body struct {
+		Target *string `json:"target"`
+	}
+	if target != "" {
+		body.Target = (*string)(&target)
+	}
+	var raw json.RawMessage
+	if _, err := c.do(ctx, http.MethodPatch, "/v1/subscriptions/"+url.PathEscape(name), body, &raw); err != nil {
+		return fmt.Errorf("subscriptions set-target %s: %w", name, err)
+	}
+	if af.json {
+		return printJSON(env, raw)
+	}
+	var s subscription
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return fmt.Errorf("subscriptions set-target %s: %w", name, err)
+	}
+	fmt.Fprintf(env.stdout, "subscription %s: target %s\n", name, orDash(s.Target))
+	return nil
 }
 
 func runSubscriptionsDelete(ctx context.Context, env *cmdEnv, args []string) error {
