@@ -49,10 +49,15 @@ type benchResult struct {
 }
 
 func runBench(ctx context.Context, env *cmdEnv, args []string) error {
+	if len(args) > 0 && args[0] == "webhooks" {
+		return runBenchWebhooks(ctx, env, args[1:])
+	}
 	fs := newFlags(env, "bench", "[flags]", `Plays N devices, each on its own WebSocket connection, sending events with pipelining
 (many frames in flight) to a server it starts itself on a temporary database (or to --server),
 then checks the store holds every event exactly once. Progress goes to stderr; --json prints
-one JSON object as the last line of stdout.`)
+one JSON object as the last line of stdout.
+
+postbox bench webhooks measures POST /webhooks instead (postbox bench webhooks --help).`)
 	devices := positiveInt(50)
 	fs.Var(&devices, "devices", "`devices` (connections)")
 	events := positiveInt(200000)
@@ -157,13 +162,13 @@ one JSON object as the last line of stdout.`)
 
 	switch {
 	case srv != nil:
-		res.Stored, res.Duplicates, err = countBench(ctx, srv.Store().ReadDB().QueryRowContext, prefix)
+		res.Stored, res.Duplicates, err = countStored(ctx, srv.Store().ReadDB().QueryRowContext, server.DeviceSource, prefix)
 	case *dbPath != "":
 		db, oerr := sqlitedb.Open(*dbPath, sqlitedb.Options{ReadOnly: true})
 		if oerr != nil {
 			return oerr
 		}
-		res.Stored, res.Duplicates, err = countBench(ctx, db.QueryRowContext, prefix)
+		res.Stored, res.Duplicates, err = countStored(ctx, db.QueryRowContext, server.DeviceSource, prefix)
 		db.Close()
 	}
 	if err != nil {
@@ -185,11 +190,12 @@ one JSON object as the last line of stdout.`)
 	return nil
 }
 
-// countBench counts the run's events in the store: distinct identities and
-// rows beyond one per identity (which the unique key forbids).
-func countBench(ctx context.Context, q func(context.Context, string, ...any) *sql.Row, prefix string) (stored, dups int64, err error) {
+// countStored counts the run's events in a stream of the store: distinct
+// identities and rows beyond one per identity (which the unique key
+// forbids).
+func countStored(ctx context.Context, q func(context.Context, string, ...any) *sql.Row, streamID, prefix string) (stored, dups int64, err error) {
 	err = q(ctx, `SELECT count(*), count(*) - count(DISTINCT source_native_id) FROM stream_events
-		WHERE stream_id = ? AND source_native_id >= ? AND source_native_id < ?`, server.DeviceSource, prefix, prefix+"~").Scan(&stored, &dups)
+		WHERE stream_id = ? AND source_native_id >= ? AND source_native_id < ?`, streamID, prefix, prefix+"~").Scan(&stored, &dups)
 	return
 }
 

@@ -41,7 +41,7 @@ func init() {
 		"agent":  {"run the edge agent: durable outbox, local intake, sender", runAgent},
 		"send":   {"hand events to a running agent", runSend},
 		"outbox": {"inspect an outbox and re-queue rejected events (list, requeue)", runOutbox},
-		"bench":  {"measure end-to-end ingest: N devices pipelining events to a server", runBench},
+		"bench":  {"measure ingest end to end: N devices pipelining events (bench webhooks: POST /webhooks)", runBench},
 
 		"subscriptions": {"create, list, get and delete subscriptions", runSubscriptions},
 		"streams":       {"show the streams: events, offsets, first and last stored", runStreams},
