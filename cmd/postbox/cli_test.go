@@ -35,7 +35,7 @@ func run(t *testing.T, args ...string) (string, int) {
 func TestHelpOnEveryCommand(t *testing.T) {
 	for _, args := range [][]string{
 		{"--help"}, {"serve", "--help"}, {"agent", "--help"}, {"send", "--help"},
-		{"outbox", "--help"}, {"outbox", "list", "--help"}, {"outbox", "requeue", "--help"}, {"bench", "--help"},
+		{"outbox", "--help"}, {"outbox", "list", "--help"}, {"outbox", "requeue", "--help"}, {"bench", "--help"}, {"bench", "webhooks", "--help"},
 		{"dlq", "--help"}, {"dlq", "list", "--help"}, {"dlq", "replay", "--help"},
 	} {
 		out, code := run(t, args...)
