@@ -160,17 +160,7 @@ postbox bench webhooks measures POST /webhooks instead (postbox bench webhooks -
 		return fmt.Errorf("bench: %w", err)
 	}
 
-	switch {
-	case srv != nil:
-		res.Stored, res.Duplicates, err = countStored(ctx, srv.Store().ReadDB().QueryRowContext, server.DeviceSource, prefix)
-	case *dbPath != "":
-		db, oerr := sqlitedb.Open(*dbPath, sqlitedb.Options{ReadOnly: true})
-		if oerr != nil {
-			return oerr
-		}
-		res.Stored, res.Duplicates, err = countStored(ctx, db.QueryRowContext, server.DeviceSource, prefix)
-		db.Close()
-	}
+	res.Stored, res.Duplicates, err = checkStored(ctx, srv, *dbPath, server.DeviceSource, prefix)
 	if err != nil {
 		return fmt.Errorf("bench: check store: %w", err)
 	}
@@ -188,6 +178,24 @@ postbox bench webhooks measures POST /webhooks instead (postbox bench webhooks -
 		return fmt.Errorf("bench: %d events sent, %d acked, %d nacked, %d stored, %d stored twice", events, res.Acked, res.Nacked, res.Stored, res.Duplicates)
 	}
 	return nil
+}
+
+// checkStored counts the run's events (ids starting with prefix) in the
+// stream of source: in the started server's store, else in the database
+// file dbPath; -1 stored when there is neither.
+func checkStored(ctx context.Context, srv *server.Server, dbPath, source, prefix string) (stored, dups int64, err error) {
+	switch {
+	case srv != nil:
+		return countStored(ctx, srv.Store().ReadDB().QueryRowContext, source, prefix)
+	case dbPath != "":
+		db, err := sqlitedb.Open(dbPath, sqlitedb.Options{ReadOnly: true})
+		if err != nil {
+			return 0, 0, err
+		}
+		defer db.Close()
+		return countStored(ctx, db.QueryRowContext, source, prefix)
+	}
+	return -1, 0, nil
 }
 
 // countStored counts the run's events in a stream of the store: distinct

@@ -22,7 +22,6 @@ import (
 
 	"github.com/postbox-events/postbox/internal/groupcommit"
 	"github.com/postbox-events/postbox/internal/server"
-	"github.com/postbox-events/postbox/internal/sqlitedb"
 )
 
 // webhookBenchResult is what bench webhooks --json prints as its last line.
@@ -169,17 +168,7 @@ Progress goes to stderr; --json prints one JSON object as the last line of stdou
 		res.WriterBusy = (after.seconds - before.seconds) / res.DurationS
 	}
 
-	switch {
-	case srv != nil:
-		res.Stored, res.Duplicates, err = countStored(ctx, srv.Store().ReadDB().QueryRowContext, server.WebhookSource, prefix)
-	case *dbPath != "":
-		db, oerr := sqlitedb.Open(*dbPath, sqlitedb.Options{ReadOnly: true})
-		if oerr != nil {
-			return oerr
-		}
-		res.Stored, res.Duplicates, err = countStored(ctx, db.QueryRowContext, server.WebhookSource, prefix)
-		db.Close()
-	}
+	res.Stored, res.Duplicates, err = checkStored(ctx, srv, *dbPath, server.WebhookSource, prefix)
 	if err != nil {
 		return fmt.Errorf("bench webhooks: check store: %w", err)
 	}

@@ -55,12 +55,6 @@ func (tg *target) calls() int {
 	return len(tg.bodies)
 }
 
-func (tg *target) setAnswers(answers ...int) {
-	tg.mu.Lock()
-	defer tg.mu.Unlock()
-	tg.answers = answers
-}
-
 // waitItem waits until the only item of inbox is in state with attempts,
 // and returns it.
 func (e *env) waitItem(t *testing.T, inbox, state string, attempts int) delivery.Item {
