@@ -99,21 +99,15 @@ postbox bench webhooks measures POST /webhooks instead (postbox bench webhooks -
 	defer stopSrv()
 	var srv *server.Server
 	if *srvURL == "" {
-		dir, err := os.MkdirTemp("", "postbox-bench-*")
+		var addr string
+		var cleanup func()
+		var err error
+		srv, addr, cleanup, err = startBenchServer(srvCtx, g, stopSrv, server.Config{MaxBatch: int(maxBatch), Synchronous: res.Synchronous})
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(dir)
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return err
-		}
-		srv, err = server.New(server.Config{Listener: ln, DBPath: filepath.Join(dir, "postbox.db"), MaxBatch: int(maxBatch), Synchronous: res.Synchronous})
-		if err != nil {
-			return err
-		}
-		g.Go(func() error { return srv.Run(srvCtx) })
-		*srvURL = "ws://" + ln.Addr().String()
+		defer cleanup()
+		*srvURL = "ws://" + addr
 		res.Server = "in-process"
 	} else {
 		res.Server = *srvURL
@@ -178,6 +172,35 @@ postbox bench webhooks measures POST /webhooks instead (postbox bench webhooks -
 		return fmt.Errorf("bench: %d events sent, %d acked, %d nacked, %d stored, %d stored twice", events, res.Acked, res.Nacked, res.Stored, res.Duplicates)
 	}
 	return nil
+}
+
+// startBenchServer runs a server for cfg on a temporary database on a
+// loopback port in g until ctx ends, and returns it with its address and
+// a cleanup to defer: it stops the server (stop cancels ctx), waits for it
+// and then removes its directory.
+func startBenchServer(ctx context.Context, g *errgroup.Group, stop context.CancelFunc, cfg server.Config) (*server.Server, string, func(), error) {
+	dir, err := os.MkdirTemp("", "postbox-bench-*")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, "", nil, err
+	}
+	cfg.Listener, cfg.DBPath = ln, filepath.Join(dir, "postbox.db")
+	srv, err := server.New(cfg)
+	if err != nil {
+		ln.Close()
+		os.RemoveAll(dir)
+		return nil, "", nil, err
+	}
+	g.Go(func() error { return srv.Run(ctx) })
+	return srv, ln.Addr().String(), func() {
+		stop()
+		g.Wait()
+		os.RemoveAll(dir)
+	}, nil
 }
 
 // checkStored counts the run's events (ids starting with prefix) in the

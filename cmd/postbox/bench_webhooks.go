@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -100,26 +99,15 @@ Progress goes to stderr; --json prints one JSON object as the last line of stdou
 	var srv *server.Server
 	base := strings.TrimRight(*srvURL, "/")
 	if base == "" {
-		dir, err := os.MkdirTemp("", "postbox-bench-*")
+		var addr string
+		var cleanup func()
+		var err error
+		srv, addr, cleanup, err = startBenchServer(srvCtx, g, stopSrv, server.Config{MaxBatch: int(maxBatch), Synchronous: res.Synchronous})
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(dir)
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return err
-		}
-		srv, err = server.New(server.Config{Listener: ln, DBPath: filepath.Join(dir, "postbox.db"), MaxBatch: int(maxBatch), Synchronous: res.Synchronous})
-		if err != nil {
-			return err
-		}
-		g.Go(func() error { return srv.Run(srvCtx) })
-		// On every return, the server stops before its directory goes.
-		defer func() {
-			stopSrv()
-			g.Wait()
-		}()
-		base = "http://" + ln.Addr().String()
+		defer cleanup()
+		base = "http://" + addr
 		res.Server = "in-process"
 	} else {
 		res.Server = base
