@@ -110,6 +110,15 @@ func (m matchFlag) Set(s string) error {
 }
 
 // checkName refuses what is not a subscription name (docs/API.md).
+// nameArg returns the one NAME argument of fs, checked.
+func nameArg(fs *flag.FlagSet) (string, error) {
+	name, err := args1(fs, "NAME")
+	if err != nil {
+		return "", err
+	}
+	return name, checkName(fs.Name(), "NAME", name)
+}
+
 func checkName(cmd, what, name string) error {
 	if len(name) == 0 || len(name) > 128 {
 		return usagef("%s: %s %q must be 1 to 128 characters", cmd, what, name)
@@ -155,11 +164,8 @@ definition under the same name is a conflict (exit status 1).`)
 	if err != nil {
 		return err
 	}
-	name, err := args1(fs, "NAME")
+	name, err := nameArg(fs)
 	if err != nil {
-		return err
-	}
-	if err := checkName("subscriptions create", "NAME", name); err != nil {
 		return err
 	}
 	if *source == "" {
@@ -286,11 +292,8 @@ func runSubscriptionsGet(ctx context.Context, env *cmdEnv, args []string) error 
 	if err != nil {
 		return err
 	}
-	name, err := args1(fs, "NAME")
+	name, err := nameArg(fs)
 	if err != nil {
-		return err
-	}
-	if err := checkName("subscriptions get", "NAME", name); err != nil {
 		return err
 	}
 	var s subscription
@@ -325,11 +328,8 @@ subscription reads does not change.`)
 	if err != nil {
 		return err
 	}
-	name, err := args1(fs, "NAME")
+	name, err := nameArg(fs)
 	if err != nil {
-		return err
-	}
-	if err := checkName("subscriptions set-target", "NAME", name); err != nil {
 		return err
 	}
 	if (target == "") == !*none {
@@ -365,11 +365,8 @@ items stay in their inbox. The server answers with no body; --json prints
 	if err != nil {
 		return err
 	}
-	name, err := args1(fs, "NAME")
+	name, err := nameArg(fs)
 	if err != nil {
-		return err
-	}
-	if err := checkName("subscriptions delete", "NAME", name); err != nil {
 		return err
 	}
 	if _, err := c.do(ctx, http.MethodDelete, "/v1/subscriptions/"+url.PathEscape(name), nil, nil); err != nil {
