@@ -134,9 +134,10 @@ func TestTargetAlwaysFails(t *testing.T) {
 }
 
 // TestTargetGoneAndRetryAfter: 410 dead-letters at once; Retry-After
-// stretches the wait; a refused connection is a failed attempt.
+// stretches the wait; a refused connection and a target that does not
+// answer within the handler timeout are failed attempts.
 func TestTargetGoneAndRetryAfter(t *testing.T) {
-	e := setup(t, delivery.Config{})
+	e := setup(t, delivery.Config{HandlerTimeout: 200 * time.Millisecond})
 	gone := newTarget(t, 410)
 	e.create(t, delivery.Subscription{Name: "gone", Source: "devices", Target: gone.URL, Types: []string{"a"}})
 	busy := newTarget(t, 429)
@@ -145,9 +146,23 @@ func TestTargetGoneAndRetryAfter(t *testing.T) {
 	down := newTarget(t, 200)
 	down.Close() // refuses connections
 	e.create(t, delivery.Subscription{Name: "down", Source: "devices", Target: down.URL, Types: []string{"c"}})
+	hang := make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-hang:
+		case <-r.Context().Done():
+		}
+	}))
+	defer slow.Close()
+	defer close(hang)
+	e.create(t, delivery.Subscription{Name: "slow", Source: "devices", Target: slow.URL, Types: []string{"d"}})
 	e.appendEvents(t, "a", "a", 1)
 	e.appendEvents(t, "b", "b", 1)
 	e.appendEvents(t, "c", "c", 1)
+	e.appendEvents(t, "d", "d", 1)
+	if it := e.waitItem(t, "slow", delivery.StatePending, 1); !strings.Contains(*it.LastError, "deadline exceeded") {
+		t.Fatalf("a target that does not answer within the handler timeout: %v", *it.LastError)
+	}
 	if it := e.waitItem(t, "gone", delivery.StateFailed, 1); !strings.Contains(*it.LastError, "410 Gone") {
 		t.Fatalf("gone: %v", *it.LastError)
 	}
