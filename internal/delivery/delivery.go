@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -184,6 +185,7 @@ type Delivery struct {
 	handlers    map[string]Handler // Go handlers by inbox
 	targets     map[string]string  // target URLs by inbox
 	dispatchers map[string]*loop   // by inbox
+	replaced    []*loop            // dispatchers stopped for a new handler
 	stopped     bool
 }
 
@@ -248,12 +250,11 @@ func (d *Delivery) Run(ctx context.Context) error {
 			d.stopped = true
 			loops := d.loops
 			d.loops = map[string]*loop{}
-			for inbox, l := range d.dispatchers {
-				loops["dispatch "+inbox] = l
-			}
-			d.dispatchers = map[string]*loop{}
+			stops := slices.Collect(maps.Values(loops))
+			stops = append(append(stops, slices.Collect(maps.Values(d.dispatchers))...), d.replaced...)
+			d.dispatchers, d.replaced = map[string]*loop{}, nil
 			d.mu.Unlock()
-			for _, l := range loops {
+			for _, l := range stops {
 				l.cancel()
 				<-l.done
 			}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -73,7 +74,8 @@ func (d *Delivery) handlerLocked(inbox string) Handler {
 // handler changed. d.mu is held.
 func (d *Delivery) dispatchLocked(inbox string) {
 	if l := d.dispatchers[inbox]; l != nil {
-		l.cancel() // a new one takes the new handler
+		l.cancel() // a new one takes the new handler; Run waits for this one at its end
+		d.replaced = append(slices.DeleteFunc(d.replaced, (*loop).ended), l)
 		delete(d.dispatchers, inbox)
 	}
 	h := d.handlerLocked(inbox)
@@ -87,6 +89,16 @@ func (d *Delivery) dispatchLocked(inbox string) {
 		defer close(l.done)
 		d.dispatch(ctx, inbox, h)
 	}()
+}
+
+// ended reports whether the loop has returned.
+func (l *loop) ended() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // job is one leased item for a worker.
