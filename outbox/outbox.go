@@ -17,6 +17,9 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/postbox-events/postbox"
@@ -24,12 +27,74 @@ import (
 
 // Message is one outbox row handed to a Publisher.
 type Message struct {
-	Seq       int64 // the row's position in the outbox; grows with each insert
-	EventID   string
-	Type      string
-	Body      []byte // what is sent: for the edge outbox, the envelope JSON
-	Attempts  int    // sends so far that got no ACK
-	CreatedAt time.Time
+	Seq     int64 // the row's position in the outbox; grows with each insert
+	EventID string
+	Type    string
+	// Body is what is sent: for the edge outbox the envelope JSON, for a
+	// transactional outbox the event's payload JSON.
+	Body          []byte
+	CorrelationID string // transactional outbox only
+	TenantID      string // transactional outbox only
+	Attempts      int    // sends so far that got no ACK
+	CreatedAt     time.Time
+}
+
+// Event is what a service writes to its transactional outbox, in the same
+// transaction as the business write it announces (see outboxpg.Insert,
+// outboxpg.InsertPgx and outboxsqlite.Insert).
+type Event struct {
+	// ID is the event's identity, the key receivers deduplicate on.
+	// Empty: Prepare sets a new NewEventID.
+	ID string
+	// Type names what happened ("order.created"). Required.
+	Type string
+	// Payload is the event's JSON. Required. Relayed to a postbox server
+	// it must be a JSON object.
+	Payload json.RawMessage
+	// CorrelationID ties together the events of one request or workflow.
+	// Empty: the event's ID.
+	CorrelationID string
+	// TenantID says whose event this is; may be empty.
+	TenantID string
+}
+
+// Limits of an Event's fields.
+const (
+	MaxEventIDBytes   = 128
+	MaxEventTypeBytes = 128
+)
+
+// ErrInvalidEvent is wrapped by Prepare's errors.
+var ErrInvalidEvent = errors.New("outbox: invalid event")
+
+// ErrDuplicate is returned (wrapped, naming the id) by a transactional
+// Insert of an event whose id is in the outbox already. Nothing is
+// written for it, and the caller's transaction stays usable: the caller
+// decides whether to commit the rest.
+var ErrDuplicate = errors.New("outbox: event id already in the outbox")
+
+// Prepare fills in an event's defaults and checks its fields, returning an
+// error wrapping ErrInvalidEvent that names the field that is wrong.
+func (e *Event) Prepare() error {
+	if e.ID == "" {
+		e.ID = NewEventID()
+	}
+	if e.CorrelationID == "" {
+		e.CorrelationID = e.ID
+	}
+	switch {
+	case len(e.ID) > MaxEventIDBytes:
+		return fmt.Errorf("%w: id is %d bytes, over %d", ErrInvalidEvent, len(e.ID), MaxEventIDBytes)
+	case e.Type == "":
+		return fmt.Errorf("%w: type is empty", ErrInvalidEvent)
+	case len(e.Type) > MaxEventTypeBytes:
+		return fmt.Errorf("%w: type is %d bytes, over %d", ErrInvalidEvent, len(e.Type), MaxEventTypeBytes)
+	case len(e.Payload) == 0:
+		return fmt.Errorf("%w: payload is empty", ErrInvalidEvent)
+	case !json.Valid(e.Payload):
+		return fmt.Errorf("%w: payload is not valid JSON", ErrInvalidEvent)
+	}
+	return nil
 }
 
 // Publisher sends messages to a receiver.
@@ -54,6 +119,14 @@ type Store interface {
 	Settle(ctx context.Context, outcomes []Outcome) error
 }
 
+// Claimer is implemented by a Store whose Due claims the rows it returns
+// for the calling relay (the transactional outbox), so that Due never
+// returns a row in flight. The Relay then asks for exactly the rows it
+// has room for and sends every row Due returned.
+type Claimer interface {
+	Claims() bool
+}
+
 // Notifier is implemented by a Store that can tell the Relay about new
 // rows, so they are sent at once instead of at the next poll.
 type Notifier interface {
@@ -74,8 +147,9 @@ type OutcomeKind int
 const (
 	// Delivered: ACKed. The row leaves the outbox.
 	Delivered OutcomeKind = iota
-	// Rejected: refused with a non-retryable NACK. The row is kept as
-	// rejected with Error until an operator requeues it.
+	// Rejected: refused with a non-retryable NACK, or refused MaxAttempts
+	// times (parked). The row is kept as rejected with Error until an
+	// operator requeues it.
 	Rejected
 	// Retry: refused with a retryable NACK. Count the attempt, record
 	// Error, send again at RetryAt.
@@ -95,4 +169,27 @@ func ReplyOutcome(r postbox.Reply, retryAt time.Time) Outcome {
 	default:
 		return Outcome{EventID: r.EventID, Kind: Rejected, Error: string(r.Code) + ": " + r.Message}
 	}
+}
+
+// Row states.
+const (
+	StatePending   = "pending"   // waiting to be sent, or being sent
+	StateRejected  = "rejected"  // refused for good or parked; kept for an operator
+	StateDelivered = "delivered" // ACKed; the transactional outbox keeps it until retention
+)
+
+// Row is an outbox row as operators see it (postbox outbox list).
+type Row struct {
+	EventID       string          `json:"event_id"`
+	Type          string          `json:"type"`
+	State         string          `json:"state"`
+	CreatedAt     time.Time       `json:"created_at"`
+	NextAttemptAt time.Time       `json:"next_attempt_at"`
+	Attempts      int             `json:"attempt_count"`
+	LastError     string          `json:"last_error,omitempty"`
+	Envelope      string          `json:"envelope,omitempty"` // the edge outbox: the envelope as sent
+	Payload       json.RawMessage `json:"payload,omitempty"`  // a transactional outbox: the event's payload
+	CorrelationID string          `json:"correlation_id,omitempty"`
+	TenantID      string          `json:"tenant_id,omitempty"`
+	DeliveredAt   *time.Time      `json:"delivered_at,omitempty"`
 }

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -41,7 +42,13 @@ type RelayConfig struct {
 	// Reconnect pauses publishing after a transport failure. Defaults to
 	// 100ms doubling up to 30s, with full jitter.
 	Reconnect Backoff
-	Logger    *slog.Logger
+	// MaxAttempts parks a row: one refused with a retryable NACK for the
+	// MaxAttempts-th time is kept as rejected, with the last reason, until
+	// an operator requeues it, instead of being retried for ever.
+	// Transport failures (the receiver down or unreachable) never count
+	// towards it: an outage does not park rows. 0 means no limit.
+	MaxAttempts int
+	Logger      *slog.Logger
 	// Now returns the current time. Defaults to time.Now.
 	Now func() time.Time
 	// Observe, when set, is called after each publish is settled.
@@ -57,10 +64,11 @@ type Stats struct {
 // Relay sends a Store's rows through a Publisher. It keeps up to
 // MaxInFlight messages in flight, in batches published concurrently.
 type Relay struct {
-	store Store
-	pub   Publisher
-	cfg   RelayConfig
-	log   *slog.Logger
+	claims bool // the store is a Claimer
+	store  Store
+	pub    Publisher
+	cfg    RelayConfig
+	log    *slog.Logger
 }
 
 // NewRelay returns a relay from store to pub.
@@ -93,13 +101,22 @@ func NewRelay(store Store, pub Publisher, cfg RelayConfig) (*Relay, error) {
 	if cfg.Reconnect.Max <= 0 {
 		cfg.Reconnect.Max = DefaultReconnectMax
 	}
+	if cfg.MaxAttempts < 0 {
+		return nil, errors.New("outbox: MaxAttempts must not be negative")
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Relay{store: store, pub: pub, cfg: cfg, log: cfg.Logger}, nil
+	c, ok := store.(Claimer)
+	return &Relay{store: store, pub: pub, cfg: cfg, log: cfg.Logger, claims: ok && c.Claims()}, nil
+}
+
+type settledBatch struct {
+	msgs []Message
+	st   Stats
 }
 
 type published struct {
@@ -118,10 +135,15 @@ func (r *Relay) Run(ctx context.Context) error {
 	pubCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	settleCtx := context.WithoutCancel(ctx)
-	inFlight := map[string]bool{}
+	// inFlight counts each event's publishes not yet settled: more than one
+	// only for a Claimer, whose row may be claimed again (after its settle
+	// committed) before this loop heard of that settle.
+	inFlight := map[string]int{}
+	inFlightN := 0
 	var cursor int64 // rows up to here were handed out in this sweep
-	running := 0
+	running := 0     // batches published and not yet settled
 	results := make(chan published)
+	settled := make(chan settledBatch)
 	failures := 0
 	var pausedUntil time.Time
 	timer := time.NewTimer(0)
@@ -135,7 +157,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	for {
 		now := r.cfg.Now()
-		room := r.cfg.MaxInFlight - len(inFlight)
+		room := r.cfg.MaxInFlight - inFlightN
 		if ctx.Err() == nil && room > 0 && !now.Before(pausedUntil) {
 			msgs, last, err := r.due(ctx, now, cursor, min(room, r.cfg.BatchSize), inFlight)
 			cursor = max(cursor, last)
@@ -144,16 +166,19 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			if len(msgs) > 0 {
 				for _, m := range msgs {
-					inFlight[m.EventID] = true
+					inFlight[m.EventID]++
 				}
-				running++
-				go func() {
-					replies, err := r.pub.Publish(pubCtx, msgs)
-					if err == nil && len(replies) != len(msgs) {
-						err = errors.New("outbox: publisher returned the wrong number of replies")
-					}
-					results <- published{msgs, replies, err}
-				}()
+				inFlightN += len(msgs)
+				for _, batch := range r.split(msgs) {
+					running++
+					go func() {
+						replies, err := r.pub.Publish(pubCtx, batch)
+						if err == nil && len(replies) != len(batch) {
+							err = errors.New("outbox: publisher returned the wrong number of replies")
+						}
+						results <- published{batch, replies, err}
+					}()
+				}
 				continue
 			}
 		}
@@ -167,14 +192,6 @@ func (r *Relay) Run(ctx context.Context) error {
 		timer.Reset(wait)
 		select {
 		case p := <-results:
-			running--
-			for _, m := range p.msgs {
-				delete(inFlight, m.EventID)
-			}
-			st := r.settle(settleCtx, p)
-			if st.Retried > 0 || st.Unanswered > 0 {
-				cursor = 0 // rows behind the cursor are due again
-			}
 			switch {
 			case p.err == nil:
 				if failures > 0 {
@@ -188,8 +205,22 @@ func (r *Relay) Run(ctx context.Context) error {
 				pausedUntil = r.cfg.Now().Add(delay)
 				r.log.Warn("outbox: publish failed; pausing before the next attempt", "err", p.err, "events", len(p.msgs), "pause", delay.Round(time.Millisecond), "failures", failures)
 			}
+			// Settling runs beside the next reads and publishes; the rows
+			// stay in flight until it is done.
+			go func() { settled <- settledBatch{p.msgs, r.settle(settleCtx, p)} }()
+		case s := <-settled:
+			running--
+			inFlightN -= len(s.msgs)
+			for _, m := range s.msgs {
+				if inFlight[m.EventID]--; inFlight[m.EventID] <= 0 {
+					delete(inFlight, m.EventID)
+				}
+			}
+			if s.st.Retried > 0 || s.st.Unanswered > 0 {
+				cursor = 0 // rows behind the cursor are due again
+			}
 			if r.cfg.Observe != nil {
-				r.cfg.Observe(st)
+				r.cfg.Observe(s.st)
 			}
 		case <-notify:
 		case <-timer.C:
@@ -205,9 +236,9 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // due returns up to n due messages after cursor that are not in flight,
 // and the last Seq it looked at.
-func (r *Relay) due(ctx context.Context, now time.Time, cursor int64, n int, inFlight map[string]bool) ([]Message, int64, error) {
+func (r *Relay) due(ctx context.Context, now time.Time, cursor int64, n int, inFlight map[string]int) ([]Message, int64, error) {
 	limit := n
-	if cursor == 0 {
+	if cursor == 0 && !r.claims {
 		limit += len(inFlight) // a new sweep passes the rows in flight again
 	}
 	rows, err := r.store.Due(ctx, now, cursor, limit)
@@ -215,18 +246,34 @@ func (r *Relay) due(ctx context.Context, now time.Time, cursor int64, n int, inF
 		return nil, cursor, err
 	}
 	msgs := rows[:0]
-	last, size := cursor, 0
+	last := cursor
 	for _, m := range rows {
-		if len(msgs) == n || (len(msgs) > 0 && size+len(m.Body) > r.cfg.BatchBytes) {
+		// A Claimer's rows are claimed for this relay: all of them are
+		// sent, or they would wait for the claim to end.
+		if len(msgs) == n && !r.claims {
 			break
 		}
 		last = m.Seq
-		if !inFlight[m.EventID] {
+		if inFlight[m.EventID] == 0 || r.claims {
 			msgs = append(msgs, m)
-			size += len(m.Body)
 		}
 	}
 	return msgs, last, nil
+}
+
+// split cuts msgs into publishes of at most BatchSize messages and
+// BatchBytes of bodies; a message larger than BatchBytes goes alone.
+func (r *Relay) split(msgs []Message) [][]Message {
+	var out [][]Message
+	start, size := 0, 0
+	for i, m := range msgs {
+		if i > start && (i-start == r.cfg.BatchSize || size+len(m.Body) > r.cfg.BatchBytes) {
+			out = append(out, msgs[start:i])
+			start, size = i, 0
+		}
+		size += len(m.Body)
+	}
+	return append(out, msgs[start:])
 }
 
 // settle records the outcome of one publish.
@@ -246,12 +293,15 @@ func (r *Relay) settle(ctx context.Context, p published) Stats {
 		}
 		o := ReplyOutcome(rep, now.Add(r.cfg.Retry.Delay(m.Attempts)))
 		o.EventID = m.EventID
+		if o.Kind == Retry && r.cfg.MaxAttempts > 0 && m.Attempts+1 >= r.cfg.MaxAttempts {
+			o = Outcome{EventID: m.EventID, Kind: Rejected, Error: fmt.Sprintf("parked after %d attempts; last: %s", m.Attempts+1, o.Error)}
+		}
 		switch o.Kind {
 		case Delivered:
 			st.Delivered++
 		case Rejected:
 			st.Rejected++
-			r.log.Warn("outbox: event rejected by the receiver; kept as rejected", "event_id", m.EventID, "reason", o.Error)
+			r.log.Warn("outbox: event kept as rejected for an operator (refused for good, or parked after its last attempt)", "event_id", m.EventID, "reason", o.Error)
 		case Retry:
 			st.Retried++
 		}

@@ -52,12 +52,16 @@ func runBench(ctx context.Context, env *cmdEnv, args []string) error {
 	if len(args) > 0 && args[0] == "webhooks" {
 		return runBenchWebhooks(ctx, env, args[1:])
 	}
+	if len(args) > 0 && args[0] == "relay" {
+		return runBenchRelay(ctx, env, args[1:])
+	}
 	fs := newFlags(env, "bench", "[flags]", `Plays N devices, each on its own WebSocket connection, sending events with pipelining
 (many frames in flight) to a server it starts itself on a temporary database (or to --server),
 then checks the store holds every event exactly once. Progress goes to stderr; --json prints
 one JSON object as the last line of stdout.
 
-postbox bench webhooks measures POST /webhooks instead (postbox bench webhooks --help).`)
+postbox bench webhooks measures POST /webhooks instead (postbox bench webhooks --help), and
+postbox bench relay a transactional outbox relay (postbox bench relay --help).`)
 	devices := positiveInt(50)
 	fs.Var(&devices, "devices", "`devices` (connections)")
 	events := positiveInt(200000)

@@ -37,6 +37,7 @@ func TestHelpOnEveryCommand(t *testing.T) {
 		{"--help"}, {"serve", "--help"}, {"agent", "--help"}, {"send", "--help"},
 		{"outbox", "--help"}, {"outbox", "list", "--help"}, {"outbox", "requeue", "--help"}, {"bench", "--help"}, {"bench", "webhooks", "--help"},
 		{"dlq", "--help"}, {"dlq", "list", "--help"}, {"dlq", "replay", "--help"},
+		{"relay", "--help"}, {"outbox", "emit", "--help"}, {"outbox", "migrate", "--help"},
 	} {
 		out, code := run(t, args...)
 		if code != 0 || !strings.Contains(out, "Usage: postbox") {

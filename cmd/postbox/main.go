@@ -40,7 +40,8 @@ func init() {
 		"serve":  {"run the control plane: WebSocket ingress, store, health and metrics", runServe},
 		"agent":  {"run the edge agent: durable outbox, local intake, sender", runAgent},
 		"send":   {"hand events to a running agent", runSend},
-		"outbox": {"inspect an outbox and re-queue rejected events (list, requeue)", runOutbox},
+		"outbox": {"inspect an outbox, re-queue rejected events, emit test events (list, requeue, emit, migrate)", runOutbox},
+		"relay":  {"relay a transactional outbox (PostgreSQL or SQLite) to Redis Streams, JetStream or postbox", runRelay},
 		"bench":  {"measure ingest end to end: N devices pipelining events (bench webhooks: POST /webhooks)", runBench},
 
 		"subscriptions": {"create, list, get and delete subscriptions", runSubscriptions},

@@ -3,11 +3,17 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
-	"os"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/postbox-events/postbox/internal/sqlitedb"
+	"github.com/postbox-events/postbox/outbox"
+	"github.com/postbox-events/postbox/outbox/outboxpg"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
 )
 
@@ -21,11 +27,20 @@ func runOutbox(ctx context.Context, env *cmdEnv, args []string) error {
 		return runOutboxList(ctx, env, args)
 	case "requeue":
 		return runOutboxRequeue(ctx, env, args)
+	case "emit":
+		return runOutboxEmit(ctx, env, args)
+	case "migrate":
+		return runOutboxMigrate(ctx, env, args)
 	case "", "-h", "--help", "help":
-		fmt.Fprint(env.stdout, `Usage: postbox outbox list|requeue [flags]
+		fmt.Fprint(env.stdout, `Usage: postbox outbox list|requeue|emit|migrate [flags]
 
-  list      show the outbox's rows (default: the rejected ones, with the server's reason)
-  requeue   make rejected rows pending again, so the agent sends them again
+  list      show the outbox's rows (default: the rejected ones, with the receiver's reason)
+  requeue   make rejected (refused or parked) rows pending again, so the relay sends them again
+  emit      insert events into a transactional outbox, for trials and tests
+  migrate   create or upgrade the outbox table in a PostgreSQL database
+
+Each works on the edge agent's outbox (--outbox FILE) or on a transactional
+outbox (--db postgres://... or --db FILE).
 
 postbox outbox COMMAND --help shows a command's flags.
 `)
@@ -34,48 +49,58 @@ postbox outbox COMMAND --help shows a command's flags.
 		}
 		return nil
 	}
-	return usagef("outbox: unknown command %q (list, requeue)", sub)
+	return usagef("outbox: unknown command %q (list, requeue, emit, migrate)", sub)
 }
 
-func openOutbox(path string) (*outboxsqlite.Store, error) {
-	if _, err := os.Stat(path); err != nil {
-		return nil, fmt.Errorf("outbox %s: %w", path, err)
+// outboxFlags declares --outbox and --db and returns a function that opens
+// the outbox they name (--db wins).
+func outboxFlags(env *cmdEnv, fs *flag.FlagSet) func(ctx context.Context) (*outboxDB, error) {
+	path := fs.String("outbox", "outbox.db", "the edge agent's outbox SQLite file [POSTBOX_OUTBOX]")
+	dsn := fs.String("db", "", "a transactional outbox instead: postgres://... or a SQLite file [DATABASE_URL]")
+	return func(ctx context.Context) (*outboxDB, error) {
+		if err := envDefaults(env, fs, map[string]string{"outbox": "POSTBOX_OUTBOX", "db": "DATABASE_URL"}); err != nil {
+			return nil, err
+		}
+		target := *dsn
+		if target == "" {
+			target = *path
+		}
+		return openOutboxDB(ctx, target, false, outboxpg.Config{})
 	}
-	return outboxsqlite.Open(path, outboxsqlite.Config{})
 }
 
 func runOutboxList(ctx context.Context, env *cmdEnv, args []string) error {
-	fs := newFlags(env, "outbox list", "[flags]", "Lists outbox rows, oldest first. Works while the agent runs.")
-	path := fs.String("outbox", "outbox.db", "outbox SQLite file [POSTBOX_OUTBOX]")
-	state := fs.String("state", "rejected", "rejected, pending or all")
+	fs := newFlags(env, "outbox list", "[flags]", "Lists outbox rows, oldest first. Works while the agent or relay runs.")
+	open := outboxFlags(env, fs)
+	state := fs.String("state", "rejected", "rejected, pending, delivered (transactional outbox) or all")
 	limit := positiveInt(100)
 	fs.Var(&limit, "limit", "most `rows` to show")
 	asJSON := fs.Bool("json", false, "print a JSON array")
 	if err := parse(env, fs, args); err != nil {
 		return err
 	}
-	if err := envDefaults(env, fs, map[string]string{"outbox": "POSTBOX_OUTBOX"}); err != nil {
-		return err
-	}
 	switch *state {
 	case "all":
 		*state = ""
-	case outboxsqlite.StatePending, outboxsqlite.StateRejected:
+	case outbox.StatePending, outbox.StateRejected, outbox.StateDelivered:
 	default:
-		return usagef("outbox list: --state must be rejected, pending or all, not %q", *state)
+		return usagef("outbox list: --state must be rejected, pending, delivered or all, not %q", *state)
 	}
-	store, err := openOutbox(*path)
+	db, err := open(ctx)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	rows, err := store.List(ctx, *state, int(limit))
+	defer db.close()
+	if *state == outbox.StateDelivered && db.pg == nil {
+		return usagef("outbox list: --state delivered: this outbox deletes rows when they are delivered")
+	}
+	rows, err := db.admin.List(ctx, *state, int(limit))
 	if err != nil {
 		return err
 	}
 	if *asJSON {
 		if rows == nil {
-			rows = []outboxsqlite.Row{}
+			rows = []outbox.Row{}
 		}
 		b, _ := json.Marshal(rows)
 		fmt.Fprintln(env.stdout, string(b))
@@ -90,24 +115,21 @@ func runOutboxList(ctx context.Context, env *cmdEnv, args []string) error {
 }
 
 func runOutboxRequeue(ctx context.Context, env *cmdEnv, args []string) error {
-	fs := newFlags(env, "outbox requeue", "(EVENT_ID... | --all) [flags]", "Makes rejected rows pending and due now; a running agent sends them within its poll interval.")
-	path := fs.String("outbox", "outbox.db", "outbox SQLite file [POSTBOX_OUTBOX]")
+	fs := newFlags(env, "outbox requeue", "(EVENT_ID... | --all) [flags]", "Makes rejected (refused or parked) rows pending and due now; a running agent or relay sends them within its poll interval.")
+	open := outboxFlags(env, fs)
 	all := fs.Bool("all", false, "requeue every rejected row")
 	if err := parse(env, fs, args); err != nil {
-		return err
-	}
-	if err := envDefaults(env, fs, map[string]string{"outbox": "POSTBOX_OUTBOX"}); err != nil {
 		return err
 	}
 	if *all == (fs.NArg() > 0) {
 		return usagef("outbox requeue: name event ids or pass --all (not both)")
 	}
-	store, err := openOutbox(*path)
+	db, err := open(ctx)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	n, err := store.Requeue(ctx, fs.Args())
+	defer db.close()
+	n, err := db.admin.Requeue(ctx, fs.Args())
 	if err != nil {
 		return err
 	}
@@ -115,5 +137,133 @@ func runOutboxRequeue(ctx context.Context, env *cmdEnv, args []string) error {
 	if n == 0 && fs.NArg() > 0 {
 		return fmt.Errorf("outbox requeue: none of %v is a rejected row", fs.Args())
 	}
+	return nil
+}
+
+func runOutboxEmit(ctx context.Context, env *cmdEnv, args []string) error {
+	fs := newFlags(env, "outbox emit", "--db DSN --type TYPE --payload JSON [flags]", `Inserts events into a transactional outbox, as a service would in its own transactions, for
+trials and tests: --count events, --batch per transaction, each with a new id unless --id is given.
+The table is created if missing. A running relay sends them at once (LISTEN/NOTIFY).`)
+	dsn := fs.String("db", "", "the outbox's database: postgres://... or a SQLite file [DATABASE_URL]")
+	typ := fs.String("type", "", "event type, e.g. order.created")
+	payload := fs.String("payload", "", "event payload, JSON")
+	id := fs.String("id", "", "event id (only with --count 1); default: a new evt_ id per event")
+	corr := fs.String("correlation-id", "", "correlation id; default: the event's id")
+	tenant := fs.String("tenant", "", "tenant id")
+	count := positiveInt(1)
+	fs.Var(&count, "count", "how many `events` to insert")
+	batch := positiveInt(500)
+	fs.Var(&batch, "batch", "`events` per transaction")
+	if err := parse(env, fs, args); err != nil {
+		return err
+	}
+	if err := envDefaults(env, fs, map[string]string{"db": "DATABASE_URL"}); err != nil {
+		return err
+	}
+	switch {
+	case *dsn == "" || *typ == "" || *payload == "":
+		return usagef("outbox emit: --db, --type and --payload are required")
+	case *id != "" && count > 1:
+		return usagef("outbox emit: --id names one event; it cannot go with --count %d", count)
+	}
+	proto := outbox.Event{ID: *id, Type: *typ, Payload: []byte(*payload), CorrelationID: *corr, TenantID: *tenant}
+	if err := (&outbox.Event{ID: "check", Type: proto.Type, Payload: proto.Payload}).Prepare(); err != nil {
+		return usagef("outbox emit: %v", err)
+	}
+	insert, closeDB, err := openEmitter(ctx, *dsn)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	start, lastLog := time.Now(), time.Now()
+	var first, last string
+	for done := 0; done < int(count); {
+		n := min(int(batch), int(count)-done)
+		events := make([]outbox.Event, n)
+		for i := range events {
+			events[i] = proto
+		}
+		if err := insert(ctx, events); err != nil {
+			return fmt.Errorf("outbox emit: after %d events: %w", done, err)
+		}
+		if first == "" {
+			first = events[0].ID
+		}
+		last = events[n-1].ID
+		done += n
+		if time.Since(lastLog) > 2*time.Second {
+			fmt.Fprintf(env.stderr, "%d/%d events inserted\n", done, count)
+			lastLog = time.Now()
+		}
+	}
+	elapsed := time.Since(start)
+	if count == 1 {
+		fmt.Fprintf(env.stdout, "inserted %s\n", first)
+		return nil
+	}
+	fmt.Fprintf(env.stdout, "inserted %d events (%s … %s) in %s, %.0f/s\n", count, first, last, elapsed.Round(time.Millisecond), float64(count)/elapsed.Seconds())
+	return nil
+}
+
+// openEmitter returns a function inserting events in one transaction of
+// the database at dsn, creating the outbox table if missing.
+func openEmitter(ctx context.Context, dsn string) (func(context.Context, []outbox.Event) error, func(), error) {
+	if isPostgres(dsn) {
+		pool, err := pgxpool.New(ctx, dsn)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--db: %w", err)
+		}
+		if err := outboxpg.Migrate(ctx, pool); err != nil {
+			pool.Close()
+			return nil, nil, fmt.Errorf("--db %s: %w", redact(dsn), err)
+		}
+		return func(ctx context.Context, events []outbox.Event) error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outboxpg.InsertPgx(ctx, tx, events...) })
+		}, pool.Close, nil
+	}
+	db, err := sqlitedb.Open(dsn, sqlitedb.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := outboxsqlite.Migrate(ctx, db); err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return func(ctx context.Context, events []outbox.Event) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		if err := outboxsqlite.Insert(ctx, tx, events...); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}, func() { db.Close() }, nil
+}
+
+func runOutboxMigrate(ctx context.Context, env *cmdEnv, args []string) error {
+	fs := newFlags(env, "outbox migrate", "--db postgres://...", `Creates or upgrades the transactional outbox table (and its LISTEN/NOTIFY trigger) in a PostgreSQL
+database. Safe to run again, and from several places at once. postbox relay does this at start
+unless --migrate=false.`)
+	dsn := fs.String("db", "", "postgres://... [DATABASE_URL]")
+	if err := parse(env, fs, args); err != nil {
+		return err
+	}
+	if err := envDefaults(env, fs, map[string]string{"db": "DATABASE_URL"}); err != nil {
+		return err
+	}
+	if !isPostgres(*dsn) {
+		return usagef("outbox migrate: --db must be a postgres:// URL")
+	}
+	pool, err := pgxpool.New(ctx, *dsn)
+	if err != nil {
+		return fmt.Errorf("--db: %w", err)
+	}
+	defer pool.Close()
+	if err := outboxpg.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	fmt.Fprintf(env.stdout, "outbox table ready in %s\n", redact(*dsn))
 	return nil
 }

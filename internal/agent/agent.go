@@ -106,7 +106,7 @@ func New(cfg Config) (*Agent, error) {
 	m := newMetrics(store)
 	rcfg := cfg.Relay
 	rcfg.Logger = cfg.Logger
-	rcfg.Observe = m.observe
+	rcfg.Observe = m.relay.Observe
 	relay, err := outbox.NewRelay(store, pub, rcfg)
 	if err != nil {
 		store.Close()

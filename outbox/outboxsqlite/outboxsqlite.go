@@ -30,8 +30,8 @@ var migrations embed.FS
 
 // Row states.
 const (
-	StatePending  = "pending"
-	StateRejected = "rejected"
+	StatePending  = outbox.StatePending
+	StateRejected = outbox.StateRejected
 )
 
 // ErrConflict is returned by Insert for an event id already in the outbox
@@ -67,6 +67,48 @@ type insert struct {
 	err       error
 }
 
+// Migrate creates or upgrades the outbox table in db. A service that writes
+// its events with Insert calls it once on its own database; a relay then
+// sends them from a Store opened on the same file.
+func Migrate(ctx context.Context, db *sql.DB) error {
+	sub, _ := fs.Sub(migrations, "migrations")
+	return sqlitedb.Migrate(ctx, db, "outbox", sub)
+}
+
+// Insert writes events to the outbox inside the caller's transaction tx,
+// so they are committed with the business write or not at all. Each event
+// is stored as the envelope a relay sends (outbox.Message.Envelope). An
+// event whose id is queued already is not written and makes InsertTx
+// return an error wrapping outbox.ErrDuplicate; tx stays usable. A relay
+// on another connection sees the rows within its poll interval.
+func Insert(ctx context.Context, tx *sql.Tx, events ...outbox.Event) error {
+	now := time.Now().UTC()
+	ts := now.Format(sqlitedb.Time)
+	for i := range events {
+		e := &events[i]
+		if err := e.Prepare(); err != nil {
+			return err
+		}
+		m := outbox.Message{EventID: e.ID, Type: e.Type, Body: e.Payload, CorrelationID: e.CorrelationID, TenantID: e.TenantID, CreatedAt: now}
+		env := m.Envelope()
+		if err := env.Validate(postbox.Limits{}); err != nil {
+			return fmt.Errorf("%w: %s: %v", outbox.ErrInvalidEvent, e.ID, err)
+		}
+		body, err := json.Marshal(env)
+		if err != nil {
+			return fmt.Errorf("outbox insert %s: %w", e.ID, err)
+		}
+		r, err := tx.ExecContext(ctx, qInsert, e.ID, e.Type, string(body), ts, ts)
+		if err != nil {
+			return fmt.Errorf("outbox insert %s: %w", e.ID, err)
+		}
+		if n, _ := r.RowsAffected(); n == 0 {
+			return fmt.Errorf("%w: %s", outbox.ErrDuplicate, e.ID)
+		}
+	}
+	return nil
+}
+
 // Open opens (creating and migrating) the outbox at path. Call Run for
 // inserts to be written, and Close when done.
 func Open(path string, cfg Config) (*Store, error) {
@@ -74,8 +116,7 @@ func Open(path string, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	sub, _ := fs.Sub(migrations, "migrations")
-	if err := sqlitedb.Migrate(context.Background(), db, "outbox", sub); err != nil {
+	if err := Migrate(context.Background(), db); err != nil {
 		db.Close()
 		return nil, err
 	}
@@ -247,16 +288,7 @@ func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) error {
 }
 
 // Row is an outbox row as operators see it.
-type Row struct {
-	EventID       string    `json:"event_id"`
-	Type          string    `json:"type"`
-	State         string    `json:"state"`
-	CreatedAt     time.Time `json:"created_at"`
-	NextAttemptAt time.Time `json:"next_attempt_at"`
-	Attempts      int       `json:"attempt_count"`
-	LastError     string    `json:"last_error,omitempty"`
-	Envelope      string    `json:"envelope"`
-}
+type Row = outbox.Row
 
 // List returns up to limit rows in state ("" for all), oldest first.
 func (s *Store) List(ctx context.Context, state string, limit int) ([]Row, error) {

@@ -395,3 +395,69 @@ func TestInsertSamePayloadOtherTSIsDuplicate(t *testing.T) {
 		t.Fatalf("the queued row changed: %+v", rows["evt_ts"])
 	}
 }
+
+// A service's own SQLite database: the business write and InsertTx commit
+// or roll back together, and a Store on the same file relays what
+// committed.
+func TestInsertTxInTheCallersTransaction(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "service.db")
+	db, err := sqlitedb.Open(path, sqlitedb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	if err := Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (id TEXT PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, commit := range []bool{false, true} {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := "order-rolled-back"
+		if commit {
+			id = "order-committed"
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO orders VALUES (?)`, id); err != nil {
+			t.Fatal(err)
+		}
+		e := outbox.Event{ID: id, Type: "order.created", Payload: json.RawMessage(`{"id":"` + id + `"}`), TenantID: "acme"}
+		if err := Insert(ctx, tx, e); err != nil {
+			t.Fatal(err)
+		}
+		if err := Insert(ctx, tx, e); !errors.Is(err, outbox.ErrDuplicate) {
+			t.Fatalf("second insert of %s: %v, want ErrDuplicate", id, err)
+		}
+		if err := Insert(ctx, tx, outbox.Event{Type: "x", Payload: json.RawMessage(`[1]`)}); !errors.Is(err, outbox.ErrInvalidEvent) || !strings.Contains(err.Error(), "payload") {
+			t.Fatalf("insert of an array payload: %v, want ErrInvalidEvent naming payload", err)
+		}
+		if commit {
+			err = tx.Commit()
+		} else {
+			err = tx.Rollback()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := Open(path, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	msgs, err := s.Due(ctx, time.Now(), 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != 1 || msgs[0].EventID != "order-committed" {
+		t.Fatalf("due rows: %+v, want the committed event only", msgs)
+	}
+	env, err := postbox.DecodeEnvelope(msgs[0].Body, postbox.Limits{})
+	if err != nil || env.DeviceID != "acme" || env.SessionID != "order-committed" || string(env.Payload) != `{"id":"order-committed"}` {
+		t.Fatalf("relayed envelope %s: %+v, %v", msgs[0].Body, env, err)
+	}
+}

@@ -1,0 +1,389 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/client"
+	"github.com/postbox-events/postbox/internal/relaymetrics"
+	"github.com/postbox-events/postbox/outbox"
+	"github.com/postbox-events/postbox/outbox/outboxnats"
+	"github.com/postbox-events/postbox/outbox/outboxpg"
+	"github.com/postbox-events/postbox/outbox/outboxredis"
+	"github.com/postbox-events/postbox/outbox/outboxsqlite"
+)
+
+// Defaults of postbox relay.
+const (
+	defaultRelayMaxAttempts = 20
+	defaultRelayListen      = "127.0.0.1:9465"
+)
+
+func runRelay(ctx context.Context, env *cmdEnv, args []string) error {
+	fs := newFlags(env, "relay", "--db DSN --to URL [flags]", `Relays a transactional outbox to a receiver: takes undelivered rows in order (FOR UPDATE SKIP
+LOCKED, so several relays can share one outbox), publishes them, marks each delivered after the
+receiver's ACK, retries failures with backoff and parks a row that keeps failing (list and requeue
+it with postbox outbox). Wakes on LISTEN/NOTIFY and polls as well.
+
+--db    postgres://USER@HOST:5432/DB (the outbox table is created if missing), or the path of a
+        SQLite file written with outboxsqlite.Insert
+--to    redis://HOST:6379/0?stream=NAME[&maxlen=N][&idmp=auto|off|on&producer=ID]   (XADD)
+        nats://HOST:4222?stream=NAME[&subject=PREFIX][&create=false]          (JetStream, Nats-Msg-Id)
+        ws://HOST:PORT or wss://HOST:PORT                                     (a postbox server)`)
+	dsn := fs.String("db", "", "the outbox's database: postgres://... or a SQLite file [DATABASE_URL]")
+	to := fs.String("to", "", "where to relay: redis://, nats://, ws:// or wss:// URL [POSTBOX_RELAY_TO]")
+	listen := fs.String("listen", defaultRelayListen, "address of /metrics and /healthz; empty: none [POSTBOX_RELAY_LISTEN]")
+	token := fs.String("token", "", "bearer token for a ws:// target [POSTBOX_TOKEN]")
+	migrate := fs.Bool("migrate", true, "create or upgrade the outbox table at start (false: refuse to start without it)")
+	batch := positiveInt(1000)
+	fs.Var(&batch, "batch", "most `events` per publish")
+	window := positiveInt(8000)
+	fs.Var(&window, "max-in-flight", "most `events` published and not yet answered (set it to --batch to keep order)")
+	maxAttempts := positiveInt(defaultRelayMaxAttempts)
+	fs.Var(&maxAttempts, "max-attempts", "refusals after which a row is parked as rejected")
+	poll := fs.Duration("poll", outbox.DefaultPollInterval, "poll interval, besides LISTEN/NOTIFY")
+	claim := fs.Duration("claim", outboxpg.DefaultClaim, "how long a relay holds the rows it sends; a dead relay's rows are sent again after it")
+	retryMax := fs.Duration("retry-max", outbox.DefaultRetryMax, "cap of the backoff before resending a refused row")
+	retention := fs.Duration("retention", outboxpg.DefaultRetention, "delete delivered rows older than this; negative: keep them")
+	ackTimeout := fs.Duration("ack-timeout", 10*time.Second, "how long to wait for a publish's replies (less than --claim)")
+	progress := fs.Duration("progress", 10*time.Second, "how often to log progress while relaying; 0: never")
+	level := fs.String("log-level", "info", "debug, info, warn or error [LOG_LEVEL]")
+	format := fs.String("log-format", "pretty", "json or pretty [LOG_FORMAT]")
+	if err := parse(env, fs, args); err != nil {
+		return err
+	}
+	if err := envDefaults(env, fs, map[string]string{"db": "DATABASE_URL", "to": "POSTBOX_RELAY_TO",
+		"listen": "POSTBOX_RELAY_LISTEN", "token": "POSTBOX_TOKEN", "log-level": "LOG_LEVEL", "log-format": "LOG_FORMAT"}); err != nil {
+		return err
+	}
+	if *dsn == "" || *to == "" {
+		return usagef("relay: --db and --to are required")
+	}
+	if *claim <= *ackTimeout {
+		return usagef("relay: --claim (%s) must be longer than --ack-timeout (%s), or another relay may take rows still being sent", *claim, *ackTimeout)
+	}
+	log, err := newLogger(env.stderr, *level, *format)
+	if err != nil {
+		return err
+	}
+	// The target first: a mistake in --to is a usage error, found before
+	// the outbox database is touched (and its table created).
+	pub, closePub, err := relayTarget(ctx, *to, *token, *ackTimeout)
+	if err != nil {
+		return err
+	}
+	defer closePub()
+	src, err := openOutboxDB(ctx, *dsn, *migrate, outboxpg.Config{Claim: *claim, Retention: *retention, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer src.close()
+	if src.pg != nil && (strings.HasPrefix(*to, "ws://") || strings.HasPrefix(*to, "wss://")) {
+		pub = outbox.Envelopes(pub)
+	}
+
+	reg := prometheus.NewRegistry()
+	m := relaymetrics.Register(reg, src.admin)
+	var delivered, failed atomic.Int64
+	relay, err := outbox.NewRelay(src.store, pub, outbox.RelayConfig{
+		BatchSize: int(batch), MaxInFlight: int(window), PollInterval: *poll, MaxAttempts: int(maxAttempts),
+		Retry:  outbox.Backoff{Base: outbox.DefaultRetryBase, Max: *retryMax},
+		Logger: log,
+		Observe: func(st outbox.Stats) {
+			m.Observe(st)
+			delivered.Add(int64(st.Delivered))
+			failed.Add(int64(st.Rejected + st.Retried + st.Unanswered))
+		},
+	})
+	if err != nil {
+		return err
+	}
+	log.Info("relay: started", "db", redact(*dsn), "to", redact(*to), "batch", int(batch), "max_in_flight", int(window), "max_attempts", int(maxAttempts))
+
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return relay.Run(ctx) })
+	g.Go(func() error { return src.run(ctx) })
+	if *listen != "" {
+		ln, err := net.Listen("tcp", *listen)
+		if err != nil {
+			return fmt.Errorf("relay: --listen %s: %w", *listen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		log.Info("relay: metrics on http://" + ln.Addr().String() + "/metrics")
+		g.Go(func() error {
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-ctx.Done()
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			return srv.Shutdown(sctx)
+		})
+	}
+	if *progress > 0 {
+		g.Go(func() error {
+			reportProgress(ctx, log, *progress, src.admin, &delivered, &failed)
+			return nil
+		})
+	}
+	err = g.Wait()
+	log.Info("relay: stopped", "delivered", delivered.Load())
+	return err
+}
+
+// reportProgress logs what the relay did every interval in which it did
+// something, with the backlog.
+func reportProgress(ctx context.Context, log *slog.Logger, every time.Duration, store relaymetrics.Outbox, delivered, failed *atomic.Int64) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var lastDelivered, lastFailed int64
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			d, f := delivered.Load(), failed.Load()
+			if d == lastDelivered && f == lastFailed {
+				continue
+			}
+			qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			pending, rejected, err := store.Counts(qctx)
+			oldest, ok, _ := store.OldestPending(qctx)
+			cancel()
+			attrs := []any{"delivered", d, "rate_per_s", int(float64(d-lastDelivered) / now.Sub(last).Seconds()), "failed_sends", f - lastFailed}
+			if err == nil {
+				attrs = append(attrs, "backlog", pending, "rejected", rejected)
+			}
+			if ok {
+				attrs = append(attrs, "oldest_pending_age", time.Since(oldest).Round(time.Millisecond))
+			}
+			log.Info("relay: progress", attrs...)
+			lastDelivered, lastFailed, last = d, f, now
+		}
+	}
+}
+
+// outboxDB is an opened outbox database: a transactional outbox in
+// PostgreSQL, or an outbox in a SQLite file.
+type outboxDB struct {
+	store outbox.Store
+	admin interface {
+		relaymetrics.Outbox
+		List(ctx context.Context, state string, limit int) ([]outbox.Row, error)
+		Requeue(ctx context.Context, ids []string) (int64, error)
+	}
+	pool *pgxpool.Pool // PostgreSQL only
+	pg   *outboxpg.Store
+	lite *outboxsqlite.Store // SQLite only
+}
+
+func isPostgres(dsn string) bool {
+	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
+}
+
+// openOutboxDB opens the outbox at dsn. With migrate, a missing
+// PostgreSQL table is created; without, its absence is an error saying how
+// to create it.
+func openOutboxDB(ctx context.Context, dsn string, migrate bool, cfg outboxpg.Config) (*outboxDB, error) {
+	if !isPostgres(dsn) {
+		if _, err := os.Stat(dsn); err != nil {
+			return nil, fmt.Errorf("outbox %s: %w (PostgreSQL outboxes are postgres:// URLs)", dsn, err)
+		}
+		s, err := outboxsqlite.Open(dsn, outboxsqlite.Config{})
+		if err != nil {
+			return nil, err
+		}
+		return &outboxDB{store: s, admin: s, lite: s}, nil
+	}
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("--db: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("--db %s: %w", redact(dsn), err)
+	}
+	if migrate {
+		err = outboxpg.Migrate(pctx, pool)
+	} else if ok, e := outboxpg.Exists(pctx, pool); e != nil {
+		err = e
+	} else if !ok {
+		err = fmt.Errorf("no outbox table in %s; create it with: postbox outbox migrate --db '%s'", redact(dsn), redact(dsn))
+	}
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s, err := outboxpg.New(pool, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &outboxDB{store: s, admin: s, pool: pool, pg: s}, nil
+}
+
+// run runs the store's own loops: LISTEN and retention for PostgreSQL, the
+// insert writer for SQLite.
+func (o *outboxDB) run(ctx context.Context) error {
+	if o.pg != nil {
+		return o.pg.Run(ctx)
+	}
+	return o.lite.Run(ctx)
+}
+
+func (o *outboxDB) close() {
+	if o.pool != nil {
+		o.pool.Close()
+	}
+	if o.lite != nil {
+		o.lite.Close()
+	}
+}
+
+// relayTarget returns the publisher for a --to URL and a function that
+// closes its connection.
+func relayTarget(ctx context.Context, to, token string, ackTimeout time.Duration) (outbox.Publisher, func(), error) {
+	u, err := url.Parse(to)
+	if err != nil {
+		return nil, nil, usagef("--to %q: %v", to, err)
+	}
+	q := u.Query()
+	switch u.Scheme {
+	case "redis", "rediss":
+		return redisTarget(ctx, u, q, ackTimeout)
+	case "nats", "tls":
+		stream := q.Get("stream")
+		if stream == "" {
+			return nil, nil, usagef("--to %s: name the JetStream stream: nats://HOST:4222?stream=NAME", redact(to))
+		}
+		create := q.Get("create") != "false"
+		u.RawQuery = ""
+		nc, err := nats.Connect(u.String(), nats.Name("postbox relay"), nats.MaxReconnects(-1))
+		if err != nil {
+			return nil, nil, fmt.Errorf("--to %s: %w", redact(to), err)
+		}
+		js, err := jetstream.New(nc)
+		if err != nil {
+			nc.Close()
+			return nil, nil, err
+		}
+		pub, err := outboxnats.NewPublisher(js, outboxnats.Config{Stream: stream, SubjectPrefix: q.Get("subject"), CreateStream: create, AckTimeout: ackTimeout})
+		if err != nil {
+			nc.Close()
+			return nil, nil, usagef("--to %s: %v", redact(to), err)
+		}
+		return pub, nc.Close, nil
+	case "ws", "wss":
+		pub, err := client.NewPublisher(to, client.Options{Token: token}, ackTimeout)
+		if err != nil {
+			return nil, nil, usagef("--to: %v", err)
+		}
+		return pub, func() { pub.Close() }, nil
+	}
+	return nil, nil, usagef("--to %q: use redis://, nats://, ws:// or wss://", to)
+}
+
+func redisTarget(ctx context.Context, u *url.URL, q url.Values, ackTimeout time.Duration) (outbox.Publisher, func(), error) {
+	cfg := outboxredis.PublisherConfig{Stream: q.Get("stream")}
+	if cfg.Stream == "" {
+		return nil, nil, usagef("--to %s: name the stream: redis://HOST:6379/0?stream=NAME", redact(u.String()))
+	}
+	if v := q.Get("maxlen"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return nil, nil, usagef("--to: maxlen=%q is not a whole number", v)
+		}
+		cfg.MaxLen = n
+	}
+	if err := setIDMP(&cfg, q.Get("idmp"), q.Get("producer")); err != nil {
+		return nil, nil, err
+	}
+	for _, k := range []string{"stream", "maxlen", "idmp", "producer"} {
+		q.Del(k)
+	}
+	u.RawQuery = q.Encode()
+	opts, err := redis.ParseURL(u.String())
+	if err != nil {
+		return nil, nil, usagef("--to %s: %v", redact(u.String()), err)
+	}
+	opts.ContextTimeoutEnabled = true // so that --ack-timeout ends a stuck pipeline
+	rc := redis.NewClient(opts)
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := rc.Ping(pctx).Err(); err != nil {
+		rc.Close()
+		return nil, nil, fmt.Errorf("--to %s: %w", redact(u.String()), err)
+	}
+	pub, err := outboxredis.NewPublisher(rc, cfg)
+	if err != nil {
+		rc.Close()
+		return nil, nil, usagef("--to: %v", err)
+	}
+	return timeoutPublisher{pub, ackTimeout}, func() { rc.Close() }, nil
+}
+
+// timeoutPublisher bounds each Publish, for a publisher without an ack
+// timeout of its own.
+type timeoutPublisher struct {
+	outbox.Publisher
+	timeout time.Duration
+}
+
+func (p timeoutPublisher) Publish(ctx context.Context, msgs []outbox.Message) ([]postbox.Reply, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	return p.Publisher.Publish(ctx, msgs)
+}
+
+// redact hides the password of a URL for logs and messages.
+func redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	return u.Redacted()
+}
+
+// setIDMP reads the idmp= and producer= options of a redis:// target.
+func setIDMP(cfg *outboxredis.PublisherConfig, mode, producer string) error {
+	switch mode {
+	case "", "auto":
+		cfg.IDMP = outboxredis.IDMPAuto
+	case "off":
+		cfg.IDMP = outboxredis.IDMPOff
+	case "on":
+		cfg.IDMP = outboxredis.IDMPOn
+	default:
+		return usagef("--to: idmp=%q: use auto, on or off", mode)
+	}
+	cfg.ProducerID = producer
+	return nil
+}

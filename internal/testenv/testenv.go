@@ -1,0 +1,83 @@
+// Package testenv finds the external services (PostgreSQL, Redis, NATS)
+// that integration tests talk to.
+//
+// A test asks for a service by name; its address comes from the
+// environment variable POSTBOX_TEST_<NAME>. Without it the test is skipped
+// with a message saying which variable to set, unless
+// POSTBOX_REQUIRE_SERVICES=1 (set by .ci/run), which turns the skip into a
+// failure so that CI never passes by skipping.
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The services, each read from POSTBOX_TEST_<name>.
+const (
+	Postgres = "POSTGRES" // postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+	Redis    = "REDIS"    // redis://127.0.0.1:6379/0
+	NATS     = "NATS"     // nats://127.0.0.1:4222
+)
+
+// URL returns the address of service, or skips (fails, under
+// POSTBOX_REQUIRE_SERVICES=1) the test when it is not configured.
+func URL(t testing.TB, service string) string {
+	t.Helper()
+	name := "POSTBOX_TEST_" + service
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	msg := name + " is not set; this test needs a real " + service + " (see README, Testing)"
+	if os.Getenv("POSTBOX_REQUIRE_SERVICES") == "1" {
+		t.Fatal(msg + " and POSTBOX_REQUIRE_SERVICES=1 forbids skipping")
+	}
+	t.Skip(msg)
+	return ""
+}
+
+var schemaSeq atomic.Int64
+
+// PostgresSchema returns the URL of the test PostgreSQL with search_path
+// set to a new, empty schema that is dropped when the test ends, so that
+// tests sharing one database never see each other's tables.
+func PostgresSchema(t testing.TB) string {
+	t.Helper()
+	base := URL(t, Postgres)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatalf("connect to %s: %v", base, err)
+	}
+	defer conn.Close(ctx)
+	schema := fmt.Sprintf("t_%d_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9, schemaSeq.Add(1))
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(ctx, base)
+		if err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}

@@ -1,0 +1,424 @@
+package outboxredis_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/postbox-events/postbox/outbox/outboxredis"
+)
+
+func newConsumer(t testing.TB, c redis.UniversalClient, cfg outboxredis.ConsumerConfig) *outboxredis.Consumer {
+	t.Helper()
+	if cfg.Start == "" {
+		cfg.Start = "0"
+	}
+	if cfg.Block == 0 {
+		cfg.Block = 50 * time.Millisecond
+	}
+	con, err := outboxredis.NewConsumer(c, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return con
+}
+
+func TestNewConsumerValidates(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	h := func(context.Context, outboxredis.Message) error { return nil }
+	for name, cfg := range map[string]outboxredis.ConsumerConfig{
+		"no stream":          {Group: "g", Handler: h},
+		"no group":           {Stream: "s", Handler: h},
+		"no handler":         {Stream: "s", Group: "g"},
+		"negative batch":     {Stream: "s", Group: "g", Handler: h, Batch: -1},
+		"negative min idle":  {Stream: "s", Group: "g", Handler: h, MinIdle: -time.Second},
+		"negative max":       {Stream: "s", Group: "g", Handler: h, MaxDeliveries: -1},
+		"dead stream=stream": {Stream: "s", Group: "g", Handler: h, DeadStream: "s"},
+	} {
+		if _, err := outboxredis.NewConsumer(c, cfg); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+	con, err := outboxredis.NewConsumer(c, outboxredis.ConsumerConfig{Stream: "s", Group: "g", Handler: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if con.Name() == "" || !strings.Contains(con.Name(), "-") {
+		t.Errorf("default consumer name %q, want hostname-pid", con.Name())
+	}
+}
+
+func TestConsumerHandlesAndAcknowledgesEveryEntry(t *testing.T) {
+	c := newClient(t)
+	stream := newStream(t, c)
+	msgs := messages("evt", 250)
+	msgs[3].TenantID = "tenant-3"
+	publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), msgs)
+
+	var rec recorder
+	con := newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Batch: 32, Handler: rec.handle})
+	runConsumer(t, con)
+	waitFor(t, 10*time.Second, "every event handled", func() bool { return rec.distinct() == len(msgs) })
+	waitFor(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+
+	seen := rec.messages()
+	if len(seen) != len(msgs) {
+		t.Fatalf("handler called %d times for %d events", len(seen), len(msgs))
+	}
+	for i, m := range seen { // one consumer handles in stream order
+		want := msgs[i]
+		if m.EventID != want.EventID || m.Type != want.Type || string(m.Payload) != string(want.Body) ||
+			m.CorrelationID != want.CorrelationID || m.TenantID != want.TenantID ||
+			!m.CreatedAt.Equal(want.CreatedAt) || m.Deliveries != 1 || m.ID == "" {
+			t.Fatalf("message %d = %+v, want %+v", i, m, want)
+		}
+	}
+}
+
+func TestConsumerRetriesAfterMinIdle(t *testing.T) {
+	c := newClient(t)
+	stream := newStream(t, c)
+	msgs := messages("evt", 3)
+	publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), msgs)
+
+	rec := recorder{fail: func(m outboxredis.Message, calls int) error {
+		switch {
+		case m.EventID == msgs[0].EventID && calls == 1:
+			return errors.New("database is down")
+		case m.EventID == msgs[1].EventID && calls == 1:
+			panic("nil map") // a panic is an error, not a crash
+		}
+		return nil
+	}}
+	con := newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: 100 * time.Millisecond, Handler: rec.handle})
+	started := time.Now()
+	runConsumer(t, con)
+	waitFor(t, 10*time.Second, "the failed events handled again", func() bool {
+		return rec.calls(msgs[0].EventID) == 2 && rec.calls(msgs[1].EventID) == 2
+	})
+	waitFor(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+	if elapsed := time.Since(started); elapsed < 100*time.Millisecond {
+		t.Errorf("retried after %s, before MinIdle", elapsed)
+	}
+	if n := rec.calls(msgs[2].EventID); n != 1 {
+		t.Errorf("the event that succeeded was handled %d times", n)
+	}
+	calls := map[string]int{}
+	for _, m := range rec.messages() {
+		calls[m.EventID]++
+		if m.Deliveries != calls[m.EventID] {
+			t.Errorf("%s call %d: Deliveries %d", m.EventID, calls[m.EventID], m.Deliveries)
+		}
+	}
+	if n, _ := c.XLen(context.Background(), stream+outboxredis.DeadStreamSuffix).Result(); n != 0 {
+		t.Errorf("%d dead letters", n)
+	}
+}
+
+// A consumer that stops with entries pending: another consumer of the
+// group claims them after MinIdle; the same consumer, restarted, handles
+// its own at once.
+func TestConsumerTakesOverPendingEntries(t *testing.T) {
+	for _, sameName := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sameName=%v", sameName), func(t *testing.T) {
+			c := newClient(t)
+			stream := newStream(t, c)
+			msgs := messages("evt", 20)
+			publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), msgs)
+
+			// The first consumer dies while handling its first entry: the
+			// whole batch it read stays pending under its name.
+			dying := make(chan struct{})
+			first := newConsumer(t, c, outboxredis.ConsumerConfig{
+				Stream: stream, Group: "g", Consumer: "first", Batch: 100, MinIdle: time.Hour,
+				Handler: func(ctx context.Context, m outboxredis.Message) error {
+					select {
+					case <-dying:
+					default:
+						close(dying)
+					}
+					<-ctx.Done()
+					return ctx.Err()
+				},
+			})
+			stopFirst := runConsumer(t, first)
+			<-dying
+			if err := stopFirst(); err != nil {
+				t.Fatal(err)
+			}
+			p, err := c.XPendingExt(context.Background(), &redis.XPendingExtArgs{Stream: stream, Group: "g", Start: "-", End: "+", Count: 100, Consumer: "first"}).Result()
+			if err != nil || len(p) != len(msgs) {
+				t.Fatalf("pending under first: %d, %v; want %d", len(p), err, len(msgs))
+			}
+
+			var rec recorder
+			cfg := outboxredis.ConsumerConfig{Stream: stream, Group: "g", Consumer: "second", MinIdle: 50 * time.Millisecond, Handler: rec.handle}
+			if sameName {
+				cfg.Consumer, cfg.MinIdle = "first", time.Hour // no claiming: only its own pending list
+			}
+			runConsumer(t, newConsumer(t, c, cfg))
+			waitFor(t, 10*time.Second, "the pending entries handled", func() bool { return rec.distinct() == len(msgs) })
+			waitFor(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+			for _, m := range rec.messages() {
+				if m.Deliveries != 2 {
+					t.Errorf("%s: Deliveries %d, want 2 (one to first, one now)", m.EventID, m.Deliveries)
+				}
+			}
+			if len(rec.messages()) != len(msgs) {
+				t.Errorf("%d calls for %d events", len(rec.messages()), len(msgs))
+			}
+		})
+	}
+}
+
+func TestConsumerDeadLettersAfterMaxDeliveries(t *testing.T) {
+	c := newClient(t)
+	stream := newStream(t, c)
+	msgs := messages("evt", 2)
+	publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), msgs)
+	poison := msgs[0].EventID
+
+	rec := recorder{fail: func(m outboxredis.Message, calls int) error {
+		if m.EventID == poison {
+			return fmt.Errorf("cannot apply %s (call %d)", m.EventID, calls)
+		}
+		return nil
+	}}
+	con := newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: 30 * time.Millisecond, MaxDeliveries: 3, Handler: rec.handle})
+	runConsumer(t, con)
+	dead := stream + outboxredis.DeadStreamSuffix
+	waitFor(t, 10*time.Second, "a dead letter", func() bool { n, _ := c.XLen(context.Background(), dead).Result(); return n == 1 })
+	waitFor(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+
+	if n := rec.calls(poison); n != 3 {
+		t.Errorf("poison event handled %d times, want MaxDeliveries (3)", n)
+	}
+	entries, err := c.XRange(context.Background(), dead, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := entries[0].Values
+	src, err := c.XRange(context.Background(), stream, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]string{
+		outboxredis.FieldEventID: poison, outboxredis.FieldPayload: string(msgs[0].Body),
+		outboxredis.FieldDeadEntryID: src[0].ID, outboxredis.FieldDeadGroup: "g",
+		outboxredis.FieldDeadConsumer: con.Name(), outboxredis.FieldDeadDeliveries: "3",
+	} {
+		if v[k] != want {
+			t.Errorf("dead letter %s = %v, want %q", k, v[k], want)
+		}
+	}
+	if r, _ := v[outboxredis.FieldDeadReason].(string); !strings.Contains(r, "cannot apply "+poison+" (call 3)") || !strings.Contains(r, "delivery 3 of 3") {
+		t.Errorf("dead_reason %q does not carry the last error", r)
+	}
+	if _, err := time.Parse(time.RFC3339Nano, fmt.Sprint(v[outboxredis.FieldDeadAt])); err != nil {
+		t.Errorf("dead_at: %v", err)
+	}
+	if rec.calls(msgs[1].EventID) != 1 {
+		t.Errorf("the good event was handled %d times", rec.calls(msgs[1].EventID))
+	}
+}
+
+// An entry delivered more than MaxDeliveries times without an answer (its
+// consumers died handling it) is dead-lettered without calling the
+// handler again.
+func TestConsumerDeadLettersEntryWhoseConsumersKeptDying(t *testing.T) {
+	c := newClient(t)
+	stream := newStream(t, c)
+	ctx := context.Background()
+	publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), messages("evt", 1))
+	if err := c.XGroupCreate(ctx, stream, "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Delivered to dead-0, then claimed by dead-1 and dead-2: three
+	// deliveries, no answer.
+	res, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "dead-0", Streams: []string{stream, ">"}, Block: -1}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res[0].Messages[0].ID
+	for _, name := range []string{"dead-1", "dead-2"} {
+		if err := c.XClaim(ctx, &redis.XClaimArgs{Stream: stream, Group: "g", Consumer: name, Messages: []string{id}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var rec recorder
+	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: time.Millisecond, MaxDeliveries: 3, Handler: rec.handle}))
+	dead := stream + outboxredis.DeadStreamSuffix
+	waitFor(t, 10*time.Second, "a dead letter", func() bool { n, _ := c.XLen(ctx, dead).Result(); return n == 1 })
+	waitFor(t, 5*time.Second, "the entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+	if len(rec.messages()) != 0 {
+		t.Errorf("handler called %d times", len(rec.messages()))
+	}
+	entries, _ := c.XRange(ctx, dead, "-", "+").Result()
+	if r := fmt.Sprint(entries[0].Values[outboxredis.FieldDeadReason]); !strings.Contains(r, "delivered 4 times, over MaxDeliveries 3") {
+		t.Errorf("dead_reason %q", r)
+	}
+}
+
+func TestConsumerDeadLettersMalformedEntries(t *testing.T) {
+	c := newClient(t)
+	stream := newStream(t, c)
+	ctx := context.Background()
+	for _, values := range [][]any{
+		{"foo", "bar"}, // no event_id
+		{outboxredis.FieldEventID, "evt-bad-time", outboxredis.FieldCreatedAt, "yesterday"},
+		{outboxredis.FieldEventID, "evt-good", outboxredis.FieldType, "t", outboxredis.FieldPayload, "{}"},
+	} {
+		if err := c.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: values}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var rec recorder
+	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Handler: rec.handle}))
+	dead := stream + outboxredis.DeadStreamSuffix
+	waitFor(t, 10*time.Second, "two dead letters", func() bool { n, _ := c.XLen(ctx, dead).Result(); return n == 2 })
+	waitFor(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+	if seen := rec.messages(); len(seen) != 1 || seen[0].EventID != "evt-good" {
+		t.Fatalf("handler saw %+v, want only evt-good", seen)
+	}
+	entries, _ := c.XRange(ctx, dead, "-", "+").Result()
+	if r := fmt.Sprint(entries[0].Values[outboxredis.FieldDeadReason]); !strings.Contains(r, "no event_id") || entries[0].Values["foo"] != "bar" {
+		t.Errorf("first dead letter %v", entries[0].Values)
+	}
+	if r := fmt.Sprint(entries[1].Values[outboxredis.FieldDeadReason]); !strings.Contains(r, "created_at") {
+		t.Errorf("second dead letter reason %q does not name created_at", r)
+	}
+}
+
+// An entry trimmed from the stream while pending is dropped from the
+// group instead of being retried for ever.
+func TestConsumerDropsPendingEntriesDeletedFromTheStream(t *testing.T) {
+	// Found in its own pending list on restart, and by a claim.
+	for _, consumer := range []string{"gone", "other"} {
+		t.Run(consumer, func(t *testing.T) {
+			c := newClient(t)
+			stream := newStream(t, c)
+			ctx := context.Background()
+			publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), messages("evt", 2))
+			if err := c.XGroupCreate(ctx, stream, "g", "0").Err(); err != nil {
+				t.Fatal(err)
+			}
+			res, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "gone", Streams: []string{stream, ">"}, Block: -1}).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.XDel(ctx, stream, res[0].Messages[0].ID).Err(); err != nil {
+				t.Fatal(err)
+			}
+			var rec recorder
+			runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Consumer: consumer, MinIdle: time.Millisecond, Handler: rec.handle}))
+			waitFor(t, 10*time.Second, "nothing pending", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+			if seen := rec.messages(); len(seen) != 1 || seen[0].EventID != "evt-0001" {
+				t.Fatalf("handler saw %+v, want evt-0001 only", seen)
+			}
+		})
+	}
+}
+
+func TestConsumerRunReturnsWhenContextEnds(t *testing.T) {
+	c := newClient(t)
+	stream := newStream(t, c)
+	con := newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Block: 100 * time.Millisecond,
+		Handler: func(context.Context, outboxredis.Message) error { return nil }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- con.Run(ctx) }()
+	waitFor(t, 5*time.Second, "the group created", func() bool {
+		g, _ := c.XInfoGroups(context.Background(), stream).Result()
+		return len(g) == 1
+	})
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run = %v, want nil", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+}
+
+func TestConsumerRunFailsWhenTheKeyIsNotAStream(t *testing.T) {
+	c := newClient(t)
+	stream := newStream(t, c)
+	if err := c.Set(context.Background(), stream, "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	con := newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Handler: func(context.Context, outboxredis.Message) error { return nil }})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := con.Run(ctx); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Fatalf("Run = %v, want the WRONGTYPE error", err)
+	}
+}
+
+// A consumer started before Redis is reachable keeps trying, and returns
+// when its context ends.
+func TestConsumerWaitsForRedis(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: closedAddr(t), MaxRetries: -1, DialerRetries: 1})
+	defer c.Close()
+	con := newConsumer(t, c, outboxredis.ConsumerConfig{Stream: "s", Group: "g", Handler: func(context.Context, outboxredis.Message) error { return nil }})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := con.Run(ctx); err != nil {
+		t.Fatalf("Run = %v, want nil at the end of its context", err)
+	}
+}
+
+// A batch that takes longer than MinIdle to handle is not claimed by
+// another consumer while its consumer works through it: the consumer
+// renews its claim on the rest of the batch every MinIdle/2.
+func TestConsumerRenewsItsClaimOnASlowBatch(t *testing.T) {
+	c := newClient(t)
+	stream := newStream(t, c)
+	const n, minIdle, work = 12, 400 * time.Millisecond, 50 * time.Millisecond // the batch takes 1.5 MinIdle
+	publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), messages("evt", n))
+
+	var mu sync.Mutex
+	handledBy := map[string][]string{}
+	started := make(chan struct{}, n)
+	handler := func(name string) outboxredis.Handler {
+		return func(ctx context.Context, m outboxredis.Message) error {
+			mu.Lock()
+			handledBy[m.EventID] = append(handledBy[m.EventID], name)
+			mu.Unlock()
+			select {
+			case started <- struct{}{}:
+			default:
+			}
+			select { // the handler's work
+			case <-time.After(work):
+			case <-ctx.Done():
+			}
+			return nil
+		}
+	}
+	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Consumer: "slow", Batch: n, MinIdle: minIdle, Handler: handler("slow")}))
+	<-started // slow holds the whole batch
+	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Consumer: "eager", MinIdle: minIdle, ClaimInterval: 10 * time.Millisecond, Handler: handler("eager")}))
+	waitFor(t, 10*time.Second, "every entry acknowledged", func() bool {
+		mu.Lock()
+		all := len(handledBy) == n
+		mu.Unlock()
+		return all && pendingCount(t, c, stream, "g") == 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for id, by := range handledBy {
+		if len(by) != 1 || by[0] != "slow" {
+			t.Errorf("%s handled by %v, want by slow once", id, by)
+		}
+	}
+}

@@ -1,0 +1,171 @@
+package outboxredis_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/postbox-events/postbox/internal/testenv"
+	"github.com/postbox-events/postbox/outbox"
+	"github.com/postbox-events/postbox/outbox/outboxredis"
+)
+
+// newClient connects to the Redis of POSTBOX_TEST_REDIS, or skips.
+func newClient(t testing.TB) *redis.Client {
+	t.Helper()
+	opt, err := redis.ParseURL(testenv.URL(t, testenv.Redis))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opt)
+	t.Cleanup(func() { c.Close() })
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("redis at %s: %v", opt.Addr, err)
+	}
+	return c
+}
+
+// newStream returns a stream name of its own for the test, deleted (with
+// its dead-letter stream) when the test ends.
+func newStream(t testing.TB, c *redis.Client) string {
+	t.Helper()
+	b := make([]byte, 6)
+	rand.Read(b)
+	name := strings.NewReplacer("/", ".", " ", "_").Replace(t.Name())
+	s := "postbox-test:" + name + ":" + hex.EncodeToString(b)
+	t.Cleanup(func() { c.Del(context.Background(), s, s+outboxredis.DeadStreamSuffix) })
+	return s
+}
+
+func messages(prefix string, n int) []outbox.Message {
+	created := time.Date(2030, 1, 2, 3, 4, 5, 123456789, time.FixedZone("X", 3600))
+	out := make([]outbox.Message, n)
+	for i := range out {
+		id := fmt.Sprintf("%s-%04d", prefix, i)
+		out[i] = outbox.Message{
+			Seq: int64(i + 1), EventID: id, Type: "order.created",
+			Body:          []byte(`{"id":"` + id + `"}`),
+			CorrelationID: "corr-" + id, CreatedAt: created.Add(time.Duration(i) * time.Millisecond),
+		}
+	}
+	return out
+}
+
+func newPublisher(t testing.TB, c redis.UniversalClient, cfg outboxredis.PublisherConfig) *outboxredis.Publisher {
+	t.Helper()
+	p, err := outboxredis.NewPublisher(c, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// publish sends msgs and fails the test unless every one is ACKed.
+func publish(t testing.TB, p *outboxredis.Publisher, msgs []outbox.Message) {
+	t.Helper()
+	replies, err := p.Publish(context.Background(), msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range replies {
+		if !r.OK() || r.EventID != msgs[i].EventID {
+			t.Fatalf("reply %d: %+v", i, r)
+		}
+	}
+}
+
+// waitFor polls cond until it holds, or fails the test after timeout.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: still waiting for %s", timeout, what)
+		}
+		<-tick.C
+	}
+}
+
+// runConsumer runs c until the test ends (or stop is called), and
+// returns stop, which cancels Run and waits for it.
+func runConsumer(t testing.TB, c *outboxredis.Consumer) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				t.Error("Run did not return within 10s of its context's end")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { stop() })
+	return stop
+}
+
+// pendingCount returns the number of entries pending in group.
+func pendingCount(t testing.TB, c *redis.Client, stream, group string) int64 {
+	t.Helper()
+	p, err := c.XPending(context.Background(), stream, group).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.Count
+}
+
+// recorder is a handler that remembers what it was handed.
+type recorder struct {
+	mu   sync.Mutex
+	seen []outboxredis.Message
+	fail func(m outboxredis.Message, calls int) error // nil: succeed
+	byID map[string]int
+}
+
+func (r *recorder) handle(ctx context.Context, m outboxredis.Message) error {
+	r.mu.Lock()
+	if r.byID == nil {
+		r.byID = map[string]int{}
+	}
+	r.seen = append(r.seen, m)
+	r.byID[m.EventID]++
+	calls, fail := r.byID[m.EventID], r.fail
+	r.mu.Unlock()
+	if fail != nil {
+		return fail(m, calls)
+	}
+	return nil
+}
+
+func (r *recorder) calls(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.byID[id]
+}
+
+func (r *recorder) distinct() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.byID)
+}
+
+func (r *recorder) messages() []outboxredis.Message {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]outboxredis.Message(nil), r.seen...)
+}
