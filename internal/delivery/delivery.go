@@ -238,8 +238,9 @@ func (d *Delivery) Run(ctx context.Context) error {
 	for inbox := range d.handlers {
 		d.dispatchLocked(inbox)
 	}
+	dispatching := len(d.dispatchers)
 	d.mu.Unlock()
-	d.log.Info("delivery: running", "subscriptions", len(subs), "workers", d.cfg.Workers, "inboxes_with_handler", len(d.dispatchers))
+	d.log.Info("delivery: running", "subscriptions", len(subs), "workers", d.cfg.Workers, "inboxes_with_handler", dispatching)
 	workers.Go(func() { d.retain(ctx) })
 	t := time.NewTicker(d.cfg.ReapInterval)
 	defer t.Stop()
