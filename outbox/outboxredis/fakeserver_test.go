@@ -18,15 +18,16 @@ import (
 )
 
 // fakeRedis speaks just enough RESP2 to stand in for a server of another
-// version: it answers INFO with version, XADD with a new entry ID, and
-// records the commands it got.
+// version: it answers INFO with version, XADD with a new entry ID (or
+// with xaddErr when set), and records the commands it got.
 type fakeRedis struct {
 	version string
 	ln      net.Listener
 
-	mu   sync.Mutex
-	cmds [][]string
-	wg   sync.WaitGroup
+	mu      sync.Mutex
+	cmds    [][]string
+	xaddErr string
+	wg      sync.WaitGroup
 }
 
 func startFakeRedis(t *testing.T, version string) *fakeRedis {
@@ -71,6 +72,7 @@ func (f *fakeRedis) serve(conn net.Conn) {
 		}
 		f.mu.Lock()
 		f.cmds = append(f.cmds, cmd)
+		xaddErr := f.xaddErr
 		f.mu.Unlock()
 		var reply string
 		switch strings.ToUpper(cmd[0]) {
@@ -82,6 +84,10 @@ func (f *fakeRedis) serve(conn net.Conn) {
 			body := "# Server\r\nredis_version:" + f.version + "\r\nredis_mode:standalone\r\n"
 			reply = fmt.Sprintf("$%d\r\n%s\r\n", len(body), body)
 		case "XADD":
+			if xaddErr != "" {
+				reply = "-" + xaddErr + "\r\n"
+				break
+			}
 			seq++
 			id := fmt.Sprintf("1700000000000-%d", seq)
 			reply = fmt.Sprintf("$%d\r\n%s\r\n", len(id), id)
@@ -124,6 +130,13 @@ func readCommand(r *bufio.Reader) ([]string, error) {
 		out[i] = string(buf[:size])
 	}
 	return out, nil
+}
+
+// failXAdd makes every XADD from now on answer the error msg.
+func (f *fakeRedis) failXAdd(msg string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.xaddErr = msg
 }
 
 func (f *fakeRedis) commands(name string) [][]string {
@@ -192,5 +205,29 @@ func TestPublishUsesIDMPFromRedis86(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A server that refuses every write for now (out of memory, loading,
+// a read-only replica after a failover) fails the whole Publish: an outage
+// the Relay waits out, never a NACK that counts towards parking events.
+func TestPublishServerThatTakesNoWritesIsAnOutage(t *testing.T) {
+	for _, msg := range []string{
+		"OOM command not allowed when used memory > 'maxmemory'.",
+		"LOADING Redis is loading the dataset in memory",
+		"READONLY You can't write against a read only replica.",
+	} {
+		f := startFakeRedis(t, "7.0.15")
+		f.failXAdd(msg)
+		c := redis.NewClient(&redis.Options{Addr: f.ln.Addr().String(), MaxRetries: -1})
+		defer c.Close()
+		p, err := outboxredis.NewPublisher(c, outboxredis.PublisherConfig{Stream: "s", IDMP: outboxredis.IDMPOff})
+		if err != nil {
+			t.Fatal(err)
+		}
+		replies, err := p.Publish(context.Background(), messages("outage", 3))
+		if err == nil || replies != nil || !strings.Contains(err.Error(), strings.Fields(msg)[0]) {
+			t.Fatalf("%s: Publish = %v, %v; want an error naming it and no replies", msg, replies, err)
+		}
 	}
 }

@@ -84,13 +84,14 @@ type PublisherConfig struct {
 // stream: one pipeline of one XADD per message, in order. Concurrent
 // Publish calls use the client's connection pool.
 //
-// Replies: an appended message is ACKed; one Redis refused (WRONGTYPE,
-// OOM, …) is NACKed as unavailable, which is retryable, so the Relay sends
-// it again later and parks it after RelayConfig.MaxAttempts. A transport
-// failure, or a server that cannot take writes at all for now (LOADING,
-// READONLY after a failover, MASTERDOWN, CLUSTERDOWN, TRYAGAIN,
-// NOREPLICAS), fails the whole Publish: the Relay pauses and sends every
-// message again, and outages do not count towards MaxAttempts.
+// Replies: an appended message is ACKed; one Redis refused (WRONGTYPE, a
+// syntax error, …) is NACKed as unavailable, which is retryable, so the
+// Relay sends it again later and parks it after RelayConfig.MaxAttempts. A
+// transport failure, or a server that cannot take writes at all for now
+// (OOM at maxmemory, LOADING, READONLY after a failover, MASTERDOWN,
+// CLUSTERDOWN, TRYAGAIN, NOREPLICAS), fails the whole Publish: the Relay
+// pauses and sends every message again, and outages do not count towards
+// MaxAttempts.
 type Publisher struct {
 	client redis.UniversalClient
 	cfg    PublisherConfig
@@ -242,11 +243,13 @@ func supportsIDMP(version string) bool {
 }
 
 // unavailable are the prefixes of the errors with which a server refuses
-// every write for now: outages, not refusals of one event.
-var unavailable = []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS"}
+// every write for now: outages, not refusals of one event. A server at
+// maxmemory (OOM) refuses every XADD until memory is freed, so parking the
+// events it refused would only make work for the operator.
+var unavailable = []string{"OOM", "LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS"}
 
-// refused reports whether err is Redis refusing one command (WRONGTYPE,
-// OOM, a syntax error), rather than a transport failure, a cancelled
+// refused reports whether err is Redis refusing one command (WRONGTYPE, a
+// syntax error), rather than a transport failure, a cancelled
 // context, or a server that takes no writes for now.
 func refused(err error) bool {
 	var rerr redis.Error
