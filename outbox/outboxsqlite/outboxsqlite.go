@@ -340,11 +340,13 @@ func (s *Store) OldestPending(ctx context.Context) (t time.Time, ok bool, err er
 	return t, err == nil, err
 }
 
-// Requeue makes rejected rows pending and due now; with no ids, every
-// rejected row. It returns how many rows it requeued.
+// Requeue makes rejected rows pending and due now, with their attempts
+// counted from zero again (a row parked after RelayConfig.MaxAttempts
+// gets as many tries again; its last error stays until the next send);
+// with no ids, every rejected row. It returns how many rows it requeued.
 func (s *Store) Requeue(ctx context.Context, ids []string) (int64, error) {
 	now := s.now().UTC().Format(sqlitedb.Time)
-	q := `UPDATE outbox SET state = 'pending', next_attempt_at = ?, rejected_at = NULL WHERE state = 'rejected'`
+	q := `UPDATE outbox SET state = 'pending', next_attempt_at = ?, rejected_at = NULL, attempt_count = 0 WHERE state = 'rejected'`
 	args := []any{now}
 	if len(ids) > 0 {
 		q += ` AND event_id IN (?` + strings.Repeat(",?", len(ids)-1) + `)`

@@ -305,8 +305,8 @@ func TestListCountsRequeue(t *testing.T) {
 		t.Fatal("Requeue did not notify")
 	}
 	r := list(t, s, "")["evt-r2"]
-	if r.State != StatePending || !r.NextAttemptAt.Equal(clk.Now()) || r.Attempts != 1 {
-		t.Fatalf("requeued row = %+v; want pending, due now (%s), its attempts kept", r, clk.Now())
+	if r.State != StatePending || !r.NextAttemptAt.Equal(clk.Now()) || r.Attempts != 0 || r.LastError == "" {
+		t.Fatalf("requeued row = %+v; want pending, due now (%s), attempts from zero, its last error kept", r, clk.Now())
 	}
 	if ids, _ := dueIDs(t, s, clk.Now(), 0, 10); !reflect.DeepEqual(ids, []string{"evt-p", "evt-r2"}) {
 		t.Fatalf("Due after requeue = %v", ids)
