@@ -35,8 +35,14 @@ type Message struct {
 	Body          []byte
 	CorrelationID string // transactional outbox only
 	TenantID      string // transactional outbox only
-	Attempts      int    // sends so far that got no ACK
-	CreatedAt     time.Time
+	// Attempts counts the sends the receiver refused (NACKed); sends a
+	// transport failure cut short do not count, so an outage neither
+	// parks rows nor stretches their backoff.
+	Attempts  int
+	CreatedAt time.Time
+	// Lease is the end of the claim a Claimer's Due took on the row, as
+	// the store recorded it; the Relay copies it into the row's Outcome.
+	Lease time.Time
 }
 
 // Event is what a service writes to its transactional outbox, in the same
@@ -139,6 +145,10 @@ type Outcome struct {
 	Kind    OutcomeKind
 	Error   string    // the receiver's reason, or the transport error
 	RetryAt time.Time // for Retry: when to send again
+	// Lease is the Message's Lease. A Claimer applies an outcome other
+	// than Delivered only while the row still carries this claim, so a
+	// relay whose claim ended cannot undo what the next one does.
+	Lease time.Time
 }
 
 // OutcomeKind says how a Store must settle a row.
@@ -154,8 +164,8 @@ const (
 	// Retry: refused with a retryable NACK. Count the attempt, record
 	// Error, send again at RetryAt.
 	Retry
-	// Unanswered: sent, but the transport failed before a reply. Count the
-	// attempt and record Error; the row stays due.
+	// Unanswered: sent, but the transport failed before a reply. Record
+	// Error, without counting an attempt; the row stays due.
 	Unanswered
 )
 

@@ -22,6 +22,12 @@ const (
 	DefaultReconnectMax  = 30 * time.Second
 )
 
+// SettleTimeout bounds recording the outcome of one publish, also after
+// Run's context ended, so that a store that does not answer cannot hold up
+// a shutdown. Outcomes not recorded in time are lost, and their rows are
+// sent again.
+const SettleTimeout = 30 * time.Second
+
 // RelayConfig configures a Relay. Zero fields take their defaults.
 type RelayConfig struct {
 	// BatchSize bounds the messages of one Publish. Defaults to 256.
@@ -126,7 +132,8 @@ type published struct {
 }
 
 // Run relays until ctx ends. Publishes in progress at the end are
-// cancelled; the replies that did arrive are settled, the rest stay due.
+// cancelled; the replies that did arrive are settled (within
+// SettleTimeout), the rest stay due.
 func (r *Relay) Run(ctx context.Context) error {
 	var notify <-chan struct{}
 	if n, ok := r.store.(Notifier); ok {
@@ -207,7 +214,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			// Settling runs beside the next reads and publishes; the rows
 			// stay in flight until it is done.
-			go func() { settled <- settledBatch{p.msgs, r.settle(settleCtx, p)} }()
+			go func() {
+				ctx, cancel := context.WithTimeout(settleCtx, SettleTimeout)
+				defer cancel()
+				settled <- settledBatch{p.msgs, r.settle(ctx, p)}
+			}()
 		case s := <-settled:
 			running--
 			inFlightN -= len(s.msgs)
@@ -283,7 +294,7 @@ func (r *Relay) settle(ctx context.Context, p published) Stats {
 	now := r.cfg.Now()
 	for i, m := range p.msgs {
 		if p.err != nil {
-			out = append(out, Outcome{EventID: m.EventID, Kind: Unanswered, Error: p.err.Error()})
+			out = append(out, Outcome{EventID: m.EventID, Kind: Unanswered, Error: p.err.Error(), Lease: m.Lease})
 			st.Unanswered++
 			continue
 		}
@@ -296,6 +307,7 @@ func (r *Relay) settle(ctx context.Context, p published) Stats {
 		if o.Kind == Retry && r.cfg.MaxAttempts > 0 && m.Attempts+1 >= r.cfg.MaxAttempts {
 			o = Outcome{EventID: m.EventID, Kind: Rejected, Error: fmt.Sprintf("parked after %d attempts; last: %s", m.Attempts+1, o.Error)}
 		}
+		o.Lease = m.Lease
 		switch o.Kind {
 		case Delivered:
 			st.Delivered++

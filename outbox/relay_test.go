@@ -463,8 +463,8 @@ func TestRelayTransportErrorPausesWithGrowingBackoff(t *testing.T) {
 			t.Fatalf("failed publish %d: %+v, want 1 unanswered and the error", k, st)
 		}
 		r, _ := row(t, s, "evt-x")
-		if r.Attempts != k+1 || !strings.Contains(r.LastError, "connection reset by peer") {
-			t.Fatalf("after failure %d: %+v, want %d attempts and the transport error", k, r, k+1)
+		if r.Attempts != 0 || !strings.Contains(r.LastError, "connection reset by peer") {
+			t.Fatalf("after failure %d: %+v, want the transport error and no attempt counted", k, r)
 		}
 		var paused time.Duration
 		for {
@@ -488,8 +488,8 @@ func TestRelayTransportErrorPausesWithGrowingBackoff(t *testing.T) {
 		t.Fatalf("last publish: %+v, want 1 delivered", st)
 	}
 	sends := rec.sends("evt-x")
-	if len(sends) != failures+1 || sends[failures].Attempts != failures {
-		t.Fatalf("evt-x was sent %d times, last with %d attempts; want %d and %d", len(sends), sends[len(sends)-1].Attempts, failures+1, failures)
+	if len(sends) != failures+1 || sends[failures].Attempts != 0 {
+		t.Fatalf("evt-x was sent %d times, last with %d attempts; want %d, and no attempt counted for the outage", len(sends), sends[len(sends)-1].Attempts, failures+1)
 	}
 	t.Logf("pauses after each failure (full jitter under Base·2^n): %v", pauses)
 	grew := false
@@ -733,8 +733,8 @@ func TestRelayStopsWhenContextEnds(t *testing.T) {
 			t.Fatalf("Run = %v, want nil", err)
 		}
 		r, ok := row(t, s, "evt-x")
-		if !ok || r.State != "pending" || r.Attempts != 1 {
-			t.Fatalf("after a cancelled publish: %+v (present %v), want the row pending with 1 attempt", r, ok)
+		if !ok || r.State != "pending" || r.Attempts != 0 || r.LastError == "" {
+			t.Fatalf("after a cancelled publish: %+v (present %v), want the row pending, its error recorded, no attempt counted", r, ok)
 		}
 	})
 	t.Run("publisher slow to give up", func(t *testing.T) {

@@ -329,21 +329,24 @@ func (s *Store) DeleteDelivered(ctx context.Context, before time.Time) (int64, e
 }
 
 // Due implements outbox.Store: it claims up to limit due rows after seq
-// for Claim (FOR UPDATE SKIP LOCKED), in seq order.
+// for Claim (FOR UPDATE SKIP LOCKED), in seq order. A row is due by the
+// later of now and the database's clock, so that rows inserted with the
+// database's now() are due at once to a relay whose clock lags behind it.
+// Each message's Lease is the claim's end as stored.
 func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) ([]outbox.Message, error) {
-	rows, err := s.pool.Query(ctx, `UPDATE outbox o SET next_attempt_at = $3
+	rows, err := s.pool.Query(ctx, `UPDATE outbox o SET next_attempt_at = greatest($2, now()) + $3::bigint * interval '1 microsecond'
 		FROM (SELECT id FROM outbox
-			WHERE delivered_at IS NULL AND rejected_at IS NULL AND seq > $1 AND next_attempt_at <= $2
+			WHERE delivered_at IS NULL AND rejected_at IS NULL AND seq > $1 AND next_attempt_at <= greatest($2, now())
 			ORDER BY seq LIMIT $4 FOR UPDATE SKIP LOCKED) d
 		WHERE o.id = d.id
-		RETURNING o.seq, o.event_id, o.event_type, o.payload, o.correlation_id, o.tenant_id, o.attempts, o.created_at`,
-		after, now, now.Add(s.cfg.Claim), limit)
+		RETURNING o.seq, o.event_id, o.event_type, o.payload, o.correlation_id, o.tenant_id, o.attempts, o.created_at, o.next_attempt_at`,
+		after, now, s.cfg.Claim.Microseconds(), limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox due: %w", err)
 	}
 	msgs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Message, error) {
 		var m outbox.Message
-		err := r.Scan(&m.Seq, &m.EventID, &m.Type, &m.Body, &m.CorrelationID, &m.TenantID, &m.Attempts, &m.CreatedAt)
+		err := r.Scan(&m.Seq, &m.EventID, &m.Type, &m.Body, &m.CorrelationID, &m.TenantID, &m.Attempts, &m.CreatedAt, &m.Lease)
 		return m, err
 	})
 	if err != nil {
@@ -353,8 +356,14 @@ func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) 
 	return msgs, nil
 }
 
-// Settle implements outbox.Store in one statement. A row another relay
-// delivered meanwhile (after this relay's claim ended) is left as it is.
+// Settle implements outbox.Store in one statement, stamping delivered_at
+// and rejected_at with the database's clock, like created_at. A Delivered
+// outcome always applies, also to a row another relay has claimed or
+// rejected since (the receiver has the event). Any other outcome applies
+// only while the row still carries the claim it was sent under: a relay
+// whose claim ended cannot make a row another relay is sending due again,
+// nor park it. A transport failure (Unanswered) records its error without
+// counting an attempt.
 func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) error {
 	if len(outcomes) == 0 {
 		return nil
@@ -363,22 +372,24 @@ func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) error {
 	kinds := make([]int32, len(outcomes))
 	errs := make([]string, len(outcomes))
 	retry := make([]time.Time, len(outcomes))
+	leases := make([]time.Time, len(outcomes))
 	now := time.Now()
 	for i, o := range outcomes {
-		ids[i], kinds[i], errs[i], retry[i] = o.EventID, int32(o.Kind), o.Error, o.RetryAt
+		ids[i], kinds[i], errs[i], retry[i], leases[i] = o.EventID, int32(o.Kind), o.Error, o.RetryAt, o.Lease
 		if o.Kind == outbox.Unanswered {
 			retry[i] = now // due again at once; the relay paused itself
 		}
 	}
 	_, err := s.pool.Exec(ctx, `UPDATE outbox o SET
-			delivered_at    = CASE WHEN u.kind = $2 THEN $1::timestamptz END,
-			rejected_at     = CASE WHEN u.kind = $3 THEN $1::timestamptz END,
-			next_attempt_at = CASE WHEN u.kind IN ($2::int, $3::int) THEN o.next_attempt_at ELSE u.retry_at END,
-			attempts        = o.attempts + CASE WHEN u.kind = $2 THEN 0 ELSE 1 END,
-			last_error      = CASE WHEN u.kind = $2 THEN o.last_error ELSE u.err END
-		FROM unnest($4::text[], $5::int[], $6::text[], $7::timestamptz[]) AS u(event_id, kind, err, retry_at)
-		WHERE o.event_id = u.event_id AND o.delivered_at IS NULL AND o.rejected_at IS NULL`,
-		now, int32(outbox.Delivered), int32(outbox.Rejected), ids, kinds, errs, retry)
+			delivered_at    = CASE WHEN u.kind = $1 THEN now() END,
+			rejected_at     = CASE WHEN u.kind = $2 THEN now() END,
+			next_attempt_at = CASE WHEN u.kind IN ($1::int, $2::int) THEN o.next_attempt_at ELSE u.retry_at END,
+			attempts        = o.attempts + CASE WHEN u.kind IN ($2::int, $3::int) THEN 1 ELSE 0 END,
+			last_error      = CASE WHEN u.kind = $1 THEN o.last_error ELSE u.err END
+		FROM unnest($4::text[], $5::int[], $6::text[], $7::timestamptz[], $8::timestamptz[]) AS u(event_id, kind, err, retry_at, lease)
+		WHERE o.event_id = u.event_id AND o.delivered_at IS NULL
+			AND (u.kind = $1 OR o.rejected_at IS NULL AND o.next_attempt_at = u.lease)`,
+		int32(outbox.Delivered), int32(outbox.Rejected), int32(outbox.Retry), ids, kinds, errs, retry, leases)
 	if err != nil {
 		return fmt.Errorf("outbox settle: %w", err)
 	}

@@ -445,12 +445,17 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	}
 }
 
-// A relay whose claim ended while it was still sending may settle after
-// another relay delivered the row: the delivery stands.
-func TestLateSettleLeavesADeliveredRowAlone(t *testing.T) {
+// A relay whose claim ended while it was still sending settles late, after
+// another relay claimed the row: its retry, refusal or transport failure
+// leaves the other relay's claim alone (the row is not due again, nor
+// parked, while the other send is in flight), and the other relay's
+// delivery stands. A late delivery applies, also over a refusal.
+func TestLateSettleLeavesAnotherRelaysClaimAlone(t *testing.T) {
 	pool, _ := setup(t)
 	ctx := context.Background()
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outboxpg.InsertPgx(ctx, tx, event("late")) }); err != nil {
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return outboxpg.InsertPgx(ctx, tx, event("late"), event("late-2"))
+	}); err != nil {
 		t.Fatal(err)
 	}
 	s, err := outboxpg.New(pool, outboxpg.Config{Claim: time.Second})
@@ -458,21 +463,59 @@ func TestLateSettleLeavesADeliveredRowAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	if msgs, _ := s.Due(ctx, now, 0, 10); len(msgs) != 1 {
-		t.Fatalf("first claim: %d rows", len(msgs))
+	first, _ := s.Due(ctx, now, 0, 10)
+	second, _ := s.Due(ctx, now.Add(2*time.Second), 0, 10) // the first claim ended
+	if len(first) != 2 || len(second) != 2 || first[0].Lease.IsZero() || !second[0].Lease.After(first[0].Lease) {
+		t.Fatalf("claims: %+v then %+v; want both rows twice, the second lease later", first, second)
 	}
-	if msgs, _ := s.Due(ctx, now.Add(2*time.Second), 0, 10); len(msgs) != 1 {
-		t.Fatalf("claim after the first ended: %d rows", len(msgs))
+	stale := []outbox.Outcome{
+		{EventID: "late", Kind: outbox.Retry, Error: "timeout", RetryAt: now, Lease: first[0].Lease},
+		{EventID: "late", Kind: outbox.Unanswered, Error: "connection reset", Lease: first[0].Lease},
+		{EventID: "late", Kind: outbox.Rejected, Error: "parked", Lease: first[0].Lease},
+		{EventID: "late", Kind: outbox.Retry, Error: "no lease"},
 	}
-	if err := s.Settle(ctx, []outbox.Outcome{{EventID: "late", Kind: outbox.Delivered}}); err != nil {
+	for _, o := range stale {
+		if err := s.Settle(ctx, []outbox.Outcome{o}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	row := func(id string) outbox.Row {
+		t.Helper()
+		rows, err := s.List(ctx, "", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			if r.EventID == id {
+				return r
+			}
+		}
+		t.Fatalf("%s not listed", id)
+		return outbox.Row{}
+	}
+	if r := row("late"); r.State != outbox.StatePending || r.Attempts != 0 || r.LastError != "" || !r.NextAttemptAt.Equal(second[0].Lease) {
+		t.Fatalf("after stale outcomes: %+v; want untouched, still claimed until %s", r, second[0].Lease)
+	}
+	if msgs, _ := s.Due(ctx, now.Add(2*time.Second), 0, 10); len(msgs) != 0 {
+		t.Fatalf("%d rows due again while the second relay holds them", len(msgs))
+	}
+	if err := s.Settle(ctx, []outbox.Outcome{
+		{EventID: "late", Kind: outbox.Delivered, Lease: second[0].Lease},
+		{EventID: "late-2", Kind: outbox.Rejected, Error: "invalid_field: x", Lease: second[1].Lease},
+	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Settle(ctx, []outbox.Outcome{{EventID: "late", Kind: outbox.Retry, Error: "timeout", RetryAt: now}}); err != nil {
+	if err := s.Settle(ctx, []outbox.Outcome{
+		{EventID: "late", Kind: outbox.Retry, Error: "timeout", RetryAt: now, Lease: second[0].Lease},
+		{EventID: "late-2", Kind: outbox.Delivered, Lease: first[1].Lease},
+	}); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := s.List(ctx, "", 10)
-	if err != nil || len(rows) != 1 || rows[0].State != outbox.StateDelivered || rows[0].Attempts != 0 || rows[0].LastError != "" {
-		t.Fatalf("after a late retry outcome: %+v, %v; want delivered, untouched", rows, err)
+	if r := row("late"); r.State != outbox.StateDelivered || r.Attempts != 0 || r.LastError != "" {
+		t.Fatalf("after a retry outcome for a delivered row: %+v; want delivered, untouched", r)
+	}
+	if r := row("late-2"); r.State != outbox.StateDelivered {
+		t.Fatalf("a late delivery of a rejected row: %+v; want delivered", r)
 	}
 }
 

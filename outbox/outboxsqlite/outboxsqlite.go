@@ -153,7 +153,7 @@ const (
 	qDelivered  = `DELETE FROM outbox WHERE event_id = ?`
 	qRejected   = `UPDATE outbox SET state = 'rejected', rejected_at = ?, last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ?`
 	qRetry      = `UPDATE outbox SET next_attempt_at = ?, last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ?`
-	qUnanswered = `UPDATE outbox SET last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ?`
+	qUnanswered = `UPDATE outbox SET last_error = ? WHERE event_id = ?`
 )
 
 // samePayload reports whether the stored envelope has payload, compared
