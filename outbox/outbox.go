@@ -20,7 +20,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/postbox-events/postbox"
 )
@@ -99,6 +101,15 @@ func (e *Event) Prepare() error {
 		return fmt.Errorf("%w: payload is empty", ErrInvalidEvent)
 	case !json.Valid(e.Payload):
 		return fmt.Errorf("%w: payload is not valid JSON", ErrInvalidEvent)
+	case !utf8.Valid(e.Payload):
+		return fmt.Errorf("%w: payload is not valid UTF-8", ErrInvalidEvent)
+	}
+	for _, f := range []struct{ name, value string }{
+		{"id", e.ID}, {"type", e.Type}, {"correlation id", e.CorrelationID}, {"tenant id", e.TenantID},
+	} {
+		if !utf8.ValidString(f.value) || strings.ContainsRune(f.value, 0) {
+			return fmt.Errorf("%w: %s %q is not UTF-8 text without NUL characters", ErrInvalidEvent, f.name, f.value)
+		}
 	}
 	return nil
 }

@@ -38,6 +38,9 @@ type Beginner interface {
 // postbox_migrations and holds an advisory lock while it works, so that
 // several relays starting at once migrate once.
 func Migrate(ctx context.Context, db Beginner) error {
+	if _, err := Exists(ctx, db); err != nil {
+		return fmt.Errorf("migrate outbox: %w", err)
+	}
 	return migrate(ctx, db, "outbox", Migrations)
 }
 

@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -104,7 +105,10 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	return &Store{pool: pool, cfg: cfg, log: cfg.Logger, notify: make(chan struct{}, 1)}, nil
 }
 
-// Exists reports whether the outbox table exists in the pool's search_path.
+// Exists reports whether the outbox table exists in the connection's
+// search_path. A table named outbox of another shape (one without the
+// columns postbox's relay needs, such as a hand-made table from seed 004)
+// is an error that says so.
 func Exists(ctx context.Context, db Beginner) (bool, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -112,8 +116,19 @@ func Exists(ctx context.Context, db Beginner) (bool, error) {
 	}
 	defer tx.Rollback(ctx)
 	var ok bool
-	err = tx.QueryRow(ctx, `SELECT to_regclass('outbox') IS NOT NULL`).Scan(&ok)
-	return ok, err
+	var cols []string
+	err = tx.QueryRow(ctx, `SELECT to_regclass('outbox') IS NOT NULL,
+		coalesce((SELECT array_agg(attname::text) FROM pg_attribute
+			WHERE attrelid = to_regclass('outbox') AND attnum > 0 AND NOT attisdropped), '{}')`).Scan(&ok, &cols)
+	if err != nil || !ok {
+		return false, err
+	}
+	for _, c := range []string{"seq", "event_id", "payload", "attempts", "next_attempt_at", "last_error", "delivered_at", "rejected_at"} {
+		if !slices.Contains(cols, c) {
+			return true, fmt.Errorf("a table named outbox exists but is not postbox's outbox: it has no column %s (it has %s); rename it, or point postbox at another schema with search_path", c, strings.Join(cols, ", "))
+		}
+	}
+	return true, nil
 }
 
 // Insert writes events to the outbox inside the caller's database/sql
@@ -252,9 +267,12 @@ func (s *Store) Run(ctx context.Context) error {
 func (s *Store) listen(ctx context.Context) {
 	backoff := outbox.Backoff{Base: 100 * time.Millisecond, Max: 10 * time.Second}
 	for failures := 0; ctx.Err() == nil; failures++ {
-		err := s.listenOnce(ctx)
+		listened, err := s.listenOnce(ctx)
 		if ctx.Err() != nil {
 			return
+		}
+		if listened {
+			failures = 0 // the connection worked: start the backoff again
 		}
 		delay := backoff.Ceiling(failures)
 		s.log.Warn("outbox: LISTEN connection lost; polling until it is back", "err", err, "retry_in", delay)
@@ -266,21 +284,23 @@ func (s *Store) listen(ctx context.Context) {
 	}
 }
 
-func (s *Store) listenOnce(ctx context.Context) error {
+// listenOnce listens on one connection until it fails; listened says
+// whether LISTEN took effect on it.
+func (s *Store) listenOnce(ctx context.Context) (listened bool, err error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	// The connection will be in LISTEN state; never hand it back to the pool.
 	pc := conn.Hijack()
 	defer pc.Close(context.WithoutCancel(ctx))
 	if _, err := pc.Exec(ctx, "LISTEN "+Channel); err != nil {
-		return err
+		return false, err
 	}
 	s.wake()
 	for {
 		if _, err := pc.WaitForNotification(ctx); err != nil {
-			return err
+			return true, err
 		}
 		s.wake()
 	}
@@ -469,7 +489,10 @@ func (s *Store) Requeue(ctx context.Context, ids []string) (int64, error) {
 		return 0, fmt.Errorf("outbox requeue: %w", err)
 	}
 	if tag.RowsAffected() > 0 {
-		s.pool.Exec(ctx, `SELECT pg_notify($1, '')`, Channel)
+		// Wake relays listening elsewhere; they poll as well.
+		if _, err := s.pool.Exec(ctx, `SELECT pg_notify($1, '')`, Channel); err != nil {
+			s.log.Warn("outbox: requeued rows, but notifying relays failed; they will find them when they poll", "err", err)
+		}
 		s.wake()
 	}
 	return tag.RowsAffected(), nil

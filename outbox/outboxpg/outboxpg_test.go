@@ -153,6 +153,11 @@ func TestInsertRefusesDuplicatesAndBadEvents(t *testing.T) {
 		{outbox.Event{Type: "x", Payload: []byte(`{"a":`)}, "not valid JSON"},
 		{outbox.Event{ID: strings.Repeat("i", 200), Type: "x", Payload: []byte(`{}`)}, "id is 200 bytes"},
 		{outbox.Event{Type: "x", Payload: []byte(`{"s":"a\u0000b"}`)}, `payload holds \u0000`},
+		{outbox.Event{Type: "x", Payload: []byte("{\"s\":\"\xff\"}")}, "payload is not valid UTF-8"},
+		{outbox.Event{Type: "x", TenantID: "acme\x00", Payload: []byte(`{}`)}, "tenant id"},
+		{outbox.Event{Type: "x", CorrelationID: "\xc3", Payload: []byte(`{}`)}, "correlation id"},
+		{outbox.Event{ID: "a\x00b", Type: "x", Payload: []byte(`{}`)}, `: id "a\x00b"`},
+		{outbox.Event{Type: "order\xff", Payload: []byte(`{}`)}, "type"},
 	} {
 		if err := outboxpg.InsertPgx(ctx, tx, tc.e); !errors.Is(err, outbox.ErrInvalidEvent) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Insert(%+v) = %v, want ErrInvalidEvent with %q", tc.e, err, tc.want)
@@ -228,10 +233,50 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func TestRelayWakesOnNotifyAndMarksDelivered(t *testing.T) {
-	pool, _ := setup(t)
+// listeningStore returns a store running on a pool of its own, once its
+// LISTEN connection is up, and the pid of that connection's backend.
+func listeningStore(t *testing.T, pool *pgxpool.Pool, dsn string) (*outboxpg.Store, func() int) {
+	t.Helper()
 	ctx := context.Background()
-	s := newStore(t, pool, outboxpg.Config{})
+	app := fmt.Sprintf("outboxpg-listen-%d", time.Now().UnixNano())
+	own, err := pgxpool.New(ctx, dsn+"&application_name="+app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(own.Close)
+	s := newStore(t, own, outboxpg.Config{})
+	listener := func() (pid int) {
+		pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND query = $2`, app, "LISTEN "+outboxpg.Channel).Scan(&pid)
+		return pid
+	}
+	eventually(t, "the store to listen", func() bool { return listener() != 0 })
+	return s, listener
+}
+
+// An insert notifies a listening store (the trigger and LISTEN work), and
+// a relay hands the rows' fields to the publisher and marks them delivered.
+func TestInsertNotifiesAndRelayMarksDelivered(t *testing.T) {
+	pool, dsn := setup(t)
+	ctx := context.Background()
+	s, _ := listeningStore(t, pool, dsn)
+	// The store signals once when LISTEN is up; wait for quiet first.
+	for quiet := false; !quiet; {
+		select {
+		case <-s.Notify():
+		case <-time.After(200 * time.Millisecond):
+			quiet = true
+		}
+	}
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return outboxpg.InsertPgx(ctx, tx, event("n1"), event("n2"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.Notify():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no notification after an insert")
+	}
 	var mu sync.Mutex
 	got := map[string]outbox.Message{}
 	pub := pubFunc(func(ctx context.Context, msgs []outbox.Message) ([]postbox.Reply, error) {
@@ -244,14 +289,7 @@ func TestRelayWakesOnNotifyAndMarksDelivered(t *testing.T) {
 		}
 		return out, nil
 	})
-	// Only a notification can wake the relay within the test's deadline.
 	runRelay(t, s, pub, outbox.RelayConfig{PollInterval: time.Hour})
-	eventually(t, "the relay's first sweep", func() bool { return true })
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return outboxpg.InsertPgx(ctx, tx, event("n1"), event("n2"))
-	}); err != nil {
-		t.Fatal(err)
-	}
 	eventually(t, "both rows delivered", func() bool {
 		return count(t, pool, `SELECT count(*) FROM outbox WHERE delivered_at IS NOT NULL`) == 2
 	})
@@ -380,6 +418,50 @@ func TestPoisonRowIsParkedThenRequeued(t *testing.T) {
 	})
 }
 
+// An outage longer than MaxAttempts sends does not park a row: transport
+// failures are not attempts, so the refusal that follows the outage is the
+// row's first, and it is retried, then delivered.
+func TestOutageDoesNotParkRows(t *testing.T) {
+	pool, _ := setup(t)
+	ctx := context.Background()
+	s := newStore(t, pool, outboxpg.Config{})
+	var mu sync.Mutex
+	calls := 0
+	pub := pubFunc(func(ctx context.Context, msgs []outbox.Message) ([]postbox.Reply, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if calls <= 6 {
+			return nil, errors.New("dial tcp 127.0.0.1:6379: connection refused")
+		}
+		out := make([]postbox.Reply, len(msgs))
+		for i, m := range msgs {
+			out[i] = postbox.Ack(m.EventID, time.Now(), false)
+			if calls == 7 {
+				out[i] = postbox.Nack(m.EventID, errors.New("busy"))
+			}
+		}
+		return out, nil
+	})
+	fast := outbox.Backoff{Base: time.Millisecond, Max: 5 * time.Millisecond}
+	runRelay(t, s, pub, outbox.RelayConfig{PollInterval: 10 * time.Millisecond, Retry: fast, Reconnect: fast, MaxAttempts: 2})
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outboxpg.InsertPgx(ctx, tx, event("through-an-outage")) }); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the row delivered", func() bool {
+		return count(t, pool, `SELECT count(*) FROM outbox WHERE delivered_at IS NOT NULL`) == 1
+	})
+	rows, err := s.List(ctx, "", 10)
+	if err != nil || len(rows) != 1 || rows[0].Attempts != 1 || rows[0].LastError == "" {
+		t.Fatalf("rows: %+v, %v; want one delivered after 1 counted attempt (the refusal), its last error kept", rows, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls != 8 {
+		t.Fatalf("%d publishes, want 6 failed, 1 refused, 1 delivered", calls)
+	}
+}
+
 func TestRetentionDeletesOnlyOldDeliveredRows(t *testing.T) {
 	pool, _ := setup(t)
 	ctx := context.Background()
@@ -442,6 +524,30 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	}
 	if ok, err := outboxpg.Exists(ctx, pool); err != nil || !ok {
 		t.Fatalf("Exists after Migrate: %v, %v", ok, err)
+	}
+}
+
+// A table named outbox that is not postbox's (the seed's own shape, made by
+// hand) is named as such by Exists and Migrate, not a bare SQL error.
+func TestMigrateRefusesAnotherOutboxTable(t *testing.T) {
+	dsn := testenv.PostgresSchema(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `CREATE TABLE outbox (id UUID PRIMARY KEY, event_type TEXT, event_id UUID UNIQUE,
+		payload JSONB, correlation_id UUID, tenant_id TEXT, created_at TIMESTAMPTZ, delivered_at TIMESTAMPTZ)`); err != nil {
+		t.Fatal(err)
+	}
+	for name, err := range map[string]error{
+		"Exists":  func() error { _, err := outboxpg.Exists(ctx, pool); return err }(),
+		"Migrate": outboxpg.Migrate(ctx, pool),
+	} {
+		if err == nil || !strings.Contains(err.Error(), "not postbox's outbox: it has no column seq") {
+			t.Errorf("%s over the seed's hand-made table: %v; want an error naming the missing column", name, err)
+		}
 	}
 }
 
@@ -524,13 +630,7 @@ func TestLateSettleLeavesAnotherRelaysClaimAlone(t *testing.T) {
 func TestListenSurvivesALostConnection(t *testing.T) {
 	pool, dsn := setup(t)
 	ctx := context.Background()
-	app := fmt.Sprintf("outboxpg-listen-%d", time.Now().UnixNano())
-	own, err := pgxpool.New(ctx, dsn+"&application_name="+app)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(own.Close)
-	s := newStore(t, own, outboxpg.Config{})
+	s, listener := listeningStore(t, pool, dsn)
 	delivered := make(chan string, 10)
 	pub := pubFunc(func(ctx context.Context, msgs []outbox.Message) ([]postbox.Reply, error) {
 		out := make([]postbox.Reply, len(msgs))
@@ -541,11 +641,6 @@ func TestListenSurvivesALostConnection(t *testing.T) {
 		return out, nil
 	})
 	runRelay(t, s, pub, outbox.RelayConfig{PollInterval: time.Hour})
-	listener := func() (pid int) {
-		pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND query = $2`, app, "LISTEN "+outboxpg.Channel).Scan(&pid)
-		return pid
-	}
-	eventually(t, "the store to listen", func() bool { return listener() != 0 })
 	killed := listener()
 	if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, killed); err != nil {
 		t.Fatal(err)
