@@ -18,15 +18,9 @@
 // event id themselves (the dedup package), and why a longer window is a
 // trade of server memory for fewer duplicates, not a fix.
 //
-// Replies: a PubAck is an ACK. A message that cannot be stored as it is
-// gets a non-retryable NACK, so the relay parks it instead of looping:
-// an event type that is not a valid subject (CodeInvalidField, field
-// "type"), a message over the server's max_payload or the stream's
-// max_msg_size (CodeTooLarge). Other refusals by the server (no stream
-// for the subject, storage limits, API errors) are retryable NACKs. A
-// connection that fails while a batch is in flight (closed, disconnected,
-// PubAcks not arriving within AckTimeout) fails the whole batch, which
-// the relay sends again.
+// A PubAck is an ACK. A refusal of one message is its NACK; a failure of
+// the stream, the server or the connection fails the whole batch, which
+// the relay sends again. Publisher lists which is which.
 package outboxnats
 
 import (
@@ -87,6 +81,38 @@ type Config struct {
 // Publisher is an outbox.Publisher that stores messages in a JetStream
 // stream. It is safe for concurrent use; concurrent batches share the
 // JetStream context's asynchronous publisher.
+//
+// Publish NACKs a message only for a refusal that is about that message.
+// Whatever would refuse every message alike fails the whole batch
+// instead, so that the relay pauses and sends it again without counting
+// an attempt: an outage never parks events (RelayConfig.MaxAttempts).
+//
+//   - Non-retryable NACK, parked at once: an event type that is not a
+//     valid subject token (CodeInvalidField, field "type"); a message over
+//     the server's max_payload, the stream's max_msg_size, the 64 KiB of
+//     headers or the largest record the store takes (CodeTooLarge).
+//   - Retryable NACK, counted towards MaxAttempts: a subject the stream
+//     does not listen on (the stream is there, but its subjects do not
+//     cover the event type); a subject at the stream's max_msgs_per_subject
+//     with discard_new_per_subject; the message id being stored by another
+//     publish at the same time; a wrong expected last sequence.
+//   - An error for the batch: everything else. That is the stream missing
+//     or sealed; nobody answering while the stream has no leader (one is
+//     being elected); the stream full (max_msgs or max_bytes with
+//     DiscardNew); JetStream short of resources or failing to store
+//     ("insufficient resources", "stream store failed"); account limits;
+//     any other API error, 503s included; PubAcks that do not arrive (the
+//     connection closing or disconnecting, AckTimeout, the JetStream
+//     context's own publish timeout) or cannot be read. An error code not
+//     listed above fails the batch too: a refusal this package does not
+//     know of holds the relay up, but never parks an event.
+//
+// Nobody answering a publish (no responders) means either that no stream
+// listens on its subject or that the stream has no leader. Publish asks
+// the server which stream listens on the subject and whether cfg.Stream
+// exists, and NACKs only when the stream exists and does not listen on
+// the subject. With CreateStream, a stream found missing this way is
+// created again by the next Publish.
 type Publisher struct {
 	js  jetstream.JetStream
 	cfg Config
@@ -200,6 +226,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) ([]postb
 
 	replies := make([]postbox.Reply, len(msgs))
 	futures := make([]jetstream.PubAckFuture, len(msgs))
+	unbound := map[string]bool{} // subjects found not to be the stream's
 	for i, m := range msgs {
 		subject, err := p.Subject(m.Type)
 		if err != nil {
@@ -228,8 +255,8 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) ([]postb
 		case ack := <-f.Ok():
 			replies[i] = postbox.Ack(msgs[i].EventID, time.Now(), ack.Duplicate)
 		case err := <-f.Err():
-			r, ok := reply(msgs[i], f.Msg().Subject, err)
-			if !ok {
+			r, err := p.reply(ctx, msgs[i], f.Msg().Subject, err, unbound)
+			if err != nil {
 				return nil, fmt.Errorf("outboxnats: PubAck of %s: %w", msgs[i].EventID, err)
 			}
 			replies[i] = r
@@ -275,21 +302,60 @@ func tooLarge(m outbox.Message, why string) postbox.Reply {
 	return postbox.Nack(m.EventID, &postbox.FieldError{Code: postbox.CodeTooLarge, Message: why})
 }
 
-// reply translates the error of one PubAck future into m's NACK. It
-// returns false for an error that says nothing about m but that the
-// connection failed (disconnected, PubAck timed out): the whole batch
-// fails.
-func reply(m outbox.Message, subject string, err error) (postbox.Reply, bool) {
+// Error codes of JetStream API errors that refuse one message, besides
+// those the jetstream package names (nats-server's errors.json).
+const (
+	errCodeStreamStoreFailed        jetstream.ErrorCode = 10077 // its description is the store's error
+	errCodeHeaderExceedsMaximum     jetstream.ErrorCode = 10097
+	errCodeDuplicateMessageConflict jetstream.ErrorCode = 10158
+)
+
+// reply translates the error of one PubAck future into m's NACK when it
+// refuses m alone (see Publisher). For any other error it returns an
+// error: the whole batch fails. unbound caches, for one batch, the
+// subjects found not to belong to the stream.
+func (p *Publisher) reply(ctx context.Context, m outbox.Message, subject string, err error, unbound map[string]bool) (postbox.Reply, error) {
 	var apiErr *jetstream.APIError
-	switch {
-	case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
-		return tooLarge(m, fmt.Sprintf("body of %d bytes is over the stream's max_msg_size: %s", len(m.Body), apiErr.Description)), true
-	case errors.As(err, &apiErr):
-		return postbox.Nack(m.EventID, fmt.Errorf("jetstream refused the message: %s (code %d, err_code %d)", apiErr.Description, apiErr.Code, apiErr.ErrorCode)), true
-	case errors.Is(err, jetstream.ErrNoStreamResponse):
-		return postbox.Nack(m.EventID, fmt.Errorf("no stream stores subject %s", subject)), true
-	case errors.Is(err, jetstream.ErrInvalidJSAck):
-		return postbox.Nack(m.EventID, err), true
+	if errors.As(err, &apiErr) {
+		code, desc := apiErr.ErrorCode, apiErr.Description
+		// The store's errors for one message; its others (max_msgs or
+		// max_bytes reached, a write failing) refuse every message.
+		storeFailed := code == errCodeStreamStoreFailed
+		tooLargeForStore := storeFailed && (strings.Contains(desc, "message to large") || strings.Contains(desc, "message too large"))
+		subjectFull := storeFailed && strings.Contains(desc, "maximum messages per subject exceeded")
+		switch {
+		case code == jetstream.JSErrCodeStreamMessageExceedsMaximum:
+			return tooLarge(m, fmt.Sprintf("body of %d bytes is over the stream's max_msg_size: %s", len(m.Body), desc)), nil
+		case code == errCodeHeaderExceedsMaximum, tooLargeForStore:
+			return tooLarge(m, fmt.Sprintf("body of %d bytes with its headers is too large for jetstream: %s", len(m.Body), desc)), nil
+		case subjectFull,
+			code == errCodeDuplicateMessageConflict,
+			code == jetstream.JSErrCodeStreamWrongLastSequence,
+			code == jetstream.JSErrCodeStreamWrongLastSequenceConstant:
+			return postbox.Nack(m.EventID, fmt.Errorf("jetstream refused the message: %s (code %d, err_code %d)", desc, apiErr.Code, code)), nil
+		}
+		return postbox.Reply{}, err
 	}
-	return postbox.Reply{}, false
+	if !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.Is(err, jetstream.ErrInvalidJSAck) {
+		return postbox.Reply{}, err
+	}
+	// Nobody answered, or something that is not JetStream did.
+	if !unbound[subject] {
+		if name, lerr := p.js.StreamNameBySubject(ctx, subject); !errors.Is(lerr, jetstream.ErrStreamNotFound) {
+			if lerr != nil {
+				return postbox.Reply{}, fmt.Errorf("%w; looking up the stream of %s: %w", err, subject, lerr)
+			}
+			return postbox.Reply{}, fmt.Errorf("stream %s listens on %s but sent no PubAck (it has no leader, or one is being elected): %w", name, subject, err)
+		}
+		if _, lerr := p.js.Stream(ctx, p.cfg.Stream); lerr != nil {
+			if errors.Is(lerr, jetstream.ErrStreamNotFound) {
+				p.mu.Lock()
+				p.created = false // CreateStream creates it again
+				p.mu.Unlock()
+			}
+			return postbox.Reply{}, fmt.Errorf("%w; looking up stream %s: %w", err, p.cfg.Stream, lerr)
+		}
+		unbound[subject] = true
+	}
+	return postbox.Nack(m.EventID, fmt.Errorf("stream %s does not listen on subject %s (%v)", p.cfg.Stream, subject, err)), nil
 }

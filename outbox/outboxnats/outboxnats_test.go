@@ -321,6 +321,263 @@ func TestPublishWithoutStreamIsRetryable(t *testing.T) {
 	}
 }
 
+// publishFails publishes msgs and fails the test unless Publish fails the
+// whole batch, which it returns the error of.
+func publishFails(t testing.TB, p *outboxnats.Publisher, msgs []outbox.Message) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	replies, err := p.Publish(ctx, msgs)
+	if err == nil || replies != nil {
+		t.Fatalf("Publish = %+v, %v; want an error for the batch", replies, err)
+	}
+	return err
+}
+
+// TestPublishStreamOutageFailsBatch puts a stream in states that refuse
+// every message: Publish must fail the batch, not NACK each message, or
+// the relay would count the outage against RelayConfig.MaxAttempts.
+func TestPublishStreamOutageFailsBatch(t *testing.T) {
+	t.Run("full", func(t *testing.T) {
+		url, name, _ := newStream(t, func(c *jetstream.StreamConfig) { c.MaxMsgs = 1; c.Discard = jetstream.DiscardNew })
+		_, js := connect(t, url)
+		p := newPublisher(t, js, outboxnats.Config{Stream: name})
+		publish(t, p, messages("first", 1))
+		err := publishFails(t, p, messages("full", 3))
+		if !strings.Contains(err.Error(), "maximum messages exceeded") {
+			t.Errorf("error %v does not say why", err)
+		}
+	})
+	t.Run("sealed", func(t *testing.T) {
+		url, name, s := newStream(t, nil)
+		_, js := connect(t, url)
+		cfg := s.CachedInfo().Config
+		cfg.Sealed = true
+		if _, err := js.UpdateStream(context.Background(), cfg); err != nil {
+			t.Fatal(err)
+		}
+		p := newPublisher(t, js, outboxnats.Config{Stream: name})
+		publishFails(t, p, messages("sealed", 3))
+	})
+	t.Run("deleted", func(t *testing.T) {
+		url, name, _ := newStream(t, nil)
+		_, js := connect(t, url)
+		p := newPublisher(t, js, outboxnats.Config{Stream: name})
+		if err := js.DeleteStream(context.Background(), name); err != nil {
+			t.Fatal(err)
+		}
+		if err := publishFails(t, p, messages("deleted", 3)); !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Errorf("error %v, want one wrapping jetstream.ErrStreamNotFound", err)
+		}
+	})
+}
+
+// TestPublishRecreatesDeletedStream: with CreateStream, the stream found
+// missing by one Publish is created again by the next.
+func TestPublishRecreatesDeletedStream(t *testing.T) {
+	url := testenv.URL(t, testenv.NATS)
+	_, js := connect(t, url)
+	name := fmt.Sprintf("OUTBOXNATS_RECREATED_%d", time.Now().UnixNano())
+	t.Cleanup(func() { js.DeleteStream(context.Background(), name) })
+	p := newPublisher(t, js, outboxnats.Config{Stream: name, CreateStream: true})
+	publish(t, p, messages("before", 1))
+	if err := js.DeleteStream(context.Background(), name); err != nil {
+		t.Fatal(err)
+	}
+	publishFails(t, p, messages("gone", 1))
+	if r := publish(t, p, messages("again", 1))[0]; !r.OK() || r.Duplicate {
+		t.Fatalf("reply %+v, want a fresh ACK in the re-created stream", r)
+	}
+}
+
+func TestPublishSubjectLimitIsPerMessage(t *testing.T) {
+	url, name, s := newStream(t, func(c *jetstream.StreamConfig) {
+		c.Discard, c.DiscardNewPerSubject, c.MaxMsgsPerSubject = jetstream.DiscardNew, true, 1
+	})
+	_, js := connect(t, url)
+	p := newPublisher(t, js, outboxnats.Config{Stream: name})
+	replies := publish(t, p, []outbox.Message{
+		message("evt_a1", "a", `{}`), message("evt_a2", "a", `{}`), message("evt_b1", "b", `{}`),
+	})
+	if !replies[0].OK() || !replies[2].OK() {
+		t.Errorf("first of each subject not ACKed: %+v, %+v", replies[0], replies[2])
+	}
+	if r := replies[1]; r.OK() || !r.Retryable || !strings.Contains(r.Message, "per subject") {
+		t.Errorf("second of a full subject: reply %+v, want a retryable NACK saying why", r)
+	}
+	if n := streamMsgs(t, s); n != 2 {
+		t.Errorf("stream holds %d messages, want 2", n)
+	}
+}
+
+// failingJS is a JetStream context whose publishes are answered by fail's
+// error instead of the server's PubAck: what the shared server cannot be
+// made to say (a cluster electing a leader, a server out of resources).
+// Everything else, stream lookups included, goes to the server.
+type failingJS struct {
+	jetstream.JetStream
+	fail error
+}
+
+func (js failingJS) PublishMsgAsync(m *nats.Msg, _ ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	f := failedFuture{m, make(chan error, 1)}
+	f.err <- js.fail
+	return f, nil
+}
+
+type failedFuture struct {
+	msg *nats.Msg
+	err chan error
+}
+
+func (f failedFuture) Ok() <-chan *jetstream.PubAck { return nil }
+func (f failedFuture) Err() <-chan error            { return f.err }
+func (f failedFuture) Msg() *nats.Msg               { return f.msg }
+
+// TestPublishRepliesByWhomTheyConcern: an answer that would refuse every
+// message fails the batch; one about this message is its NACK.
+func TestPublishRepliesByWhomTheyConcern(t *testing.T) {
+	url, name, _ := newStream(t, nil)
+	_, js := connect(t, url)
+	apiErr := func(code, errCode int, desc string) error {
+		return &jetstream.APIError{Code: code, ErrorCode: jetstream.ErrorCode(errCode), Description: desc}
+	}
+	outages := map[string]error{
+		"insufficient resources":     apiErr(503, 10023, "insufficient resources"),
+		"stream store failed":        apiErr(503, 10077, "write /data/jetstream/msgs/1.blk: no space left on device"),
+		"stream full":                apiErr(503, 10077, "maximum bytes exceeded"),
+		"cluster unavailable":        apiErr(503, 10008, "JetStream system temporarily unavailable"),
+		"stream offline":             apiErr(500, 10118, "stream is offline"),
+		"account limits":             apiErr(400, 10002, "resource limits exceeded for account"),
+		"too many requests":          apiErr(429, 10167, "too many requests"),
+		"unknown error code":         apiErr(400, 19999, "something new"),
+		"no responders, no leader":   jetstream.ErrNoStreamResponse, // the stream listens on the subject
+		"unreadable PubAck":          jetstream.ErrInvalidJSAck,
+		"publish timeout":            jetstream.ErrAsyncPublishTimeout,
+		"disconnected while waiting": nats.ErrDisconnected,
+	}
+	for what, fail := range outages {
+		t.Run(what, func(t *testing.T) {
+			p := newPublisher(t, failingJS{js, fail}, outboxnats.Config{Stream: name})
+			if err := publishFails(t, p, messages("outage", 3)); !errors.Is(err, fail) {
+				t.Errorf("error %v does not wrap %v", err, fail)
+			}
+		})
+	}
+
+	refusals := []struct {
+		what      string
+		fail      error
+		code      postbox.Code
+		retryable bool
+	}{
+		{"message over max_msg_size", apiErr(400, 10054, "message size exceeds maximum allowed"), postbox.CodeTooLarge, false},
+		{"headers over 64k", apiErr(400, 10097, "header size exceeds maximum allowed of 64k"), postbox.CodeTooLarge, false},
+		{"record too large for the store", apiErr(503, 10077, "message to large"), postbox.CodeTooLarge, false},
+		{"subject full", apiErr(503, 10077, "maximum messages per subject exceeded"), postbox.CodeUnavailable, true},
+		{"id in process", apiErr(409, 10158, "duplicate message id is in process"), postbox.CodeUnavailable, true},
+		{"wrong last sequence", apiErr(400, 10071, "wrong last sequence: 7"), postbox.CodeUnavailable, true},
+	}
+	for _, tc := range refusals {
+		t.Run(tc.what, func(t *testing.T) {
+			p := newPublisher(t, failingJS{js, tc.fail}, outboxnats.Config{Stream: name})
+			for _, r := range publish(t, p, messages("refused", 2)) {
+				if r.OK() || r.Code != tc.code || r.Retryable != tc.retryable {
+					t.Errorf("reply %+v, want a NACK %s, retryable %v", r, tc.code, tc.retryable)
+				}
+			}
+		})
+	}
+	t.Run("subject no stream listens on", func(t *testing.T) {
+		p := newPublisher(t, failingJS{js, jetstream.ErrNoStreamResponse}, outboxnats.Config{Stream: name, SubjectPrefix: name + "_nobody"})
+		for _, r := range publish(t, p, messages("nobody", 2)) {
+			if r.OK() || !r.Retryable || !strings.Contains(r.Message, name+"_nobody.test.event") {
+				t.Errorf("reply %+v, want a retryable NACK naming the subject", r)
+			}
+		}
+	})
+}
+
+// TestRelayDoesNotParkDuringOutage runs the relay, with MaxAttempts 1,
+// into a full stream (DiscardNew): nothing may be parked, and once there
+// is room again everything is delivered.
+func TestRelayDoesNotParkDuringOutage(t *testing.T) {
+	url, name, s := newStream(t, func(c *jetstream.StreamConfig) { c.MaxMsgs = 1; c.Discard = jetstream.DiscardNew })
+	_, js := connect(t, url)
+	pub := newPublisher(t, js, outboxnats.Config{Stream: name})
+	publish(t, pub, messages("filler", 1))
+
+	store, err := outboxsqlite.Open(filepath.Join(t.TempDir(), "outbox.db"), outboxsqlite.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait(); store.Close() })
+	wg.Go(func() { store.Run(ctx) })
+
+	const n = 20
+	envs := make([]postbox.Envelope, n)
+	for i := range envs {
+		envs[i] = postbox.Envelope{
+			SchemaVersion: postbox.SchemaVersion, EventID: fmt.Sprintf("evt_outage_%02d", i), Type: "sensor.reading",
+			TS: "2030-01-02T03:04:05Z", SessionID: "sess-1", DeviceID: "dev-1", Payload: json.RawMessage(`{}`),
+		}
+	}
+	if _, err := store.Insert(ctx, envs); err != nil {
+		t.Fatal(err)
+	}
+	// The first publish that failed or parked rows, once settled.
+	first := make(chan outbox.Stats, 1)
+	relay, err := outbox.NewRelay(store, pub, outbox.RelayConfig{
+		MaxAttempts: 1,
+		Reconnect:   outbox.Backoff{Base: 10 * time.Millisecond, Max: 50 * time.Millisecond},
+		Observe: func(st outbox.Stats) {
+			if st.Err != nil || st.Rejected > 0 {
+				select {
+				case first <- st:
+				default:
+				}
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() { relay.Run(ctx) })
+
+	select {
+	case st := <-first:
+		if st.Rejected > 0 || st.Err == nil {
+			t.Fatalf("publish into the full stream parked %d rows, error %v; want none parked and the publish failed", st.Rejected, st.Err)
+		}
+		t.Logf("publish into the full stream failed: %v", st.Err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("no publish into the full stream failed within 20s")
+	}
+	if _, rejected, err := store.Counts(ctx); err != nil || rejected > 0 {
+		t.Fatalf("%d rows parked during the outage (%v)", rejected, err)
+	}
+	if err := s.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxMsgs = -1
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "the outbox did not drain", func() bool {
+		pending, rejected, err := store.Counts(ctx)
+		if err != nil || rejected > 0 {
+			t.Fatalf("%d rows parked (%v)", rejected, err)
+		}
+		return pending == 0
+	})
+	if got := streamMsgs(t, s); got != n {
+		t.Fatalf("stream holds %d messages, want %d", got, n)
+	}
+}
+
 func TestPublishCreatesStream(t *testing.T) {
 	url := testenv.URL(t, testenv.NATS)
 	_, js := connect(t, url)
