@@ -128,8 +128,8 @@ it says so on stderr; --all-pages fetches every page.`)
 	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usagef("dlq list: takes no arguments, got %q", fs.Args())
+	if err := noArgs(fs); err != nil {
+		return err
 	}
 	if limit > maxItemsPerCall {
 		return usagef("dlq list: --limit is at most %d, not %d", maxItemsPerCall, limit)

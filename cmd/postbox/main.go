@@ -147,6 +147,14 @@ func parse(env *cmdEnv, fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// noArgs refuses positional arguments, for a command that takes none.
+func noArgs(fs *flag.FlagSet) error {
+	if fs.NArg() > 0 {
+		return usagef("%s: takes no arguments, got %q", fs.Name(), fs.Args())
+	}
+	return nil
+}
+
 // flagsFirst moves flags ahead of positional arguments, so that
 // "postbox outbox requeue ID --outbox F" works like "--outbox F ID".
 // Everything after "--" stays positional.

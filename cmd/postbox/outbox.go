@@ -53,12 +53,22 @@ postbox outbox COMMAND --help shows a command's flags.
 }
 
 // outboxFlags declares --outbox and --db and returns a function that opens
-// the outbox they name (--db wins).
+// the outbox they name. A flag on the command line wins over both
+// variables; of the variables, DATABASE_URL wins.
 func outboxFlags(env *cmdEnv, fs *flag.FlagSet) func(ctx context.Context) (*outboxDB, error) {
 	path := fs.String("outbox", "outbox.db", "the edge agent's outbox SQLite file [POSTBOX_OUTBOX]")
 	dsn := fs.String("db", "", "a transactional outbox instead: postgres://... or a SQLite file [DATABASE_URL]")
 	return func(ctx context.Context) (*outboxDB, error) {
-		if err := envDefaults(env, fs, map[string]string{"outbox": "POSTBOX_OUTBOX", "db": "DATABASE_URL"}); err != nil {
+		given := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+		vars := map[string]string{"outbox": "POSTBOX_OUTBOX", "db": "DATABASE_URL"}
+		switch {
+		case given["outbox"] && given["db"]:
+			return nil, usagef("%s: --outbox and --db name two outboxes; give one", fs.Name())
+		case given["outbox"]:
+			delete(vars, "db")
+		}
+		if err := envDefaults(env, fs, vars); err != nil {
 			return nil, err
 		}
 		target := *dsn
@@ -77,6 +87,9 @@ func runOutboxList(ctx context.Context, env *cmdEnv, args []string) error {
 	fs.Var(&limit, "limit", "most `rows` to show")
 	asJSON := fs.Bool("json", false, "print a JSON array")
 	if err := parse(env, fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
 		return err
 	}
 	switch *state {
@@ -143,7 +156,8 @@ func runOutboxRequeue(ctx context.Context, env *cmdEnv, args []string) error {
 func runOutboxEmit(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "outbox emit", "--db DSN --type TYPE --payload JSON [flags]", `Inserts events into a transactional outbox, as a service would in its own transactions, for
 trials and tests: --count events, --batch per transaction, each with a new id unless --id is given.
-The table is created if missing. A running relay sends them at once (LISTEN/NOTIFY).`)
+The table is created if missing. A relay on PostgreSQL sends them at once (LISTEN/NOTIFY); on
+SQLite, within its poll interval.`)
 	dsn := fs.String("db", "", "the outbox's database: postgres://... or a SQLite file [DATABASE_URL]")
 	typ := fs.String("type", "", "event type, e.g. order.created")
 	payload := fs.String("payload", "", "event payload, JSON")
@@ -155,6 +169,9 @@ The table is created if missing. A running relay sends them at once (LISTEN/NOTI
 	batch := positiveInt(500)
 	fs.Var(&batch, "batch", "`events` per transaction")
 	if err := parse(env, fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
 		return err
 	}
 	if err := envDefaults(env, fs, map[string]string{"db": "DATABASE_URL"}); err != nil {
@@ -208,6 +225,9 @@ The table is created if missing. A running relay sends them at once (LISTEN/NOTI
 // openEmitter returns a function inserting events in one transaction of
 // the database at dsn, creating the outbox table if missing.
 func openEmitter(ctx context.Context, dsn string) (func(context.Context, []outbox.Event) error, func(), error) {
+	if err := checkDB(dsn); err != nil {
+		return nil, nil, err
+	}
 	if isPostgres(dsn) {
 		pool, err := pgxpool.New(ctx, dsn)
 		if err != nil {
@@ -250,11 +270,17 @@ unless --migrate=false.`)
 	if err := parse(env, fs, args); err != nil {
 		return err
 	}
+	if err := noArgs(fs); err != nil {
+		return err
+	}
 	if err := envDefaults(env, fs, map[string]string{"db": "DATABASE_URL"}); err != nil {
 		return err
 	}
-	if !isPostgres(*dsn) {
-		return usagef("outbox migrate: --db must be a postgres:// URL")
+	switch {
+	case *dsn == "":
+		return usagef("outbox migrate: --db is required (or DATABASE_URL)")
+	case !isPostgres(*dsn):
+		return usagef("outbox migrate: --db must be a postgres:// URL (a SQLite outbox is created by the program that writes it)")
 	}
 	pool, err := pgxpool.New(ctx, *dsn)
 	if err != nil {

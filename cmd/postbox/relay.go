@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -18,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
@@ -59,16 +61,23 @@ it with postbox outbox). Wakes on LISTEN/NOTIFY and polls as well.
 	window := positiveInt(8000)
 	fs.Var(&window, "max-in-flight", "most `events` published and not yet answered (set it to --batch to keep order)")
 	maxAttempts := positiveInt(defaultRelayMaxAttempts)
-	fs.Var(&maxAttempts, "max-attempts", "refusals after which a row is parked as rejected")
-	poll := fs.Duration("poll", outbox.DefaultPollInterval, "poll interval, besides LISTEN/NOTIFY")
-	claim := fs.Duration("claim", outboxpg.DefaultClaim, "how long a relay holds the rows it sends; a dead relay's rows are sent again after it")
-	retryMax := fs.Duration("retry-max", outbox.DefaultRetryMax, "cap of the backoff before resending a refused row")
+	fs.Var(&maxAttempts, "max-attempts", "`refusals` after which a row is parked as rejected")
+	poll := positiveDuration(outbox.DefaultPollInterval)
+	fs.Var(&poll, "poll", "poll `interval`, besides LISTEN/NOTIFY")
+	claim := positiveDuration(outboxpg.DefaultClaim)
+	fs.Var(&claim, "claim", "how long a relay holds the rows it sends; a dead relay's rows are sent again after it")
+	retryMax := positiveDuration(outbox.DefaultRetryMax)
+	fs.Var(&retryMax, "retry-max", "cap of the backoff before resending a refused row")
 	retention := fs.Duration("retention", outboxpg.DefaultRetention, "delete delivered rows older than this; negative: keep them")
-	ackTimeout := fs.Duration("ack-timeout", 10*time.Second, "how long to wait for a publish's replies (less than --claim)")
+	ackTimeout := positiveDuration(10 * time.Second)
+	fs.Var(&ackTimeout, "ack-timeout", "how long to wait for a publish's replies (less than --claim)")
 	progress := fs.Duration("progress", 10*time.Second, "how often to log progress while relaying; 0: never")
 	level := fs.String("log-level", "info", "debug, info, warn or error [LOG_LEVEL]")
 	format := fs.String("log-format", "pretty", "json or pretty [LOG_FORMAT]")
 	if err := parse(env, fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
 		return err
 	}
 	if err := envDefaults(env, fs, map[string]string{"db": "DATABASE_URL", "to": "POSTBOX_RELAY_TO",
@@ -78,21 +87,34 @@ it with postbox outbox). Wakes on LISTEN/NOTIFY and polls as well.
 	if *dsn == "" || *to == "" {
 		return usagef("relay: --db and --to are required")
 	}
-	if *claim <= *ackTimeout {
-		return usagef("relay: --claim (%s) must be longer than --ack-timeout (%s), or another relay may take rows still being sent", *claim, *ackTimeout)
+	if claim <= ackTimeout {
+		return usagef("relay: --claim (%s) must be longer than --ack-timeout (%s), or another relay may take rows still being sent", &claim, &ackTimeout)
+	}
+	if window < batch {
+		return usagef("relay: --max-in-flight (%d) must be at least --batch (%d)", window, batch)
 	}
 	log, err := newLogger(env.stderr, *level, *format)
 	if err != nil {
 		return err
 	}
+	redis.SetLogger(redisLogger{log})
+	// --listen before anything else, so that a port in use stops the relay
+	// before it claims rows.
+	var ln net.Listener
+	if *listen != "" {
+		if ln, err = net.Listen("tcp", *listen); err != nil {
+			return fmt.Errorf("relay: --listen %s: %w", *listen, err)
+		}
+		defer ln.Close()
+	}
 	// The target first: a mistake in --to is a usage error, found before
 	// the outbox database is touched (and its table created).
-	pub, closePub, err := relayTarget(ctx, *to, *token, *ackTimeout)
+	pub, closePub, err := relayTarget(ctx, *to, *token, time.Duration(ackTimeout))
 	if err != nil {
 		return err
 	}
 	defer closePub()
-	src, err := openOutboxDB(ctx, *dsn, *migrate, outboxpg.Config{Claim: *claim, Retention: *retention, Logger: log})
+	src, err := openOutboxDB(ctx, *dsn, *migrate, outboxpg.Config{Claim: time.Duration(claim), Retention: *retention, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -102,11 +124,12 @@ it with postbox outbox). Wakes on LISTEN/NOTIFY and polls as well.
 	}
 
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := relaymetrics.Register(reg, src.admin)
 	var delivered, failed atomic.Int64
 	relay, err := outbox.NewRelay(src.store, pub, outbox.RelayConfig{
-		BatchSize: int(batch), MaxInFlight: int(window), PollInterval: *poll, MaxAttempts: int(maxAttempts),
-		Retry:  outbox.Backoff{Base: outbox.DefaultRetryBase, Max: *retryMax},
+		BatchSize: int(batch), MaxInFlight: int(window), PollInterval: time.Duration(poll), MaxAttempts: int(maxAttempts),
+		Retry:  outbox.Backoff{Base: outbox.DefaultRetryBase, Max: time.Duration(retryMax)},
 		Logger: log,
 		Observe: func(st outbox.Stats) {
 			m.Observe(st)
@@ -122,11 +145,7 @@ it with postbox outbox). Wakes on LISTEN/NOTIFY and polls as well.
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return relay.Run(ctx) })
 	g.Go(func() error { return src.run(ctx) })
-	if *listen != "" {
-		ln, err := net.Listen("tcp", *listen)
-		if err != nil {
-			return fmt.Errorf("relay: --listen %s: %w", *listen, err)
-		}
+	if ln != nil {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
@@ -176,7 +195,8 @@ func reportProgress(ctx context.Context, log *slog.Logger, every time.Duration, 
 			pending, rejected, err := store.Counts(qctx)
 			oldest, ok, _ := store.OldestPending(qctx)
 			cancel()
-			attrs := []any{"delivered", d, "rate_per_s", int(float64(d-lastDelivered) / now.Sub(last).Seconds()), "failed_sends", f - lastFailed}
+			rate := float64(d-lastDelivered) / now.Sub(last).Seconds()
+			attrs := []any{"delivered", d, "rate_per_s", math.Round(rate*10) / 10, "failed_events", f - lastFailed}
 			if err == nil {
 				attrs = append(attrs, "backlog", pending, "rejected", rejected)
 			}
@@ -207,10 +227,22 @@ func isPostgres(dsn string) bool {
 	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
 }
 
+// checkDB refuses a --db that looks like a URL but is not PostgreSQL's,
+// rather than taking it for the path of a SQLite file.
+func checkDB(dsn string) error {
+	if strings.Contains(dsn, "://") && !isPostgres(dsn) {
+		return usagef("--db %s: a PostgreSQL outbox is a postgres:// or postgresql:// URL; anything else is the path of a SQLite file", redact(dsn))
+	}
+	return nil
+}
+
 // openOutboxDB opens the outbox at dsn. With migrate, a missing
 // PostgreSQL table is created; without, its absence is an error saying how
 // to create it.
 func openOutboxDB(ctx context.Context, dsn string, migrate bool, cfg outboxpg.Config) (*outboxDB, error) {
+	if err := checkDB(dsn); err != nil {
+		return nil, err
+	}
 	if !isPostgres(dsn) {
 		if _, err := os.Stat(dsn); err != nil {
 			return nil, fmt.Errorf("outbox %s: %w (PostgreSQL outboxes are postgres:// URLs)", dsn, err)
@@ -348,6 +380,14 @@ func redisTarget(ctx context.Context, u *url.URL, q url.Values, ackTimeout time.
 		return nil, nil, usagef("--to: %v", err)
 	}
 	return timeoutPublisher{pub, ackTimeout}, func() { rc.Close() }, nil
+}
+
+// redisLogger sends go-redis's own messages (a failed dial, a pool
+// problem) to the relay's log, in its format.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.Warn("redis: " + strings.TrimSpace(fmt.Sprintf(format, v...)))
 }
 
 // timeoutPublisher bounds each Publish, for a publisher without an ack

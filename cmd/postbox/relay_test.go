@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -40,6 +41,12 @@ import (
 // a minute (a relay that was expected to refuse to start) is killed.
 func runScrubbed(t *testing.T, args ...string) (string, int) {
 	t.Helper()
+	return runWithEnv(t, nil, args...)
+}
+
+// runWithEnv is runScrubbed with the variables env (NAME=value) set.
+func runWithEnv(t *testing.T, env []string, args ...string) (string, int) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, args...)
@@ -51,6 +58,7 @@ func runScrubbed(t *testing.T, args ...string) (string, int) {
 		}
 		cmd.Env = append(cmd.Env, kv)
 	}
+	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
 	switch {
@@ -691,6 +699,11 @@ func TestRelayBadInvocations(t *testing.T) {
 	redisBase, _, _ := strings.Cut(redisTo, "?")
 	dir := t.TempDir()
 	missing := filepath.Join(dir, "missing.db")
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
 	// The cases run in order on one new schema: the usage errors must leave
 	// it as they found it, without an outbox table, which the last two
 	// cases check.
@@ -710,6 +723,12 @@ func TestRelayBadInvocations(t *testing.T) {
 		{[]string{"relay", "--db", dsn, "--to", "nats://127.0.0.1:4222"}, 2, "name the JetStream stream"},
 		{[]string{"relay", "--db", dsn, "--to", redisTo, "--claim", "1s", "--ack-timeout", "2s"}, 2, "--claim (1s) must be longer than --ack-timeout (2s)"},
 		{[]string{"relay", "--db", dsn, "--to", redisTo, "--batch", "0"}, 2, "batch"},
+		{[]string{"relay", "--db", dsn, "--to", redisTo, "--batch", "2000", "--max-in-flight", "10"}, 2, "--max-in-flight (10) must be at least --batch (2000)"},
+		{[]string{"relay", "--db", dsn, "--to", redisTo, "--poll", "0"}, 2, "not a positive duration"},
+		{[]string{"relay", "--db", dsn, "--to", redisTo, "--ack-timeout", "-1s"}, 2, "not a positive duration"},
+		{[]string{"relay", "--db", dsn, "--to", redisTo, "stray"}, 2, "takes no arguments"},
+		{[]string{"relay", "--db", dsn, "--to", redisTo, "--listen", busy.Addr().String()}, 1, "--listen " + busy.Addr().String()},
+		{[]string{"relay", "--db", "Postgres://postgres@127.0.0.1/test", "--to", redisTo}, 2, "postgres:// or postgresql:// URL"},
 		{[]string{"relay", "--db", missing, "--to", redisTo}, 1, "no such file"},
 		{[]string{"relay", "--db", dsn, "--to", redisTo, "--migrate=false", "--listen", ""}, 1, "no outbox table"},
 		{[]string{"outbox", "emit", "--db", dsn, "--type", "t", "--payload", `{"a":`}, 2, "payload is not valid JSON"},
@@ -717,7 +736,11 @@ func TestRelayBadInvocations(t *testing.T) {
 		{[]string{"outbox", "emit", "--type", "t", "--payload", `{}`}, 2, "--db, --type and --payload are required"},
 		{[]string{"outbox", "emit", "--db", dsn, "--type", "t", "--payload", `{}`, "--id", "evt_1", "--count", "2"}, 2, "--id names one event; it cannot go with --count 2"},
 		{[]string{"outbox", "emit", "--db", dsn, "--type", "t", "--payload", `{}`, "--count", "0"}, 2, "count"},
+		{[]string{"outbox", "emit", "--db", dsn, "--type", "t", "--payload", `{}`, "1000"}, 2, "takes no arguments"},
+		{[]string{"outbox", "emit", "--db", "sqlite://" + dir + "/a.db", "--type", "t", "--payload", `{}`}, 2, "postgres:// or postgresql:// URL"},
 		{[]string{"outbox", "migrate", "--db", filepath.Join(dir, "x.db")}, 2, "--db must be a postgres:// URL"},
+		{[]string{"outbox", "migrate"}, 2, "--db is required"},
+		{[]string{"outbox", "list", "--db", dsn, "--outbox", missing}, 2, "--outbox and --db name two outboxes"},
 		{[]string{"outbox", "list", "--db", dsn}, 1, "no outbox table"},
 	} {
 		out, code := runScrubbed(t, tc.args...)
@@ -756,6 +779,10 @@ func TestRelayBadInvocations(t *testing.T) {
 	out = emit(t, "--db", lite, "--type", "order.created", "--payload", `{"order":9}`, "--id", "evt_lite_1")
 	if !strings.Contains(out, "inserted evt_lite_1") {
 		t.Errorf("outbox emit (SQLite): %s", out)
+	}
+	// --outbox on the command line wins over DATABASE_URL.
+	if out, code := runWithEnv(t, []string{"DATABASE_URL=" + dsn}, "outbox", "list", "--outbox", lite, "--state", "all"); code != 0 || !strings.Contains(out, "evt_lite_1") {
+		t.Errorf("outbox list --outbox FILE with DATABASE_URL set: exit %d, %s; want the file's rows", code, out)
 	}
 	if out, code := runScrubbed(t, "outbox", "list", "--db", lite, "--state", "delivered"); code != 2 || !strings.Contains(out, "deletes rows when they are delivered") {
 		t.Errorf("outbox list --state delivered (SQLite): exit %d, %s; want 2", code, out)

@@ -73,8 +73,8 @@ before /ready answers 200. Flags win over the environment variables named in bra
 	if err := parse(env, fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usagef("serve takes no arguments, got %q", fs.Args())
+	if err := noArgs(fs); err != nil {
+		return err
 	}
 	if err := envDefaults(env, fs, map[string]string{
 		"addr": "POSTBOX_ADDR", "port": "PORT", "db": "DB_PATH",

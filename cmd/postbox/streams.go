@@ -86,8 +86,8 @@ its next offset it has not yet looked at).`)
 	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usagef("consumers: takes no arguments, got %q", fs.Args())
+	if err := noArgs(fs); err != nil {
+		return err
 	}
 	var out struct {
 		Consumers []json.RawMessage `json:"consumers"`

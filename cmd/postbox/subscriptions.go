@@ -252,8 +252,8 @@ func runSubscriptionsList(ctx context.Context, env *cmdEnv, args []string) error
 	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usagef("subscriptions list: takes no arguments, got %q", fs.Args())
+	if err := noArgs(fs); err != nil {
+		return err
 	}
 	var out struct {
 		Subscriptions []json.RawMessage `json:"subscriptions"`

@@ -14,6 +14,10 @@
 // Run it against the services of a development machine:
 //
 //	go run ./examples/outbox-service -db 'postgres://postgres@127.0.0.1:5432/test' -redis redis://127.0.0.1:6379/0
+//
+// It keeps its tables in a schema of its own (-schema, outbox_example) and
+// starts from an empty stream (-stream, outbox-example-orders), which it
+// deletes first: point it at nothing you want to keep.
 package main
 
 import (
@@ -39,9 +43,9 @@ import (
 )
 
 type config struct {
-	DB, Redis, Stream string
-	Orders, Resend    int
-	Out               io.Writer
+	DB, Schema, Redis, Stream string
+	Orders, Resend            int
+	Out                       io.Writer
 }
 
 // summary is what a run did.
@@ -53,7 +57,8 @@ func main() {
 	cfg := config{Out: os.Stdout}
 	flag.StringVar(&cfg.DB, "db", envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"), "PostgreSQL URL [DATABASE_URL]")
 	flag.StringVar(&cfg.Redis, "redis", envOr("REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis URL [REDIS_URL]")
-	flag.StringVar(&cfg.Stream, "stream", "orders", "Redis stream")
+	flag.StringVar(&cfg.Schema, "schema", "outbox_example", "PostgreSQL schema for the example's tables, created if missing; empty: the URL's search_path")
+	flag.StringVar(&cfg.Stream, "stream", "outbox-example-orders", "Redis stream, deleted first")
 	flag.IntVar(&cfg.Orders, "orders", 100, "orders to place")
 	flag.IntVar(&cfg.Resend, "resend", 10, "events to publish a second time, as a relay does after a crash")
 	flag.Parse()
@@ -72,10 +77,32 @@ func envOr(name, def string) string {
 	return def
 }
 
+// openPool connects to db with schema (created if missing) first in the
+// search_path; with schema empty, as db says.
+func openPool(ctx context.Context, db, schema string) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(db)
+	if err != nil {
+		return nil, err
+	}
+	if schema != "" {
+		conn, err := pgx.ConnectConfig(ctx, pcfg.ConnConfig.Copy())
+		if err != nil {
+			return nil, err
+		}
+		_, err = conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize())
+		conn.Close(ctx)
+		if err != nil {
+			return nil, err
+		}
+		pcfg.ConnConfig.RuntimeParams["search_path"] = schema
+	}
+	return pgxpool.NewWithConfig(ctx, pcfg)
+}
+
 func run(ctx context.Context, cfg config) (summary, error) {
 	var sum summary
 	log := slog.New(slog.NewTextHandler(cfg.Out, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	pool, err := pgxpool.New(ctx, cfg.DB)
+	pool, err := openPool(ctx, cfg.DB, cfg.Schema)
 	if err != nil {
 		return sum, err
 	}
