@@ -148,7 +148,8 @@ func TestOutboxListAndRequeue(t *testing.T) {
 	if out, code := run(t, "outbox", "list", "--outbox", path); code != 0 || !strings.Contains(out, "too_large") {
 		t.Fatalf("outbox list (table): exit %d, %s", code, out)
 	}
-	if out, code := run(t, "outbox", "requeue", env.EventID, "--outbox", path); code != 0 || !strings.Contains(out, "1 rejected events requeued") {
+	if out, code := run(t, "outbox", "requeue", env.EventID, "evt_nope", "--outbox", path); code != 0 || !strings.Contains(out, "1 rejected events requeued") ||
+		!strings.Contains(out, "1 of the 2 ids named are not rejected rows") {
 		t.Fatalf("outbox requeue: exit %d, %s", code, out)
 	}
 	out, _ = run(t, "outbox", "list", "--outbox", path, "--state", "pending", "--json")

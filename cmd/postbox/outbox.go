@@ -147,8 +147,11 @@ func runOutboxRequeue(ctx context.Context, env *cmdEnv, args []string) error {
 		return err
 	}
 	fmt.Fprintf(env.stdout, "%d rejected events requeued\n", n)
-	if n == 0 && fs.NArg() > 0 {
+	switch {
+	case n == 0 && fs.NArg() > 0:
 		return fmt.Errorf("outbox requeue: none of %v is a rejected row", fs.Args())
+	case n < int64(fs.NArg()):
+		fmt.Fprintf(env.stderr, "outbox requeue: %d of the %d ids named are not rejected rows (unknown, pending or delivered)\n", int64(fs.NArg())-n, fs.NArg())
 	}
 	return nil
 }

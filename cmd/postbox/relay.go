@@ -316,6 +316,11 @@ func relayTarget(ctx context.Context, to, token string, ackTimeout time.Duration
 		if stream == "" {
 			return nil, nil, usagef("--to %s: name the JetStream stream: nats://HOST:4222?stream=NAME", redact(to))
 		}
+		for k := range q {
+			if k != "stream" && k != "subject" && k != "create" {
+				return nil, nil, usagef("--to %s: unknown option %q (stream, subject, create)", redact(to), k)
+			}
+		}
 		create := q.Get("create") != "false"
 		u.RawQuery = ""
 		nc, err := nats.Connect(u.String(), nats.Name("postbox relay"), nats.MaxReconnects(-1))
