@@ -21,7 +21,7 @@ const (
 	DefaultBlock         = time.Second
 	DefaultMinIdle       = 30 * time.Second
 	DefaultMaxDeliveries = 10
-	DefaultStart         = "$"
+	DefaultStart         = "0"
 	// DeadStreamSuffix names a stream's dead-letter stream: "orders" →
 	// "orders:dead".
 	DeadStreamSuffix = ":dead"
@@ -29,8 +29,45 @@ const (
 
 // Handler handles one event. Returning nil acknowledges the entry;
 // returning an error leaves it pending, to be delivered again after
-// MinIdle (and dead-lettered after MaxDeliveries). A panic is an error.
+// MinIdle (and dead-lettered after MaxDeliveries, unless the error is
+// Transient). A panic is an error.
+//
+// After a handler error a Consumer pauses reading and claiming, for longer
+// after each error in a row (a jittered 100ms, doubling up to 30s), until
+// a handler call succeeds: an outage of what the handler writes to (its
+// database) slows the consumer down instead of spending the deliveries of
+// every pending entry each MinIdle. It still spends them, only more
+// slowly (an entry is not claimed again before MinIdle, and each pause
+// lets one claimed entry fail), unless the handler marks the outage's
+// errors Transient.
 type Handler func(ctx context.Context, m Message) error
+
+// Transient marks a handler error as not the entry's fault (the handler's
+// database is down, a timeout): the entry is delivered again after MinIdle
+// as after any error, and the consumer pauses as after any error, but the
+// delivery does not count towards MaxDeliveries (its counter is set back
+// with XCLAIM RETRYCOUNT), so an outage, however long, dead-letters
+// nothing. An entry whose handler fails with a transient error every time
+// is retried for ever: mark only the errors that end when an outage does.
+// Transient(nil) is nil.
+func Transient(err error) error {
+	if err == nil {
+		return nil
+	}
+	return transientError{err}
+}
+
+type transientError struct{ err error }
+
+func (e transientError) Error() string { return e.err.Error() }
+func (e transientError) Unwrap() error { return e.err }
+
+// isTransient reports whether err, or an error it wraps, was marked
+// Transient.
+func isTransient(err error) bool {
+	var t transientError
+	return errors.As(err, &t)
+}
 
 // ConsumerConfig configures a Consumer. Zero fields take their defaults.
 type ConsumerConfig struct {
@@ -46,8 +83,11 @@ type ConsumerConfig struct {
 	Consumer string
 	// Handler handles each event. Required.
 	Handler Handler
-	// Batch bounds the entries of one read or claim (COUNT). Defaults to
-	// 100.
+	// Batch bounds the new entries of one read (COUNT). Entries already
+	// delivered once (this consumer's own pending entries after a restart,
+	// and those it claims) are read one at a time instead, so that an entry
+	// that crashes the process every time is the only one charged a
+	// delivery for each crash, and is dead-lettered alone. Defaults to 100.
 	Batch int
 	// Block is how long one read waits for new entries. Run notices the end
 	// of its context between reads, so it returns up to Block after it
@@ -69,16 +109,20 @@ type ConsumerConfig struct {
 	// MaxDeliveries dead-letters an entry: one the handler refused on its
 	// MaxDeliveries-th delivery, or one delivered more often than that
 	// (its consumers died while handling it), is moved to DeadStream with
-	// the reason and acknowledged. Defaults to 10.
+	// the reason and acknowledged. Deliveries that ended in a Transient
+	// error do not count. Defaults to 10.
 	MaxDeliveries int
 	// DeadStream is where dead letters go. Defaults to Stream +
 	// DeadStreamSuffix. In a Redis Cluster the two keys may live on other
 	// nodes; a hash tag ("{orders}" and "{orders}:dead") keeps them
 	// together, but nothing here needs that.
 	DeadStream string
-	// Start is where a group created by Run begins: "$" (the entries
-	// appended from now on) or "0" (every entry the stream holds). It
-	// does not move an existing group. Defaults to "$".
+	// Start is where a group created by Run begins: "0" (every entry the
+	// stream holds, so that the events a relay appended before the group's
+	// first consumer started are handled too) or "$" (only the entries
+	// appended from now on). It does not move an existing group, and a
+	// group lost with its stream (NOGROUP) is created again at "0" whatever
+	// Start says. Defaults to "0".
 	Start string
 	// Logger defaults to discarding.
 	Logger *slog.Logger
@@ -89,6 +133,7 @@ type Consumer struct {
 	client redis.UniversalClient
 	cfg    ConsumerConfig
 	log    *slog.Logger
+	wait   func(ctx context.Context, d time.Duration) // Run's pauses: sleep, but for tests
 }
 
 // NewConsumer returns a Consumer of cfg.Stream through client.
@@ -142,87 +187,121 @@ func NewConsumer(client redis.UniversalClient, cfg ConsumerConfig) (*Consumer, e
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Consumer{client: client, cfg: cfg, log: cfg.Logger.With("stream", cfg.Stream, "group", cfg.Group, "consumer", cfg.Consumer)}, nil
+	log := cfg.Logger.With("stream", cfg.Stream, "group", cfg.Group, "consumer", cfg.Consumer)
+	return &Consumer{client: client, cfg: cfg, log: log, wait: sleep}, nil
 }
 
 // Name returns the consumer's name in its group.
 func (c *Consumer) Name() string { return c.cfg.Consumer }
 
-// retry paces Run after a Redis error.
+// retry paces Run after a Redis error, and after handler errors in a row.
 var retry = outbox.Backoff{Base: 100 * time.Millisecond, Max: 30 * time.Second}
 
 // Run creates the group if it is missing, then handles entries until ctx
 // ends: first those pending under this consumer's name (left by an earlier
-// run), then new ones, and every ClaimInterval those pending for MinIdle
-// under any name (handler errors, dead consumers). Redis errors are logged
-// and retried with backoff. Run returns nil when ctx ends, and an error
-// only when the group cannot be created for a reason other than a
-// transport failure (the key holds something else, an ACL refuses it).
+// run), one at a time, then new ones, a batch at a time, and every
+// ClaimInterval, one at a time, those pending for MinIdle under any name
+// (handler errors, dead consumers).
+//
+// Redis errors are logged and retried with backoff, and so are handler
+// errors: after one, Run pauses reading and claiming, for longer after
+// each error in a row, until a handler call succeeds (see Handler). A
+// group that disappears (NOGROUP: its stream was deleted or evicted, then
+// created again by a relay's XADD) is logged as an error and created again
+// at "0", so that the entries appended meanwhile are handled.
+//
+// Run returns nil when ctx ends, and an error only when the group cannot
+// be created for a reason other than a transport failure or a server that
+// takes no writes for now (the key holds something else, an ACL refuses
+// it).
 func (c *Consumer) Run(ctx context.Context) error {
-	pending := "0" // reading this consumer's own pending entries; "" when done
+	start := c.cfg.Start // where the group is created
+	pending := "0"       // reading this consumer's own pending entries; "" when done
+	claiming := ""       // the XAUTOCLAIM cursor of a claim pass; "" between passes
 	var lastClaim time.Time
 	created := false
-	failures := 0
+	failures := 0 // Redis errors in a row
+	failing := 0  // handler errors in a row
 	for ctx.Err() == nil {
 		var err error
+		wasFailing := failing
 		switch {
 		case !created:
-			err = c.createGroup(ctx)
+			err = c.createGroup(ctx, start)
 			if err == nil {
 				created = true
 			} else if refused(err) {
 				return err
 			}
 		case pending != "":
-			pending, err = c.readPending(ctx, pending)
-		case time.Since(lastClaim) >= c.cfg.ClaimInterval:
-			err = c.claim(ctx)
-			if err == nil {
+			pending, err = c.readPending(ctx, pending, &failing)
+		case claiming != "" || time.Since(lastClaim) >= c.cfg.ClaimInterval:
+			if claiming == "" {
+				claiming = "0-0"
+			}
+			claiming, err = c.claim(ctx, claiming, &failing)
+			if err == nil && claiming == "" {
 				lastClaim = time.Now()
 			}
 		default:
 			block := min(c.cfg.Block, max(c.cfg.ClaimInterval-time.Since(lastClaim), time.Millisecond))
-			err = c.readNew(ctx, block)
+			err = c.readNew(ctx, block, &failing)
+		}
+		var pause time.Duration
+		switch {
+		case failing > wasFailing:
+			pause = retry.Delay(failing - 1)
+			c.log.Warn("outboxredis: handler failed; pausing reads and claims", "failures", failing, "pause", pause.Round(time.Millisecond))
+		case failing == 0 && wasFailing > 0:
+			c.log.Info("outboxredis: handler succeeded again; resuming", "failures", wasFailing)
 		}
 		if err == nil {
 			failures = 0
-			continue
+		} else if ctx.Err() == nil {
+			if redis.HasErrorPrefix(err, "NOGROUP") {
+				c.log.Error("outboxredis: the consumer group is gone (its stream was deleted or evicted, or the group destroyed); creating it again at the start of the stream", "err", err)
+				created, start, pending, claiming = false, "0", "0", ""
+			}
+			delay := retry.Delay(failures)
+			failures++
+			c.log.Warn("outboxredis: consumer failed; retrying", "err", err, "pause", delay.Round(time.Millisecond), "failures", failures)
+			pause = max(pause, delay)
 		}
-		if ctx.Err() != nil {
-			break
+		if pause > 0 {
+			c.wait(ctx, pause)
 		}
-		if redis.HasErrorPrefix(err, "NOGROUP") { // the stream or group was deleted
-			created = false
-		}
-		delay := retry.Delay(failures)
-		failures++
-		c.log.Warn("outboxredis: consumer failed; retrying", "err", err, "pause", delay.Round(time.Millisecond), "failures", failures)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
 	}
 	return nil
 }
 
-func (c *Consumer) createGroup(ctx context.Context) error {
-	err := c.client.XGroupCreateMkStream(ctx, c.cfg.Stream, c.cfg.Group, c.cfg.Start).Err()
+// sleep waits for d, or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+func (c *Consumer) createGroup(ctx context.Context, start string) error {
+	err := c.client.XGroupCreateMkStream(ctx, c.cfg.Stream, c.cfg.Group, start).Err()
 	if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
 		return fmt.Errorf("create group %s of %s: %w", c.cfg.Group, c.cfg.Stream, err)
 	}
 	return nil
 }
 
-// readPending handles a batch of this consumer's own pending entries after
-// cursor and returns the cursor for the next batch, "" after the last.
-func (c *Consumer) readPending(ctx context.Context, cursor string) (string, error) {
+// readPending handles the next of this consumer's own pending entries
+// after cursor and returns the cursor for the next one, "" after the last.
+// One at a time: the read counts a delivery of each entry it returns, and
+// after a crash only the entry that crashed must be charged again.
+func (c *Consumer) readPending(ctx context.Context, cursor string, failing *int) (string, error) {
 	readAt := time.Now()
 	res, err := c.client.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group: c.cfg.Group, Consumer: c.cfg.Consumer,
 		Streams: []string{c.cfg.Stream, cursor},
-		Count:   int64(c.cfg.Batch), Block: -1,
+		Count:   1, Block: -1,
 	}).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return cursor, fmt.Errorf("read own pending entries: %w", err)
@@ -238,16 +317,18 @@ func (c *Consumer) readPending(ctx context.Context, cursor string) (string, erro
 	if err != nil {
 		return cursor, err
 	}
-	c.log.Info("outboxredis: handling entries left pending by an earlier run", "entries", len(entries))
-	if err := c.handle(ctx, entries, deliveries, readAt); err != nil {
-		return cursor, err // read the rest again
+	if cursor == "0" {
+		c.log.Info("outboxredis: handling the entries left pending by an earlier run, one at a time")
+	}
+	if err := c.handle(ctx, entries, deliveries, readAt, failing); err != nil {
+		return cursor, err // read it again
 	}
 	return entries[len(entries)-1].ID, nil
 }
 
 // readNew handles the entries no consumer of the group has seen yet,
 // waiting up to block for some.
-func (c *Consumer) readNew(ctx context.Context, block time.Duration) error {
+func (c *Consumer) readNew(ctx context.Context, block time.Duration, failing *int) error {
 	res, err := c.client.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group: c.cfg.Group, Consumer: c.cfg.Consumer,
 		Streams: []string{c.cfg.Stream, ">"},
@@ -265,42 +346,41 @@ func (c *Consumer) readNew(ctx context.Context, block time.Duration) error {
 	if len(res) == 0 {
 		return nil
 	}
-	return c.handle(ctx, res[0].Messages, nil, readAt) // first deliveries
+	return c.handle(ctx, res[0].Messages, nil, readAt, failing) // first deliveries
 }
 
-// claim takes over and handles the entries pending for MinIdle under any
-// consumer name, this one's included.
-func (c *Consumer) claim(ctx context.Context) error {
-	start := "0-0"
-	for ctx.Err() == nil {
-		readAt := time.Now()
-		entries, next, deleted, err := c.client.XAutoClaimWithDeleted(ctx, &redis.XAutoClaimArgs{
-			Stream: c.cfg.Stream, Group: c.cfg.Group, Consumer: c.cfg.Consumer,
-			MinIdle: c.cfg.MinIdle, Start: start, Count: int64(c.cfg.Batch),
-		}).Result()
-		if err != nil {
-			return fmt.Errorf("claim idle entries: %w", err)
-		}
-		if len(deleted) > 0 {
-			// Redis dropped them from the pending list: trimmed (MaxLen)
-			// or deleted before anyone handled them.
-			c.log.Error("outboxredis: pending entries were deleted from the stream before they were handled; they are lost to this group", "entries", deleted)
-		}
-		if len(entries) > 0 {
-			deliveries, err := c.deliveries(ctx, entries)
-			if err != nil {
-				return err
-			}
-			if err := c.handle(ctx, entries, deliveries, readAt); err != nil {
-				return err
-			}
-		}
-		if next == "0-0" || next == "" {
-			return nil
-		}
-		start = next
+// claim takes over and handles the next entry pending for MinIdle under
+// any consumer name, this one's included, scanning the group's pending
+// entries from cursor, and returns the cursor to go on from, "" at the end
+// of the pending list. One at a time, as in readPending: XAUTOCLAIM counts
+// a delivery of each entry it claims.
+func (c *Consumer) claim(ctx context.Context, cursor string, failing *int) (string, error) {
+	readAt := time.Now()
+	entries, next, deleted, err := c.client.XAutoClaimWithDeleted(ctx, &redis.XAutoClaimArgs{
+		Stream: c.cfg.Stream, Group: c.cfg.Group, Consumer: c.cfg.Consumer,
+		MinIdle: c.cfg.MinIdle, Start: cursor, Count: 1,
+	}).Result()
+	if err != nil {
+		return cursor, fmt.Errorf("claim idle entries: %w", err)
 	}
-	return nil
+	if len(deleted) > 0 {
+		// Redis dropped them from the pending list: trimmed (MaxLen)
+		// or deleted before anyone handled them.
+		c.log.Error("outboxredis: pending entries were deleted from the stream before they were handled; they are lost to this group", "entries", deleted)
+	}
+	if len(entries) > 0 {
+		deliveries, err := c.deliveries(ctx, entries)
+		if err != nil {
+			return cursor, err
+		}
+		if err := c.handle(ctx, entries, deliveries, readAt, failing); err != nil {
+			return cursor, err
+		}
+	}
+	if next == "0-0" || next == "" {
+		return "", nil
+	}
+	return next, nil
 }
 
 // deliveries reads the delivery counters of pending entries (XPENDING,
@@ -325,14 +405,15 @@ func (c *Consumer) deliveries(ctx context.Context, entries []redis.XMessage) (ma
 
 // handle calls the handler for each entry, then acknowledges the entries
 // handled (one XACK). deliveries nil means first deliveries. The end of
-// ctx stops it between entries; the rest stay pending.
+// ctx stops it between entries; the rest stay pending. failing counts the
+// handler errors in a row: each error adds one, a success resets it.
 //
 // The entries were delivered at readAt (or later), and another consumer
 // may claim them once they are MinIdle old: after MinIdle/2 renew
 // acknowledges the entries handled so far and claims the rest again, and
 // if one handler call overran so that MinIdle passed, the rest of the
 // batch is left alone, as another consumer may be handling it.
-func (c *Consumer) handle(ctx context.Context, entries []redis.XMessage, deliveries map[string]int, readAt time.Time) error {
+func (c *Consumer) handle(ctx context.Context, entries []redis.XMessage, deliveries map[string]int, readAt time.Time, failing *int) error {
 	// Acknowledging and dead-lettering finish work already done, so they
 	// outlive ctx.
 	wctx := context.WithoutCancel(ctx)
@@ -388,8 +469,18 @@ func (c *Consumer) handle(ctx context.Context, entries []redis.XMessage, deliver
 		switch {
 		case err == nil:
 			acks = append(acks, e.ID)
+			*failing = 0
+			continue
 		case ctx.Err() != nil:
 			return nil // stopped, not failed: the entry stays pending
+		}
+		*failing++
+		switch {
+		case isTransient(err) && n > 0:
+			c.log.Warn("outboxredis: handler failed with a transient error; the entry stays pending and is delivered again after MinIdle, and the delivery does not count", "entry_id", e.ID, "event_id", m.EventID, "deliveries", n, "err", err)
+			if err := c.uncount(wctx, e.ID, n-1); err != nil {
+				return err
+			}
 		case n >= c.cfg.MaxDeliveries:
 			reason := fmt.Sprintf("handler failed on delivery %d of %d: %v", n, c.cfg.MaxDeliveries, err)
 			if err := c.deadLetter(wctx, e, n, reason); err != nil {
@@ -417,6 +508,17 @@ func (c *Consumer) renew(ctx context.Context, acks []string, rest []redis.XMessa
 	pipe.XClaimJustID(ctx, &redis.XClaimArgs{Stream: c.cfg.Stream, Group: c.cfg.Group, Consumer: c.cfg.Consumer, Messages: ids})
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("renew the claim on %d entries: %w", len(ids), err)
+	}
+	return nil
+}
+
+// uncount sets the delivery counter of a pending entry this consumer holds
+// back to deliveries (XCLAIM RETRYCOUNT JUSTID: the claim itself counts no
+// delivery, and the entry's idle time starts again).
+func (c *Consumer) uncount(ctx context.Context, id string, deliveries int) error {
+	err := c.client.Do(ctx, "xclaim", c.cfg.Stream, c.cfg.Group, c.cfg.Consumer, 0, id, "retrycount", deliveries, "justid").Err()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("set back the delivery counter of %s: %w", id, err)
 	}
 	return nil
 }

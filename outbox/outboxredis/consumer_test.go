@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,9 +18,6 @@ import (
 
 func newConsumer(t testing.TB, c redis.UniversalClient, cfg outboxredis.ConsumerConfig) *outboxredis.Consumer {
 	t.Helper()
-	if cfg.Start == "" {
-		cfg.Start = "0"
-	}
 	if cfg.Block == 0 {
 		cfg.Block = 50 * time.Millisecond
 	}
@@ -420,5 +419,209 @@ func TestConsumerRenewsItsClaimOnASlowBatch(t *testing.T) {
 		if len(by) != 1 || by[0] != "slow" {
 			t.Errorf("%s handled by %v, want by slow once", id, by)
 		}
+	}
+}
+
+// A group created by a consumer started after the relay begins with the
+// entries the relay appended before: Start defaults to "0".
+func TestConsumerDefaultStartHandlesEntriesAppendedBefore(t *testing.T) {
+	c := newClient(t)
+	stream := newStream(t, c)
+	msgs := messages("early", 3)
+	publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), msgs)
+	var rec recorder
+	con, err := outboxredis.NewConsumer(c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Block: 50 * time.Millisecond, Handler: rec.handle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runConsumer(t, con)
+	waitFor(t, 10*time.Second, "the events appended before the group was created", func() bool { return rec.distinct() == len(msgs) })
+}
+
+// A stream deleted (or evicted) and created again by a relay's XADD has
+// lost its groups: the consumer logs an error, creates its group again at
+// the start of the stream whatever Start says, and handles every entry
+// appended meanwhile.
+func TestConsumerCreatesALostGroupAgainAtTheStart(t *testing.T) {
+	c := newClient(t)
+	stream := newStream(t, c)
+	ctx := context.Background()
+	var rec recorder
+	var logs logRecorder
+	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Start: "$", Handler: rec.handle, Logger: slog.New(&logs)}))
+	waitFor(t, 5*time.Second, "the group created", func() bool {
+		g, _ := c.XInfoGroups(ctx, stream).Result()
+		return len(g) == 1
+	})
+	pub := newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream})
+	publish(t, pub, messages("before", 2))
+	waitFor(t, 10*time.Second, "the first events handled", func() bool { return rec.distinct() == 2 })
+
+	// The key goes, and comes back with new entries, before the consumer
+	// reads again.
+	after := messages("after", 3)
+	if _, err := c.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.Del(ctx, stream)
+		for _, m := range after {
+			pipe.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{outboxredis.FieldEventID, m.EventID, outboxredis.FieldType, m.Type, outboxredis.FieldPayload, m.Body}})
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the events appended while the group was gone", func() bool { return rec.distinct() == 2+len(after) })
+	waitFor(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+	if len(logs.find(slog.LevelError, "consumer group is gone")) == 0 {
+		t.Error("the lost group was not logged as an error")
+	}
+	publish(t, pub, messages("later", 1)) // and it goes on
+	waitFor(t, 10*time.Second, "a later event handled", func() bool { return rec.distinct() == 3+len(after) })
+}
+
+// A poison entry that crashes its consumer every time it is handled is
+// dead-lettered alone after MaxDeliveries crashes: the entries of its
+// batch, handled before it or not reached, are not charged for its crashes.
+// Whether the consumer comes back under the same name (its own pending
+// list) or another (a claim).
+func TestConsumerCrashLoopChargesOnlyTheEntryThatCausesIt(t *testing.T) {
+	for _, sameName := range []bool{true, false} {
+		t.Run(fmt.Sprintf("sameName=%v", sameName), func(t *testing.T) {
+			c := newClient(t)
+			stream := newStream(t, c)
+			dead := stream + outboxredis.DeadStreamSuffix
+			msgs := messages("evt", 6)
+			publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), msgs)
+			poison := msgs[2].EventID
+			const maxDeliveries = 3
+
+			var rec recorder
+			for run := 0; ; run++ {
+				if run > 2*maxDeliveries {
+					t.Fatalf("still crashing after %d runs", run)
+				}
+				// The consumer's own connection: closed when its process
+				// "crashes", so that nothing it had not sent reaches Redis.
+				client := newClient(t)
+				crashed := make(chan struct{})
+				cfg := outboxredis.ConsumerConfig{
+					Stream: stream, Group: "g", Consumer: "crashy", Batch: 100, MinIdle: time.Hour, MaxDeliveries: maxDeliveries,
+					Handler: func(ctx context.Context, m outboxredis.Message) error {
+						rec.handle(ctx, m)
+						if m.EventID == poison {
+							client.Close()
+							close(crashed)
+							<-ctx.Done()
+							return ctx.Err()
+						}
+						return nil
+					},
+				}
+				if !sameName {
+					cfg.Consumer, cfg.MinIdle = fmt.Sprintf("crashy-%d", run), 20*time.Millisecond
+				}
+				stop := runConsumer(t, newConsumer(t, client, cfg))
+				done := false
+				waitFor(t, 10*time.Second, "a crash, or every entry settled", func() bool {
+					select {
+					case <-crashed:
+						return true
+					default:
+					}
+					n, _ := c.XLen(context.Background(), dead).Result()
+					done = n > 0 && pendingCount(t, c, stream, "g") == 0
+					return done
+				})
+				stop()
+				if done {
+					break
+				}
+			}
+
+			entries, err := c.XRange(context.Background(), dead, "-", "+").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(entries) != 1 || entries[0].Values[outboxredis.FieldEventID] != poison {
+				var ids []any
+				for _, e := range entries {
+					ids = append(ids, e.Values[outboxredis.FieldEventID])
+				}
+				t.Fatalf("dead letters %v, want only the poison entry %s", ids, poison)
+			}
+			if n := rec.calls(poison); n != maxDeliveries {
+				t.Errorf("the poison entry was handled %d times, want MaxDeliveries (%d)", n, maxDeliveries)
+			}
+			for _, m := range msgs {
+				if n := rec.calls(m.EventID); m.EventID != poison && (n < 1 || n > 2) {
+					t.Errorf("%s handled %d times, want once, or twice if its batch crashed before its XACK", m.EventID, n)
+				}
+			}
+		})
+	}
+}
+
+// An outage of the handler's database makes every call fail: the
+// consumer backs off instead of spending every entry's deliveries each
+// MinIdle, and handles everything once the database is back. (Time-based:
+// the outage lasts 300ms, 30 MinIdle.)
+func TestConsumerBacksOffWhileTheHandlerFails(t *testing.T) {
+	c := newClient(t)
+	stream := newStream(t, c)
+	msgs := messages("evt", 4)
+	publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), msgs)
+
+	var down atomic.Bool
+	down.Store(true)
+	time.AfterFunc(300*time.Millisecond, func() { down.Store(false) })
+	rec := recorder{fail: func(outboxredis.Message, int) error {
+		if down.Load() {
+			return errors.New("dial tcp 127.0.0.1:5432: connection refused")
+		}
+		return nil
+	}}
+	var logs logRecorder
+	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: 10 * time.Millisecond, MaxDeliveries: 4, Handler: rec.handle, Logger: slog.New(&logs)}))
+	// The last pause of the outage may last a few seconds.
+	waitFor(t, 60*time.Second, "every entry acknowledged", func() bool {
+		return rec.distinct() == len(msgs) && pendingCount(t, c, stream, "g") == 0
+	})
+	if n, _ := c.XLen(context.Background(), stream+outboxredis.DeadStreamSuffix).Result(); n != 0 {
+		t.Fatalf("%d entries dead-lettered during an outage of the handler's database", n)
+	}
+	t.Logf("%d handler calls for %d events", len(rec.messages()), len(msgs))
+	if len(logs.find(slog.LevelWarn, "pausing reads and claims")) == 0 || len(logs.find(slog.LevelInfo, "resuming")) == 0 {
+		t.Error("the pause and the end of the outage were not logged")
+	}
+}
+
+// A handler error marked Transient (the handler's database is down) is
+// retried like any other, but its deliveries do not count: the entry is
+// not dead-lettered however often it fails so.
+func TestConsumerTransientErrorsDoNotCount(t *testing.T) {
+	c := newClient(t)
+	stream := newStream(t, c)
+	msgs := messages("evt", 2)
+	publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), msgs)
+	const maxDeliveries, outage = 2, 5 // calls
+	rec := recorder{fail: func(m outboxredis.Message, calls int) error {
+		if m.EventID == msgs[0].EventID && calls <= outage {
+			return fmt.Errorf("insert: %w", outboxredis.Transient(errors.New("dial tcp 127.0.0.1:5432: connection refused")))
+		}
+		return nil
+	}}
+	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: 10 * time.Millisecond, MaxDeliveries: maxDeliveries, Handler: rec.handle}))
+	waitFor(t, 30*time.Second, "the entry handled after the outage", func() bool {
+		if n, _ := c.XLen(context.Background(), stream+outboxredis.DeadStreamSuffix).Result(); n != 0 {
+			t.Fatalf("%d entries dead-lettered after transient errors", n)
+		}
+		return rec.calls(msgs[0].EventID) == outage+1 && pendingCount(t, c, stream, "g") == 0
+	})
+	for _, m := range rec.messages() {
+		if m.Deliveries != 1 {
+			t.Errorf("%s: Deliveries %d, want 1: transient failures do not count", m.EventID, m.Deliveries)
+		}
+	}
+	if err := outboxredis.Transient(nil); err != nil {
+		t.Errorf("Transient(nil) = %v", err)
 	}
 }

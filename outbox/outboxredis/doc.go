@@ -9,11 +9,17 @@
 //
 // Consumer reads a stream through a consumer group and calls a Handler for
 // each entry: at least once per group, acknowledged (XACK) only after the
-// handler returned nil. Entries the handler refused are retried after
+// handler returned nil. A new group starts, by default, with the entries
+// the stream already holds. Entries the handler refused are retried after
 // MinIdle, entries of consumers that died are claimed by the live ones
 // (XAUTOCLAIM), and an entry refused MaxDeliveries times, or one that is
 // not an event at all, is moved to a dead-letter stream instead of being
-// retried for ever.
+// retried for ever. Entries delivered before (left pending by a crash, or
+// claimed) are handled one at a time, so an entry that crashes its
+// consumer every time is dead-lettered alone; and after handler errors in
+// a row (the handler's database is down) the consumer pauses, for longer
+// each time, so that an outage spends the entries' deliveries slowly, and
+// not at all if the handler marks its errors Transient.
 //
 // Delivery is at least once at both ends: a relay that resends after a
 // lost reply appends the event again, and a consumer that dies before its

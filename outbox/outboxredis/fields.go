@@ -43,7 +43,8 @@ type Message struct {
 	// Deliveries counts the deliveries of this entry to the group, this
 	// one included, as Redis counts them (the pending entry's delivery
 	// counter): 1 the first time, more after a failure or a consumer's
-	// death. 0 when unknown.
+	// death, not counting those that ended in a Transient error. 0 when
+	// unknown.
 	Deliveries int
 }
 

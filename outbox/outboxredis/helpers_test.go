@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -168,4 +169,36 @@ func (r *recorder) messages() []outboxredis.Message {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]outboxredis.Message(nil), r.seen...)
+}
+
+// logRecorder is a slog.Handler that keeps the records logged through it.
+type logRecorder struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (h *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *logRecorder) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.records = append(h.records, r.Clone())
+	return nil
+}
+
+func (h *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *logRecorder) WithGroup(string) slog.Handler      { return h }
+
+// find returns the messages of the records at level whose message
+// contains substr.
+func (h *logRecorder) find(level slog.Level, substr string) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, r := range h.records {
+		if r.Level == level && strings.Contains(r.Message, substr) {
+			out = append(out, r.Message)
+		}
+	}
+	return out
 }

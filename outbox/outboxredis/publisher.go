@@ -85,13 +85,14 @@ type PublisherConfig struct {
 // Publish calls use the client's connection pool.
 //
 // Replies: an appended message is ACKed; one Redis refused (WRONGTYPE, a
-// syntax error, …) is NACKed as unavailable, which is retryable, so the
-// Relay sends it again later and parks it after RelayConfig.MaxAttempts. A
-// transport failure, or a server that cannot take writes at all for now
-// (OOM at maxmemory, LOADING, READONLY after a failover, MASTERDOWN,
-// CLUSTERDOWN, TRYAGAIN, NOREPLICAS), fails the whole Publish: the Relay
-// pauses and sends every message again, and outages do not count towards
-// MaxAttempts.
+// syntax error, an ACL's NOPERM, …) is NACKed as unavailable, which is
+// retryable, so the Relay sends it again later and parks it after
+// RelayConfig.MaxAttempts. A transport failure, or a server that cannot
+// take writes at all for now (OOM at maxmemory, MISCONF after a failed RDB
+// save, BUSY running a long script, LOADING, READONLY after a failover,
+// MASTERDOWN, CLUSTERDOWN, TRYAGAIN, NOREPLICAS, too many clients, NOAUTH
+// or WRONGPASS), fails the whole Publish: the Relay pauses and sends every
+// message again, and outages do not count towards MaxAttempts.
 type Publisher struct {
 	client redis.UniversalClient
 	cfg    PublisherConfig
@@ -192,8 +193,13 @@ func (p *Publisher) xaddArgs(m outbox.Message, idmp bool) *redis.XAddArgs {
 }
 
 // useIDMP reports whether XADD carries IDMP, reading the server's version
-// the first time (IDMPAuto). A transport error is returned, and the next
-// Publish asks again; a server that refuses INFO gets plain XADDs.
+// the first time (IDMPAuto). A transport failure or an outage (LOADING,
+// BUSY, too many clients, NOAUTH, …: see refused) is returned, which fails
+// the Publish as an outage, and the next Publish asks again: publishing
+// without IDMP this once would append again the events of a resent batch
+// that IDMP would drop, and a server in that state takes no XADD anyway.
+// Only a server that refuses INFO itself (unknown command, an ACL) gets
+// plain XADDs, for the Publisher's lifetime.
 func (p *Publisher) useIDMP(ctx context.Context) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -202,8 +208,7 @@ func (p *Publisher) useIDMP(ctx context.Context) (bool, error) {
 	}
 	info, err := p.client.Info(ctx, "server").Result()
 	if err != nil {
-		var rerr redis.Error
-		if !errors.As(err, &rerr) {
+		if !refused(err) {
 			return false, fmt.Errorf("read the redis version: %w", err)
 		}
 		p.log.Warn("outboxredis: the server refused INFO; publishing without IDMP", "err", err)
@@ -244,16 +249,24 @@ func supportsIDMP(version string) bool {
 
 // unavailable are the prefixes of the errors with which a server refuses
 // every write for now: outages, not refusals of one event. A server at
-// maxmemory (OOM) refuses every XADD until memory is freed, so parking the
-// events it refused would only make work for the operator.
-var unavailable = []string{"OOM", "LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS"}
+// maxmemory (OOM), or one that failed its last RDB save (MISCONF, with
+// stop-writes-on-bgsave-error), refuses every XADD until an operator acts,
+// so parking the events it refused would only make more work. "BUSY " (a
+// script or function running too long) keeps its space: BUSYGROUP and
+// BUSYKEY are refusals of one command.
+var unavailable = []string{"OOM", "MISCONF", "BUSY ", "LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS"}
 
 // refused reports whether err is Redis refusing one command (WRONGTYPE, a
-// syntax error), rather than a transport failure, a cancelled
-// context, or a server that takes no writes for now.
+// syntax error, an ACL's NOPERM), rather than a transport failure, a
+// cancelled context, or a server that takes no writes for now (unavailable,
+// too many clients, or a connection that is not authenticated: NOAUTH,
+// WRONGPASS).
 func refused(err error) bool {
 	var rerr redis.Error
 	if !errors.As(err, &rerr) {
+		return false
+	}
+	if redis.IsMaxClientsError(err) || redis.IsAuthError(err) {
 		return false
 	}
 	for _, prefix := range unavailable {
