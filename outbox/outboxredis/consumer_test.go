@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/outbox/outboxredis"
 )
 
@@ -64,8 +65,8 @@ func TestConsumerHandlesAndAcknowledgesEveryEntry(t *testing.T) {
 	var rec recorder
 	con := newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Batch: 32, Handler: rec.handle})
 	runConsumer(t, con)
-	waitFor(t, 10*time.Second, "every event handled", func() bool { return rec.distinct() == len(msgs) })
-	waitFor(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+	servertest.Eventually(t, 10*time.Second, "every event handled", func() bool { return rec.distinct() == len(msgs) })
+	servertest.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
 
 	seen := rec.messages()
 	if len(seen) != len(msgs) {
@@ -99,10 +100,10 @@ func TestConsumerRetriesAfterMinIdle(t *testing.T) {
 	con := newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: 100 * time.Millisecond, Handler: rec.handle})
 	started := time.Now()
 	runConsumer(t, con)
-	waitFor(t, 10*time.Second, "the failed events handled again", func() bool {
+	servertest.Eventually(t, 10*time.Second, "the failed events handled again", func() bool {
 		return rec.calls(msgs[0].EventID) == 2 && rec.calls(msgs[1].EventID) == 2
 	})
-	waitFor(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+	servertest.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
 	if elapsed := time.Since(started); elapsed < 100*time.Millisecond {
 		t.Errorf("retried after %s, before MinIdle", elapsed)
 	}
@@ -163,8 +164,8 @@ func TestConsumerTakesOverPendingEntries(t *testing.T) {
 				cfg.Consumer, cfg.MinIdle = "first", time.Hour // no claiming: only its own pending list
 			}
 			runConsumer(t, newConsumer(t, c, cfg))
-			waitFor(t, 10*time.Second, "the pending entries handled", func() bool { return rec.distinct() == len(msgs) })
-			waitFor(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+			servertest.Eventually(t, 10*time.Second, "the pending entries handled", func() bool { return rec.distinct() == len(msgs) })
+			servertest.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
 			for _, m := range rec.messages() {
 				if m.Deliveries != 2 {
 					t.Errorf("%s: Deliveries %d, want 2 (one to first, one now)", m.EventID, m.Deliveries)
@@ -193,8 +194,8 @@ func TestConsumerDeadLettersAfterMaxDeliveries(t *testing.T) {
 	con := newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: 30 * time.Millisecond, MaxDeliveries: 3, Handler: rec.handle})
 	runConsumer(t, con)
 	dead := stream + outboxredis.DeadStreamSuffix
-	waitFor(t, 10*time.Second, "a dead letter", func() bool { n, _ := c.XLen(context.Background(), dead).Result(); return n == 1 })
-	waitFor(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+	servertest.Eventually(t, 10*time.Second, "a dead letter", func() bool { n, _ := c.XLen(context.Background(), dead).Result(); return n == 1 })
+	servertest.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
 
 	if n := rec.calls(poison); n != 3 {
 		t.Errorf("poison event handled %d times, want MaxDeliveries (3)", n)
@@ -255,8 +256,8 @@ func TestConsumerDeadLettersEntryWhoseConsumersKeptDying(t *testing.T) {
 	var rec recorder
 	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: time.Millisecond, MaxDeliveries: 3, Handler: rec.handle}))
 	dead := stream + outboxredis.DeadStreamSuffix
-	waitFor(t, 10*time.Second, "a dead letter", func() bool { n, _ := c.XLen(ctx, dead).Result(); return n == 1 })
-	waitFor(t, 5*time.Second, "the entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+	servertest.Eventually(t, 10*time.Second, "a dead letter", func() bool { n, _ := c.XLen(ctx, dead).Result(); return n == 1 })
+	servertest.Eventually(t, 5*time.Second, "the entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
 	if len(rec.messages()) != 0 {
 		t.Errorf("handler called %d times", len(rec.messages()))
 	}
@@ -282,8 +283,8 @@ func TestConsumerDeadLettersMalformedEntries(t *testing.T) {
 	var rec recorder
 	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Handler: rec.handle}))
 	dead := stream + outboxredis.DeadStreamSuffix
-	waitFor(t, 10*time.Second, "two dead letters", func() bool { n, _ := c.XLen(ctx, dead).Result(); return n == 2 })
-	waitFor(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+	servertest.Eventually(t, 10*time.Second, "two dead letters", func() bool { n, _ := c.XLen(ctx, dead).Result(); return n == 2 })
+	servertest.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
 	if seen := rec.messages(); len(seen) != 1 || seen[0].EventID != "evt-good" {
 		t.Fatalf("handler saw %+v, want only evt-good", seen)
 	}
@@ -318,7 +319,7 @@ func TestConsumerDropsPendingEntriesDeletedFromTheStream(t *testing.T) {
 			}
 			var rec recorder
 			runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Consumer: consumer, MinIdle: time.Millisecond, Handler: rec.handle}))
-			waitFor(t, 10*time.Second, "nothing pending", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+			servertest.Eventually(t, 10*time.Second, "nothing pending", func() bool { return pendingCount(t, c, stream, "g") == 0 })
 			if seen := rec.messages(); len(seen) != 1 || seen[0].EventID != "evt-0001" {
 				t.Fatalf("handler saw %+v, want evt-0001 only", seen)
 			}
@@ -334,7 +335,7 @@ func TestConsumerRunReturnsWhenContextEnds(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- con.Run(ctx) }()
-	waitFor(t, 5*time.Second, "the group created", func() bool {
+	servertest.Eventually(t, 5*time.Second, "the group created", func() bool {
 		g, _ := c.XInfoGroups(context.Background(), stream).Result()
 		return len(g) == 1
 	})
@@ -407,7 +408,7 @@ func TestConsumerRenewsItsClaimOnASlowBatch(t *testing.T) {
 	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Consumer: "slow", Batch: n, MinIdle: minIdle, Handler: handler("slow")}))
 	<-started // slow holds the whole batch
 	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Consumer: "eager", MinIdle: minIdle, ClaimInterval: 10 * time.Millisecond, Handler: handler("eager")}))
-	waitFor(t, 10*time.Second, "every entry acknowledged", func() bool {
+	servertest.Eventually(t, 10*time.Second, "every entry acknowledged", func() bool {
 		mu.Lock()
 		all := len(handledBy) == n
 		mu.Unlock()
@@ -435,7 +436,7 @@ func TestConsumerDefaultStartHandlesEntriesAppendedBefore(t *testing.T) {
 		t.Fatal(err)
 	}
 	runConsumer(t, con)
-	waitFor(t, 10*time.Second, "the events appended before the group was created", func() bool { return rec.distinct() == len(msgs) })
+	servertest.Eventually(t, 10*time.Second, "the events appended before the group was created", func() bool { return rec.distinct() == len(msgs) })
 }
 
 // A stream deleted (or evicted) and created again by a relay's XADD has
@@ -449,13 +450,13 @@ func TestConsumerCreatesALostGroupAgainAtTheStart(t *testing.T) {
 	var rec recorder
 	var logs logRecorder
 	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Start: "$", Handler: rec.handle, Logger: slog.New(&logs)}))
-	waitFor(t, 5*time.Second, "the group created", func() bool {
+	servertest.Eventually(t, 5*time.Second, "the group created", func() bool {
 		g, _ := c.XInfoGroups(ctx, stream).Result()
 		return len(g) == 1
 	})
 	pub := newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream})
 	publish(t, pub, messages("before", 2))
-	waitFor(t, 10*time.Second, "the first events handled", func() bool { return rec.distinct() == 2 })
+	servertest.Eventually(t, 10*time.Second, "the first events handled", func() bool { return rec.distinct() == 2 })
 
 	// The key goes, and comes back with new entries, before the consumer
 	// reads again.
@@ -469,13 +470,13 @@ func TestConsumerCreatesALostGroupAgainAtTheStart(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the events appended while the group was gone", func() bool { return rec.distinct() == 2+len(after) })
-	waitFor(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+	servertest.Eventually(t, 10*time.Second, "the events appended while the group was gone", func() bool { return rec.distinct() == 2+len(after) })
+	servertest.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
 	if len(logs.find(slog.LevelError, "consumer group is gone")) == 0 {
 		t.Error("the lost group was not logged as an error")
 	}
 	publish(t, pub, messages("later", 1)) // and it goes on
-	waitFor(t, 10*time.Second, "a later event handled", func() bool { return rec.distinct() == 3+len(after) })
+	servertest.Eventually(t, 10*time.Second, "a later event handled", func() bool { return rec.distinct() == 3+len(after) })
 }
 
 // A poison entry that crashes its consumer every time it is handled is
@@ -521,7 +522,7 @@ func TestConsumerCrashLoopChargesOnlyTheEntryThatCausesIt(t *testing.T) {
 				}
 				stop := runConsumer(t, newConsumer(t, client, cfg))
 				done := false
-				waitFor(t, 10*time.Second, "a crash, or every entry settled", func() bool {
+				servertest.Eventually(t, 10*time.Second, "a crash, or every entry settled", func() bool {
 					select {
 					case <-crashed:
 						return true
@@ -582,7 +583,7 @@ func TestConsumerBacksOffWhileTheHandlerFails(t *testing.T) {
 	var logs logRecorder
 	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: 10 * time.Millisecond, MaxDeliveries: 4, Handler: rec.handle, Logger: slog.New(&logs)}))
 	// The last pause of the outage may last a few seconds.
-	waitFor(t, 60*time.Second, "every entry acknowledged", func() bool {
+	servertest.Eventually(t, 60*time.Second, "every entry acknowledged", func() bool {
 		return rec.distinct() == len(msgs) && pendingCount(t, c, stream, "g") == 0
 	})
 	if n, _ := c.XLen(context.Background(), stream+outboxredis.DeadStreamSuffix).Result(); n != 0 {
@@ -610,7 +611,7 @@ func TestConsumerTransientErrorsDoNotCount(t *testing.T) {
 		return nil
 	}}
 	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: 10 * time.Millisecond, MaxDeliveries: maxDeliveries, Handler: rec.handle}))
-	waitFor(t, 30*time.Second, "the entry handled after the outage", func() bool {
+	servertest.Eventually(t, 30*time.Second, "the entry handled after the outage", func() bool {
 		if n, _ := c.XLen(context.Background(), stream+outboxredis.DeadStreamSuffix).Result(); n != 0 {
 			t.Fatalf("%d entries dead-lettered after transient errors", n)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/postbox-events/postbox/dedup"
+	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/outbox/outboxredis"
@@ -134,7 +135,7 @@ func TestConsumersWithDedupApplyEachEventOnce(t *testing.T) {
 			// pending. (Entries may be handled more than once: a handler
 			// slowed by SQLite's locking can run past MinIdle, and another
 			// consumer claims its entry. That is what dedup is for.)
-			waitFor(t, 30*time.Second, "every entry handled and acknowledged", func() bool {
+			servertest.Eventually(t, 30*time.Second, "every entry handled and acknowledged", func() bool {
 				groups, err := c.XInfoGroups(ctx, stream).Result()
 				if err != nil {
 					t.Fatal(err)

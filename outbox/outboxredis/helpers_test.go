@@ -82,20 +82,6 @@ func publish(t testing.TB, p *outboxredis.Publisher, msgs []outbox.Message) {
 	}
 }
 
-// waitFor polls cond until it holds, or fails the test after timeout.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: still waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
-}
-
 // runConsumer runs c until the test ends (or stop is called), and
 // returns stop, which cancels Run and waits for it.
 func runConsumer(t testing.TB, c *outboxredis.Consumer) (stop func() error) {

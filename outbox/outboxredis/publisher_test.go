@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxredis"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
@@ -219,7 +220,7 @@ func TestRelayFromSQLiteOutbox(t *testing.T) {
 	relayDone := make(chan error, 1)
 	go func() { relayDone <- relay.Run(ctx) }()
 
-	waitFor(t, 20*time.Second, "the outbox to empty", func() bool {
+	servertest.Eventually(t, 20*time.Second, "the outbox to empty", func() bool {
 		pending, rejected, err := store.Counts(ctx)
 		if err != nil {
 			t.Fatal(err)
