@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxpg"
@@ -224,12 +225,15 @@ func runRelay(t *testing.T, s outbox.Store, pub outbox.Publisher, cfg outbox.Rel
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
+	servertest.Eventually(t, 15*time.Second, what, cond)
+}
+
+// insertEvents inserts events in one committed transaction.
+func insertEvents(t *testing.T, pool *pgxpool.Pool, events ...outbox.Event) {
+	t.Helper()
+	ctx := context.Background()
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outboxpg.InsertPgx(ctx, tx, events...) }); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -267,11 +271,7 @@ func TestInsertNotifiesAndRelayMarksDelivered(t *testing.T) {
 			quiet = true
 		}
 	}
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return outboxpg.InsertPgx(ctx, tx, event("n1"), event("n2"))
-	}); err != nil {
-		t.Fatal(err)
-	}
+	insertEvents(t, pool, event("n1"), event("n2"))
 	select {
 	case <-s.Notify():
 	case <-time.After(10 * time.Second):
@@ -312,11 +312,7 @@ func TestClaimsKeepRelaysApartUntilTheyEnd(t *testing.T) {
 	pool, _ := setup(t)
 	ctx := context.Background()
 	for i := range 10 {
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			return outboxpg.InsertPgx(ctx, tx, event(fmt.Sprintf("c%d", i)))
-		}); err != nil {
-			t.Fatal(err)
-		}
+		insertEvents(t, pool, event(fmt.Sprintf("c%d", i)))
 	}
 	s, err := outboxpg.New(pool, outboxpg.Config{Claim: time.Minute})
 	if err != nil {
@@ -382,11 +378,7 @@ func TestPoisonRowIsParkedThenRequeued(t *testing.T) {
 	})
 	fast := outbox.Backoff{Base: time.Millisecond, Max: 5 * time.Millisecond}
 	runRelay(t, s, pub, outbox.RelayConfig{PollInterval: 10 * time.Millisecond, Retry: fast, MaxAttempts: 4})
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return outboxpg.InsertPgx(ctx, tx, event("ok-1"), event("poison"), event("ok-2"))
-	}); err != nil {
-		t.Fatal(err)
-	}
+	insertEvents(t, pool, event("ok-1"), event("poison"), event("ok-2"))
 	eventually(t, "the poison row parked", func() bool {
 		_, r, _ := s.Counts(ctx)
 		return r == 1
@@ -445,9 +437,7 @@ func TestOutageDoesNotParkRows(t *testing.T) {
 	})
 	fast := outbox.Backoff{Base: time.Millisecond, Max: 5 * time.Millisecond}
 	runRelay(t, s, pub, outbox.RelayConfig{PollInterval: 10 * time.Millisecond, Retry: fast, Reconnect: fast, MaxAttempts: 2})
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outboxpg.InsertPgx(ctx, tx, event("through-an-outage")) }); err != nil {
-		t.Fatal(err)
-	}
+	insertEvents(t, pool, event("through-an-outage"))
 	eventually(t, "the row delivered", func() bool {
 		return count(t, pool, `SELECT count(*) FROM outbox WHERE delivered_at IS NOT NULL`) == 1
 	})
@@ -559,11 +549,7 @@ func TestMigrateRefusesAnotherOutboxTable(t *testing.T) {
 func TestLateSettleLeavesAnotherRelaysClaimAlone(t *testing.T) {
 	pool, _ := setup(t)
 	ctx := context.Background()
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return outboxpg.InsertPgx(ctx, tx, event("late"), event("late-2"))
-	}); err != nil {
-		t.Fatal(err)
-	}
+	insertEvents(t, pool, event("late"), event("late-2"))
 	s, err := outboxpg.New(pool, outboxpg.Config{Claim: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -646,9 +632,7 @@ func TestListenSurvivesALostConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the store to listen again", func() bool { p := listener(); return p != 0 && p != killed })
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outboxpg.InsertPgx(ctx, tx, event("after-reconnect")) }); err != nil {
-		t.Fatal(err)
-	}
+	insertEvents(t, pool, event("after-reconnect"))
 	select {
 	case id := <-delivered:
 		if id != "after-reconnect" {
