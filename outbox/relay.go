@@ -20,13 +20,8 @@ const (
 	DefaultRetryMax      = 5 * time.Minute
 	DefaultReconnectBase = 100 * time.Millisecond
 	DefaultReconnectMax  = 30 * time.Second
+	DefaultSettleTimeout = 30 * time.Second
 )
-
-// SettleTimeout bounds recording the outcome of one publish, also after
-// Run's context ended, so that a store that does not answer cannot hold up
-// a shutdown. Outcomes not recorded in time are lost, and their rows are
-// sent again.
-const SettleTimeout = 30 * time.Second
 
 // RelayConfig configures a Relay. Zero fields take their defaults.
 type RelayConfig struct {
@@ -57,6 +52,11 @@ type RelayConfig struct {
 	Logger      *slog.Logger
 	// Now returns the current time. Defaults to time.Now.
 	Now func() time.Time
+	// SettleTimeout bounds recording the outcome of one publish, also
+	// after Run's context ended, so that a store that does not answer
+	// cannot hold up a shutdown. Outcomes not recorded in time are lost,
+	// and their rows are sent again. Defaults to 30s.
+	SettleTimeout time.Duration
 	// Observe, when set, is called after each publish is settled.
 	Observe func(Stats)
 }
@@ -107,6 +107,9 @@ func NewRelay(store Store, pub Publisher, cfg RelayConfig) (*Relay, error) {
 	if cfg.Reconnect.Max <= 0 {
 		cfg.Reconnect.Max = DefaultReconnectMax
 	}
+	if cfg.SettleTimeout <= 0 {
+		cfg.SettleTimeout = DefaultSettleTimeout
+	}
 	if cfg.MaxAttempts < 0 {
 		return nil, errors.New("outbox: MaxAttempts must not be negative")
 	}
@@ -133,7 +136,7 @@ type published struct {
 
 // Run relays until ctx ends. Publishes in progress at the end are
 // cancelled; the replies that did arrive are settled (within
-// SettleTimeout), the rest stay due.
+// RelayConfig.SettleTimeout), the rest stay due.
 func (r *Relay) Run(ctx context.Context) error {
 	var notify <-chan struct{}
 	if n, ok := r.store.(Notifier); ok {
@@ -215,7 +218,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			// Settling runs beside the next reads and publishes; the rows
 			// stay in flight until it is done.
 			go func() {
-				ctx, cancel := context.WithTimeout(settleCtx, SettleTimeout)
+				ctx, cancel := context.WithTimeout(settleCtx, r.cfg.SettleTimeout)
 				defer cancel()
 				settled <- settledBatch{p.msgs, r.settle(ctx, p)}
 			}()

@@ -737,6 +737,34 @@ func TestRelayStopsWhenContextEnds(t *testing.T) {
 			t.Fatalf("after a cancelled publish: %+v (present %v), want the row pending, its error recorded, no attempt counted", r, ok)
 		}
 	})
+	t.Run("store that does not answer", func(t *testing.T) {
+		// A store whose Settle hangs (a database gone silent) holds up a
+		// shutdown for SettleTimeout at most; the row stays due.
+		s := &hangingSettle{Store: openStore(t, nil)}
+		insert(t, s.Store, "evt-x")
+		published := make(chan struct{}, 1)
+		pub := pubFunc(func(ctx context.Context, msgs []outbox.Message) ([]postbox.Reply, error) {
+			select {
+			case published <- struct{}{}:
+			default:
+			}
+			out := make([]postbox.Reply, len(msgs))
+			for i, m := range msgs {
+				out[i] = ack(m)
+			}
+			return out, nil
+		})
+		cfg := fast
+		cfg.SettleTimeout = 200 * time.Millisecond
+		stop := runRelay(t, s, pub, cfg)
+		wait(t, published)
+		if err := stop(); err != nil {
+			t.Fatalf("Run = %v, want nil after the settle timed out", err)
+		}
+		if r, ok := row(t, s.Store, "evt-x"); !ok || r.State != "pending" {
+			t.Fatalf("after a settle that timed out: %+v (present %v), want the row still pending", r, ok)
+		}
+	})
 	t.Run("publisher slow to give up", func(t *testing.T) {
 		// A publisher that takes a while to notice the end: Run waits for
 		// it without spinning.
@@ -763,4 +791,12 @@ func TestRelayStopsWhenContextEnds(t *testing.T) {
 			t.Fatalf("the relay looped %d times while waiting 100ms for a publish to return after its context ended; it spins", n)
 		}
 	})
+}
+
+// hangingSettle is a store whose Settle waits until its context ends.
+type hangingSettle struct{ *outboxsqlite.Store }
+
+func (h *hangingSettle) Settle(ctx context.Context, _ []outbox.Outcome) error {
+	<-ctx.Done()
+	return ctx.Err()
 }
