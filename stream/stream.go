@@ -18,8 +18,9 @@ import (
 // Errors backends return; callers branch on them with errors.Is.
 var (
 	// ErrConflict: an event with this identity is stored with a different
-	// payload. The append changed nothing.
-	ErrConflict = errors.New("stream: event already stored with a different payload")
+	// type or payload. The append changed nothing. An AppendResult's Err
+	// is then a *ConflictError, which names what differs.
+	ErrConflict = errors.New("stream: event already stored with a different type or payload")
 	// ErrStreamNotFound: no stream has this id.
 	ErrStreamNotFound = errors.New("stream: stream not found")
 	// ErrNotFound: no event has this identity or offset.
@@ -49,9 +50,11 @@ var (
 //     grow by one with each stored event; an offset is never reused, not
 //     even after its event was deleted.
 //   - Append is idempotent on the event's identity (stream, NativeID,
-//     Variant): the same identity with the same payload stores nothing new
-//     and reports Duplicate with the original offset; with another payload
-//     it reports ErrConflict and changes nothing.
+//     Variant): the same identity with the same type and payload stores
+//     nothing new and reports Duplicate with the original offset; with
+//     another type or payload it reports a *ConflictError (ErrConflict)
+//     naming the field that differs, the type when both do, and changes
+//     nothing. Payloads are compared byte for byte.
 //   - Offsets belong to consumers. Read changes no offset; Commit moves one
 //     consumer only, and only forwards; Reset moves it anywhere a start
 //     position can name.
@@ -122,7 +125,7 @@ type Stream struct {
 // within the stream; appending the same identity again stores nothing new.
 type Event struct {
 	NativeID   string // the source's own id: an envelope's event_id, a webhook's idempotency key
-	Variant    string // distinguishes events a source sends under one id; usually ""
+	Variant    string // distinguishes events a source sends under one id: postbox's device stream puts the envelope's device_id here
 	Type       string
 	OccurredAt time.Time       // when the source says it happened
 	Sequence   *int64          // the source's own sequence number, if it has one
@@ -149,8 +152,42 @@ type AppendResult struct {
 	// StoredAt is when the event was first stored; for a duplicate, the
 	// original time.
 	StoredAt  time.Time
-	Duplicate bool  // the identity was already stored with the same payload
-	Err       error // ErrConflict, or nil
+	Duplicate bool  // the identity was already stored with the same type and payload
+	Err       error // a *ConflictError (errors.Is ErrConflict), or nil
+}
+
+// Fields a ConflictError names.
+const (
+	FieldType    = "type"
+	FieldPayload = "payload"
+)
+
+// ConflictError is the Err of an AppendResult whose identity is stored
+// with another type or payload. errors.Is(err, ErrConflict) holds.
+type ConflictError struct {
+	// Field is what differs from the stored event: FieldType, or
+	// FieldPayload when the type is the same.
+	Field string
+}
+
+func (e *ConflictError) Error() string {
+	return "stream: event already stored with a different " + e.Field
+}
+
+// Is makes a ConflictError match ErrConflict.
+func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
+
+// Conflict returns the ConflictError of stored and ev, two events of one
+// identity, or nil when ev is a duplicate of stored: the same type and the
+// same payload bytes.
+func Conflict(stored, ev *Event) error {
+	switch {
+	case stored.Type != ev.Type:
+		return &ConflictError{Field: FieldType}
+	case string(stored.Payload) != string(ev.Payload):
+		return &ConflictError{Field: FieldPayload}
+	}
+	return nil
 }
 
 // Start policies: where a new (or reset) consumer begins.

@@ -7,8 +7,8 @@
 // with the configured durability (synchronous=FULL by default), and only
 // then reports each result. An event whose identity is already stored is
 // not written again: its attempt count and last-seen time are updated and
-// it is reported as a duplicate, or as stream.ErrConflict when its payload
-// differs, in which case nothing changes. Consumer changes and the
+// it is reported as a duplicate, or as a stream.ConflictError when its type
+// or payload differs, in which case nothing changes. Consumer changes and the
 // callers' own writes (Update, CommitWith) join the same group commits.
 //
 // Offsets are per stream and dense: the writer numbers a stream's events
@@ -163,11 +163,11 @@ func Open(path string, cfg Config) (*Backend, error) {
 	if b.now == nil {
 		b.now = time.Now
 	}
-	b.find, err = write.Prepare(`SELECT pos FROM stream_events
+	b.find, err = write.Prepare(`SELECT pos, event_type FROM stream_events
 		WHERE stream_id = ? AND source_native_id = ? AND event_variant = ?`)
 	if err == nil {
 		b.touch, err = write.Prepare(`UPDATE stream_events SET last_seen_at = ?, attempt_count = attempt_count + 1
-		WHERE stream_id = ? AND source_native_id = ? AND event_variant = ? AND payload_sha256 = ?
+		WHERE stream_id = ? AND source_native_id = ? AND event_variant = ? AND event_type = ? AND payload_sha256 = ?
 		RETURNING pos, created_at`)
 	}
 	if err == nil {
@@ -411,8 +411,8 @@ const insertConflict = ` ON CONFLICT (stream_id, source_native_id, event_variant
 // stream. When a statement inserted every row (the common case), those
 // offsets stand. Otherwise its rows are taken out again and written one by
 // one, so that an offset goes only to an event that was stored and a
-// stream's offsets stay dense; a row that is not stored is a redelivery,
-// counted, or a conflict. Then the batch's functions run, each in a
+// stream's offsets stay dense; a row that is not stored is a redelivery
+// (the same type and payload sha256), counted, or a conflict. Then the batch's functions run, each in a
 // savepoint.
 //
 // A stream's high watermark is its newest event's offset, read at Open;
@@ -556,13 +556,17 @@ func (b *Backend) oneByOne(ctx context.Context, tx *sql.Tx, part []*item, now ti
 		ev := it.ev
 		var pos int64
 		var created string
-		err = touch.QueryRowContext(ctx, nowText, it.st.ID, ev.NativeID, ev.Variant, it.sha[:]).Scan(&pos, &created)
+		err = touch.QueryRowContext(ctx, nowText, it.st.ID, ev.NativeID, ev.Variant, ev.Type, it.sha[:]).Scan(&pos, &created)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
-			if err := lookup.QueryRowContext(ctx, it.st.ID, ev.NativeID, ev.Variant).Scan(&pos); err != nil {
+			var storedType string
+			if err := lookup.QueryRowContext(ctx, it.st.ID, ev.NativeID, ev.Variant).Scan(&pos, &storedType); err != nil {
 				return fmt.Errorf("append: look up %s: %w", ev.NativeID, err)
 			}
-			it.res.Err = stream.ErrConflict
+			it.res.Err = &stream.ConflictError{Field: stream.FieldPayload}
+			if storedType != ev.Type {
+				it.res.Err = &stream.ConflictError{Field: stream.FieldType}
+			}
 		case err != nil:
 			return fmt.Errorf("append: redelivery of %s: %w", ev.NativeID, err)
 		default:

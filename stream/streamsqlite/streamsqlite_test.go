@@ -236,7 +236,9 @@ func TestMigrateFromGlobalOffsets(t *testing.T) {
 			t.Fatalf("%s stats %+v %v", s, st, err)
 		}
 	}
-	res, err := b.Append(ctx, "webhooks", []stream.Event{event("e5", `{}`), event("e1", `{"i":1}`)})
+	e1 := event("e1", `{"i":1}`)
+	e1.Type = "t" // as stored: another type would be a conflict
+	res, err := b.Append(ctx, "webhooks", []stream.Event{event("e5", `{}`), e1})
 	if err != nil || res[0].Offset != 3 || !res[1].Duplicate || res[1].Offset != 1 {
 		t.Fatalf("append after migration: %+v %v", res, err)
 	}

@@ -89,6 +89,7 @@ var groups = []group{
 		{name: "variant_is_part_of_the_identity", run: testVariant},
 		{name: "conflict_changes_nothing", run: testConflict},
 		{name: "conflict_within_one_call", run: testConflictInOneCall},
+		{name: "conflict_names_type_or_payload", run: testConflictField},
 		{name: "mixed_batch", run: testMixedBatch},
 	}},
 	{"Read", []check{
@@ -692,6 +693,55 @@ func testConflictInOneCall(h *harness) {
 		h.Errorf("the stream holds %d events, first payload %s; want 1 with {\"n\":1}", len(got), payloadOf(got))
 	}
 	h.wantStats(s.ID, 1, 1, 1)
+}
+
+// testConflictField: the same identity with another type is a conflict,
+// not a duplicate, and the ConflictError names what differs: the type
+// before the payload.
+func testConflictField(h *harness) {
+	s := h.stream("source")
+	orig := event("a", `{"n":1}`)
+	h.appendNew(s.ID, 1, []stream.Event{orig})
+	retyped := orig
+	retyped.Type = "other.type"
+	both := retyped
+	both.Payload = json.RawMessage(`{"n":2}`)
+	changed := orig
+	changed.Payload = json.RawMessage(`{"n":2}`)
+	for _, c := range []struct {
+		name  string
+		batch []stream.Event
+		field string // of the last result
+	}{
+		{"another type", []stream.Event{retyped}, stream.FieldType},
+		{"another type and payload", []stream.Event{both}, stream.FieldType},
+		{"another payload", []stream.Event{changed}, stream.FieldPayload},
+		{"another type in one call with a new event", []stream.Event{event("b", `{"n":1}`), func() stream.Event {
+			e := event("b", `{"n":1}`)
+			e.Type = "other.type"
+			return e
+		}()}, stream.FieldType},
+	} {
+		res := h.append(s.ID, c.batch)
+		r := res[len(res)-1]
+		var ce *stream.ConflictError
+		if !errors.Is(r.Err, stream.ErrConflict) || !errors.As(r.Err, &ce) || r.Duplicate {
+			h.Errorf("%s: %+v, want Err a *stream.ConflictError (ErrConflict), not Duplicate", c.name, r)
+			continue
+		}
+		if ce.Field != c.field {
+			h.Errorf("%s: ConflictError names %q, want %q", c.name, ce.Field, c.field)
+		}
+	}
+	if r := h.append(s.ID, []stream.Event{orig})[0]; !r.Duplicate || r.Err != nil || r.Offset != 1 {
+		h.Errorf("the original again: %+v, want Duplicate at offset 1", r)
+	}
+	h.ensureConsumer("reader", s.ID, earliest())
+	got := h.readAll("reader")
+	if len(got) != 2 || got[0].Type != orig.Type || got[1].Type != orig.Type || !sameJSON(got[0].Payload, orig.Payload) {
+		h.Errorf("after the conflicts the stream holds %+v; want a and b with their first type and payload", got)
+	}
+	h.wantStats(s.ID, 2, 1, 2)
 }
 
 func payloadOf(evs []stream.StoredEvent) string {

@@ -1,7 +1,6 @@
 package streamtest_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -78,8 +77,8 @@ func (m *memory) Append(ctx context.Context, streamID string, events []stream.Ev
 		key := [2]string{e.NativeID, e.Variant}
 		if at, ok := ms.index[key]; ok {
 			old := ms.events[at]
-			if !bytes.Equal(old.Payload, e.Payload) {
-				res[i] = stream.AppendResult{Offset: old.Offset, Err: stream.ErrConflict}
+			if err := stream.Conflict(&old.Event, &e); err != nil {
+				res[i] = stream.AppendResult{Offset: old.Offset, Err: err}
 				continue
 			}
 			res[i] = stream.AppendResult{Offset: old.Offset, StoredAt: old.StoredAt, Duplicate: true}
