@@ -47,7 +47,16 @@ before /ready answers 200. Flags win over the environment variables named in bra
 	whTypeField := fs.String("webhook-type-field", "", "a top-level JSON `field` holding it, e.g. type for Stripe [POSTBOX_WEBHOOK_TYPE_FIELD]")
 	whSecrets := fs.String("webhook-secret", "", "Standard Webhooks `secrets` (whsec_…, comma-separated while rotating): POST /webhooks then requires a valid signature [POSTBOX_WEBHOOK_SECRET]")
 	tokens := fs.String("auth-tokens", "", "file of 'TOKEN DEVICE_ID' lines; requires a bearer token on the ingress [POSTBOX_AUTH_TOKENS]")
-	apiToken := fs.String("api-token", "", "bearer `token` the operator API (subscriptions, streams, consumers, inboxes) requires [POSTBOX_API_TOKEN]")
+	apiToken := fs.String("api-token", "", "bearer `token` the operator API (subscriptions, streams, consumers, inboxes) and /metrics require [POSTBOX_API_TOKEN]")
+	noAPIToken := fs.Bool("insecure-no-api-token", false, "serve the operator API without --api-token on an address beyond loopback; without this, serve refuses to start there [POSTBOX_INSECURE_NO_API_TOKEN]")
+	readTimeout := positiveDuration(server.DefaultReadTimeout)
+	fs.Var(&readTimeout, "http-read-timeout", "longest a request's body may take to arrive after its headers (`duration`) [POSTBOX_HTTP_READ_TIMEOUT]")
+	idleTimeout := positiveDuration(server.DefaultIdleTimeout)
+	fs.Var(&idleTimeout, "http-idle-timeout", "closes a keep-alive connection idle this long (`duration`) [POSTBOX_HTTP_IDLE_TIMEOUT]")
+	maxHeader := positiveInt(server.DefaultMaxHeaderBytes)
+	fs.Var(&maxHeader, "http-max-header-bytes", "largest request headers accepted, in `bytes`; larger get 431 [POSTBOX_HTTP_MAX_HEADER_BYTES]")
+	maxConns := positiveInt(server.DefaultMaxConnections)
+	fs.Var(&maxConns, "max-connections", "most open TCP `connections`, HTTP and WebSocket alike; more are closed at once [POSTBOX_MAX_CONNECTIONS]")
 	cert := fs.String("tls-cert", "", "TLS certificate file (PEM); serves HTTPS/WSS with --tls-key [POSTBOX_TLS_CERT]")
 	key := fs.String("tls-key", "", "TLS private key file (PEM) [POSTBOX_TLS_KEY]")
 	workers := positiveInt(delivery.DefaultWorkers)
@@ -82,6 +91,9 @@ before /ready answers 200. Flags win over the environment variables named in bra
 		"handler-timeout": "POSTBOX_HANDLER_TIMEOUT", "retention-days": "RETENTION_DAYS", "cleanup-interval-hours": "CLEANUP_INTERVAL_HOURS",
 		"webhook-target": "WEBHOOK_TARGET_URL", "synchronous": "POSTBOX_SYNCHRONOUS", "max-batch": "POSTBOX_MAX_BATCH",
 		"queue-size": "QUEUE_MAXSIZE", "queue-bytes": "POSTBOX_QUEUE_BYTES", "max-envelope-bytes": "POSTBOX_MAX_ENVELOPE_BYTES", "auth-tokens": "POSTBOX_AUTH_TOKENS", "api-token": "POSTBOX_API_TOKEN",
+		"insecure-no-api-token": "POSTBOX_INSECURE_NO_API_TOKEN", "http-read-timeout": "POSTBOX_HTTP_READ_TIMEOUT",
+		"http-idle-timeout": "POSTBOX_HTTP_IDLE_TIMEOUT", "http-max-header-bytes": "POSTBOX_HTTP_MAX_HEADER_BYTES",
+		"max-connections":   "POSTBOX_MAX_CONNECTIONS",
 		"webhook-max-bytes": "POSTBOX_WEBHOOK_MAX_BYTES", "webhook-key-header": "POSTBOX_WEBHOOK_KEY_HEADER", "webhook-key-field": "POSTBOX_WEBHOOK_KEY_FIELD",
 		"webhook-type-header": "POSTBOX_WEBHOOK_TYPE_HEADER", "webhook-type-field": "POSTBOX_WEBHOOK_TYPE_FIELD",
 		"webhook-secret": "POSTBOX_WEBHOOK_SECRET",
@@ -105,16 +117,21 @@ before /ready answers 200. Flags win over the environment variables named in bra
 		keep = -1
 	}
 	cfg := server.Config{
-		Addr:        *addr,
-		DBPath:      *db,
-		Synchronous: strings.ToUpper(*sync),
-		MaxBatch:    int(maxBatch),
-		QueueSize:   int(queue),
-		QueueBytes:  int(queueBytes),
-		Limits:      postbox.Limits{MaxEnvelopeBytes: int(maxEnv)},
-		TLSCert:     *cert,
-		TLSKey:      *key,
-		APIToken:    *apiToken,
+		Addr:               *addr,
+		DBPath:             *db,
+		Synchronous:        strings.ToUpper(*sync),
+		MaxBatch:           int(maxBatch),
+		QueueSize:          int(queue),
+		QueueBytes:         int(queueBytes),
+		Limits:             postbox.Limits{MaxEnvelopeBytes: int(maxEnv)},
+		TLSCert:            *cert,
+		TLSKey:             *key,
+		APIToken:           *apiToken,
+		InsecureNoAPIToken: *noAPIToken,
+		ReadTimeout:        time.Duration(readTimeout),
+		IdleTimeout:        time.Duration(idleTimeout),
+		MaxHeaderBytes:     int(maxHeader),
+		MaxConnections:     int(maxConns),
 		Webhooks: server.WebhookConfig{MaxBytes: int64(whMax), KeyHeader: *whKeyHeader, KeyField: *whKeyField,
 			TypeHeader: *whTypeHeader, TypeField: *whTypeField, Secrets: splitList(*whSecrets), Target: string(whTarget)},
 		Delivery: delivery.Config{Workers: int(workers), MaxAttempts: int(maxAttempts), RetryBaseDelay: time.Duration(retryBase),

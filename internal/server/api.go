@@ -9,9 +9,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/stream"
@@ -107,8 +111,12 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any, optional bool) bo
 		writeError(w, http.StatusRequestEntityTooLarge, "too_large", "the body is over %d bytes", maxAPIBody)
 		return false
 	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		writeError(w, http.StatusRequestTimeout, "request_timeout", "the body did not arrive in time (--http-read-timeout)")
+		return false
+	}
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_json", "reading the body: %v", err)
+		writeError(w, http.StatusBadRequest, "invalid_json", "the body could not be read: it ended early")
 		return false
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
@@ -121,15 +129,8 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any, optional bool) bo
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		var typeErr *json.UnmarshalTypeError
-		switch {
-		case errors.As(err, &typeErr):
-			writeError(w, http.StatusBadRequest, "invalid_json", "field %q: want %s, got a JSON %s", typeErr.Field, typeErr.Type, typeErr.Value)
-		case strings.HasPrefix(err.Error(), "json: unknown field "):
-			writeError(w, http.StatusBadRequest, "unknown_field", "%s", strings.TrimPrefix(err.Error(), "json: "))
-		default:
-			writeError(w, http.StatusBadRequest, "invalid_json", "invalid body: %v", err)
-		}
+		code, msg := jsonError(err)
+		writeError(w, http.StatusBadRequest, code, "%s", msg)
 		return false
 	}
 	if dec.More() {
@@ -137,6 +138,121 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any, optional bool) bo
 		return false
 	}
 	return true
+}
+
+// jsonError says in plain words what is wrong with a body the decoder
+// refused, naming the field, never a Go type.
+func jsonError(err error) (code, msg string) {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr):
+		if typeErr.Field == "" {
+			return "invalid_json", fmt.Sprintf("the body: want %s, got a JSON %s", jsonKind(typeErr.Type), typeErr.Value)
+		}
+		return "invalid_json", fmt.Sprintf("field %q: want %s, got a JSON %s", typeErr.Field, jsonKind(typeErr.Type), typeErr.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return "unknown_field", strings.TrimPrefix(err.Error(), "json: ")
+	case errors.As(err, &syntaxErr):
+		return "invalid_json", fmt.Sprintf("invalid JSON at byte %d of the body", syntaxErr.Offset)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "invalid_json", "invalid JSON: the body ends inside its value"
+	}
+	return "invalid_json", "invalid JSON in the body"
+}
+
+// jsonKind names the JSON value a Go type decodes from.
+func jsonKind(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	}
+	return "an object"
+}
+
+// Bounds of what the operator API accepts (docs/API.md#limits).
+const (
+	// MaxVisibilityTimeout bounds a lease's visibility_timeout.
+	MaxVisibilityTimeout = 12 * time.Hour
+	// MaxNackDelay bounds a nack's delay.
+	MaxNackDelay = 24 * time.Hour
+	// maxNameLen bounds the names of subscriptions, inboxes, sources and
+	// streams (namePattern).
+	maxNameLen = 128
+	// maxTypes and maxTypeLen bound a subscription's type patterns.
+	maxTypes, maxTypeLen = 100, 128
+	// maxMetadata, maxMetadataKey and maxMetadataValue bound a
+	// subscription's metadata filter.
+	maxMetadata, maxMetadataKey, maxMetadataValue = 32, 128, 1024
+	// maxTargetLen bounds a target URL.
+	maxTargetLen = 2048
+	// maxReasonLen bounds a nack's reason.
+	maxReasonLen = 1024
+	// maxLeaseTokenLen bounds a lease token sent back.
+	maxLeaseTokenLen = 256
+)
+
+// namePattern is what a subscription, inbox, source or stream name is
+// made of.
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+
+// checkName answers 400 naming field unless v is a valid name.
+func checkName(w http.ResponseWriter, field, v string) bool {
+	if namePattern.MatchString(v) {
+		return true
+	}
+	if len(v) > maxNameLen {
+		v = v[:maxNameLen] + "…"
+	}
+	writeError(w, http.StatusBadRequest, "invalid_field", "%s %q: use 1 to %d of A-Z a-z 0-9 . _ -", field, v, maxNameLen)
+	return false
+}
+
+// checkAPIText answers 400 naming field unless v is UTF-8 text without
+// control characters of at most max bytes (and not empty unless
+// allowEmpty).
+func checkAPIText(w http.ResponseWriter, field, v string, max int, allowEmpty bool) bool {
+	switch {
+	case v == "" && !allowEmpty:
+		writeError(w, http.StatusBadRequest, "invalid_field", "%s: empty", field)
+	case len(v) > max:
+		writeError(w, http.StatusBadRequest, "invalid_field", "%s: %d bytes, at most %d", field, len(v), max)
+	case !utf8.ValidString(v) || strings.ContainsFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+		writeError(w, http.StatusBadRequest, "invalid_field", "%s %q: want text without control characters", field, v)
+	default:
+		return true
+	}
+	return false
+}
+
+// durationField parses the duration field name (def when absent) in
+// [lo, hi], or answers 400 naming it.
+func durationField(w http.ResponseWriter, name string, v *string, def, lo, hi time.Duration) (time.Duration, bool) {
+	if v == nil {
+		return def, true
+	}
+	d, err := time.ParseDuration(*v)
+	if err != nil || d < 0 {
+		writeError(w, http.StatusBadRequest, "invalid_json", "%s %q: want a duration such as \"30s\", from %s to %s", name, *v, lo, hi)
+		return 0, false
+	}
+	if d < lo || d > hi {
+		writeError(w, http.StatusBadRequest, "invalid_field", "%s %s: want a duration from %s to %s", name, d, lo, hi)
+		return 0, false
+	}
+	return d, true
 }
 
 // subscriptionJSON is a subscription in the API.
@@ -198,6 +314,29 @@ func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "missing_field", "source: required")
 		return
 	}
+	if !checkName(w, "name", *req.Name) || !checkName(w, "source", *req.Source) ||
+		(req.Inbox != "" && !checkName(w, "inbox", req.Inbox)) ||
+		!checkAPIText(w, "target", req.Target, maxTargetLen, true) {
+		return
+	}
+	if len(req.Types) > maxTypes {
+		writeError(w, http.StatusBadRequest, "invalid_field", "types: %d patterns, at most %d", len(req.Types), maxTypes)
+		return
+	}
+	for _, t := range req.Types {
+		if !checkAPIText(w, "types", t, maxTypeLen, false) {
+			return
+		}
+	}
+	if len(req.Metadata) > maxMetadata {
+		writeError(w, http.StatusBadRequest, "invalid_field", "metadata: %d keys, at most %d", len(req.Metadata), maxMetadata)
+		return
+	}
+	for k, v := range req.Metadata {
+		if !checkAPIText(w, "metadata key", k, maxMetadataKey, false) || !checkAPIText(w, "metadata "+strconv.Quote(k), v, maxMetadataValue, true) {
+			return
+		}
+	}
 	sub := delivery.Subscription{Name: *req.Name, Source: *req.Source, Types: req.Types, Metadata: req.Metadata, Inbox: req.Inbox,
 		Start: stream.Start{Policy: req.Start, Offset: req.StartOffset}, Target: req.Target}
 	if req.StartTime != "" {
@@ -242,6 +381,9 @@ func (s *Server) listSubscriptions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getSubscription(w http.ResponseWriter, r *http.Request) {
+	if !checkName(w, "subscription", r.PathValue("name")) {
+		return
+	}
 	sub, err := s.delivery.Subscription(r.Context(), r.PathValue("name"))
 	if err != nil {
 		s.writeErr(w, err)
@@ -257,7 +399,7 @@ func (s *Server) patchSubscription(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Target json.RawMessage `json:"target"` // null stays "null": absent is empty
 	}
-	if !decodeBody(w, r, &req, false) {
+	if !checkName(w, "subscription", r.PathValue("name")) || !decodeBody(w, r, &req, false) {
 		return
 	}
 	if len(req.Target) == 0 {
@@ -267,6 +409,9 @@ func (s *Server) patchSubscription(w http.ResponseWriter, r *http.Request) {
 	var target *string
 	if err := json.Unmarshal(req.Target, &target); err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_json", "field \"target\": want a string or null")
+		return
+	}
+	if target != nil && !checkAPIText(w, "target", *target, maxTargetLen, true) {
 		return
 	}
 	name := r.PathValue("name")
@@ -286,6 +431,9 @@ func ptrValue[T any](p *T) T {
 }
 
 func (s *Server) deleteSubscription(w http.ResponseWriter, r *http.Request) {
+	if !checkName(w, "subscription", r.PathValue("name")) {
+		return
+	}
 	if err := s.delivery.Delete(r.Context(), r.PathValue("name")); err != nil {
 		s.writeErr(w, err)
 		return
@@ -333,6 +481,9 @@ func (s *Server) listStreams(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getStream(w http.ResponseWriter, r *http.Request) {
+	if !checkName(w, "stream", r.PathValue("stream")) {
+		return
+	}
 	for _, st := range s.store.Streams() {
 		if st.ID == r.PathValue("stream") {
 			j, err := s.streamJSON(r, st)
@@ -448,6 +599,9 @@ func itemsJSON(items []delivery.Item) []itemJSON {
 const maxListLimit = 1000
 
 func (s *Server) listItems(w http.ResponseWriter, r *http.Request) {
+	if !checkName(w, "inbox", r.PathValue("inbox")) {
+		return
+	}
 	q := r.URL.Query()
 	state := q.Get("state")
 	if state != "" && !delivery.ValidState(state) {
@@ -489,6 +643,9 @@ func intParam(w http.ResponseWriter, v, name string, def, lo, hi int64) (int64, 
 }
 
 func (s *Server) getItem(w http.ResponseWriter, r *http.Request) {
+	if !checkName(w, "inbox", r.PathValue("inbox")) {
+		return
+	}
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id < 1 {
 		writeError(w, http.StatusBadRequest, "invalid_field", "item id %q: want a positive whole number", r.PathValue("id"))
@@ -502,32 +659,16 @@ func (s *Server) getItem(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, itemsJSON([]delivery.Item{it})[0])
 }
 
-// duration is a JSON string holding a Go duration.
-type duration time.Duration
-
-func (d *duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("a duration is a string such as \"30s\", not %s", b)
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil || v < 0 {
-		return fmt.Errorf("duration %q: want a duration such as \"30s\"", s)
-	}
-	*d = duration(v)
-	return nil
-}
-
 // maxLease bounds the items of one lease.
 const maxLease = 1000
 
 func (s *Server) leaseItems(w http.ResponseWriter, r *http.Request) {
-	req := struct {
-		Max               *int     `json:"max"`
-		VisibilityTimeout duration `json:"visibility_timeout"`
-		Wait              duration `json:"wait"`
-	}{VisibilityTimeout: duration(delivery.DefaultVisibilityTimeout)}
-	if !decodeBody(w, r, &req, true) {
+	var req struct {
+		Max               *int    `json:"max"`
+		VisibilityTimeout *string `json:"visibility_timeout"`
+		Wait              *string `json:"wait"`
+	}
+	if !checkName(w, "inbox", r.PathValue("inbox")) || !decodeBody(w, r, &req, true) {
 		return
 	}
 	n := 10
@@ -538,12 +679,12 @@ func (s *Server) leaseItems(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid_field", "max %d: want 1 to %d", n, maxLease)
 		return
 	}
-	if req.VisibilityTimeout <= 0 {
-		writeError(w, http.StatusBadRequest, "invalid_field", "visibility_timeout must be above 0")
+	visibility, ok := durationField(w, "visibility_timeout", req.VisibilityTimeout, delivery.DefaultVisibilityTimeout, time.Millisecond, MaxVisibilityTimeout)
+	if !ok {
 		return
 	}
-	if time.Duration(req.Wait) > delivery.MaxWait {
-		writeError(w, http.StatusBadRequest, "invalid_field", "wait %s: at most %s", time.Duration(req.Wait), delivery.MaxWait)
+	wait, ok := durationField(w, "wait", req.Wait, 0, 0, delivery.MaxWait)
+	if !ok {
 		return
 	}
 	ctx := r.Context()
@@ -555,7 +696,7 @@ func (s *Server) leaseItems(w http.ResponseWriter, r *http.Request) {
 		defer context.AfterFunc(s.stopping, cancel)()
 	}
 	s.mu.Unlock()
-	l, err := s.delivery.Lease(ctx, r.PathValue("inbox"), n, time.Duration(req.VisibilityTimeout), time.Duration(req.Wait))
+	l, err := s.delivery.Lease(ctx, r.PathValue("inbox"), n, visibility, wait)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the client left
@@ -567,18 +708,24 @@ func (s *Server) leaseItems(w http.ResponseWriter, r *http.Request) {
 }
 
 type settleRequest struct {
-	IDs    []int64  `json:"ids"`
-	Lease  string   `json:"lease"`
-	Delay  duration `json:"delay"`
-	Reason string   `json:"reason"`
+	IDs    []int64 `json:"ids"`
+	Lease  string  `json:"lease"`
+	Delay  *string `json:"delay"`
+	Reason string  `json:"reason"`
+}
+
+// decodeSettle reads the body of an ack or nack, or answers 400.
+func decodeSettle(w http.ResponseWriter, r *http.Request, req *settleRequest) bool {
+	return checkName(w, "inbox", r.PathValue("inbox")) && decodeBody(w, r, req, false) && checkIDs(w, req.IDs) &&
+		checkAPIText(w, "lease", req.Lease, maxLeaseTokenLen, true) && checkAPIText(w, "reason", req.Reason, maxReasonLen, true)
 }
 
 func (s *Server) ackItems(w http.ResponseWriter, r *http.Request) {
 	var req settleRequest
-	if !decodeBody(w, r, &req, false) || !checkIDs(w, req.IDs) {
+	if !decodeSettle(w, r, &req) {
 		return
 	}
-	if req.Delay != 0 || req.Reason != "" {
+	if req.Delay != nil || req.Reason != "" {
 		writeError(w, http.StatusBadRequest, "unknown_field", "delay and reason are for nack, not ack")
 		return
 	}
@@ -588,10 +735,14 @@ func (s *Server) ackItems(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) nackItems(w http.ResponseWriter, r *http.Request) {
 	var req settleRequest
-	if !decodeBody(w, r, &req, false) || !checkIDs(w, req.IDs) {
+	if !decodeSettle(w, r, &req) {
 		return
 	}
-	res, err := s.delivery.Nack(r.Context(), r.PathValue("inbox"), req.IDs, req.Lease, time.Duration(req.Delay), req.Reason)
+	delay, ok := durationField(w, "delay", req.Delay, 0, 0, MaxNackDelay)
+	if !ok {
+		return
+	}
+	res, err := s.delivery.Nack(r.Context(), r.PathValue("inbox"), req.IDs, req.Lease, delay, req.Reason)
 	s.writeResults(w, res, err)
 }
 

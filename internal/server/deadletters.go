@@ -17,6 +17,9 @@ import (
 // query, or answers 400 naming the field.
 func deadLetterFilter(w http.ResponseWriter, q url.Values) (delivery.DeadLetters, bool) {
 	f := delivery.DeadLetters{Inbox: q.Get("inbox"), Subscription: q.Get("subscription")}
+	if (f.Inbox != "" && !checkName(w, "inbox", f.Inbox)) || (f.Subscription != "" && !checkName(w, "subscription", f.Subscription)) {
+		return f, false
+	}
 	for _, p := range []struct {
 		name string
 		t    *time.Time

@@ -5,8 +5,11 @@ package server
 import (
 	"context"
 	"crypto/tls"
+	"database/sql"
+	"embed"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -62,7 +65,38 @@ type Config struct {
 	PingTimeout  time.Duration
 	// Listener, when set, is served instead of listening on Addr.
 	Listener net.Listener
+	// InsecureNoAPIToken lets Run serve the operator API without an
+	// APIToken on an address beyond loopback. Without it Run refuses to
+	// start there: whoever reaches the address could point subscriptions
+	// at any target and read every inbox.
+	InsecureNoAPIToken bool
+
+	// ReadTimeout bounds how long a request's body may take to arrive
+	// after its headers (the headers get the shorter of ReadTimeout and
+	// DefaultReadHeaderTimeout). Defaults to DefaultReadTimeout.
+	ReadTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection that sends no request
+	// for this long. Defaults to DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a request's headers; larger ones get 431.
+	// Defaults to DefaultMaxHeaderBytes.
+	MaxHeaderBytes int
+	// MaxConnections bounds the open TCP connections (HTTP, WebSocket
+	// and TLS alike); more are closed as soon as they are accepted.
+	// Defaults to DefaultMaxConnections.
+	MaxConnections int
+	// StoreProbeInterval is how often, while the store cannot commit, a
+	// probe write checks whether it can again. Defaults to
+	// DefaultStoreProbeInterval.
+	StoreProbeInterval time.Duration
 }
+
+// DefaultStoreProbeInterval is how often a probe write checks whether a
+// store that failed a commit can commit again.
+const DefaultStoreProbeInterval = time.Second
+
+//go:embed migrations/*.sql
+var migrations embed.FS
 
 // Server is a running control plane.
 type Server struct {
@@ -78,6 +112,9 @@ type Server struct {
 	ln          net.Listener
 	mux         *http.ServeMux
 	routes      []string // the mux's patterns, in the order handle registered them
+
+	conns       *connLimit
+	storeHealth *storeHealth
 
 	mu       sync.Mutex
 	ready    bool
@@ -97,6 +134,21 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Webhooks.MaxBytes <= 0 {
 		cfg.Webhooks.MaxBytes = DefaultWebhookMaxBytes
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.MaxHeaderBytes <= 0 {
+		cfg.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if cfg.MaxConnections <= 0 {
+		cfg.MaxConnections = DefaultMaxConnections
+	}
+	if cfg.StoreProbeInterval <= 0 {
+		cfg.StoreProbeInterval = DefaultStoreProbeInterval
 	}
 	var webhookKeys [][]byte
 	for _, secret := range cfg.Webhooks.Secrets {
@@ -126,6 +178,16 @@ func New(cfg Config) (*Server, error) {
 		Help: "Group commits that failed; their events were NACKed as retryable.",
 	})
 	reg.MustRegister(batch, commit, failures)
+	health := newStoreHealth()
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "postbox_store_writable",
+		Help: "1 while the store commits; 0 from a failed group commit until a probe write commits again.",
+	}, func() float64 {
+		if err, _ := health.failure(); err != nil {
+			return 0
+		}
+		return 1
+	}))
 	store, err := streamsqlite.Open(cfg.DBPath, streamsqlite.Config{
 		Synchronous: cfg.Synchronous,
 		MaxBatch:    cfg.MaxBatch,
@@ -136,11 +198,17 @@ func New(cfg Config) (*Server, error) {
 			commit.Observe(took.Seconds())
 			if err != nil {
 				failures.Inc()
+				health.fail(err)
 				cfg.Logger.Error("writer: group commit failed; its events are NACKed as retryable", "events", n, "err", err)
 			}
 		},
 	})
 	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	sub, _ := fs.Sub(migrations, "migrations")
+	if err := store.Migrate(context.Background(), "server", sub); err != nil {
+		store.Close()
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -180,7 +248,8 @@ func New(cfg Config) (*Server, error) {
 		dl.Handle(inbox, h)
 	}
 	reg.MustRegister(dl.LagCollector(), dl.InboxCollector())
-	s := &Server{cfg: cfg, log: cfg.Logger, store: store, delivery: dl, metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, log: cfg.Logger, store: store, delivery: dl, metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg,
+		mux: http.NewServeMux(), conns: newConnLimit(reg, cfg.MaxConnections), storeHealth: health}
 	s.routeAPI()
 	s.handle("POST /webhooks", http.HandlerFunc(s.postWebhook))
 	s.handle("GET /webhooks/{id}", s.requireToken(s.getWebhook))
@@ -190,7 +259,9 @@ func New(cfg Config) (*Server, error) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	}))
 	s.handle("GET /ready", http.HandlerFunc(s.handleReady))
-	s.handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	// /metrics names subscriptions and inboxes: it takes the API token
+	// when one is set (Prometheus sends it with authorization.credentials).
+	s.handle("GET /metrics", s.requireToken(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}).ServeHTTP))
 	return s, nil
 }
 
@@ -208,7 +279,8 @@ func (s *Server) Routes() []string { return slices.Clone(s.routes) }
 // Store returns the server's store.
 func (s *Server) Store() *streamsqlite.Backend { return s.store }
 
-// Handler returns the server's HTTP handler.
+// Handler returns the server's HTTP handler (without the limits Run adds
+// to its connections).
 func (s *Server) Handler() http.Handler { return s.mux }
 
 // Listen binds the listener (if Config.Listener is not set) and returns
@@ -238,13 +310,16 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.checkOpen(addr); err != nil {
+		s.ln.Close()
+		return err
+	}
 	if _, err := s.store.EnsureStream(ctx, DeviceSource); err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped before it started
 		}
 		return err
 	}
-	s.warnIfOpen(addr)
 	storeCtx, stopStore := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopStore()
 	connCtx, stopConns := context.WithCancel(context.WithoutCancel(ctx))
@@ -254,14 +329,17 @@ func (s *Server) Run(ctx context.Context) error {
 	s.stopping = gctx // ends long-polling leases when shutdown begins
 	s.mu.Unlock()
 	srv := &http.Server{
-		Handler:           s.mux,
-		ReadHeaderTimeout: 10 * time.Second,
+		Handler:           bodyDeadline(s.mux, s.cfg.ReadTimeout),
+		ReadHeaderTimeout: min(s.cfg.ReadTimeout, DefaultReadHeaderTimeout),
+		IdleTimeout:       s.cfg.IdleTimeout,
+		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 		// WebSocket sessions are hijacked: Shutdown does not end them;
 		// Drain does, and the end of this context if Drain takes too long.
 		BaseContext: func(net.Listener) context.Context { return connCtx },
 	}
 	g.Go(func() error { return s.store.Run(storeCtx) })
+	g.Go(func() error { return s.probeStore(gctx) })
 	deliveryCtx, stopDelivery := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopDelivery()
 	deliveryDone := make(chan struct{})
@@ -279,11 +357,12 @@ func (s *Server) Run(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		var err error
+		ln := &limitListener{Listener: s.ln, l: s.conns}
 		if s.cfg.TLSCert != "" {
 			srv.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-			err = srv.ServeTLS(s.ln, s.cfg.TLSCert, s.cfg.TLSKey)
+			err = srv.ServeTLS(ln, s.cfg.TLSCert, s.cfg.TLSKey)
 		} else {
-			err = srv.Serve(s.ln)
+			err = srv.Serve(ln)
 		}
 		if errors.Is(err, http.ErrServerClosed) {
 			return nil
@@ -360,20 +439,28 @@ func (s *Server) synchronous() string {
 	return s.cfg.Synchronous
 }
 
-// warnIfOpen logs loudly when anyone on the network may send events.
-func (s *Server) warnIfOpen(addr net.Addr) {
-	if tcp, ok := addr.(*net.TCPAddr); ok && tcp.IP.IsLoopback() {
-		return
+// checkOpen refuses to serve the operator API without a token on an
+// address beyond loopback (unless InsecureNoAPIToken says so), and logs
+// loudly when anyone on the network may send events.
+func (s *Server) checkOpen(addr net.Addr) error {
+	if tcp, ok := addr.(*net.TCPAddr); !ok || tcp.IP.IsLoopback() {
+		return nil
 	}
 	if s.cfg.APIToken == "" {
-		s.log.Warn("!!! postbox serve listens beyond loopback WITHOUT an API token: anyone who can reach " +
-			addr.String() + " may create subscriptions and lease, ack and read inbox items. Pass --api-token.")
+		if !s.cfg.InsecureNoAPIToken {
+			return fmt.Errorf("postbox serve listens on %s, beyond loopback, without an API token: anyone who can reach it "+
+				"could point subscriptions at any target and read every inbox. Pass --api-token TOKEN (POSTBOX_API_TOKEN), "+
+				"listen on loopback (--addr 127.0.0.1:PORT), or pass --insecure-no-api-token (POSTBOX_INSECURE_NO_API_TOKEN=true) "+
+				"to serve the operator API open anyway", addr)
+		}
+		s.log.Warn("!!! postbox serve listens beyond loopback WITHOUT an API token (--insecure-no-api-token): anyone who can reach " +
+			addr.String() + " may create subscriptions and lease, ack and read inbox items.")
 	}
-	if s.cfg.Tokens != nil {
-		return
+	if s.cfg.Tokens == nil {
+		s.log.Warn("!!! postbox serve listens beyond loopback WITHOUT authentication: anyone who can reach " +
+			addr.String() + " may send events. Pass --auth-tokens FILE (and --tls-cert/--tls-key) to require bearer tokens.")
 	}
-	s.log.Warn("!!! postbox serve listens beyond loopback WITHOUT authentication: anyone who can reach " +
-		addr.String() + " may send events. Pass --auth-tokens FILE (and --tls-cert/--tls-key) to require bearer tokens.")
+	return nil
 }
 
 func (s *Server) setReady(v bool) {
@@ -387,5 +474,104 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "starting"})
 		return
 	}
+	if err, since := s.storeHealth.failure(); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "store_unwritable",
+			"reason": "the store cannot commit: " + err.Error(), "since": since})
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "queue_depth": s.store.QueueLen(), "queue_capacity": s.store.QueueCap()})
+}
+
+// storeHealth says whether the store commits: a failed group commit marks
+// it unwritable, and only a probe write that commits marks it writable
+// again (a batch of functions whose writes failed inside their savepoints
+// still commits, so a successful commit alone proves nothing).
+type storeHealth struct {
+	mu    sync.Mutex
+	err   error
+	since time.Time
+	gen   int           // failures so far, so that a probe older than a failure does not clear it
+	wake  chan struct{} // signalled on a failure
+}
+
+func newStoreHealth() *storeHealth { return &storeHealth{wake: make(chan struct{}, 1)} }
+
+func (h *storeHealth) fail(err error) {
+	h.mu.Lock()
+	if h.err == nil {
+		h.since = time.Now().UTC()
+	}
+	h.err = err
+	h.gen++
+	h.mu.Unlock()
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+// failure returns the last failure and when failing began, or nil.
+func (h *storeHealth) failure() (error, time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err, h.since
+}
+
+func (h *storeHealth) generation() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.gen
+}
+
+// recovered clears the failure unless another came after gen.
+func (h *storeHealth) recovered(gen int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.gen != gen {
+		return false
+	}
+	h.err = nil
+	return true
+}
+
+// probeStore, while the store cannot commit, writes one row every
+// StoreProbeInterval until a write commits, so that /ready recovers
+// without traffic. It writes nothing while the store commits.
+func (s *Server) probeStore(ctx context.Context) error {
+	h := s.storeHealth
+	t := time.NewTimer(0)
+	t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-h.wake:
+		}
+		for {
+			if err, _ := h.failure(); err == nil {
+				break
+			}
+			t.Reset(s.cfg.StoreProbeInterval)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-t.C:
+			}
+			gen := h.generation()
+			err := s.store.Update(ctx, func(tx *sql.Tx) error {
+				_, err := tx.ExecContext(ctx, `UPDATE server_store_probe SET probed_at = ? WHERE id = 1`,
+					time.Now().UTC().Format(time.RFC3339Nano))
+				return err
+			})
+			switch {
+			case ctx.Err() != nil:
+				return nil
+			case err != nil:
+				h.fail(err)
+			case h.recovered(gen):
+				s.log.Info("postbox serve: the store commits again")
+			}
+		}
+	}
 }
