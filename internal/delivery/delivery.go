@@ -122,8 +122,20 @@ type Config struct {
 	// HandlerTimeout bounds one attempt of a handler.
 	HandlerTimeout time.Duration
 	// HTTPClient sends the items of subscriptions with a target URL.
-	// Defaults to a client with keep-alive connections for Workers.
+	// Defaults to a client with keep-alive connections for Workers whose
+	// dialer applies the target address policy below; a client given here
+	// is used as it is.
 	HTTPClient *http.Client
+	// AllowLinkLocalTargets lets targets be link-local addresses
+	// (169.254.0.0/16, among them the cloud metadata address
+	// 169.254.169.254, and fe80::/10), refused by default.
+	// DenyPrivateTargets refuses loopback, private, unspecified,
+	// carrier-grade NAT and reserved addresses too, for deployments where
+	// whoever sets a target is not trusted. The address is checked when a
+	// worker connects, after DNS, and a target URL holding a refused IP
+	// address is refused when it is set (ErrInvalid).
+	AllowLinkLocalTargets bool
+	DenyPrivateTargets    bool
 	// Retention is how long completed and failed items, and stream events
 	// every consumer has read, are kept; CleanupInterval is how often they
 	// are deleted (RETENTION_DAYS, CLEANUP_INTERVAL_HOURS). A negative
@@ -149,9 +161,7 @@ func (cfg *Config) setDefaults() {
 	}
 	setDefault(&cfg.CleanupInterval, DefaultCleanupInterval)
 	if cfg.HTTPClient == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.MaxIdleConnsPerHost = cfg.Workers
-		cfg.HTTPClient = &http.Client{Transport: t}
+		cfg.HTTPClient = newHTTPClient(cfg)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -374,6 +384,9 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 	if err := s.validate(); err != nil {
 		return s, false, err
 	}
+	if err := d.cfg.targetPolicy().checkTarget(s.Target); err != nil {
+		return s, false, err
+	}
 	if _, err := d.b.Stats(ctx, s.Stream); errors.Is(err, stream.ErrStreamNotFound) {
 		return s, false, errorf(ErrNotFound, "source %q: no such source", s.Source)
 	} else if err != nil {
@@ -548,6 +561,9 @@ func (d *Delivery) SetTarget(ctx context.Context, name, target string) error {
 		return err
 	}
 	if err := validTarget(target); err != nil {
+		return err
+	}
+	if err := d.cfg.targetPolicy().checkTarget(target); err != nil {
 		return err
 	}
 	if s.Target == target {

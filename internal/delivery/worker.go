@@ -308,11 +308,43 @@ func truncate(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// forwardedHeaders are webhook headers kept in an item's metadata that a
-// target is not sent: they describe the first hop, not the event.
-var forwardedSkip = map[string]bool{"host": true, "content-length": true, "content-type": true, "connection": true,
-	"transfer-encoding": true, "accept-encoding": true, "user-agent": true, "keep-alive": true, "te": true,
-	"upgrade": true, "expect": true, "idempotency-key": true, "x-event-type": true}
+// forwardedHeaders are the headers a webhook arrived with (kept in its
+// event's metadata) that the workers send on to a target, lower case: the
+// provider's own identity, event and signature headers and request
+// tracing. Any other header (credentials such as Authorization, Cookie or
+// X-Api-Key, the first hop's X-Forwarded-*, Host, Content-Length,
+// Content-Encoding, Connection, X-HTTP-Method-Override, ...) describes the
+// request to postbox, not the event, and is not sent.
+var forwardedHeaders = []string{
+	"webhook-id", "webhook-timestamp", "webhook-signature", // Standard Webhooks
+	"svix-id", "svix-timestamp", "svix-signature",
+	"stripe-signature",
+	"x-gitlab-event", "x-gitlab-event-uuid", "x-gitlab-webhook-uuid", "x-gitlab-instance",
+	"x-slack-signature", "x-slack-request-timestamp",
+	"x-twilio-signature",
+	"x-shopify-hmac-sha256", "x-shopify-topic", "x-shopify-webhook-id", "x-shopify-event-id",
+	"x-shopify-shop-domain", "x-shopify-api-version", "x-shopify-triggered-at",
+	"x-request-id", "x-correlation-id", "traceparent", "tracestate",
+}
+
+// forwardedPrefixes are prefixes of forwarded headers, lower case: GitHub's
+// X-GitHub-Event, -Delivery, -Hook-ID, ... and X-Hub-Signature(-256).
+var forwardedPrefixes = []string{"x-github-", "x-hub-signature"}
+
+// ForwardedHeader reports whether a webhook's header name (any case) is
+// one the workers send on to a target (see forwardedHeaders).
+func ForwardedHeader(name string) bool {
+	name = strings.ToLower(name)
+	if slices.Contains(forwardedHeaders, name) {
+		return true
+	}
+	for _, p := range forwardedPrefixes {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
 
 // post returns a Handler that POSTs an item's payload to url: 2xx
 // completes it; any other status, a timeout or a refused connection is a
@@ -331,7 +363,7 @@ func (d *Delivery) post(url string) Handler {
 		}
 		if json.Unmarshal(it.Metadata, &meta) == nil {
 			for name, value := range meta.Headers {
-				if !forwardedSkip[strings.ToLower(name)] {
+				if ForwardedHeader(name) {
 					req.Header.Set(name, value)
 				}
 			}
@@ -346,6 +378,13 @@ func (d *Delivery) post(url string) Handler {
 		h.Set("X-Postbox-Item", strconv.FormatInt(it.ID, 10))
 		h.Set("X-Postbox-Attempt", strconv.Itoa(it.Attempts))
 		resp, err := d.cfg.HTTPClient.Do(req)
+		var refused *refusedError
+		if errors.As(err, &refused) { // the target address policy
+			if host := req.URL.Hostname(); host != refused.addr.String() {
+				return fmt.Errorf("%s: %w", host, refused)
+			}
+			return refused
+		}
 		if err != nil {
 			return err
 		}
