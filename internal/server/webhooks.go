@@ -5,12 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/delivery"
@@ -30,11 +33,24 @@ const DefaultWebhookMaxBytes = 1 << 20
 // maxKeyLength bounds an idempotency key.
 const maxKeyLength = 255
 
+// Bounds of the headers a webhook keeps in its event's metadata (see
+// keptHeader): a longer value, or more in all, is refused with 400.
+const (
+	maxHeaderValue  = 2048 // bytes of one header's values
+	maxHeadersBytes = 8192 // bytes of every kept header's name and values
+)
+
 // WebhookConfig configures the webhook intake. Every provider puts the
 // delivery's id and type somewhere else: the key comes from the
 // Idempotency-Key header, else the Standard Webhooks webhook-id header,
 // else KeyHeader, else the JSON body's KeyField; the type from
 // X-Event-Type, else TypeHeader, else TypeField, else "webhook".
+//
+// With Secrets, identity comes only from what the signature covers: the
+// key is the body's KeyField when set, else the signed webhook-id; the
+// type the body's TypeField (defaulting to "type", where Standard Webhooks
+// payloads carry it), else "webhook". Idempotency-Key, KeyHeader,
+// X-Event-Type and TypeHeader are ignored.
 type WebhookConfig struct {
 	MaxBytes   int64  // largest body accepted; defaults to DefaultWebhookMaxBytes
 	KeyHeader  string // e.g. X-GitHub-Delivery
@@ -65,9 +81,6 @@ type webhookJSON struct {
 }
 
 func webhookID(offset int64) string { return "wh_" + strconv.FormatInt(offset, 10) }
-
-// secretHeaders are not kept in an event's metadata.
-var secretHeaders = map[string]bool{"Authorization": true, "Cookie": true, "Proxy-Authorization": true}
 
 func (s *Server) postWebhook(w http.ResponseWriter, r *http.Request) {
 	if !s.isReady() {
@@ -103,21 +116,30 @@ func (s *Server) postWebhook(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	fields := bodyFields(body, cfg)
-	key, keyFrom := webhookKey(r, fields, cfg)
-	switch {
-	case key == "":
+	signed := len(s.webhookKeys) > 0
+	fields := bodyFields(body, cfg, signed)
+	key, err := webhookKey(r, fields, cfg, signed)
+	if err == nil && key == "" { // a signed webhook has a webhook-id
 		writeError(w, http.StatusBadRequest, "missing_field", "idempotency key: send an Idempotency-Key or webhook-id header%s", keyHint(cfg))
 		return
-	case len(key) > maxKeyLength:
-		writeError(w, http.StatusBadRequest, "invalid_field", "%s: at most %d bytes", keyFrom, maxKeyLength)
+	}
+	var typ string
+	var meta json.RawMessage
+	if err == nil {
+		typ, err = webhookType(r, fields, cfg, signed, s.maxTypeBytes())
+	}
+	if err == nil {
+		meta, err = webhookMetadata(r, cfg)
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_field", "%v", err)
 		return
 	}
 	ev := stream.Event{
 		NativeID:   key,
-		Type:       webhookType(r, fields, cfg),
+		Type:       typ,
 		OccurredAt: time.Now(),
-		Metadata:   webhookMetadata(r),
+		Metadata:   meta,
 		Payload:    postbox.AppendCompact(nil, body), // whitespace alone does not make a conflict
 	}
 	type outcome struct {
@@ -165,20 +187,69 @@ func (s *Server) postWebhook(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// webhookKey returns the idempotency key of a webhook and where it came
-// from.
-func webhookKey(r *http.Request, fields map[string]json.RawMessage, cfg WebhookConfig) (key, from string) {
-	for _, h := range []string{"Idempotency-Key", "Webhook-Id", cfg.KeyHeader} {
+// webhookKey returns the idempotency key of a webhook: "" when there is
+// none (whitespace alone is none), an error naming where it came from when
+// it is not valid. A signed webhook's key comes only from what the
+// signature covers: the body's KeyField when one is configured, else its
+// webhook-id.
+func webhookKey(r *http.Request, fields map[string]json.RawMessage, cfg WebhookConfig, signed bool) (string, error) {
+	headers := []string{"Idempotency-Key", "Webhook-Id", cfg.KeyHeader}
+	if signed {
+		if cfg.KeyField != "" {
+			if v, err := fieldText(fields, cfg.KeyField, maxKeyLength); v != "" || err != nil {
+				return v, err
+			}
+		}
+		headers = []string{"Webhook-Id"}
+	}
+	for _, h := range headers {
 		if h != "" {
 			if v := strings.TrimSpace(r.Header.Get(h)); v != "" {
-				return v, h + " header"
+				return v, checkText(h+" header", v, maxKeyLength)
 			}
 		}
 	}
-	if cfg.KeyField != "" {
-		return scalar(fields[cfg.KeyField]), "field " + cfg.KeyField
+	if cfg.KeyField != "" && !signed {
+		return fieldText(fields, cfg.KeyField, maxKeyLength)
 	}
-	return "", ""
+	return "", nil
+}
+
+// fieldText returns the string or number value of a top-level field of
+// the body, checked with checkText; "" when it has none.
+func fieldText(fields map[string]json.RawMessage, name string, max int) (string, error) {
+	from := "field " + strconv.Quote(name)
+	raw := fields[name]
+	if !utf8.Valid(raw) {
+		return "", fmt.Errorf("%s: not valid UTF-8", from)
+	}
+	v := scalar(raw)
+	if strings.TrimSpace(v) == "" {
+		return "", nil
+	}
+	return v, checkText(from, v, max)
+}
+
+// checkText refuses an idempotency key or type that is not valid UTF-8,
+// holds a control character or is longer than max bytes, naming from.
+// U+FFFD is refused too: it is what invalid UTF-8 becomes when decoded,
+// so two distinct keys would merge.
+func checkText(from, v string, max int) error {
+	if !utf8.ValidString(v) {
+		return fmt.Errorf("%s: not valid UTF-8", from)
+	}
+	for _, c := range v {
+		switch {
+		case c == utf8.RuneError:
+			return fmt.Errorf("%s: holds U+FFFD, which stands for invalid UTF-8", from)
+		case unicode.IsControl(c):
+			return fmt.Errorf("%s: holds the control character %U", from, c)
+		}
+	}
+	if len(v) > max {
+		return fmt.Errorf("%s: %d bytes, at most %d", from, len(v), max)
+	}
+	return nil
 }
 
 func keyHint(cfg WebhookConfig) string {
@@ -195,29 +266,49 @@ func keyHint(cfg WebhookConfig) string {
 	return ", or " + strings.Join(also, " or ")
 }
 
-func webhookType(r *http.Request, fields map[string]json.RawMessage, cfg WebhookConfig) string {
-	for _, h := range []string{"X-Event-Type", cfg.TypeHeader} {
-		if h != "" {
-			if v := strings.TrimSpace(r.Header.Get(h)); v != "" {
-				return v
+// webhookType returns the type of a webhook, or an error naming where an
+// invalid one came from. A signed webhook's type comes only from its body
+// (TypeField, by default "type"), which the signature covers.
+func webhookType(r *http.Request, fields map[string]json.RawMessage, cfg WebhookConfig, signed bool, max int) (string, error) {
+	field := cfg.TypeField
+	if signed {
+		if field == "" {
+			field = "type"
+		}
+	} else {
+		for _, h := range []string{"X-Event-Type", cfg.TypeHeader} {
+			if h != "" {
+				if v := strings.TrimSpace(r.Header.Get(h)); v != "" {
+					return v, checkText(h+" header", v, max)
+				}
 			}
 		}
 	}
-	if v := scalar(fields[cfg.TypeField]); cfg.TypeField != "" && v != "" {
-		return v
+	if field != "" {
+		if v, err := fieldText(fields, field, max); v != "" || err != nil {
+			return v, err
+		}
 	}
-	return "webhook"
+	return "webhook", nil
 }
 
 // bodyFields returns the top-level fields of a JSON object body, parsed
 // only when the source takes its key or type from one.
-func bodyFields(body []byte, cfg WebhookConfig) map[string]json.RawMessage {
-	if cfg.KeyField == "" && cfg.TypeField == "" {
+func bodyFields(body []byte, cfg WebhookConfig, signed bool) map[string]json.RawMessage {
+	if cfg.KeyField == "" && cfg.TypeField == "" && !signed {
 		return nil
 	}
 	var fields map[string]json.RawMessage
 	json.Unmarshal(body, &fields) // not an object: no fields
 	return fields
+}
+
+// maxTypeBytes bounds a webhook's type as Limits bound an envelope's.
+func (s *Server) maxTypeBytes() int {
+	if n := s.cfg.Limits.MaxTypeBytes; n > 0 {
+		return n
+	}
+	return postbox.DefaultMaxTypeBytes
 }
 
 // scalar returns a JSON string's value or a number's text, or "".
@@ -237,18 +328,43 @@ func scalar(raw json.RawMessage) string {
 	return ""
 }
 
-// webhookMetadata keeps the request's headers (but credentials) in the
-// event's metadata, so that handlers see X-GitHub-Event, Stripe-Signature
-// and the like.
-func webhookMetadata(r *http.Request) json.RawMessage {
+// keptHeader reports whether a header (canonical name) is kept in a
+// webhook's metadata, so that handlers see X-GitHub-Event,
+// Stripe-Signature and the like: those the workers forward to a target
+// (delivery.ForwardedHeader), Content-Type, User-Agent, X-Event-Type and
+// the configured key and type headers. Credentials and the first hop's
+// headers are not kept.
+func keptHeader(name string, cfg WebhookConfig) bool {
+	switch name {
+	case "Content-Type", "User-Agent", "X-Event-Type", "Idempotency-Key":
+		return true
+	}
+	return delivery.ForwardedHeader(name) || (cfg.KeyHeader != "" && strings.EqualFold(name, cfg.KeyHeader)) ||
+		(cfg.TypeHeader != "" && strings.EqualFold(name, cfg.TypeHeader))
+}
+
+// webhookMetadata keeps the request's kept headers (keptHeader) in the
+// event's metadata, each at most maxHeaderValue bytes and all together at
+// most maxHeadersBytes: more is refused, not cut (a cut signature is
+// useless).
+func webhookMetadata(r *http.Request, cfg WebhookConfig) (json.RawMessage, error) {
 	headers := map[string]string{}
+	total := 0
 	for name, values := range r.Header {
-		if !secretHeaders[name] {
-			headers[strings.ToLower(name)] = strings.Join(values, ", ")
+		if !keptHeader(name, cfg) {
+			continue
 		}
+		v := strings.Join(values, ", ")
+		if len(v) > maxHeaderValue {
+			return nil, fmt.Errorf("header %s: %d bytes, at most %d", name, len(v), maxHeaderValue)
+		}
+		if total += len(name) + len(v); total > maxHeadersBytes {
+			return nil, fmt.Errorf("headers: the ones kept with a webhook (provider ids, events, signatures) exceed %d bytes", maxHeadersBytes)
+		}
+		headers[strings.ToLower(name)] = v
 	}
 	meta, _ := json.Marshal(map[string]any{"headers": headers, "remote_addr": r.RemoteAddr})
-	return meta
+	return meta, nil
 }
 
 // webhookJSON describes a stored webhook with the state of its item in the
@@ -305,6 +421,10 @@ func (s *Server) findWebhook(w http.ResponseWriter, r *http.Request) {
 // which puts every webhook into the inbox "webhooks" from the first one
 // on. A default subscription an operator redefined is left as it is.
 func (s *Server) ensureWebhooks(ctx context.Context) error {
+	if c := s.cfg.Webhooks; len(s.webhookKeys) > 0 && (c.KeyHeader != "" || c.TypeHeader != "") {
+		s.log.Warn("webhooks: with a signing secret the key is the signed webhook-id and the type the signed body's field; the key and type headers are ignored",
+			"key_header", c.KeyHeader, "type_header", c.TypeHeader)
+	}
 	if _, err := s.store.EnsureStream(ctx, WebhookSource); err != nil {
 		return err
 	}
