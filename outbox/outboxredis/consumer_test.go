@@ -241,20 +241,26 @@ func TestConsumerDeadLettersEntryWhoseConsumersKeptDying(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Delivered to dead-0, then claimed by dead-1 and dead-2: three
-	// deliveries, no answer.
+	// deliveries, no answer. dead-2's claim backdates the entry's last
+	// delivery by an hour (XCLAIM IDLE), so that it is idle for MinIdle
+	// from the start: the consumer claims it on its first pass without the
+	// test waiting, and its MinIdle stays far longer than a round trip
+	// (with a MinIdle of a millisecond the consumer found its own claim
+	// expired before it could handle it, and claimed the entry again).
 	res, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "dead-0", Streams: []string{stream, ">"}, Block: -1}).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	id := res[0].Messages[0].ID
-	for _, name := range []string{"dead-1", "dead-2"} {
-		if err := c.XClaim(ctx, &redis.XClaimArgs{Stream: stream, Group: "g", Consumer: name, Messages: []string{id}}).Err(); err != nil {
-			t.Fatal(err)
-		}
+	if err := c.XClaim(ctx, &redis.XClaimArgs{Stream: stream, Group: "g", Consumer: "dead-1", Messages: []string{id}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Do(ctx, "xclaim", stream, "g", "dead-2", 0, id, "idle", time.Hour.Milliseconds()).Err(); err != nil {
+		t.Fatal(err)
 	}
 
 	var rec recorder
-	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: time.Millisecond, MaxDeliveries: 3, Handler: rec.handle}))
+	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: time.Minute, MaxDeliveries: 3, Handler: rec.handle}))
 	dead := stream + outboxredis.DeadStreamSuffix
 	servertest.Eventually(t, 10*time.Second, "a dead letter", func() bool { n, _ := c.XLen(ctx, dead).Result(); return n == 1 })
 	servertest.Eventually(t, 5*time.Second, "the entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
