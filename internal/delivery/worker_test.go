@@ -127,9 +127,19 @@ func TestTargetAlwaysFails(t *testing.T) {
 		t.Fatalf("dead letter: %+v", it)
 	}
 	e.clock.Advance(time.Hour)
-	time.Sleep(1500 * time.Millisecond) // a dispatcher looks every second
-	if tg.calls() != 4 {
-		t.Fatalf("%d calls, want 4: a dead letter is not retried", tg.calls())
+	// A new event wakes the dispatcher, which leases every item due, the
+	// dead letter among them were it retried: once the new item has had
+	// its attempt, the dead letter would have had one too.
+	e.appendEvents(t, "later", "t", 1)
+	servertest.Eventually(t, 10*time.Second, "the new item's first attempt", func() bool {
+		items, err := e.d.List(context.Background(), "hook", delivery.StatePending, 0, 10)
+		return err == nil && len(items) == 1 && items[0].Attempts == 1
+	})
+	if tg.calls() != 5 {
+		t.Fatalf("%d calls, want 5 (4, then the new item's): a dead letter is not retried", tg.calls())
+	}
+	if it, err := e.d.Item(context.Background(), "", it.ID); err != nil || it.State != delivery.StateFailed || it.Attempts != 4 {
+		t.Fatalf("dead letter after an hour: %+v, %v", it, err)
 	}
 }
 
