@@ -1179,7 +1179,16 @@ func TestShutdownAnswersWhatItRead(t *testing.T) {
 	waitFor(t, 10*time.Second, "the server to read the frame", func() bool { return ts.metrics(t)["postbox_ingress_frames_total"] >= 1 })
 	stopped := make(chan struct{})
 	go func() { ts.Stop(); close(stopped) }()
-	time.Sleep(100 * time.Millisecond) // shutdown has begun and waits for the answers
+	// Shutdown closes the listener, then drains the connections: once a
+	// new connection is refused, the drain waits for the answers.
+	waitFor(t, 10*time.Second, "shutdown to close the listener", func() bool {
+		conn, err := net.Dial("tcp", ts.Addr)
+		if err != nil {
+			return true
+		}
+		conn.Close()
+		return false
+	})
 	release()
 	r := <-sent
 	if r.err != nil {
