@@ -75,6 +75,8 @@ before /ready answers 200. Flags win over the environment variables named in bra
 	fs.Var(&cleanup, "cleanup-interval-hours", "how often retention runs, in `hours` (or a duration such as 30m) [CLEANUP_INTERVAL_HOURS]")
 	var whTarget httpURL
 	fs.Var(&whTarget, "webhook-target", "`URL` the workers POST each webhook to (the default subscription webhooks); without one, runtimes lease the inbox webhooks [WEBHOOK_TARGET_URL]")
+	allowLinkLocal := fs.Bool("allow-link-local-targets", false, "let targets be link-local addresses (169.254.0.0/16 with the cloud metadata address 169.254.169.254, fe80::/10), refused by default [POSTBOX_ALLOW_LINK_LOCAL_TARGETS]")
+	denyPrivate := fs.Bool("deny-private-targets", false, "refuse targets at loopback, private, CGNAT and reserved addresses too, checked when connecting, when whoever sets a target is not trusted [POSTBOX_DENY_PRIVATE_TARGETS]")
 	level := choice{value: "info", choices: []string{"debug", "info", "warn", "error"}}
 	fs.Var(&level, "log-level", "`level`: debug, info, warn or error [LOG_LEVEL]")
 	format := choice{value: "pretty", choices: []string{"pretty", "json", "text"}}
@@ -89,6 +91,7 @@ before /ready answers 200. Flags win over the environment variables named in bra
 		"addr": "POSTBOX_ADDR", "port": "PORT", "db": "DB_PATH",
 		"workers": "WORKER_COUNT", "max-attempts": "MAX_ATTEMPTS", "retry-base-delay": "RETRY_BASE_DELAY", "retry-max-delay": "RETRY_MAX_DELAY",
 		"handler-timeout": "POSTBOX_HANDLER_TIMEOUT", "retention-days": "RETENTION_DAYS", "cleanup-interval-hours": "CLEANUP_INTERVAL_HOURS",
+		"allow-link-local-targets": "POSTBOX_ALLOW_LINK_LOCAL_TARGETS", "deny-private-targets": "POSTBOX_DENY_PRIVATE_TARGETS",
 		"webhook-target": "WEBHOOK_TARGET_URL", "synchronous": "POSTBOX_SYNCHRONOUS", "max-batch": "POSTBOX_MAX_BATCH",
 		"queue-size": "QUEUE_MAXSIZE", "queue-bytes": "POSTBOX_QUEUE_BYTES", "max-envelope-bytes": "POSTBOX_MAX_ENVELOPE_BYTES", "auth-tokens": "POSTBOX_AUTH_TOKENS", "api-token": "POSTBOX_API_TOKEN",
 		"insecure-no-api-token": "POSTBOX_INSECURE_NO_API_TOKEN", "http-read-timeout": "POSTBOX_HTTP_READ_TIMEOUT",
@@ -136,7 +139,7 @@ before /ready answers 200. Flags win over the environment variables named in bra
 			TypeHeader: *whTypeHeader, TypeField: *whTypeField, Secrets: splitList(*whSecrets), Target: string(whTarget)},
 		Delivery: delivery.Config{Workers: int(workers), MaxAttempts: int(maxAttempts), RetryBaseDelay: time.Duration(retryBase),
 			RetryMaxDelay: time.Duration(retryMax), HandlerTimeout: time.Duration(handlerTimeout), Retention: keep,
-			CleanupInterval: time.Duration(cleanup)},
+			CleanupInterval: time.Duration(cleanup), AllowLinkLocalTargets: *allowLinkLocal, DenyPrivateTargets: *denyPrivate},
 		Logger: log,
 	}
 	if *tokens != "" {
