@@ -3,8 +3,9 @@ package postbox
 // Code says why an event was refused. Every NACK carries one.
 type Code string
 
-// The codes a NACK carries. Only CodeUnavailable is retryable: the others
-// describe the event itself, and sending it again unchanged cannot succeed.
+// The codes a NACK carries. Only CodeUnavailable and CodeStoreFailed are
+// retryable: the others describe the event itself, and sending it again
+// unchanged cannot succeed.
 const (
 	// CodeInvalidJSON: the envelope is not a JSON object.
 	CodeInvalidJSON Code = "invalid_json"
@@ -26,11 +27,16 @@ const (
 	// CodeUnavailable: the receiver could not store the event now (a storage
 	// error, shutdown). Send it again later.
 	CodeUnavailable Code = "unavailable"
+	// CodeStoreFailed: the receiver's commit failed (disk full, I/O error);
+	// nothing is wrong with the event. Send it again once the receiver
+	// recovers; a sender treats it as an outage of the receiver, not as a
+	// failed attempt of the event (outbox.IsOutage).
+	CodeStoreFailed Code = "store_failed"
 )
 
 // Retryable reports whether an event refused with c may succeed when sent
 // again unchanged.
-func (c Code) Retryable() bool { return c == CodeUnavailable }
+func (c Code) Retryable() bool { return c == CodeUnavailable || c == CodeStoreFailed }
 
 // FieldError is a refusal of one envelope: what is wrong and, where one
 // field is to blame, which.

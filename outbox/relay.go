@@ -15,6 +15,7 @@ const (
 	DefaultBatchSize     = 256
 	DefaultBatchBytes    = 4 << 20
 	DefaultMaxInFlight   = 4096
+	DefaultMinInFlight   = 256
 	DefaultPollInterval  = time.Second
 	DefaultRetryBase     = time.Second
 	DefaultRetryMax      = 5 * time.Minute
@@ -31,9 +32,22 @@ type RelayConfig struct {
 	// events still fits the receiver's frame limit. A message larger than
 	// BatchBytes is published alone. Defaults to 4 MiB.
 	BatchBytes int
-	// MaxInFlight bounds the messages published and not yet answered.
-	// Defaults to 4096.
+	// MaxInFlight bounds the messages published and not yet answered
+	// (the window). Defaults to 4096.
+	//
+	// The window adapts to what the receiver achieves: it starts at
+	// MinInFlight, grows by one message for every message answered
+	// (doubling each round trip while whole windows are answered), up to
+	// MaxInFlight; after an outage (a transport failure, or an outage
+	// NACK) it starts again from the number of messages answered since
+	// the previous outage, never below MinInFlight. On a good link it
+	// reaches MaxInFlight within a few round trips; on a link cut every
+	// few hundred milliseconds each connection is sent what the last one
+	// managed, so the oldest rows are not resent on every connection.
 	MaxInFlight int
+	// MinInFlight is the window's floor and start. Defaults to 256; it is
+	// at least BatchSize and at most MaxInFlight.
+	MinInFlight int
 	// PollInterval is how often the store is polled when it does not
 	// notify (or in case a notification was missed). Defaults to 1s.
 	PollInterval time.Duration
@@ -63,8 +77,26 @@ type RelayConfig struct {
 
 // Stats counts what one settled publish did.
 type Stats struct {
+	// Unanswered counts messages the transport failed before a reply and
+	// messages answered with an outage NACK (IsOutage).
 	Delivered, Rejected, Retried, Unanswered int
-	Err                                      error // the transport error, if any
+	Err                                      error // the transport error or the outage, if any
+	// Unrecorded counts the answered messages (Delivered, Rejected) whose
+	// outcome the store could not record. The Relay keeps them in flight,
+	// never resending them, and records them again every PollInterval
+	// until the store takes them.
+	Unrecorded int
+	// Window is the relay's window after this publish.
+	Window int
+}
+
+// IsOutage reports whether a reply says that the receiver, not the
+// message, failed (postbox.CodeStoreFailed: its commit failed). The Relay
+// treats it as it treats a transport failure: the message is settled
+// Unanswered (no attempt counted, no backoff of its own) and publishing
+// pauses with the Reconnect backoff.
+func IsOutage(r postbox.Reply) bool {
+	return !r.OK() && r.Code == postbox.CodeStoreFailed
 }
 
 // Relay sends a Store's rows through a Publisher. It keeps up to
@@ -92,6 +124,10 @@ func NewRelay(store Store, pub Publisher, cfg RelayConfig) (*Relay, error) {
 		cfg.MaxInFlight = DefaultMaxInFlight
 	}
 	cfg.MaxInFlight = max(cfg.MaxInFlight, cfg.BatchSize)
+	if cfg.MinInFlight <= 0 {
+		cfg.MinInFlight = DefaultMinInFlight
+	}
+	cfg.MinInFlight = min(max(cfg.MinInFlight, cfg.BatchSize), cfg.MaxInFlight)
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = DefaultPollInterval
 	}
@@ -124,8 +160,10 @@ func NewRelay(store Store, pub Publisher, cfg RelayConfig) (*Relay, error) {
 }
 
 type settledBatch struct {
-	msgs []Message
-	st   Stats
+	released []Message // out of flight: settled, or due again
+	held     []Outcome // answered outcomes the store could not record
+	st       Stats
+	again    bool // a retry of held outcomes
 }
 
 type published struct {
@@ -151,11 +189,20 @@ func (r *Relay) Run(ctx context.Context) error {
 	inFlight := map[string]int{}
 	inFlightN := 0
 	var cursor int64 // rows up to here were handed out in this sweep
-	running := 0     // batches published and not yet settled
+	running := 0     // batches published and not yet settled, and retries of held outcomes
 	results := make(chan published)
 	settled := make(chan settledBatch)
 	failures := 0
 	var pausedUntil time.Time
+	// The window (see RelayConfig.MaxInFlight): answered counts the
+	// messages answered since the last outage.
+	floor := r.cfg.MinInFlight
+	window, answered := floor, 0
+	// held are answered outcomes the store failed to record: their rows
+	// stay in flight, not sent again, and are recorded again at retryAt.
+	var held []Outcome
+	var retryAt time.Time
+	retrying := false
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	// The timer above is reset on every turn of the loop, so under steady
@@ -167,7 +214,17 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	for {
 		now := r.cfg.Now()
-		room := r.cfg.MaxInFlight - inFlightN
+		if ctx.Err() == nil && len(held) > 0 && !retrying && !now.Before(retryAt) {
+			outs := held
+			held, retrying = nil, true
+			running++
+			go func() {
+				ctx, cancel := context.WithTimeout(settleCtx, r.cfg.SettleTimeout)
+				defer cancel()
+				settled <- r.settleAgain(ctx, outs)
+			}()
+		}
+		room := window - inFlightN
 		if ctx.Err() == nil && room > 0 && !now.Before(pausedUntil) {
 			msgs, last, err := r.due(ctx, now, cursor, min(room, r.cfg.BatchSize), inFlight)
 			cursor = max(cursor, last)
@@ -193,17 +250,24 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 		}
 		if ctx.Err() != nil && running == 0 {
+			if len(held) > 0 {
+				r.log.Warn("outbox: stopping with answered events the store could not record; they will be sent again", "events", len(held))
+			}
 			return nil
 		}
 		wait := r.cfg.PollInterval
 		if now.Before(pausedUntil) {
 			wait = pausedUntil.Sub(now)
 		}
+		if len(held) > 0 && !retrying && ctx.Err() == nil {
+			wait = max(0, min(wait, retryAt.Sub(now)))
+		}
 		timer.Reset(wait)
 		select {
 		case p := <-results:
+			err := p.outage()
 			switch {
-			case p.err == nil:
+			case err == nil:
 				if failures > 0 {
 					r.log.Info("outbox: publishing again", "after_failures", failures)
 				}
@@ -213,27 +277,46 @@ func (r *Relay) Run(ctx context.Context) error {
 				delay := r.cfg.Reconnect.Delay(failures)
 				failures++
 				pausedUntil = r.cfg.Now().Add(delay)
-				r.log.Warn("outbox: publish failed; pausing before the next attempt", "err", p.err, "events", len(p.msgs), "pause", delay.Round(time.Millisecond), "failures", failures)
+				// The next connection is sent what this one managed.
+				window, answered = min(max(answered, floor), r.cfg.MaxInFlight), 0
+				r.log.Warn("outbox: publish failed; pausing before the next attempt", "err", err, "events", len(p.msgs), "pause", delay.Round(time.Millisecond), "failures", failures, "window", window)
 			}
 			// Settling runs beside the next reads and publishes; the rows
 			// stay in flight until it is done.
 			go func() {
 				ctx, cancel := context.WithTimeout(settleCtx, r.cfg.SettleTimeout)
 				defer cancel()
-				settled <- settledBatch{p.msgs, r.settle(ctx, p)}
+				settled <- r.settle(ctx, p)
 			}()
 		case s := <-settled:
 			running--
-			inFlightN -= len(s.msgs)
-			for _, m := range s.msgs {
+			inFlightN -= len(s.released)
+			for _, m := range s.released {
 				if inFlight[m.EventID]--; inFlight[m.EventID] <= 0 {
 					delete(inFlight, m.EventID)
 				}
+			}
+			if s.again {
+				retrying = false
+			}
+			if len(s.held) > 0 {
+				if len(held) == 0 && !retrying {
+					retryAt = r.cfg.Now().Add(r.cfg.PollInterval)
+				}
+				held = append(held, s.held...)
+			}
+			if s.again {
+				continue
+			}
+			if n := s.st.Delivered + s.st.Rejected + s.st.Retried; s.st.Err == nil && n > 0 {
+				answered += n
+				window = min(window+n, r.cfg.MaxInFlight)
 			}
 			if s.st.Retried > 0 || s.st.Unanswered > 0 {
 				cursor = 0 // rows behind the cursor are due again
 			}
 			if r.cfg.Observe != nil {
+				s.st.Window = window
 				r.cfg.Observe(s.st)
 			}
 		case <-notify:
@@ -246,6 +329,20 @@ func (r *Relay) Run(ctx context.Context) error {
 			done = nil // wait for the publishes in flight without spinning
 		}
 	}
+}
+
+// outage returns the transport error of a publish, or an error naming the
+// first outage NACK among its replies, or nil.
+func (p published) outage() error {
+	if p.err != nil {
+		return p.err
+	}
+	for _, rep := range p.replies {
+		if IsOutage(rep) {
+			return fmt.Errorf("the receiver could not store events: %s: %s", rep.Code, rep.Message)
+		}
+	}
+	return nil
 }
 
 // due returns up to n due messages after cursor that are not in flight,
@@ -291,8 +388,8 @@ func (r *Relay) split(msgs []Message) [][]Message {
 }
 
 // settle records the outcome of one publish.
-func (r *Relay) settle(ctx context.Context, p published) Stats {
-	st := Stats{Err: p.err}
+func (r *Relay) settle(ctx context.Context, p published) settledBatch {
+	st := Stats{Err: p.outage()}
 	out := make([]Outcome, 0, len(p.msgs))
 	now := r.cfg.Now()
 	for i, m := range p.msgs {
@@ -304,6 +401,13 @@ func (r *Relay) settle(ctx context.Context, p published) Stats {
 		rep := p.replies[i]
 		if rep.EventID == "" {
 			rep.EventID = m.EventID
+		}
+		if IsOutage(rep) {
+			// The receiver failed, not the event: no attempt, no backoff
+			// of its own; the pause after the outage spaces the next try.
+			out = append(out, Outcome{EventID: m.EventID, Kind: Unanswered, Error: string(rep.Code) + ": " + rep.Message, Lease: m.Lease})
+			st.Unanswered++
+			continue
 		}
 		o := ReplyOutcome(rep, now.Add(r.cfg.Retry.Delay(m.Attempts)))
 		o.EventID = m.EventID
@@ -323,9 +427,44 @@ func (r *Relay) settle(ctx context.Context, p published) Stats {
 		out = append(out, o)
 	}
 	if err := r.store.Settle(ctx, out); err != nil {
-		// Nothing settled: delivered rows are sent again and acknowledged
-		// as duplicates, which is safe.
-		r.log.Error("outbox: recording results failed; the events will be sent again", "err", err, "events", len(out))
+		// Nothing settled. The answered rows stay in flight, not sent
+		// again, until the store records them; the others are due again
+		// as they were, without an attempt counted.
+		held := answeredOutcomes(out)
+		r.log.Error("outbox: recording results failed; answered events are kept in memory and recorded again", "err", err, "events", len(out), "answered", len(held))
+		st.Unrecorded = len(held)
+		released := make([]Message, 0, len(p.msgs)-len(held))
+		for i, m := range p.msgs {
+			if k := out[i].Kind; k != Delivered && k != Rejected {
+				released = append(released, m)
+			}
+		}
+		return settledBatch{released: released, held: held, st: st}
 	}
-	return st
+	return settledBatch{released: p.msgs, st: st}
+}
+
+// settleAgain records held outcomes again.
+func (r *Relay) settleAgain(ctx context.Context, outs []Outcome) settledBatch {
+	if err := r.store.Settle(ctx, outs); err != nil {
+		r.log.Error("outbox: recording answered events failed again; retrying", "err", err, "events", len(outs))
+		return settledBatch{held: outs, again: true}
+	}
+	r.log.Info("outbox: recorded answered events the store had refused", "events", len(outs))
+	released := make([]Message, len(outs))
+	for i, o := range outs {
+		released[i] = Message{EventID: o.EventID}
+	}
+	return settledBatch{released: released, again: true}
+}
+
+// answeredOutcomes returns the Delivered and Rejected outcomes of out.
+func answeredOutcomes(out []Outcome) []Outcome {
+	var held []Outcome
+	for _, o := range out {
+		if o.Kind == Delivered || o.Kind == Rejected {
+			held = append(held, o)
+		}
+	}
+	return held
 }

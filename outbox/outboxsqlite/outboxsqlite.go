@@ -5,6 +5,11 @@
 // transaction and one fsync, and each returns only after its commit. A row
 // is deleted only when its ACK arrives; a row the receiver refused for
 // good is kept with state "rejected" and the reason, until Requeue.
+//
+// On a full disk the write-ahead log must not keep the space it took: a
+// write that fails for space (SQLITE_FULL, an I/O error) is followed by a
+// checkpoint that truncates the log (PRAGMA wal_checkpoint(TRUNCATE)), and
+// Run truncates it too whenever nothing was written for CheckpointInterval.
 package outboxsqlite
 
 import (
@@ -17,7 +22,11 @@ import (
 	"fmt"
 	"io/fs"
 	"strings"
+	"sync/atomic"
 	"time"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/groupcommit"
@@ -44,7 +53,13 @@ type Config struct {
 	// QueueSize bounds inserts waiting for their group commit.
 	QueueSize int
 	Now       func() time.Time
+	// CheckpointInterval is how often Run truncates the write-ahead log
+	// when nothing was written since the last time. Defaults to 1m.
+	CheckpointInterval time.Duration
 }
+
+// DefaultCheckpointInterval is Config.CheckpointInterval's default.
+const DefaultCheckpointInterval = time.Minute
 
 // Store is an edge outbox in one SQLite file.
 type Store struct {
@@ -53,6 +68,8 @@ type Store struct {
 	writer *groupcommit.Writer[*insert]
 	now    func() time.Time
 	notify chan struct{}
+	every  time.Duration
+	writes atomic.Int64 // writes tried; Run truncates the log when it stood still
 }
 
 var (
@@ -120,7 +137,10 @@ func Open(path string, cfg Config) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
-	s := &Store{db: db, now: cfg.Now, notify: make(chan struct{}, 1), stmts: map[string]*sql.Stmt{}}
+	s := &Store{db: db, now: cfg.Now, notify: make(chan struct{}, 1), stmts: map[string]*sql.Stmt{}, every: cfg.CheckpointInterval}
+	if s.every <= 0 {
+		s.every = DefaultCheckpointInterval
+	}
 	for _, q := range []string{qInsert, qStored, qDelivered, qRejected, qRetry, qUnanswered} {
 		st, err := db.Prepare(q)
 		if err != nil {
@@ -136,8 +156,65 @@ func Open(path string, cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// Run writes inserts until ctx ends.
-func (s *Store) Run(ctx context.Context) error { return s.writer.Run(ctx) }
+// Run writes inserts until ctx ends, and truncates the write-ahead log
+// every CheckpointInterval in which nothing was written.
+func (s *Store) Run(ctx context.Context) error {
+	idle := make(chan struct{})
+	go func() {
+		defer close(idle)
+		tick := time.NewTicker(s.every)
+		defer tick.Stop()
+		last := s.writes.Load()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if n := s.writes.Load(); n != last {
+				last = n
+				continue
+			}
+			s.truncateWAL(ctx)
+		}
+	}()
+	err := s.writer.Run(ctx)
+	<-idle
+	return err
+}
+
+// truncateWAL checkpoints the write-ahead log into the database and
+// truncates it to nothing, giving its space back. A checkpoint that
+// cannot finish (a reader holds old pages) leaves the log as it is.
+func (s *Store) truncateWAL(ctx context.Context) error {
+	if _, err := s.db.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`); err != nil {
+		return fmt.Errorf("outbox checkpoint: %w", err)
+	}
+	return nil
+}
+
+// failed is called with the error of a write: one that failed for space
+// truncates the write-ahead log, so the space the log took is free for
+// the next write (the deletes of delivered rows above all).
+func (s *Store) failed(err error) {
+	if err != nil && noSpace(err) {
+		s.truncateWAL(context.Background())
+	}
+}
+
+// noSpace reports whether err is SQLite failing for space: the disk
+// (or the database's max_page_count) full, or an I/O error writing.
+func noSpace(err error) bool {
+	var e *sqlite.Error
+	if !errors.As(err, &e) {
+		return false
+	}
+	switch e.Code() & 0xff {
+	case sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR:
+		return true
+	}
+	return false
+}
 
 // Close closes the database. Run must have returned.
 func (s *Store) Close() error { return s.db.Close() }
@@ -202,7 +279,9 @@ func (s *Store) Insert(ctx context.Context, envs []postbox.Envelope) ([]Result, 
 	return out, nil
 }
 
-func (s *Store) flush(ctx context.Context, batch []*insert) error {
+func (s *Store) flush(ctx context.Context, batch []*insert) (err error) {
+	s.writes.Add(1)
+	defer func() { s.failed(err) }()
 	now := s.now().UTC().Format(sqlitedb.Time)
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -258,7 +337,9 @@ func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) 
 
 // Settle implements outbox.Store: delivered rows are deleted, rejected
 // ones kept with their reason.
-func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) error {
+func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) (err error) {
+	s.writes.Add(1)
+	defer func() { s.failed(err) }()
 	now := s.now().UTC().Format(sqlitedb.Time)
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
