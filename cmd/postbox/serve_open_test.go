@@ -1,0 +1,60 @@
+package main_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestServeRefusesAnOpenOperatorAPI: serve beyond loopback without an API
+// token stops with a message naming the flags and their variables; the
+// explicit opt-out (flag or variable) or a token lets it start.
+func TestServeRefusesAnOpenOperatorAPI(t *testing.T) {
+	dir := t.TempDir()
+	// Without the refusal serve would run: the context ends it.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "serve", "--addr", "0.0.0.0:0", "--db", filepath.Join(dir, "refused.db"))
+	outb, err := cmd.CombinedOutput()
+	out, code := string(outb), cmd.ProcessState.ExitCode()
+	if ctx.Err() != nil {
+		t.Fatalf("serve --addr 0.0.0.0:0 without a token was still running after 20s: %v %s", err, out)
+	}
+	for _, want := range []string{"beyond loopback", "--api-token", "POSTBOX_API_TOKEN", "--insecure-no-api-token", "POSTBOX_INSECURE_NO_API_TOKEN"} {
+		if code == 0 || !strings.Contains(out, want) {
+			t.Errorf("serve --addr 0.0.0.0:0 without a token: exit %d, output %q; want a refusal naming %s", code, out, want)
+		}
+	}
+	bad := exec.Command(binary, "serve", "--addr", "0.0.0.0:0", "--db", filepath.Join(dir, "bad.db"))
+	bad.Env = append(bad.Environ(), "POSTBOX_INSECURE_NO_API_TOKEN=perhaps")
+	if out, err := bad.CombinedOutput(); err == nil || !strings.Contains(string(out), "POSTBOX_INSECURE_NO_API_TOKEN") {
+		t.Errorf("POSTBOX_INSECURE_NO_API_TOKEN=perhaps: %v %s; want an error naming the variable", err, out)
+	}
+	for i, c := range []struct {
+		args []string
+		env  string
+	}{{[]string{"--insecure-no-api-token"}, ""}, {nil, "POSTBOX_INSECURE_NO_API_TOKEN=true"}, {[]string{"--api-token", "op-token"}, ""}} {
+		ln, err := net.Listen("tcp", "0.0.0.0:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, port, _ := net.SplitHostPort(ln.Addr().String())
+		ln.Close()
+		p := &proc{t: t, args: append([]string{"serve", "--addr", "0.0.0.0:" + port, "--db", filepath.Join(dir, fmt.Sprint(i, ".db")), "--log-level", "warn"}, c.args...)}
+		p.log = &bytes.Buffer{}
+		p.cmd = exec.Command(binary, p.args...)
+		p.cmd.Env = append(p.cmd.Environ(), c.env)
+		p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+		if err := p.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.kill)
+		waitHTTP(t, "http://127.0.0.1:"+port+"/ready", p)
+	}
+}
