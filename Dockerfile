@@ -2,7 +2,12 @@
 # appuser (uid 10001) with its database on the volume /data.
 #
 #   docker build -t postbox .
-#   docker run -p 8000:8000 -v postbox-data:/data postbox
+#   docker run -p 8000:8000 -v postbox-data:/data -e POSTBOX_API_TOKEN=TOKEN postbox
+#
+# serve listens on every interface of the container (:8000), so it
+# refuses to start without an API token (POSTBOX_API_TOKEN), unless
+# POSTBOX_INSECURE_NO_API_TOKEN=true says to serve the operator API open.
+# Neither is set here: the choice is the one running the image's.
 
 FROM golang:1.26-alpine AS build
 WORKDIR /src
