@@ -16,19 +16,25 @@ import (
 // This file holds the hand-written decoder of the wire format: SplitFrame's
 // scanner, ParseEnvelope's single-pass decoder and AppendCompact.
 //
-// It answers exactly as the encoding/json code it replaced did, errors and
-// their messages included (FuzzDecodeDifferential holds it to that):
+// It answers as the encoding/json code it replaced did, errors and their
+// messages included, but for three refusals encoding/json does not make
+// (FuzzDecodeDifferential holds it to that):
 //
 //   - syntax is checked as encoding/json's scanner checks it, with the same
 //     error text, the same byte offsets and the same nesting limit;
 //   - a syntax error anywhere in the value beats every other error, and
 //     leaves the envelope zero, as json.Decoder.Decode does;
-//   - otherwise the first wrong type or unknown field in document order is
-//     reported, and the fields around it are still decoded;
-//   - keys match exactly, else case-insensitively (bytes.EqualFold), and the
-//     last of duplicate keys wins;
+//   - otherwise the first field error in document order is reported, and
+//     the fields around it are still decoded: a wrong type, an unknown
+//     field, and (not in encoding/json) a field given twice, a string field
+//     that is not valid UTF-8 text, or a payload that is not valid UTF-8;
+//   - keys match exactly, else case-insensitively (bytes.EqualFold); of
+//     duplicate keys (refused) the last wins;
 //   - strings are unescaped as encoding/json does: \uXXXX with surrogate
-//     pairs, and invalid UTF-8 or a lone surrogate becomes U+FFFD;
+//     pairs; where encoding/json turns invalid UTF-8 or a lone surrogate
+//     into U+FFFD, a string field is refused and left empty (a key becomes
+//     U+FFFD: it is an unknown field anyway), so that two ids never merge;
+//     the event_id of an envelope that gives it twice is left empty too;
 //   - "seq": null clears Seq, null leaves any other field as it was;
 //   - after the object, ']' or '}' are tolerated where json.Decoder.More
 //     tolerates them, and anything else is trailing data.
@@ -125,6 +131,9 @@ type scanner struct {
 	// ("after object key"). At the end of input it is what a space there
 	// would have earned, "" when a space would have been fine.
 	ctx string
+	// notUTF8 is set when a string scanned held invalid UTF-8, which is
+	// not a syntax error (encoding/json makes it U+FFFD).
+	notUTF8 bool
 }
 
 func (s *scanner) fail(i int, ctx string) int {
@@ -280,16 +289,17 @@ func (s *scanner) colon(i int) int {
 	return skipSpace(data, i+1)
 }
 
-// str validates the string whose opening quote is data[i].
+// str validates the string whose opening quote is data[i], and sets
+// s.notUTF8 when it holds invalid UTF-8.
 func (s *scanner) str(i int) int {
 	data := s.data
 	i++
 	for {
-		i = stringEnd(data, i)
+		i = plainEnd(data, i)
 		if i >= len(data) {
 			return s.fail(i, "")
 		}
-		switch data[i] {
+		switch c := data[i]; c {
 		case '"':
 			return i + 1
 		case '\\':
@@ -315,7 +325,14 @@ func (s *scanner) str(i int) int {
 				return s.fail(i, "in string escape code")
 			}
 		default:
-			return s.fail(i, "in string literal")
+			if c < utf8.RuneSelf {
+				return s.fail(i, "in string literal")
+			}
+			r, size := utf8.DecodeRune(data[i:])
+			if r == utf8.RuneError && size == 1 {
+				s.notUTF8 = true
+			}
+			i += size
 		}
 	}
 }
@@ -574,6 +591,9 @@ func (s *scanner) envelope(i int, env *Envelope) (int, *FieldError) {
 	// strs holds the string fields' values until the end, to make them
 	// strings at once.
 	var strs [fieldDeviceID + 1][]byte
+	// seen has bit f set once field f was given.
+	var seen uint32
+	idTwice := false
 	i = skipSpace(data, i+1)
 	if i < len(data) && data[i] == '}' {
 		return i + 1, nil
@@ -595,7 +615,7 @@ func (s *scanner) envelope(i int, env *Envelope) (int, *FieldError) {
 			if i = s.str(i); i < 0 {
 				return -1, nil
 			}
-			keyBuf = appendUnquote(keyBuf[:0], data[start:i-1])
+			keyBuf, _ = appendUnquote(keyBuf[:0], data[start:i-1])
 			key = keyBuf
 		}
 		if i = s.colon(i); i < 0 {
@@ -607,11 +627,26 @@ func (s *scanner) envelope(i int, env *Envelope) (int, *FieldError) {
 
 		// The value, starting at data[i].
 		f := lookupField(key)
+		if f != fieldUnknown {
+			if seen&(1<<f) != 0 {
+				idTwice = idTwice || f == fieldEventID
+				if fe == nil {
+					fe = &FieldError{Field: fieldNames[f], Code: CodeInvalidField, Message: fieldNames[f] + ": given more than once"}
+				}
+			}
+			seen |= 1 << f
+		}
 		c := data[i]
 		switch f {
 		case fieldEventID, fieldType, fieldTS, fieldSessionID, fieldDeviceID:
 			if c == '"' {
-				strs[f], i = s.stringValue(i)
+				var ok bool
+				if strs[f], i, ok = s.textValue(i); !ok && i >= 0 {
+					strs[f] = nil
+					if fe == nil {
+						fe = notText(fieldNames[f])
+					}
+				}
 				break
 			}
 			if i = s.value(i, 1); c != 'n' && fe == nil {
@@ -652,8 +687,13 @@ func (s *scanner) envelope(i int, env *Envelope) (int, *FieldError) {
 			}
 		case fieldPayload:
 			start := i
+			s.notUTF8 = false
 			if i = s.value(i, 1); i >= 0 {
 				env.Payload = data[start:i:i]
+				// Outside its strings valid JSON is ASCII.
+				if fe == nil && s.notUTF8 {
+					fe = &FieldError{Field: "payload", Code: CodeInvalidField, Message: "payload: not valid UTF-8"}
+				}
 			}
 		default:
 			if fe == nil {
@@ -674,6 +714,9 @@ func (s *scanner) envelope(i int, env *Envelope) (int, *FieldError) {
 		case ',':
 			i = skipSpace(data, i+1)
 		case '}':
+			if idTwice {
+				strs[fieldEventID] = nil // which one would a NACK name?
+			}
 			setStrings(env, &strs)
 			return i + 1, fe
 		default:
@@ -685,16 +728,31 @@ func (s *scanner) envelope(i int, env *Envelope) (int, *FieldError) {
 // stringValue returns the value of the string whose opening quote is
 // data[i], and the index after it.
 func (s *scanner) stringValue(i int) ([]byte, int) {
+	v, i, _ := s.textValue(i)
+	return v, i
+}
+
+// textValue is stringValue that also reports false when the string is not
+// valid UTF-8 text: invalid UTF-8, or a \u escape of a lone surrogate.
+func (s *scanner) textValue(i int) ([]byte, int, bool) {
 	data := s.data
 	start := i + 1
 	j := plainEnd(data, start)
 	if j < len(data) && data[j] == '"' {
-		return data[start:j], j + 1
+		return data[start:j], j + 1, true
 	}
 	if i = s.str(i); i < 0 {
-		return nil, -1
+		return nil, -1, true
 	}
-	return appendUnquote(nil, data[start:i-1]), i
+	v, ok := appendUnquote(nil, data[start:i-1])
+	return v, i, ok
+}
+
+// notText is the refusal of a string field that is not valid UTF-8 text,
+// which encoding/json would have rewritten.
+func notText(field string) *FieldError {
+	return &FieldError{Field: field, Code: CodeInvalidField,
+		Message: field + ": not valid UTF-8 text (an invalid byte sequence or an unpaired \\u surrogate escape)"}
 }
 
 // setStrings sets env's string fields to strs, in one allocation.
@@ -758,8 +816,10 @@ func parseInt(lit []byte) (int64, bool) {
 
 // appendUnquote appends the contents of a valid JSON string, quotes
 // removed, unescaped as encoding/json unescapes them: invalid UTF-8 and
-// lone surrogates become U+FFFD.
-func appendUnquote(dst, s []byte) []byte {
+// lone surrogates become U+FFFD. It reports false when it replaced
+// anything so.
+func appendUnquote(dst, s []byte) ([]byte, bool) {
+	ok := true
 	for r := 0; r < len(s); {
 		c := s[r]
 		switch {
@@ -784,7 +844,7 @@ func appendUnquote(dst, s []byte) []byte {
 						dst = utf8.AppendRune(dst, dec)
 						continue
 					}
-					rr = unicode.ReplacementChar
+					rr, ok = unicode.ReplacementChar, false
 				}
 				dst = utf8.AppendRune(dst, rr)
 				continue
@@ -797,11 +857,14 @@ func appendUnquote(dst, s []byte) []byte {
 			r++
 		default:
 			rr, size := utf8.DecodeRune(s[r:])
+			if rr == utf8.RuneError && size == 1 {
+				ok = false
+			}
 			dst = utf8.AppendRune(dst, rr)
 			r += size
 		}
 	}
-	return dst
+	return dst, ok
 }
 
 // getu4 decodes \uXXXX at the start of s, or returns -1.

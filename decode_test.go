@@ -11,13 +11,15 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/postbox-events/postbox"
 )
 
 // The reference decoder: the encoding/json-based ParseEnvelope and
 // SplitFrame that decode.go replaced, kept verbatim (but for the limit
-// default) as the behaviour the hand-written decoder must reproduce.
+// default) as the behaviour the hand-written decoder must reproduce, with
+// refFieldErrors for the refusals encoding/json does not make.
 
 func refParseEnvelope(data []byte, lim postbox.Limits) (postbox.Envelope, error) {
 	var env postbox.Envelope
@@ -31,12 +33,140 @@ func refParseEnvelope(data []byte, lim postbox.Limits) (postbox.Envelope, error)
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&env); err != nil {
-		return env, refDecodeError(data, err)
+		fe := refDecodeError(data, err)
+		if fe.Code == postbox.CodeInvalidJSON { // syntax, or not an object: these beat field errors
+			return env, fe
+		}
+	}
+	if fe := refFieldErrors(data, &env); fe != nil {
+		return env, fe
 	}
 	if dec.More() {
 		return env, &postbox.FieldError{Code: postbox.CodeInvalidJSON, Message: "envelope: unexpected data after the JSON object"}
 	}
 	return env, nil
+}
+
+// refFields are the envelope's fields by their JSON names.
+var refFields = []string{"schema_version", "event_id", "type", "ts", "session_id", "device_id", "seq", "payload"}
+
+// refFieldErrors walks the members of the valid JSON object data in order
+// and returns the first field error: an unknown field or a wrong type (as
+// encoding/json reports them: it decodes each member alone), a field given
+// twice, a string field that is not valid UTF-8 text, a payload that is
+// not valid UTF-8. It empties the fields of env whose last string was not
+// valid text, and event_id when it was given twice.
+func refFieldErrors(data []byte, env *postbox.Envelope) *postbox.FieldError {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil
+	}
+	var first *postbox.FieldError
+	seen := map[string]bool{}
+	lastBad := map[string]bool{} // the field's last string was not valid text
+	idTwice := false
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			panic(err) // data is valid JSON
+		}
+		key := tok.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			panic(err)
+		}
+		name := ""
+		for _, f := range refFields {
+			if key == f {
+				name = f
+				break
+			}
+		}
+		for _, f := range refFields {
+			if name == "" && strings.EqualFold(key, f) {
+				name = f
+			}
+		}
+		// The member alone, to encoding/json.
+		k, _ := json.Marshal(key)
+		var alone postbox.Envelope
+		adec := json.NewDecoder(bytes.NewReader([]byte(`{` + string(k) + `:` + string(raw) + `}`)))
+		adec.DisallowUnknownFields()
+		var fe *postbox.FieldError
+		if err := adec.Decode(&alone); err != nil {
+			fe = refDecodeError(data, err)
+		}
+		if (fe != nil && fe.Code == postbox.CodeUnknownField) != (name == "") {
+			panic(fmt.Sprintf("key %q: field %q, error %v", key, name, fe))
+		}
+		if name != "" {
+			if seen[name] {
+				fe = &postbox.FieldError{Field: name, Code: postbox.CodeInvalidField, Message: name + ": given more than once"}
+				idTwice = idTwice || name == "event_id"
+			}
+			seen[name] = true
+			switch {
+			case name == "payload":
+				if fe == nil && !utf8.Valid(raw) {
+					fe = &postbox.FieldError{Field: name, Code: postbox.CodeInvalidField, Message: name + ": not valid UTF-8"}
+				}
+			case raw[0] == '"' && name != "schema_version" && name != "seq":
+				valid := refValidText(raw)
+				if !valid && fe == nil {
+					fe = &postbox.FieldError{Field: name, Code: postbox.CodeInvalidField,
+						Message: name + `: not valid UTF-8 text (an invalid byte sequence or an unpaired \u surrogate escape)`}
+				}
+				lastBad[name] = !valid
+			}
+		}
+		if first == nil {
+			first = fe
+		}
+	}
+	for name, bad := range lastBad {
+		if bad {
+			*map[string]*string{"event_id": &env.EventID, "type": &env.Type, "ts": &env.TS,
+				"session_id": &env.SessionID, "device_id": &env.DeviceID}[name] = ""
+		}
+	}
+	if idTwice {
+		env.EventID = ""
+	}
+	return first
+}
+
+// refValidText reports whether the JSON string token raw holds valid
+// UTF-8 and no \u escape of a lone surrogate.
+func refValidText(raw []byte) bool {
+	if !utf8.Valid(raw) {
+		return false
+	}
+	s := string(raw[1 : len(raw)-1])
+	for i := 0; i < len(s); i++ {
+		if s[i] != '\\' {
+			continue
+		}
+		i++
+		if s[i] != 'u' {
+			continue
+		}
+		r, _ := strconv.ParseUint(s[i+1:i+5], 16, 32)
+		i += 4
+		switch {
+		case r >= 0xdc00 && r <= 0xdfff:
+			return false
+		case r >= 0xd800 && r <= 0xdbff:
+			if i+7 > len(s) || s[i+1] != '\\' || s[i+2] != 'u' {
+				return false
+			}
+			lo, _ := strconv.ParseUint(s[i+3:i+7], 16, 32)
+			if lo < 0xdc00 || lo > 0xdfff {
+				return false
+			}
+			i += 6
+		}
+	}
+	return true
 }
 
 func refDecodeEnvelope(data []byte, lim postbox.Limits) (postbox.Envelope, error) {
@@ -184,14 +314,21 @@ func showEnvelope(e postbox.Envelope) string {
 		e.SchemaVersion, e.EventID, e.Type, e.TS, e.SessionID, e.DeviceID, seq, e.Payload, e.Payload == nil)
 }
 
-// envWith returns a valid envelope followed by the members field, which
-// thus win over the envelope's own (the last of duplicate keys wins).
+// envWith returns a valid envelope followed by the members field, without
+// the envelope's own members of the names field holds (given twice, a
+// field is refused).
 func envWith(field string) string {
-	e := `{"schema_version":1,"event_id":"e","type":"t","ts":"2026-01-01T00:00:00Z","session_id":"s","device_id":"d","payload":{"a":[1,{"b":null}]}`
-	if field == "" {
-		return e + `}`
+	e := "{"
+	for _, m := range []string{`"schema_version":1`, `"event_id":"e"`, `"type":"t"`, `"ts":"2026-01-01T00:00:00Z"`,
+		`"session_id":"s"`, `"device_id":"d"`, `"payload":{"a":[1,{"b":null}]}`} {
+		if !strings.Contains(field, m[:strings.IndexByte(m, ':')]) {
+			e += m + ","
+		}
 	}
-	return e + `,` + field + `}`
+	if field == "" {
+		return strings.TrimSuffix(e, ",") + `}`
+	}
+	return e + field + `}`
 }
 
 // trickySeeds are inputs where a hand-written decoder easily parts ways
@@ -211,6 +348,32 @@ func trickySeeds() []string {
 		envWith(`"schema_version":1,"seq":"x","seq":3`),
 		envWith(`"schema_version":1,"seq":-1`),
 		envWith(`"schema_version":2,"schema_version":1`),
+		// Fields given twice, also under another case, and after an error.
+		envWith("")[:len(envWith(""))-1]+`,"event_id":"e2"}`,
+		envWith("")[:len(envWith(""))-1]+`,"Event_ID":"e"}`,
+		envWith("")[:len(envWith(""))-1]+`,"payload":{}}`,
+		envWith("")[:len(envWith(""))-1]+`,"ſeq":1,"seq":2}`,
+		envWith(`"schema_version":1,"event_id":"a","event_id":5`),
+		envWith(`"schema_version":1,"event_id":5,"event_id":"a"`),
+		envWith(`"schema_version":1,"devise":1,"type":"a","type":"b"`),
+		envWith(`"schema_version":1,"type":"a","type":"b","devise":1`),
+		envWith("\"schema_version\":1,\"type\":\"\xff\",\"type\":\"b\""),
+		envWith("\"schema_version\":1,\"type\":\"b\",\"type\":\"\xff\",\"type\":null"),
+		envWith("\"schema_version\":1,\"event_id\":\"\xff\",\"event_id\":\"b\""),
+		// Text that is not valid UTF-8, in each field and in the payload.
+		envWith("\"schema_version\":1,\"type\":\"a\xc3\""),
+		envWith("\"schema_version\":1,\"ts\":\"2026\xe2\x82\""),
+		envWith("\"schema_version\":1,\"session_id\":\"\xf4\x90\x80\x80\""),
+		envWith("\"schema_version\":1,\"device_id\":\"\xc0\xaf\""),
+		envWith(`"schema_version":1,"device_id":"\udc00"`),
+		envWith(`"schema_version":1,"device_id":"\ud800\\ud800"`),
+		envWith(`"schema_version":1,"device_id":"\\ud800"`),
+		envWith(`"schema_version":1,"device_id":"\uDBFF\uDFFF\ud800"`),
+		envWith("\"schema_version\":1,\"payload\":{\"k\":\"\xff\"}"),
+		envWith("\"schema_version\":1,\"payload\":{\"\xed\xa0\x80\":1}"),
+		envWith(`"schema_version":1,"payload":{"k":"\ud800"}`),
+		envWith("\"schema_version\":1,\"payload\":{\"k\":\"\xff\"},\"event_id\":5"),
+		envWith("\"schema_version\":1,\"event_id\":5,\"payload\":{\"k\":\"\xff\"}"),
 		envWith(`"schema_version":1,"schema_version":null`),
 		// Strings.
 		envWith(`"schema_version":1,"event_id":"e\u0041\"\\\/\b\f\n\r\t"`),

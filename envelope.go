@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -70,12 +72,15 @@ func DecodeEnvelope(data []byte, lim Limits) (Envelope, error) {
 // values, for a producer that fills in missing fields before Validate.
 // Types, unknown fields and the size limit are checked.
 //
-// Decoding follows encoding/json (see decode.go): keys match
-// case-insensitively and the last of duplicate keys wins, strings are
-// unescaped with invalid UTF-8 turned into U+FFFD, and the payload may be
+// Decoding follows encoding/json (see decode.go), but refuses what
+// encoding/json would silently rewrite or drop: keys match
+// case-insensitively, and a field given twice is refused; a string field
+// that is not valid UTF-8 text (encoding/json's U+FFFD) is refused and left
+// empty, and so is a payload that is not valid UTF-8. The payload may be
 // any JSON value, which Validate then checks. The returned Payload is a
 // sub-slice of data, not a copy. After a syntax error the envelope is zero;
-// after a type or unknown-field error it holds the fields that decoded.
+// after a field error it holds the fields that decoded, but for an
+// event_id given twice.
 func ParseEnvelope(data []byte, lim Limits) (Envelope, error) {
 	lim = lim.withDefaults()
 	var env Envelope
@@ -109,6 +114,9 @@ func (e *Envelope) Validate(lim Limits) error {
 		{"device_id", e.DeviceID, lim.MaxIDBytes},
 	} {
 		if err := checkString(f.name, f.value, f.max); err != nil {
+			return err
+		}
+		if err := checkSpace(f.name, f.value); err != nil {
 			return err
 		}
 	}
@@ -151,6 +159,32 @@ func checkString(name, v string, max int) error {
 	return nil
 }
 
+// checkSpace refuses a blank value, or one that begins or ends with
+// (Unicode) white space: " evt_1" and "evt_1" would be two events that
+// look like one.
+func checkSpace(name, v string) error {
+	if a, z := v[0], v[len(v)-1]; a != ' ' && a < utf8.RuneSelf && z != ' ' && z < utf8.RuneSelf {
+		return nil // checkString refused control characters
+	}
+	first, _ := utf8.DecodeRuneInString(v)
+	last, _ := utf8.DecodeLastRuneInString(v)
+	if !isSpace(first) && !isSpace(last) {
+		return nil
+	}
+	if strings.TrimFunc(v, unicode.IsSpace) == "" {
+		return &FieldError{Field: name, Code: CodeInvalidField, Message: name + ": blank (only white space)"}
+	}
+	return &FieldError{Field: name, Code: CodeInvalidField, Message: name + ": begins or ends with white space"}
+}
+
+// isSpace is unicode.IsSpace, quick for ASCII.
+func isSpace(r rune) bool {
+	if r < utf8.RuneSelf {
+		return r == ' ' || r == '\t' || r == '\n' || r == '\v' || r == '\f' || r == '\r'
+	}
+	return unicode.IsSpace(r)
+}
+
 func missing(name string) *FieldError {
 	return &FieldError{Field: name, Code: CodeMissingField, Message: name + ": required"}
 }
@@ -163,19 +197,12 @@ func SplitFrame(frame []byte) ([]json.RawMessage, error) {
 	return splitFrame(frame)
 }
 
-// PeekEventID returns the event_id of an encoded envelope if it has a string
-// one, even when the rest of the envelope is invalid, so that a NACK can name
-// the event it refuses.
+// PeekEventID returns the event_id of an encoded envelope if it has one
+// that ParseEnvelope reads (a string, valid UTF-8 text, given once), even
+// when the rest of the envelope is invalid or too large, so that a NACK can
+// name the event it refuses.
 func PeekEventID(data []byte) string {
-	var v struct {
-		EventID json.RawMessage `json:"event_id"`
-	}
-	if json.Unmarshal(data, &v) != nil || len(v.EventID) == 0 {
-		return ""
-	}
-	var id string
-	if json.Unmarshal(v.EventID, &id) != nil {
-		return ""
-	}
-	return id
+	var env Envelope
+	decodeEnvelope(data, &env)
+	return env.EventID
 }

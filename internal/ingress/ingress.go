@@ -141,6 +141,9 @@ type decoded struct {
 func (in *Ingress) decodeFrame(frame []byte, device string) decoded {
 	var d decoded
 	raws, err := postbox.SplitFrame(frame)
+	if err == nil && len(raws) == 0 {
+		err = &postbox.FieldError{Code: postbox.CodeInvalidJSON, Message: "frame is an empty array: it holds no envelope"}
+	}
 	if err != nil {
 		d.refused = append(d.refused, postbox.Nack("", err))
 		return d
@@ -167,9 +170,11 @@ func (in *Ingress) decodeFrame(frame []byte, device string) decoded {
 	return d
 }
 
-// toEvent turns a valid envelope into the stream event stored for it. The
-// payload is stored compacted, so that a redelivery that differs only in
-// insignificant whitespace is a duplicate, not a conflict.
+// toEvent turns a valid envelope into the stream event stored for it. An
+// event's identity is (device_id, event_id): the device is the event's
+// variant, so that two devices' events with one event_id are both stored.
+// The payload is stored compacted, so that a redelivery that differs only
+// in insignificant whitespace is a duplicate, not a conflict.
 func toEvent(env *postbox.Envelope) stream.Event {
 	meta := make([]byte, 0, 64+len(env.DeviceID)+len(env.SessionID))
 	meta = append(meta, `{"device_id":`...)
@@ -181,12 +186,25 @@ func toEvent(env *postbox.Envelope) stream.Event {
 	meta = append(meta, '}')
 	return stream.Event{
 		NativeID:   env.EventID,
+		Variant:    env.DeviceID,
 		Type:       env.Type,
 		OccurredAt: env.Time(),
 		Sequence:   env.Seq,
 		Metadata:   meta,
 		Payload:    postbox.AppendCompact(make([]byte, 0, len(env.Payload)), env.Payload), // a copy: the frame is not pinned until commit
 	}
+}
+
+// conflictNack is the NACK of an event whose identity is stored with
+// another type or payload: it names the field that differs.
+func conflictNack(id string, err error) postbox.Reply {
+	field := stream.FieldPayload
+	var ce *stream.ConflictError
+	if errors.As(err, &ce) {
+		field = ce.Field
+	}
+	return postbox.Nack(id, &postbox.FieldError{Field: field, Code: postbox.CodeConflict,
+		Message: field + ": differs from the stored event with this device_id and event_id; nothing was changed"})
 }
 
 // appendString appends s as a JSON string. s is a validated envelope id:
@@ -212,8 +230,7 @@ func (in *Ingress) appendReplies(out []postbox.Reply, ids []string, results []st
 			out = append(out, postbox.Nack(id, &postbox.FieldError{Code: postbox.CodeStoreFailed, Message: "not stored, send again: " + err.Error()}))
 			in.m.events.WithLabelValues(in.cfg.StreamID, "unavailable").Inc()
 		case errors.Is(results[i].Err, stream.ErrConflict):
-			out = append(out, postbox.Nack(id, &postbox.FieldError{Field: "payload", Code: postbox.CodeConflict,
-				Message: "payload: differs from the stored event with this event_id; nothing was changed"}))
+			out = append(out, conflictNack(id, results[i].Err))
 			in.m.events.WithLabelValues(in.cfg.StreamID, "conflict").Inc()
 		case results[i].Duplicate || last.AckTS == "" || !results[i].StoredAt.Equal(results[i-1].StoredAt):
 			last = postbox.Ack(id, results[i].StoredAt, results[i].Duplicate)

@@ -15,10 +15,11 @@ import (
 )
 
 // TestMigrateDeviceIdentity opens a file written when device events were
-// stored under (event_id, variant ”), and finds each of them under its
-// device_id as variant, so that its redelivery is still a duplicate and
-// another device's event with the same event_id is stored beside it.
-// Other streams, and device rows without a device_id, keep variant ”.
+// stored under their event_id with an empty variant, and finds each of
+// them under its device_id as variant, so that its redelivery is still a
+// duplicate and another device's event with the same event_id is stored
+// beside it. Other streams, and device rows without a device_id, keep the
+// empty variant.
 func TestMigrateDeviceIdentity(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "old.db")
 	db, err := sqlitedb.Open(path, sqlitedb.Options{})
