@@ -159,9 +159,15 @@ func TestConsumerTakesOverPendingEntries(t *testing.T) {
 			}
 
 			var rec recorder
-			cfg := outboxredis.ConsumerConfig{Stream: stream, Group: "g", Consumer: "second", MinIdle: 50 * time.Millisecond, Handler: rec.handle}
+			// second claims what first held for MinIdle: an hour ago.
+			ids := make([]string, len(p))
+			for i, e := range p {
+				ids[i] = e.ID
+			}
+			backdate(t, c, stream, "g", "first", ids...)
+			cfg := outboxredis.ConsumerConfig{Stream: stream, Group: "g", Consumer: "second", MinIdle: time.Minute, Handler: rec.handle}
 			if sameName {
-				cfg.Consumer, cfg.MinIdle = "first", time.Hour // no claiming: only its own pending list
+				cfg.Consumer, cfg.MinIdle = "first", time.Hour // its own pending list, before any claim
 			}
 			runConsumer(t, newConsumer(t, c, cfg))
 			servertest.Eventually(t, 10*time.Second, "the pending entries handled", func() bool { return rec.distinct() == len(msgs) })
@@ -191,8 +197,21 @@ func TestConsumerDeadLettersAfterMaxDeliveries(t *testing.T) {
 		}
 		return nil
 	}}
-	con := newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: 30 * time.Millisecond, MaxDeliveries: 3, Handler: rec.handle})
+	// The test brings on each retry without waiting: once the handler has
+	// failed, the entry is made idle for MinIdle (backdate) and the next
+	// claim pass takes it. (A MinIdle as short as the retry delay, 30ms,
+	// can be outlasted by the consumer's own round trips under load, and
+	// the entry claimed again without a call, counted.)
+	con := newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: time.Minute, ClaimInterval: 10 * time.Millisecond, MaxDeliveries: 3, Handler: rec.handle})
 	runConsumer(t, con)
+	src, err := c.XRange(context.Background(), stream, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for calls := 1; calls < 3; calls++ {
+		servertest.Eventually(t, 10*time.Second, fmt.Sprintf("failed call %d", calls), func() bool { return rec.calls(poison) == calls })
+		backdate(t, c, stream, "g", con.Name(), src[0].ID)
+	}
 	dead := stream + outboxredis.DeadStreamSuffix
 	servertest.Eventually(t, 10*time.Second, "a dead letter", func() bool { n, _ := c.XLen(context.Background(), dead).Result(); return n == 1 })
 	servertest.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
@@ -205,10 +224,6 @@ func TestConsumerDeadLettersAfterMaxDeliveries(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := entries[0].Values
-	src, err := c.XRange(context.Background(), stream, "-", "+").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for k, want := range map[string]string{
 		outboxredis.FieldEventID: poison, outboxredis.FieldPayload: string(msgs[0].Body),
 		outboxredis.FieldDeadEntryID: src[0].ID, outboxredis.FieldDeadGroup: "g",
@@ -241,23 +256,21 @@ func TestConsumerDeadLettersEntryWhoseConsumersKeptDying(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Delivered to dead-0, then claimed by dead-1 and dead-2: three
-	// deliveries, no answer. dead-2's claim backdates the entry's last
-	// delivery by an hour (XCLAIM IDLE), so that it is idle for MinIdle
-	// from the start: the consumer claims it on its first pass without the
-	// test waiting, and its MinIdle stays far longer than a round trip
-	// (with a MinIdle of a millisecond the consumer found its own claim
-	// expired before it could handle it, and claimed the entry again).
+	// deliveries, no answer, the last an hour ago: the consumer claims it
+	// on its first pass, and its MinIdle stays far longer than a round
+	// trip (with a MinIdle of a millisecond, the consumer found its own
+	// claim expired before it could handle the entry, and claimed it again).
 	res, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "dead-0", Streams: []string{stream, ">"}, Block: -1}).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	id := res[0].Messages[0].ID
-	if err := c.XClaim(ctx, &redis.XClaimArgs{Stream: stream, Group: "g", Consumer: "dead-1", Messages: []string{id}}).Err(); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"dead-1", "dead-2"} {
+		if err := c.XClaim(ctx, &redis.XClaimArgs{Stream: stream, Group: "g", Consumer: name, Messages: []string{id}}).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := c.Do(ctx, "xclaim", stream, "g", "dead-2", 0, id, "idle", time.Hour.Milliseconds()).Err(); err != nil {
-		t.Fatal(err)
-	}
+	backdate(t, c, stream, "g", "dead-2", id)
 
 	var rec recorder
 	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: time.Minute, MaxDeliveries: 3, Handler: rec.handle}))
@@ -320,11 +333,12 @@ func TestConsumerDropsPendingEntriesDeletedFromTheStream(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			backdate(t, c, stream, "g", "gone", res[0].Messages[0].ID, res[0].Messages[1].ID)
 			if err := c.XDel(ctx, stream, res[0].Messages[0].ID).Err(); err != nil {
 				t.Fatal(err)
 			}
 			var rec recorder
-			runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Consumer: consumer, MinIdle: time.Millisecond, Handler: rec.handle}))
+			runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Consumer: consumer, MinIdle: time.Minute, Handler: rec.handle}))
 			servertest.Eventually(t, 10*time.Second, "nothing pending", func() bool { return pendingCount(t, c, stream, "g") == 0 })
 			if seen := rec.messages(); len(seen) != 1 || seen[0].EventID != "evt-0001" {
 				t.Fatalf("handler saw %+v, want evt-0001 only", seen)
@@ -616,7 +630,31 @@ func TestConsumerTransientErrorsDoNotCount(t *testing.T) {
 		}
 		return nil
 	}}
-	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: 10 * time.Millisecond, MaxDeliveries: maxDeliveries, Handler: rec.handle}))
+	// Each retry is brought on by the test, without waiting: once a failed
+	// delivery is set back, the entry is made idle for MinIdle (backdate)
+	// and the next claim pass takes it. A MinIdle as short as the retry
+	// delay would be (10ms) was outlasted by the consumer's own round trips
+	// under the race detector, and the entry was claimed again, counted.
+	con := newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: time.Minute, ClaimInterval: 10 * time.Millisecond, MaxDeliveries: maxDeliveries, Handler: rec.handle})
+	runConsumer(t, con)
+	entries, err := c.XRange(context.Background(), stream, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := entries[0].ID
+	for calls := 1; calls <= outage; calls++ {
+		servertest.Eventually(t, 30*time.Second, fmt.Sprintf("failed delivery %d set back", calls), func() bool {
+			if rec.calls(msgs[0].EventID) != calls {
+				return false
+			}
+			p, err := c.XPendingExt(context.Background(), &redis.XPendingExtArgs{Stream: stream, Group: "g", Start: id, End: id, Count: 1}).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(p) == 1 && p[0].RetryCount == 0
+		})
+		backdate(t, c, stream, "g", con.Name(), id)
+	}
 	servertest.Eventually(t, 30*time.Second, "the entry handled after the outage", func() bool {
 		if n, _ := c.XLen(context.Background(), stream+outboxredis.DeadStreamSuffix).Result(); n != 0 {
 			t.Fatalf("%d entries dead-lettered after transient errors", n)

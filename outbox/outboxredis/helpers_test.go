@@ -116,6 +116,23 @@ func pendingCount(t testing.TB, c *redis.Client, stream, group string) int64 {
 	return p.Count
 }
 
+// backdate makes the pending entries ids of group idle for an hour, as if
+// consumer had been handed them an hour ago and died (XCLAIM IDLE JUSTID:
+// no delivery is counted). A consumer then claims them on its first pass
+// whatever its MinIdle, so a test need not give it a MinIdle shorter than
+// its own round trips to Redis, nor wait.
+func backdate(t testing.TB, c *redis.Client, stream, group, consumer string, ids ...string) {
+	t.Helper()
+	args := []any{"xclaim", stream, group, consumer, 0}
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	args = append(args, "idle", time.Hour.Milliseconds(), "justid")
+	if err := c.Do(context.Background(), args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // recorder is a handler that remembers what it was handed.
 type recorder struct {
 	mu   sync.Mutex
