@@ -19,8 +19,8 @@ const (
 	CodeUnsupportedVersion Code = "unsupported_version"
 	// CodeTooLarge: the envelope is over the receiver's size limit.
 	CodeTooLarge Code = "too_large"
-	// CodeConflict: an event with this event_id is stored with another
-	// payload. Nothing was changed.
+	// CodeConflict: an event with this device_id and event_id is stored
+	// with another type or payload; Field names which. Nothing was changed.
 	CodeConflict Code = "conflict"
 	// CodeForbidden: the sender may not send events for this device_id.
 	CodeForbidden Code = "forbidden"
