@@ -538,7 +538,16 @@ func TestConsumerCrashLoopChargesOnlyTheEntryThatCausesIt(t *testing.T) {
 					},
 				}
 				if !sameName {
-					cfg.Consumer, cfg.MinIdle = fmt.Sprintf("crashy-%d", run), 20*time.Millisecond
+					// A new name claims what the crashed consumers held
+					// for MinIdle: an hour ago.
+					cfg.Consumer, cfg.MinIdle = fmt.Sprintf("crashy-%d", run), time.Minute
+					p, err := c.XPendingExt(context.Background(), &redis.XPendingExtArgs{Stream: stream, Group: "g", Start: "-", End: "+", Count: 100}).Result()
+					if err != nil && !redis.HasErrorPrefix(err, "NOGROUP") {
+						t.Fatal(err)
+					}
+					for _, e := range p {
+						backdate(t, c, stream, "g", e.Consumer, e.ID)
+					}
 				}
 				stop := runConsumer(t, newConsumer(t, client, cfg))
 				done := false
