@@ -146,14 +146,30 @@ func (ts *testServer) queryInt(t *testing.T, q string, args ...any) int {
 
 // metrics scrapes /metrics into series → value, a series being the
 // metric name with its labels as Prometheus prints them.
-// wantMetrics checks the values of metrics (with their labels) on /metrics.
+// wantMetrics checks the values of metrics (with their labels) on /metrics,
+// polling for up to 10s: some are counted just after the change a test
+// sees through the API (a worker counts its attempt after it settled the
+// item).
 func (ts *testServer) wantMetrics(t *testing.T, want map[string]float64) {
 	t.Helper()
-	m := ts.metrics(t)
-	for name, w := range want {
-		if got, ok := m[name]; !ok || got != w {
-			t.Errorf("/metrics %s = %v (present %v), want %v", name, got, ok, w)
+	var wrong []string
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for ; ; <-tick.C {
+		m := ts.metrics(t)
+		wrong = wrong[:0]
+		for name, w := range want {
+			if got, ok := m[name]; !ok || got != w {
+				wrong = append(wrong, fmt.Sprintf("/metrics %s = %v (present %v), want %v", name, got, ok, w))
+			}
 		}
+		if len(wrong) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, w := range wrong {
+		t.Error(w)
 	}
 }
 
