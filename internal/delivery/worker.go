@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -346,6 +347,19 @@ func ForwardedHeader(name string) bool {
 	return false
 }
 
+// idempotencyKey is what a target may skip a redelivery by: a webhook's
+// idempotency key, or for a device event its identity (device_id,
+// event_id) as "device/event_id", the device escaped so that no two
+// identities give one key ("a/b" + "c" against "a" + "b/c"). Two devices
+// may use one event_id; a target that dedupes on the key must not skip
+// one device's event for another's.
+func idempotencyKey(device, eventID string) string {
+	if device == "" {
+		return eventID
+	}
+	return url.PathEscape(device) + "/" + eventID
+}
+
 // post returns a Handler that POSTs an item's payload to url: 2xx
 // completes it; any other status, a timeout or a refused connection is a
 // failed attempt; 410 Gone dead-letters it; Retry-After is honoured. The
@@ -359,7 +373,8 @@ func (d *Delivery) post(url string) Handler {
 			return Dead(fmt.Errorf("target %s: %w", url, err))
 		}
 		var meta struct {
-			Headers map[string]string `json:"headers"`
+			Headers  map[string]string `json:"headers"`
+			DeviceID string            `json:"device_id"`
 		}
 		if json.Unmarshal(it.Metadata, &meta) == nil {
 			for name, value := range meta.Headers {
@@ -371,7 +386,7 @@ func (d *Delivery) post(url string) Handler {
 		h := req.Header
 		h.Set("Content-Type", "application/json")
 		h.Set("User-Agent", "postbox")
-		h.Set("Idempotency-Key", it.EventID)
+		h.Set("Idempotency-Key", idempotencyKey(meta.DeviceID, it.EventID))
 		h.Set("X-Event-Type", it.Type)
 		h.Set("X-Postbox-Event", it.StreamEventID)
 		h.Set("X-Postbox-Subscription", it.Subscription)

@@ -3,6 +3,7 @@ package server_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/client"
@@ -116,5 +117,57 @@ func TestRefusedText(t *testing.T) {
 	}
 	if n := ts.queryInt(t, `SELECT count(*) FROM stream_events`); n != 0 {
 		t.Errorf("%d refused events were stored", n)
+	}
+}
+
+// TestTargetKeyIsPerDevice: two devices' events with one event_id reach a
+// target with two Idempotency-Keys, so a target that skips what it has
+// done does not skip one device's event for the other's.
+func TestTargetKeyIsPerDevice(t *testing.T) {
+	t.Parallel()
+	tg := newHookTarget(t, 200)
+	ts := start(t, server.Config{}, nil)
+	if st, got := call(t, ts, "POST", "/v1/subscriptions", `{"name":"fleet","source":"devices","start":"earliest","target":"`+tg.URL+`"}`); st != 201 {
+		t.Fatalf("create: %d %v", st, got)
+	}
+	c := dial(t, ts.WS, client.Options{})
+	for _, device := range []string{"pi-a", "pi/a"} {
+		if r := send(t, c, message(t, envelope("evt-shared", device, `{}`)))[0]; !r.OK() || r.Duplicate {
+			t.Fatalf("%s's evt-shared: %+v", device, r)
+		}
+	}
+	waitFor(t, 10*time.Second, "both events to reach the target", func() bool { return tg.calls() == 2 })
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	keys := map[string]bool{}
+	for _, r := range tg.got {
+		keys[r.Header.Get("Idempotency-Key")] = true
+	}
+	if !keys["pi-a/evt-shared"] || !keys["pi%2Fa/evt-shared"] {
+		t.Errorf("the target got keys %v, want pi-a/evt-shared and pi%%2Fa/evt-shared", keys)
+	}
+}
+
+// TestWebhookConflictNamesWhatDiffers: a webhook's key sent again with
+// another type is a conflict like another payload, and the 409 says which.
+func TestWebhookConflictNamesWhatDiffers(t *testing.T) {
+	t.Parallel()
+	ts := start(t, server.Config{}, nil)
+	if st, body, _ := post(t, ts, `{"n":1}`, map[string]string{"Idempotency-Key": "k-1", "X-Event-Type": "a"}); st != 202 {
+		t.Fatalf("first: %d %v", st, body)
+	}
+	for field, h := range map[string]map[string]string{
+		"type":    {"Idempotency-Key": "k-1", "X-Event-Type": "admin.grant"},
+		"payload": {"Idempotency-Key": "k-1", "X-Event-Type": "a"},
+	} {
+		payload := `{"n":1}`
+		if field == "payload" {
+			payload = `{"n":2}`
+		}
+		st, body, _ := post(t, ts, payload, h)
+		msg, _ := body["error"].(map[string]any)["message"].(string)
+		if st != 409 || errorCode(body) != "conflict" || !strings.Contains(msg, "different "+field) {
+			t.Errorf("k-1 with another %s: %d %v, want 409 naming the %s", field, st, body, field)
+		}
 	}
 }

@@ -175,7 +175,11 @@ func (s *Server) postWebhook(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(res.Err, stream.ErrConflict):
 		s.metrics.Count(WebhookSource, "conflict", 1)
-		writeError(w, http.StatusConflict, "conflict", "idempotency key %q was stored with a different payload; nothing was changed", key)
+		field := stream.FieldPayload
+		if c, ok := errors.AsType[*stream.ConflictError](res.Err); ok {
+			field = c.Field
+		}
+		writeError(w, http.StatusConflict, "conflict", "idempotency key %q was stored with a different %s; nothing was changed", key, field)
 	case res.Duplicate:
 		s.metrics.Count(WebhookSource, "duplicate", 1)
 		j := s.webhookJSON(r.Context(), stream.StoredEvent{Event: ev, Offset: res.Offset, StoredAt: res.StoredAt})
