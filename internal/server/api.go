@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/stream"
@@ -220,21 +219,20 @@ func checkName(w http.ResponseWriter, field, v string) bool {
 	return false
 }
 
-// checkAPIText answers 400 naming field unless v is UTF-8 text without
-// control characters of at most max bytes (and not empty unless
-// allowEmpty).
+// checkAPIText answers 400 naming field unless v passes checkText (and
+// is not empty unless allowEmpty).
 func checkAPIText(w http.ResponseWriter, field, v string, max int, allowEmpty bool) bool {
-	switch {
-	case v == "" && !allowEmpty:
-		writeError(w, http.StatusBadRequest, "invalid_field", "%s: empty", field)
-	case len(v) > max:
-		writeError(w, http.StatusBadRequest, "invalid_field", "%s: %d bytes, at most %d", field, len(v), max)
-	case !utf8.ValidString(v) || strings.ContainsFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }):
-		writeError(w, http.StatusBadRequest, "invalid_field", "%s %q: want text without control characters", field, v)
-	default:
-		return true
+	if v == "" {
+		if !allowEmpty {
+			writeError(w, http.StatusBadRequest, "invalid_field", "%s: empty", field)
+		}
+		return allowEmpty
 	}
-	return false
+	if err := checkText(field, v, max); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_field", "%v", err)
+		return false
+	}
+	return true
 }
 
 // durationField parses the duration field name (def when absent) in
