@@ -80,6 +80,11 @@ type request struct {
 	remaining int
 	err       error
 	done      func(error)
+	// ctx, when not nil, is the caller's (EnqueueWhile): a request whose
+	// ctx ended before the writer took its first item is dropped whole.
+	ctx     context.Context
+	started bool // the writer took one of its items (writer goroutine only)
+	dropped bool // ctx ended before that: none of its items is written
 }
 
 // New returns a Writer that writes with flush. Start it with Run.
@@ -115,6 +120,19 @@ func (w *Writer[T]) Cap() int { return w.cfg.QueueSize }
 // exceeds the bound: callers keep requests small) and returns
 // ctx's error or ErrClosed without queueing anything.
 func (w *Writer[T]) Enqueue(ctx context.Context, items []T, done func(error)) error {
+	return w.enqueue(ctx, items, done, nil)
+}
+
+// EnqueueWhile is Enqueue for a caller that stops caring about items when
+// ctx ends (a connection that closed cannot be answered): if ctx ended
+// before the writer took the first of items, none of them is written, and
+// done gets ctx's error. Once the writer took one, all of them are written
+// and answered as with Enqueue.
+func (w *Writer[T]) EnqueueWhile(ctx context.Context, items []T, done func(error)) error {
+	return w.enqueue(ctx, items, done, ctx)
+}
+
+func (w *Writer[T]) enqueue(ctx context.Context, items []T, done func(error), reqCtx context.Context) error {
 	if len(items) == 0 {
 		return w.empty(done)
 	}
@@ -125,7 +143,7 @@ func (w *Writer[T]) Enqueue(ctx context.Context, items []T, done func(error)) er
 			return ErrClosed
 		}
 		if w.fits(items) {
-			w.push(items, done)
+			w.push(items, done, reqCtx)
 			w.mu.Unlock()
 			return nil
 		}
@@ -152,7 +170,7 @@ func (w *Writer[T]) TryEnqueue(items []T, done func(error)) error {
 	if !w.fits(items) {
 		return ErrFull
 	}
-	w.push(items, done)
+	w.push(items, done, nil)
 	return nil
 }
 
@@ -206,8 +224,8 @@ func (w *Writer[T]) empty(done func(error)) error {
 	return nil
 }
 
-func (w *Writer[T]) push(items []T, done func(error)) {
-	req := &request{remaining: len(items), done: done}
+func (w *Writer[T]) push(items []T, done func(error), ctx context.Context) {
+	req := &request{remaining: len(items), done: done, ctx: ctx}
 	for _, it := range items {
 		w.queue = append(w.queue, entry[T]{item: it, req: req})
 	}
@@ -263,14 +281,36 @@ func (w *Writer[T]) writeBatch(ctx context.Context, batch []entry[T], items []T)
 	w.space = make(chan struct{})
 	w.mu.Unlock()
 
+	// Requests whose caller went away before any of their items was taken
+	// are dropped here, whole, instead of being written for nobody.
 	items = items[:0]
+	kept := batch[:0]
 	for _, e := range batch {
+		r := e.req
+		if !r.started {
+			r.started = true
+			if r.ctx != nil && r.ctx.Err() != nil {
+				r.dropped, r.err = true, r.ctx.Err()
+			}
+		}
+		if r.dropped {
+			if r.remaining--; r.remaining == 0 && r.done != nil {
+				r.done(r.err)
+			}
+			continue
+		}
+		kept = append(kept, e)
 		items = append(items, e.item)
+	}
+	batch = kept
+	if len(items) == 0 {
+		clear(batch[:n])
+		return true
 	}
 	start := time.Now()
 	err := w.flush(ctx, items)
 	if w.cfg.Observe != nil {
-		w.cfg.Observe(n, time.Since(start), err)
+		w.cfg.Observe(len(items), time.Since(start), err)
 	}
 	for _, e := range batch {
 		r := e.req
@@ -283,6 +323,6 @@ func (w *Writer[T]) writeBatch(ctx context.Context, batch []entry[T], items []T)
 		}
 	}
 	clear(items)
-	clear(batch) // let the items go before the next batch
+	clear(batch[:n]) // let the items go before the next batch
 	return true
 }

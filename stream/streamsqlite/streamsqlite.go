@@ -340,12 +340,15 @@ func (b *Backend) stream(id string) (*streamState, error) {
 // committed, or with an error (nothing was stored) when it failed. done must
 // not block. AppendAsync blocks while the queue is full, and returns ctx's
 // error, stream.ErrStreamNotFound or groupcommit.ErrClosed without queueing.
+// When ctx ends before the writer took the events, they are not written and
+// done gets ctx's error: a caller that went away (a closed connection) does
+// not keep the writer busy.
 func (b *Backend) AppendAsync(ctx context.Context, streamID string, events []stream.Event, done func([]stream.AppendResult, error)) error {
 	items, results, err := b.prepare(streamID, events)
 	if err != nil {
 		return err
 	}
-	return b.writer.Enqueue(ctx, items, func(err error) { done(results, err) })
+	return b.writer.EnqueueWhile(ctx, items, func(err error) { done(results, err) })
 }
 
 // TryAppendAsync is AppendAsync that returns groupcommit.ErrFull instead
