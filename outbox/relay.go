@@ -15,7 +15,7 @@ const (
 	DefaultBatchSize     = 256
 	DefaultBatchBytes    = 4 << 20
 	DefaultMaxInFlight   = 4096
-	DefaultMinInFlight   = 256
+	DefaultMinInFlight   = 32
 	DefaultPollInterval  = time.Second
 	DefaultRetryBase     = time.Second
 	DefaultRetryMax      = 5 * time.Minute
@@ -45,8 +45,9 @@ type RelayConfig struct {
 	// few hundred milliseconds each connection is sent what the last one
 	// managed, so the oldest rows are not resent on every connection.
 	MaxInFlight int
-	// MinInFlight is the window's floor and start. Defaults to 256; it is
-	// at least BatchSize and at most MaxInFlight.
+	// MinInFlight is the window's floor and start. Defaults to 32; at
+	// most MaxInFlight. While the window is under BatchSize, batches are
+	// as large as the window.
 	MinInFlight int
 	// PollInterval is how often the store is polled when it does not
 	// notify (or in case a notification was missed). Defaults to 1s.
@@ -127,7 +128,7 @@ func NewRelay(store Store, pub Publisher, cfg RelayConfig) (*Relay, error) {
 	if cfg.MinInFlight <= 0 {
 		cfg.MinInFlight = DefaultMinInFlight
 	}
-	cfg.MinInFlight = min(max(cfg.MinInFlight, cfg.BatchSize), cfg.MaxInFlight)
+	cfg.MinInFlight = min(cfg.MinInFlight, cfg.MaxInFlight)
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = DefaultPollInterval
 	}

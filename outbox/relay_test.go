@@ -295,6 +295,7 @@ func TestRelayDeletesRowsOnlyAfterAck(t *testing.T) {
 	})
 	cfg := fast
 	cfg.BatchSize = 10
+	cfg.MinInFlight = 50 // all five batches in flight before any reply
 	runRelay(t, s, pub, cfg)
 
 	servertest.Eventually(t, 10*time.Second, "publishes in flight", func() bool { return inPublish.Load() == 5 })
