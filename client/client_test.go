@@ -202,13 +202,7 @@ func TestSendAfterServerWentAway(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop()
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Err() == nil {
-		if time.Now().After(deadline) {
-			t.Fatal("the conn did not notice that the server went away")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	servertest.Eventually(t, 30*time.Second, "the conn to notice that the server went away", func() bool { return c.Err() != nil })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := c.Send(ctx, []client.Message{message(t, "evt-2", true)}); !errors.Is(err, client.ErrClosed) {

@@ -23,7 +23,7 @@ import (
 func Example() {
 	dir, _ := os.MkdirTemp("", "outbox-example-*")
 	defer os.RemoveAll(dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
 	store, err := outboxsqlite.Open(filepath.Join(dir, "outbox.db"), outboxsqlite.Config{})
