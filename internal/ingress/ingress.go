@@ -40,8 +40,12 @@ func (t Tokens) Add(token, deviceID string) { t[sha256.Sum256([]byte(token))] = 
 
 // Defaults of Config.
 const (
-	DefaultMaxFrameBytes = 16 << 20
-	DefaultMaxInFlight   = 8192
+	DefaultMaxFrameBytes  = 16 << 20
+	DefaultMaxInFlight    = 8192
+	DefaultMaxConnections = 10000
+	// DefaultMaxBufferedBytes is MaxBufferedBytes's default: eight frames
+	// of the default size.
+	DefaultMaxBufferedBytes = 8 * DefaultMaxFrameBytes
 )
 
 // Config configures the ingress. Zero fields take their defaults.
@@ -60,8 +64,24 @@ type Config struct {
 	// been answered for; the connection is not read while it is reached.
 	// Defaults to 8192.
 	MaxInFlight int
+	// MaxConnections bounds the open WebSocket connections; one more is
+	// refused before the upgrade with 503 and Retry-After, except a
+	// device's new connection that replaces its old one. Defaults to
+	// DefaultMaxConnections; negative means no bound.
+	MaxConnections int
+	// MaxBufferedBytes bounds the memory of frames read and not yet queued
+	// for the store's writer, over all connections: a frame being read or
+	// decoded counts as MaxFrameBytes, its decoded envelopes by their size
+	// until the writer's queue takes them (whose own bound, the store's
+	// queue bytes, takes over). A connection holds at most MaxFrameBytes of
+	// decoded envelopes besides the frame it reads. A connection that
+	// finds no room is not read until there is. Defaults to
+	// DefaultMaxBufferedBytes, and is at least MaxFrameBytes.
+	MaxBufferedBytes int64
 	// PingInterval is how often an idle or busy connection's peer is
 	// pinged; a peer that does not answer within PingTimeout is dropped.
+	// A ping is not held against a peer while its connection is not read
+	// because of this side (memory bounds, a full writer queue).
 	// Defaults to 20s and 10s; a negative interval turns pings off.
 	PingInterval time.Duration
 	PingTimeout  time.Duration
@@ -79,6 +99,18 @@ type Ingress struct {
 	sessions  sync.WaitGroup
 	drain     chan struct{} // closed by Drain
 	drainOnce sync.Once
+
+	budget *budget // MaxBufferedBytes
+
+	mu      sync.Mutex
+	open    int                   // connections admitted
+	devices map[string]*wsSession // the connection of each token's device
+
+	// Test hooks (nil outside white-box tests): afterRead runs when a
+	// frame was read and counted, before it is decoded; drainWaits when a
+	// draining connection waits for its answers.
+	afterRead  func()
+	drainWaits func()
 }
 
 // Drain stops reading new frames on every connection, lets each answer
@@ -113,6 +145,13 @@ func New(store Appender, cfg Config) (*Ingress, error) {
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
 	}
+	if cfg.MaxConnections == 0 {
+		cfg.MaxConnections = DefaultMaxConnections
+	}
+	if cfg.MaxBufferedBytes <= 0 {
+		cfg.MaxBufferedBytes = DefaultMaxBufferedBytes
+	}
+	cfg.MaxBufferedBytes = max(cfg.MaxBufferedBytes, cfg.MaxFrameBytes)
 	if cfg.PingInterval == 0 {
 		cfg.PingInterval = wsping.DefaultInterval
 	}
@@ -125,7 +164,8 @@ func New(store Appender, cfg Config) (*Ingress, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	return &Ingress{store: store, cfg: cfg, log: cfg.Logger, m: cfg.Metrics, drain: make(chan struct{})}, nil
+	return &Ingress{store: store, cfg: cfg, log: cfg.Logger, m: cfg.Metrics, drain: make(chan struct{}),
+		budget: newBudget(cfg.MaxBufferedBytes, cfg.Metrics.buffered), devices: map[string]*wsSession{}}, nil
 }
 
 // decoded is one frame turned into events to append and replies to send at

@@ -7,6 +7,9 @@ type Metrics struct {
 	events      *prometheus.CounterVec
 	connections prometheus.Gauge
 	frames      prometheus.Counter
+	refused     prometheus.Counter
+	replaced    prometheus.Counter
+	buffered    prometheus.Gauge
 }
 
 // NewMetrics creates the ingress collectors and registers them with reg
@@ -25,9 +28,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "postbox_ingress_frames_total",
 			Help: "Frames read by the WebSocket ingress.",
 		}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "postbox_ingress_connections_refused_total",
+			Help: "WebSocket connections refused because the connection limit was reached.",
+		}),
+		replaced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "postbox_ingress_connections_replaced_total",
+			Help: "WebSocket connections closed because their device opened a new one.",
+		}),
+		buffered: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "postbox_ingress_buffered_bytes",
+			Help: "Bytes of frames being read and of envelopes read but not yet queued for the writer (bounded by the buffer limit).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.connections, m.frames)
+		reg.MustRegister(m.events, m.connections, m.frames, m.refused, m.replaced, m.buffered)
 	}
 	return m
 }

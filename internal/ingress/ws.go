@@ -1,12 +1,15 @@
 package ingress
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/coder/websocket"
 
@@ -24,30 +27,47 @@ const appendChunk = 512
 // Subprotocol is the WebSocket subprotocol of the envelope/ACK protocol.
 const Subprotocol = "postbox.v1"
 
+// retryAfterFull is the Retry-After, in seconds, of a connection refused at
+// the connection limit.
+const retryAfterFull = "5"
+
 // ServeHTTP accepts a WebSocket connection and runs the envelope/ACK
 // protocol on it until either side closes it.
 //
-// Reading and answering are decoupled: the reader decodes frames and queues
-// their events for the writer without waiting for the commit, so a client
-// may pipeline many frames; replies are sent, batched into frames, as commits
-// finish. The reader stops reading when the store's queue is full or when
-// MaxInFlight envelopes are unanswered, which pushes back on the sender
-// through TCP.
+// Reading, queueing and answering are decoupled: the reader decodes frames
+// and hands their events to the connection's enqueuer, which waits for
+// room in the store's queue, and replies are sent, batched into frames, as
+// commits finish. So a client may pipeline many frames, and a full store
+// queue does not stop the reader: it keeps reading (and seeing pings and
+// pongs) until MaxInFlight envelopes are unanswered or the memory bound
+// (MaxBufferedBytes, and MaxFrameBytes of envelopes waiting per
+// connection) is reached, which pushes back on the sender through TCP.
+//
+// With device tokens, a device has one connection: a new one replaces the
+// old at once, and the old one's envelopes the writer has not taken yet
+// are dropped unanswered (the device sends them again).
 func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	device := ""
 	if in.cfg.Tokens != nil {
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		d, known := in.cfg.Tokens.Device(strings.TrimSpace(token))
 		if !ok || !known {
-			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="postbox"`)
-			w.WriteHeader(http.StatusUnauthorized)
-			json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": "unauthorized", "message": "Authorization: a known bearer token is required"}})
+			writeError(w, http.StatusUnauthorized, "unauthorized", "Authorization: a known bearer token is required")
 			in.log.Warn("ingress: refused connection with unknown token", "remote", r.RemoteAddr)
 			return
 		}
 		device = d
 	}
+	if !in.admit(device) {
+		in.m.refused.Inc()
+		w.Header().Set("Retry-After", retryAfterFull)
+		writeError(w, http.StatusServiceUnavailable, "too_many_connections",
+			"the server holds as many WebSocket connections as it allows; connect again later")
+		in.log.Warn("ingress: refused connection over the connection limit", "remote", r.RemoteAddr, "limit", in.cfg.MaxConnections)
+		return
+	}
+	defer in.leave()
 	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{Subprotocol}})
 	if err != nil {
 		in.log.Warn("ingress: websocket accept failed", "remote", r.RemoteAddr, "err", err)
@@ -62,7 +82,12 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer in.sessions.Done()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	s := &wsSession{in: in, c: c, wake: make(chan struct{}, 1), room: make(chan struct{})}
+	s := &wsSession{in: in, c: c, cancel: cancel, wake: make(chan struct{}, 1), queued: make(chan struct{}, 1), room: make(chan struct{})}
+	defer s.giveBack()
+	if device != "" {
+		in.claim(device, s)
+		defer in.unclaim(device, s)
+	}
 	// At Drain the reader refuses new frames (retryable NACKs) and, once
 	// every envelope read is answered, the connection closes as "going
 	// away". (A Read cannot be interrupted without closing the connection,
@@ -72,9 +97,10 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	wg.Go(func() {
 		select {
 		case <-in.drain:
-			s.waitAnswered(ctx)
-			close(drained)
-			c.Close(websocket.StatusGoingAway, "server shutting down")
+			if s.waitAnswered(ctx) {
+				close(drained)
+				c.Close(websocket.StatusGoingAway, "server shutting down")
+			}
 		case <-ctx.Done():
 		}
 	})
@@ -83,9 +109,14 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			cancel()
 		}
 	})
+	wg.Go(func() {
+		if err := s.enqueueLoop(ctx); err != nil {
+			cancel()
+		}
+	})
 	if in.cfg.PingInterval > 0 {
 		wg.Go(func() {
-			if err := wsping.Run(ctx, c, in.cfg.PingInterval, in.cfg.PingTimeout); err != nil {
+			if err := wsping.RunStalls(ctx, c, in.cfg.PingInterval, in.cfg.PingTimeout, &s.stalls); err != nil {
 				in.log.Warn("ingress: closing a connection whose peer is gone", "remote", r.RemoteAddr, "device", device, "err", err)
 				cancel()
 			}
@@ -98,6 +129,9 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case isClosed(drained):
 		in.log.Debug("ingress: connection drained at shutdown", "remote", r.RemoteAddr)
+	case s.replaced.Load():
+		in.log.Debug("ingress: connection replaced by a newer one of its device", "remote", r.RemoteAddr, "device", device)
+		c.CloseNow()
 	case status == websocket.StatusNormalClosure || status == websocket.StatusGoingAway:
 		c.Close(websocket.StatusNormalClosure, "")
 	case status == websocket.StatusMessageTooBig:
@@ -108,71 +142,162 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// wsSession is one connection's state shared by its reader, its writer
-// and the store's commit callbacks.
+// writeError answers a refused connection with the server's JSON error.
+func writeError(w http.ResponseWriter, status int, code, message string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": message}})
+}
+
+// admit counts a new connection in, unless MaxConnections are open; a
+// device's connection that will replace its old one is always admitted.
+func (in *Ingress) admit(device string) bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.cfg.MaxConnections > 0 && in.open >= in.cfg.MaxConnections && (device == "" || in.devices[device] == nil) {
+		return false
+	}
+	in.open++
+	return true
+}
+
+func (in *Ingress) leave() {
+	in.mu.Lock()
+	in.open--
+	in.mu.Unlock()
+}
+
+// claim makes s device's connection, closing the one it replaces.
+func (in *Ingress) claim(device string, s *wsSession) {
+	in.mu.Lock()
+	old := in.devices[device]
+	in.devices[device] = s
+	in.mu.Unlock()
+	if old != nil {
+		old.replaced.Store(true)
+		old.cancel() // stops its loops, closes it and drops what it queued
+		in.m.replaced.Inc()
+	}
+}
+
+func (in *Ingress) unclaim(device string, s *wsSession) {
+	in.mu.Lock()
+	if in.devices[device] == s {
+		delete(in.devices, device)
+	}
+	in.mu.Unlock()
+}
+
+// wsSession is one connection's state shared by its reader, its enqueuer,
+// its writer and the store's commit callbacks.
 type wsSession struct {
-	in *Ingress
-	c  *websocket.Conn
+	in       *Ingress
+	c        *websocket.Conn
+	cancel   context.CancelFunc
+	stalls   wsping.Stalls // when the reader waits for this side, not the peer
+	replaced atomic.Bool   // closed because its device connected again
 
 	mu       sync.Mutex
 	out      []postbox.Reply // replies waiting to be written
 	commits  []commit        // appends answered by the store, to be turned into replies
-	inFlight int             // envelopes read and not yet answered on the wire
+	inFlight int             // envelopes read (or frames being read) and not yet answered on the wire
+	closing  bool            // a drain found nothing in flight and closes the connection
+	pending  []chunk         // decoded events waiting for room in the store's queue
+	held     int64           // budget held by pending
 	wake     chan struct{}   // replies are waiting
-	room     chan struct{}   // closed (and replaced) when inFlight goes down
+	queued   chan struct{}   // pending events are waiting
+	room     chan struct{}   // closed (and replaced) when inFlight or held goes down
+}
+
+// chunk is events of one frame, queued in one AppendAsync.
+type chunk struct {
+	ids    []string
+	events []stream.Event
+	bytes  int64 // budget they hold
 }
 
 func (s *wsSession) readLoop(ctx context.Context, device string) error {
+	limit := s.in.cfg.MaxFrameBytes
 	for {
 		if err := s.waitRoom(ctx); err != nil {
 			return err
 		}
-		typ, frame, err := s.c.Read(ctx)
+		// Reader returns at a data frame, answering pings and reading
+		// pongs before it.
+		_, r, err := s.c.Reader(ctx)
 		if err != nil {
 			return err
 		}
+		// The frame is read from here on: it counts as in flight before
+		// anything else, so a drain waits for its answers.
+		if !s.begin() {
+			return errDraining
+		}
+		draining := isClosed(s.in.drain) // frames read before a Drain are stored
 		s.in.m.frames.Inc()
-		if typ != websocket.MessageText && typ != websocket.MessageBinary {
-			continue
+		waited, err := s.in.budget.take(ctx, limit, s.stalls.Begin)
+		if waited {
+			s.stalls.End()
+		}
+		if err != nil {
+			return err
+		}
+		frame, err := readFrame(r, limit)
+		if err != nil {
+			s.in.budget.give(limit)
+			return err
+		}
+		if s.in.afterRead != nil {
+			s.in.afterRead()
 		}
 		d := s.in.decodeFrame(frame, device)
-		if isClosed(s.in.drain) {
+		frame = nil
+		if draining {
 			for _, id := range d.ids {
 				d.refused = append(d.refused, postbox.Nack(id, errShuttingDown))
 			}
 			d.ids, d.events = nil, nil
 		}
 		s.in.countRefused(d.refused)
-		s.reply(d.refused, len(d.refused))
-		if len(d.events) == 0 {
-			continue
-		}
-		s.mu.Lock()
-		s.inFlight += len(d.events)
-		s.mu.Unlock()
-		// A large frame is queued in parts, so that no request is larger
-		// than the writer's queue bound.
+		// The frame's budget is traded for what its events hold; a
+		// frame decodes to no more than its read limit's worth.
+		var chunks []chunk
+		var held int64
 		for len(d.events) > 0 {
 			n := min(len(d.events), appendChunk)
-			ids := d.ids[:n]
-			err = s.in.store.AppendAsync(ctx, s.in.cfg.StreamID, d.events[:n], func(res []stream.AppendResult, err error) {
-				s.committed(commit{ids, res, err})
-			})
-			if err != nil {
-				// ctx ended or the store closed: these events will not be
-				// answered here, and the sender will send them again.
-				s.mu.Lock()
-				s.inFlight -= len(d.events)
-				s.mu.Unlock()
-				return err
-			}
+			c := chunk{ids: d.ids[:n], events: d.events[:n], bytes: min(eventBytes(d.events[:n]), limit-held)}
+			held += c.bytes
+			chunks = append(chunks, c)
 			d.ids, d.events = d.ids[n:], d.events[n:]
 		}
+		s.in.budget.give(limit - held)
+		s.read(d.refused, chunks, held)
 	}
+}
+
+// eventBytes estimates the memory events hold.
+func eventBytes(events []stream.Event) int64 {
+	var n int64
+	for i := range events {
+		e := &events[i]
+		n += int64(len(e.Payload)+len(e.Metadata)+len(e.NativeID)+len(e.Type)+len(e.DeliveryHandle)) + 128
+	}
+	return n
+}
+
+// readFrame reads one data frame to its end.
+func readFrame(r io.Reader, limit int64) ([]byte, error) {
+	var buf bytes.Buffer
+	buf.Grow(int(min(limit, 64<<10)))
+	_, err := buf.ReadFrom(r)
+	return buf.Bytes(), err
 }
 
 // errShuttingDown refuses envelopes read after Drain began.
 var errShuttingDown = errors.New("server shutting down: not stored, send again")
+
+// errDraining ends the reader of a connection a drain closes.
+var errDraining = errors.New("connection closed at shutdown")
 
 func isClosed(ch <-chan struct{}) bool {
 	select {
@@ -183,48 +308,150 @@ func isClosed(ch <-chan struct{}) bool {
 	}
 }
 
-// waitAnswered blocks until every envelope read has been answered on the
-// wire, or ctx ends.
-func (s *wsSession) waitAnswered(ctx context.Context) {
-	s.waitInFlight(ctx, func(n int) bool { return n <= 0 })
+// begin counts a frame being read as in flight, unless a drain already
+// found the connection idle and closes it.
+func (s *wsSession) begin() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.inFlight++
+	return true
 }
 
-// waitRoom blocks while MaxInFlight envelopes are unanswered.
-func (s *wsSession) waitRoom(ctx context.Context) error {
-	s.waitInFlight(ctx, func(n int) bool { return n < s.in.cfg.MaxInFlight })
-	return ctx.Err()
+// read replaces the frame counted by begin with its refusals, to be
+// written, and its events, to be queued.
+func (s *wsSession) read(refused []postbox.Reply, chunks []chunk, held int64) {
+	s.mu.Lock()
+	s.out = append(s.out, refused...)
+	s.pending = append(s.pending, chunks...)
+	s.held += held
+	s.inFlight += len(refused) - 1
+	for _, c := range chunks {
+		s.inFlight += len(c.ids)
+	}
+	s.signalRoom() // the frame may have held nothing
+	s.mu.Unlock()
+	if len(refused) > 0 {
+		signal(s.wake)
+	}
+	if len(chunks) > 0 {
+		signal(s.queued)
+	}
 }
 
-// waitInFlight blocks until ok(inFlight) or ctx ends.
-func (s *wsSession) waitInFlight(ctx context.Context, ok func(int) bool) {
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// signalRoom wakes the reader and a drain, whichever waits. s.mu is held.
+func (s *wsSession) signalRoom() {
+	close(s.room)
+	s.room = make(chan struct{})
+}
+
+// enqueueLoop queues pending events for the store's writer, waiting for
+// room in its queue; it returns when ctx ends or the store refuses.
+func (s *wsSession) enqueueLoop(ctx context.Context) error {
 	for {
 		s.mu.Lock()
-		done, room := ok(s.inFlight), s.room
+		var c chunk
+		ok := len(s.pending) > 0
+		if ok {
+			c = s.pending[0]
+		}
 		s.mu.Unlock()
-		if done {
-			return
+		if !ok {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-s.queued:
+			}
+			continue
+		}
+		ids := c.ids
+		err := s.in.store.AppendAsync(ctx, s.in.cfg.StreamID, c.events, func(res []stream.AppendResult, err error) {
+			s.committed(commit{ids, res, err})
+		})
+		if err != nil {
+			// ctx ended or the store closed: these events will not be
+			// answered here, and the sender will send them again.
+			return err
+		}
+		s.mu.Lock()
+		s.pending[0] = chunk{}
+		s.pending = s.pending[1:]
+		s.held -= c.bytes
+		s.signalRoom()
+		s.mu.Unlock()
+		s.in.budget.give(c.bytes)
+	}
+}
+
+// giveBack returns the budget of events never queued, when the connection
+// ends.
+func (s *wsSession) giveBack() {
+	s.mu.Lock()
+	held := s.held
+	s.held, s.pending = 0, nil
+	s.mu.Unlock()
+	s.in.budget.give(held)
+}
+
+// waitAnswered blocks until every envelope read has been answered on the
+// wire, and marks the connection closing, or until ctx ends (false).
+func (s *wsSession) waitAnswered(ctx context.Context) bool {
+	for {
+		s.mu.Lock()
+		if s.inFlight <= 0 {
+			s.closing = true
+			s.mu.Unlock()
+			return true
+		}
+		room := s.room
+		s.mu.Unlock()
+		if s.in.drainWaits != nil {
+			s.in.drainWaits()
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-room:
 		}
 	}
 }
 
-// reply queues replies for the writer; extra counts replies that were not
-// already counted in flight (refusals).
-func (s *wsSession) reply(rs []postbox.Reply, extra int) {
-	if len(rs) == 0 {
-		return
-	}
-	s.mu.Lock()
-	s.out = append(s.out, rs...)
-	s.inFlight += extra
-	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
+// waitRoom blocks while MaxInFlight envelopes are unanswered, or while the
+// connection holds MaxFrameBytes of events waiting for the store's queue
+// (a stall of this side: the peer's pings are not held against it).
+func (s *wsSession) waitRoom(ctx context.Context) error {
+	stalled := false
+	defer func() {
+		if stalled {
+			s.stalls.End()
+		}
+	}()
+	for {
+		s.mu.Lock()
+		full := s.held >= s.in.cfg.MaxFrameBytes
+		done, room := !full && s.inFlight < s.in.cfg.MaxInFlight, s.room
+		s.mu.Unlock()
+		if done {
+			return nil
+		}
+		if full && !stalled {
+			s.stalls.Begin()
+			stalled = true
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-room:
+		}
 	}
 }
 
@@ -243,10 +470,7 @@ func (s *wsSession) committed(c commit) {
 	s.mu.Lock()
 	s.commits = append(s.commits, c)
 	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	signal(s.wake)
 }
 
 func (s *wsSession) writeLoop(ctx context.Context) error {
@@ -284,8 +508,7 @@ func (s *wsSession) writeLoop(ctx context.Context) error {
 		}
 		s.mu.Lock()
 		s.inFlight -= len(buf)
-		close(s.room) // wakes the reader and a drain, whichever waits
-		s.room = make(chan struct{})
+		s.signalRoom()
 		s.mu.Unlock()
 		clear(buf)
 	}

@@ -63,6 +63,11 @@ type Config struct {
 	// PingInterval and PingTimeout: see ingress.Config.
 	PingInterval time.Duration
 	PingTimeout  time.Duration
+	// WSMaxConnections, WSBufferBytes and WSMaxFrameBytes: see
+	// ingress.Config's MaxConnections, MaxBufferedBytes and MaxFrameBytes.
+	WSMaxConnections int
+	WSBufferBytes    int64
+	WSMaxFrameBytes  int64
 	// Listener, when set, is served instead of listening on Addr.
 	Listener net.Listener
 	// InsecureNoAPIToken lets Run serve the operator API without an
@@ -232,6 +237,10 @@ func New(cfg Config) (*Server, error) {
 		PingTimeout:  cfg.PingTimeout,
 		Logger:       cfg.Logger,
 		Metrics:      metrics,
+
+		MaxConnections:   cfg.WSMaxConnections,
+		MaxBufferedBytes: cfg.WSBufferBytes,
+		MaxFrameBytes:    cfg.WSMaxFrameBytes,
 	})
 	if err != nil {
 		store.Close()

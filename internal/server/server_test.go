@@ -823,7 +823,10 @@ func TestBackpressure(t *testing.T) {
 		)
 		// NORMAL: this test is about the queue, not fsync, and hundreds of
 		// group commits with FULL take seconds on a slow disk.
-		ts := start(t, server.Config{QueueSize: queueSize, Synchronous: "NORMAL"}, nil)
+		// The ingress keeps reading while the queue is full, up to its
+		// memory bound, which is made small here.
+		const frameBytes, bufferBytes = 512 << 10, 1 << 20
+		ts := start(t, server.Config{QueueSize: queueSize, Synchronous: "NORMAL", WSMaxFrameBytes: frameBytes, WSBufferBytes: bufferBytes}, nil)
 		if got := ts.Srv.Store().QueueCap(); got != queueSize {
 			t.Fatalf("QueueCap %d, want %d", got, queueSize)
 		}
@@ -932,8 +935,9 @@ func TestBackpressure(t *testing.T) {
 		}
 		framesRead := ts.metrics(t)["postbox_ingress_frames_total"] - framesBefore
 		// Read and not answered: what the writer took (≤ queueSize), the
-		// queue (≤ queueSize) and one frame per blocked connection reader.
-		if limit := float64(2*queueSize/frameSize + conns + 2); framesRead > limit {
+		// queue (≤ queueSize), one frame per connection reader and what
+		// the ingress's buffer holds (each event at least its payload).
+		if limit := float64(2*queueSize/frameSize + conns + 2 + bufferBytes/(frameSize*len(payload))); framesRead > limit {
 			t.Errorf("the server read %v frames during the stall, want at most %v: the transport did not stop reading", framesRead, limit)
 		}
 		if stalled := time.Since(locked); stalled > writerBusyTimeout-time.Second {
