@@ -42,7 +42,9 @@ func (t Tokens) Add(token, deviceID string) { t[sha256.Sum256([]byte(token))] = 
 const (
 	DefaultMaxFrameBytes  = 16 << 20
 	DefaultMaxInFlight    = 8192
-	DefaultMaxConnections = 10000
+	// DefaultMaxConnections leaves room under the server's cap on TCP
+	// connections for the HTTP API and webhooks.
+	DefaultMaxConnections = 5000
 	// DefaultMaxBufferedBytes is MaxBufferedBytes's default: eight frames
 	// of the default size.
 	DefaultMaxBufferedBytes = 8 * DefaultMaxFrameBytes
