@@ -47,11 +47,14 @@ func Example() {
 	done := make(chan error)
 	go func() { done <- srv.Run(ctx) }()
 	base := "http://" + ln.Addr().String()
-	for range 100 { // until ready
-		if resp, err := http.Get(base + "/ready"); err == nil && resp.StatusCode == 200 {
-			break
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		resp, err := http.Get(base + "/ready")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	post := func(key, body string) {
 		req, _ := http.NewRequest("POST", base+"/webhooks", bytes.NewBufferString(body))
