@@ -108,7 +108,8 @@ func msgs(t *testing.T, prefix, device string, n int) []client.Message {
 // by either side's pings, and everything it sent is ACKed once the queue
 // has room.
 func TestFullQueueKeepsHealthyConnections(t *testing.T) {
-	const ping, timeout = 20 * time.Millisecond, 40 * time.Millisecond
+	// A timeout a loaded machine under -race keeps up with.
+	const ping, timeout = 50 * time.Millisecond, 300 * time.Millisecond
 	st := newStore()
 	_, url := serve(t, st, ingress.Config{PingInterval: ping, PingTimeout: timeout})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -134,7 +135,7 @@ func TestFullQueueKeepsHealthyConnections(t *testing.T) {
 	}
 	servertest.Eventually(t, 10*time.Second, "the store's queue to be full", func() bool { return st.waiters() > 0 })
 	// The stall itself is what is tested: it lasts many ping timeouts.
-	stall := time.After(25 * (ping + timeout))
+	stall := time.After(6 * (ping + timeout))
 	for waiting := true; waiting; {
 		select {
 		case r := <-results:
