@@ -13,7 +13,9 @@ func runAgent(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "agent", "--server URL --outbox FILE --device-id ID [flags]", `Runs the edge agent: a durable SQLite outbox, a local HTTP intake (POST /v1/events answers 202
 after the outbox commit) and a sender that keeps a window of events in flight over one WebSocket,
 deletes each row only on its ACK, keeps refused rows as rejected, and reconnects with exponential
-backoff and full jitter. Unsent events are resumed after a restart.`)
+backoff and full jitter. The window starts at --window-min, grows with every ACK up to --window,
+and after a dropped connection starts again from what that connection got acknowledged. Unsent
+events are resumed after a restart.`)
 	server := fs.String("server", "", "the control plane's ingress, ws://HOST:PORT (wss:// for TLS) [POSTBOX_SERVER]")
 	path := fs.String("outbox", "outbox.db", "outbox SQLite file [POSTBOX_OUTBOX]")
 	device := fs.String("device-id", "", "this device's id, filled into events without one [POSTBOX_DEVICE_ID]")
@@ -23,7 +25,9 @@ backoff and full jitter. Unsent events are resumed after a restart.`)
 	session := fs.String("session-id", "", "session id filled into events without one (default: a new one per run)")
 	sync := fs.String("synchronous", "FULL", "outbox SQLite synchronous mode: FULL or NORMAL")
 	window := positiveInt(outbox.DefaultMaxInFlight)
-	fs.Var(&window, "window", "most `events` sent and not yet answered")
+	fs.Var(&window, "window", "most `events` sent and not yet answered; the window grows up to this")
+	windowMin := positiveInt(outbox.DefaultMinInFlight)
+	fs.Var(&windowMin, "window-min", "`events` the window starts at and never falls below after a dropped connection")
 	batch := positiveInt(outbox.DefaultBatchSize)
 	fs.Var(&batch, "batch", "most `events` per frame")
 	backoffMax := fs.Duration("backoff-max", outbox.DefaultReconnectMax, "cap of the reconnect backoff")
@@ -49,7 +53,7 @@ backoff and full jitter. Unsent events are resumed after a restart.`)
 		Server: *server, OutboxPath: *path, DeviceID: *device, SessionID: *session, Listen: *listen, Token: *token, CACert: *caCert,
 		Synchronous: strings.ToUpper(*sync), AckTimeout: *ackTimeout, Logger: log,
 		Relay: outbox.RelayConfig{
-			BatchSize: int(batch), MaxInFlight: int(window),
+			BatchSize: int(batch), MaxInFlight: int(window), MinInFlight: int(windowMin),
 			Retry:     outbox.Backoff{Base: outbox.DefaultRetryBase, Max: *retryMax},
 			Reconnect: outbox.Backoff{Base: outbox.DefaultReconnectBase, Max: *backoffMax},
 		},
