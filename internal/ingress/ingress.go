@@ -40,8 +40,8 @@ func (t Tokens) Add(token, deviceID string) { t[sha256.Sum256([]byte(token))] = 
 
 // Defaults of Config.
 const (
-	DefaultMaxFrameBytes  = 16 << 20
-	DefaultMaxInFlight    = 8192
+	DefaultMaxFrameBytes = 16 << 20
+	DefaultMaxInFlight   = 8192
 	// DefaultMaxConnections leaves room under the server's cap on TCP
 	// connections for the HTTP API and webhooks.
 	DefaultMaxConnections = 5000
