@@ -40,7 +40,8 @@ type RelayConfig struct {
 	// (doubling each round trip while whole windows are answered), up to
 	// MaxInFlight; after an outage (a transport failure, or an outage
 	// NACK) it starts again from the number of messages answered since
-	// the previous outage, never below MinInFlight. On a good link it
+	// the previous outage, never below MinInFlight, and from there grows
+	// by about MinInFlight per round trip. On a good link it
 	// reaches MaxInFlight within a few round trips; on a link cut every
 	// few hundred milliseconds each connection is sent what the last one
 	// managed, so the oldest rows are not resent on every connection.
@@ -197,8 +198,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	var pausedUntil time.Time
 	// The window (see RelayConfig.MaxInFlight): answered counts the
 	// messages answered since the last outage.
+	// Below threshold the window grows by one per answer (doubling each
+	// round trip); from it on by about MinInFlight per round trip, so a
+	// connection that ends loses little more than the last one carried.
 	floor := r.cfg.MinInFlight
-	window, answered := floor, 0
+	window, answered, threshold := floor, 0, r.cfg.MaxInFlight
 	// held are answered outcomes the store failed to record: their rows
 	// stay in flight, not sent again, and are recorded again at retryAt.
 	var held []Outcome
@@ -280,6 +284,7 @@ func (r *Relay) Run(ctx context.Context) error {
 				pausedUntil = r.cfg.Now().Add(delay)
 				// The next connection is sent what this one managed.
 				window, answered = min(max(answered, floor), r.cfg.MaxInFlight), 0
+				threshold = window
 				r.log.Warn("outbox: publish failed; pausing before the next attempt", "err", err, "events", len(p.msgs), "pause", delay.Round(time.Millisecond), "failures", failures, "window", window)
 			}
 			// Settling runs beside the next reads and publishes; the rows
@@ -311,7 +316,12 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			if n := s.st.Delivered + s.st.Rejected + s.st.Retried; s.st.Err == nil && n > 0 {
 				answered += n
-				window = min(window+n, r.cfg.MaxInFlight)
+				if window < threshold {
+					window = min(window+n, threshold)
+				} else {
+					window += max(1, n*floor/window)
+				}
+				window = min(window, r.cfg.MaxInFlight)
 			}
 			if s.st.Retried > 0 || s.st.Unanswered > 0 {
 				cursor = 0 // rows behind the cursor are due again

@@ -11,7 +11,6 @@ import (
 
 	"github.com/postbox-events/postbox/internal/agent"
 	"github.com/postbox-events/postbox/internal/server"
-	"github.com/postbox-events/postbox/internal/servertest"
 )
 
 // churnProxy forwards TCP connections to a target and cuts each one
@@ -124,19 +123,20 @@ func (p *churnProxy) close() {
 
 // TestAgentsDrainThroughAFlakyLink: five agents with the default window
 // send through a link that cuts every connection after 100–300 ms. Each
-// connection must make progress: every outbox drains within the deadline
-// (with a fixed window of 4096 the same oldest rows were resent on every
-// connection and the outboxes never drained), the server stores every
+// connection must make progress: every outbox drains within a generous
+// deadline (it takes seconds, a minute or two on a loaded machine under
+// -race; with a fixed window of 4096 the same oldest rows were resent on
+// every connection and the outboxes never drained), the server stores every
 // event once, and no event is delivered more than a few dozen times
 // (the server counts deliveries; under the race detector a connection
 // carries a few dozen events before its cut).
 func TestAgentsDrainThroughAFlakyLink(t *testing.T) {
 	if testing.Short() {
-		t.Skip("sends 5,000 events through a flaky link")
+		t.Skip("sends 3,000 events through a flaky link")
 	}
 	srv := startServer(t, server.Config{})
 	px := newChurnProxy(t, srv.addr)
-	const agents, n, per = 5, 1000, 250
+	const agents, n, per = 5, 600, 200
 	tas := make([]*testAgent, agents)
 	ids := make([][]string, agents)
 	for i := range tas {
@@ -153,7 +153,7 @@ func TestAgentsDrainThroughAFlakyLink(t *testing.T) {
 	}
 	wg.Wait()
 	start := time.Now()
-	servertest.Eventually(t, 120*time.Second, "every outbox empty and every event at the server", func() bool {
+	drainedAll := func() bool {
 		if !srv.has(t, agents*n) {
 			return false
 		}
@@ -163,7 +163,20 @@ func TestAgentsDrainThroughAFlakyLink(t *testing.T) {
 			}
 		}
 		return true
-	})
+	}
+	for tick := time.NewTicker(10 * time.Millisecond); !drainedAll(); <-tick.C {
+		if time.Since(start) > 300*time.Second {
+			var stored int64
+			srv.srv.Store().ReadDB().QueryRow(`SELECT count(*) FROM stream_events`).Scan(&stored)
+			var pending []int64
+			for _, ta := range tas {
+				p, _ := ta.counts(t)
+				pending = append(pending, p)
+			}
+			t.Fatalf("after %s the server stores %d of %d events and the outboxes hold %v pending (%d connections cut)",
+				time.Since(start).Round(time.Second), stored, agents*n, pending, px.cuts.Load())
+		}
+	}
 	drained := time.Since(start)
 
 	var total, distinct, deliveries, most int64
