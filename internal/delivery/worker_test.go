@@ -104,7 +104,7 @@ func TestTargetFailsTwice(t *testing.T) {
 		t.Fatalf("%d calls, want 3", tg.calls())
 	}
 	h := tg.headers[2]
-	if h.Get("Idempotency-Key") != "h-0" || h.Get("X-Event-Type") != "order.paid" || h.Get("X-Postbox-Attempt") != "3" ||
+	if h.Get("Idempotency-Key") != "pi-0/h-0" || h.Get("X-Event-Type") != "order.paid" || h.Get("X-Postbox-Attempt") != "3" ||
 		h.Get("X-Postbox-Event") != "devices/1" || h.Get("Content-Type") != "application/json" || tg.bodies[2] != `{"i":0}` {
 		t.Fatalf("request: %v %s", h, tg.bodies[2])
 	}
