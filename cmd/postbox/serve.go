@@ -61,6 +61,8 @@ before /ready answers 200. Flags win over the environment variables named in bra
 	fs.Var(&wsMaxConns, "ws-max-connections", "most open ingress WebSocket `connections`; more are refused with 503 and Retry-After [POSTBOX_WS_MAX_CONNECTIONS]")
 	wsBuffer := positiveInt(ingress.DefaultMaxBufferedBytes)
 	fs.Var(&wsBuffer, "ws-buffer-bytes", "memory for ingress frames being read and envelopes waiting for the writer queue, over all connections, in `bytes`; at least the 16 MiB frame limit [POSTBOX_WS_BUFFER_BYTES]")
+	wsFrameTimeout := positiveDuration(ingress.DefaultFrameTimeout)
+	fs.Var(&wsFrameTimeout, "ws-frame-timeout", "longest an ingress frame's body may take to arrive after its header (`duration`); the connection is then closed [POSTBOX_WS_FRAME_TIMEOUT]")
 	cert := fs.String("tls-cert", "", "TLS certificate file (PEM); serves HTTPS/WSS with --tls-key [POSTBOX_TLS_CERT]")
 	key := fs.String("tls-key", "", "TLS private key file (PEM) [POSTBOX_TLS_KEY]")
 	workers := positiveInt(delivery.DefaultWorkers)
@@ -100,7 +102,7 @@ before /ready answers 200. Flags win over the environment variables named in bra
 		"queue-size": "QUEUE_MAXSIZE", "queue-bytes": "POSTBOX_QUEUE_BYTES", "max-envelope-bytes": "POSTBOX_MAX_ENVELOPE_BYTES", "auth-tokens": "POSTBOX_AUTH_TOKENS", "api-token": "POSTBOX_API_TOKEN",
 		"insecure-no-api-token": "POSTBOX_INSECURE_NO_API_TOKEN", "http-read-timeout": "POSTBOX_HTTP_READ_TIMEOUT",
 		"http-idle-timeout": "POSTBOX_HTTP_IDLE_TIMEOUT", "http-max-header-bytes": "POSTBOX_HTTP_MAX_HEADER_BYTES",
-		"max-connections": "POSTBOX_MAX_CONNECTIONS", "ws-max-connections": "POSTBOX_WS_MAX_CONNECTIONS", "ws-buffer-bytes": "POSTBOX_WS_BUFFER_BYTES",
+		"max-connections": "POSTBOX_MAX_CONNECTIONS", "ws-max-connections": "POSTBOX_WS_MAX_CONNECTIONS", "ws-buffer-bytes": "POSTBOX_WS_BUFFER_BYTES", "ws-frame-timeout": "POSTBOX_WS_FRAME_TIMEOUT",
 		"webhook-max-bytes": "POSTBOX_WEBHOOK_MAX_BYTES", "webhook-key-header": "POSTBOX_WEBHOOK_KEY_HEADER", "webhook-key-field": "POSTBOX_WEBHOOK_KEY_FIELD",
 		"webhook-type-header": "POSTBOX_WEBHOOK_TYPE_HEADER", "webhook-type-field": "POSTBOX_WEBHOOK_TYPE_FIELD",
 		"webhook-secret": "POSTBOX_WEBHOOK_SECRET",
@@ -141,6 +143,7 @@ before /ready answers 200. Flags win over the environment variables named in bra
 		MaxConnections:     int(maxConns),
 		WSMaxConnections:   int(wsMaxConns),
 		WSBufferBytes:      int64(wsBuffer),
+		WSFrameTimeout:     time.Duration(wsFrameTimeout),
 		Webhooks: server.WebhookConfig{MaxBytes: int64(whMax), KeyHeader: *whKeyHeader, KeyField: *whKeyField,
 			TypeHeader: *whTypeHeader, TypeField: *whTypeField, Secrets: splitList(*whSecrets), Target: string(whTarget)},
 		Delivery: delivery.Config{Workers: int(workers), MaxAttempts: int(maxAttempts), RetryBaseDelay: time.Duration(retryBase),

@@ -48,6 +48,9 @@ const (
 	// DefaultMaxBufferedBytes is MaxBufferedBytes's default: eight frames
 	// of the default size.
 	DefaultMaxBufferedBytes = 8 * DefaultMaxFrameBytes
+	// DefaultFrameTimeout is FrameTimeout's default: a 16 MiB frame
+	// arrives within it at about 2.3 Mbit/s.
+	DefaultFrameTimeout = time.Minute
 )
 
 // Config configures the ingress. Zero fields take their defaults.
@@ -73,13 +76,23 @@ type Config struct {
 	MaxConnections int
 	// MaxBufferedBytes bounds the memory of frames read and not yet queued
 	// for the store's writer, over all connections: a frame being read or
-	// decoded counts as MaxFrameBytes, its decoded envelopes by their size
-	// until the writer's queue takes them (whose own bound, the store's
-	// queue bytes, takes over). A connection holds at most MaxFrameBytes of
-	// decoded envelopes besides the frame it reads. A connection that
-	// finds no room is not read until there is. Defaults to
+	// decoded counts by the bytes of it that arrived (its buffer, which
+	// grows as they arrive: at most half again, or 64 KiB, more), its
+	// decoded envelopes by their size until the writer's queue takes them
+	// (whose own bound, the store's queue bytes, takes over). A connection
+	// holds at most MaxFrameBytes of decoded envelopes besides the frame it
+	// reads. A connection that finds no room is not read until there is.
+	// The last MaxFrameBytes (at most half) are a reserve one frame at a
+	// time may use once the rest is taken, so frames that each hold part
+	// of themselves do not wait on each other forever. Defaults to
 	// DefaultMaxBufferedBytes, and is at least MaxFrameBytes.
 	MaxBufferedBytes int64
+	// FrameTimeout bounds how long a frame's body may take to arrive once
+	// its header has, waits for room in MaxBufferedBytes included; the
+	// connection is then closed and its buffer freed. Waiting for the next
+	// frame is not bounded (pings find dead peers). Defaults to
+	// DefaultFrameTimeout.
+	FrameTimeout time.Duration
 	// PingInterval is how often an idle or busy connection's peer is
 	// pinged; a peer that does not answer within PingTimeout is dropped.
 	// A ping is not held against a peer while its connection is not read
@@ -154,6 +167,9 @@ func New(store Appender, cfg Config) (*Ingress, error) {
 		cfg.MaxBufferedBytes = DefaultMaxBufferedBytes
 	}
 	cfg.MaxBufferedBytes = max(cfg.MaxBufferedBytes, cfg.MaxFrameBytes)
+	if cfg.FrameTimeout <= 0 {
+		cfg.FrameTimeout = DefaultFrameTimeout
+	}
 	if cfg.PingInterval == 0 {
 		cfg.PingInterval = wsping.DefaultInterval
 	}
@@ -167,7 +183,7 @@ func New(store Appender, cfg Config) (*Ingress, error) {
 		cfg.Metrics = NewMetrics(nil)
 	}
 	return &Ingress{store: store, cfg: cfg, log: cfg.Logger, m: cfg.Metrics, drain: make(chan struct{}),
-		budget: newBudget(cfg.MaxBufferedBytes, cfg.Metrics.buffered), devices: map[string]*wsSession{}}, nil
+		budget: newBudget(cfg.MaxBufferedBytes, cfg.MaxFrameBytes, cfg.Metrics.buffered), devices: map[string]*wsSession{}}, nil
 }
 
 // decoded is one frame turned into events to append and replies to send at

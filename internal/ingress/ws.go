@@ -1,7 +1,6 @@
 package ingress
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -134,6 +134,13 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		c.CloseNow()
 	case status == websocket.StatusNormalClosure || status == websocket.StatusGoingAway:
 		c.Close(websocket.StatusNormalClosure, "")
+	case errors.Is(err, errFrameTimeout):
+		in.log.Warn("ingress: frame not received within the frame timeout, connection closed", "remote", r.RemoteAddr,
+			"device", device, "timeout", in.cfg.FrameTimeout)
+		c.CloseNow()
+	case errors.Is(err, errFrameTooBig):
+		in.log.Warn("ingress: frame over the size limit, connection closed", "remote", r.RemoteAddr, "limit", in.cfg.MaxFrameBytes)
+		c.Close(websocket.StatusMessageTooBig, "frame over the size limit")
 	case status == websocket.StatusMessageTooBig:
 		in.log.Warn("ingress: frame over the size limit, connection closed", "remote", r.RemoteAddr, "limit", in.cfg.MaxFrameBytes)
 	default:
@@ -235,16 +242,10 @@ func (s *wsSession) readLoop(ctx context.Context, device string) error {
 		}
 		draining := isClosed(s.in.drain) // frames read before a Drain are stored
 		s.in.m.frames.Inc()
-		waited, err := s.in.budget.take(ctx, limit, s.stalls.Begin)
-		if waited {
-			s.stalls.End()
-		}
+		frame, frameHeld, err := s.readFrame(ctx, r, limit)
 		if err != nil {
-			return err
-		}
-		frame, err := readFrame(r, limit)
-		if err != nil {
-			s.in.budget.give(limit)
+			s.in.budget.give(frameHeld)
+			s.in.budget.done(s)
 			return err
 		}
 		if s.in.afterRead != nil {
@@ -260,17 +261,18 @@ func (s *wsSession) readLoop(ctx context.Context, device string) error {
 		}
 		s.in.countRefused(d.refused)
 		// The frame's budget is traded for what its events hold; a
-		// frame decodes to no more than its read limit's worth.
+		// frame decodes to no more than the budget it held.
 		var chunks []chunk
 		var held int64
 		for len(d.events) > 0 {
 			n := min(len(d.events), appendChunk)
-			c := chunk{ids: d.ids[:n], events: d.events[:n], bytes: min(eventBytes(d.events[:n]), limit-held)}
+			c := chunk{ids: d.ids[:n], events: d.events[:n], bytes: min(eventBytes(d.events[:n]), frameHeld-held)}
 			held += c.bytes
 			chunks = append(chunks, c)
 			d.ids, d.events = d.ids[n:], d.events[n:]
 		}
-		s.in.budget.give(limit - held)
+		s.in.budget.give(frameHeld - held)
+		s.in.budget.done(s)
 		s.read(d.refused, chunks, held)
 	}
 }
@@ -285,13 +287,89 @@ func eventBytes(events []stream.Event) int64 {
 	return n
 }
 
-// readFrame reads one data frame to its end.
-func readFrame(r io.Reader, limit int64) ([]byte, error) {
-	var buf bytes.Buffer
-	buf.Grow(int(min(limit, 64<<10)))
-	_, err := buf.ReadFrom(r)
-	return buf.Bytes(), err
+// A frame's buffer doubles from frameStepMin up to frameStepMax, then
+// grows by half: a frame holds at most half again the bytes that arrived,
+// or frameStepMax.
+const (
+	frameStepMin = 4 << 10
+	frameStepMax = 64 << 10
+)
+
+// readFrame reads one data frame to its end, within FrameTimeout. Its
+// buffer grows only once a byte arrives that does not fit, taking the
+// growth from the budget first (waiting for room as a stall of this side),
+// so a frame holds budget for bytes that arrived, not for the frame limit
+// while its body trickles in. held is the budget the frame holds, also
+// when err is not nil. A frame whose body has not arrived within
+// FrameTimeout, waits for room included, closes the connection: a slow
+// sender cannot hold its share for long, and connections that each hold
+// part of a frame and wait for room cannot wait on each other forever.
+func (s *wsSession) readFrame(ctx context.Context, r io.Reader, limit int64) (frame []byte, held int64, err error) {
+	timer := time.AfterFunc(s.in.cfg.FrameTimeout, func() {
+		s.cancel() // ends a wait for room
+		s.c.CloseNow()
+	})
+	defer func() {
+		if !timer.Stop() {
+			err = errFrameTimeout
+		}
+	}()
+	var next [1]byte
+	for {
+		if len(frame) == cap(frame) {
+			n, rerr := r.Read(next[:])
+			if n == 0 {
+				if rerr == nil {
+					continue
+				}
+				if errors.Is(rerr, io.EOF) {
+					return frame, held, nil
+				}
+				return frame, held, rerr
+			}
+			c := int64(cap(frame))
+			grow := min(max(c, frameStepMin), frameStepMax)
+			if c >= frameStepMax {
+				grow = c / 2
+			}
+			grow = min(grow, limit-c)
+			if grow <= 0 {
+				return frame, held, errFrameTooBig
+			}
+			waited, err := s.in.budget.take(ctx, grow, s, s.stalls.Begin)
+			if waited {
+				s.stalls.End()
+			}
+			if err != nil {
+				return frame, held, err
+			}
+			held += grow
+			frame = append(append(make([]byte, 0, c+grow), frame...), next[0])
+			if errors.Is(rerr, io.EOF) {
+				return frame, held, nil
+			}
+			if rerr != nil {
+				return frame, held, rerr
+			}
+		}
+		n, rerr := r.Read(frame[len(frame):cap(frame)])
+		frame = frame[:len(frame)+n]
+		if errors.Is(rerr, io.EOF) {
+			return frame, held, nil
+		}
+		if rerr != nil {
+			return frame, held, rerr
+		}
+	}
 }
+
+// errFrameTimeout ends the reader of a connection whose frame did not
+// arrive within FrameTimeout.
+var errFrameTimeout = errors.New("frame not received within the frame timeout")
+
+// errFrameTooBig ends the reader of a connection that sent a frame over
+// MaxFrameBytes (which the WebSocket library lets through by one byte).
+var errFrameTooBig = errors.New("frame over the size limit")
 
 // errShuttingDown refuses envelopes read after Drain began.
 var errShuttingDown = errors.New("server shutting down: not stored, send again")

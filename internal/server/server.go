@@ -63,11 +63,13 @@ type Config struct {
 	// PingInterval and PingTimeout: see ingress.Config.
 	PingInterval time.Duration
 	PingTimeout  time.Duration
-	// WSMaxConnections, WSBufferBytes and WSMaxFrameBytes: see
-	// ingress.Config's MaxConnections, MaxBufferedBytes and MaxFrameBytes.
+	// WSMaxConnections, WSBufferBytes, WSMaxFrameBytes and WSFrameTimeout:
+	// see ingress.Config's MaxConnections, MaxBufferedBytes, MaxFrameBytes
+	// and FrameTimeout.
 	WSMaxConnections int
 	WSBufferBytes    int64
 	WSMaxFrameBytes  int64
+	WSFrameTimeout   time.Duration
 	// Listener, when set, is served instead of listening on Addr.
 	Listener net.Listener
 	// InsecureNoAPIToken lets Run serve the operator API without an
@@ -241,6 +243,7 @@ func New(cfg Config) (*Server, error) {
 		MaxConnections:   cfg.WSMaxConnections,
 		MaxBufferedBytes: cfg.WSBufferBytes,
 		MaxFrameBytes:    cfg.WSMaxFrameBytes,
+		FrameTimeout:     cfg.WSFrameTimeout,
 	})
 	if err != nil {
 		store.Close()
