@@ -3,7 +3,7 @@ package postbox
 // Code says why an event was refused. Every NACK carries one.
 type Code string
 
-// The codes a NACK carries. Only CodeUnavailable and CodeStoreFailed are
+// The codes a NACK carries. Only CodeUnavailable and CodeOutage are
 // retryable: the others describe the event itself, and sending it again
 // unchanged cannot succeed.
 const (
@@ -24,19 +24,21 @@ const (
 	CodeConflict Code = "conflict"
 	// CodeForbidden: the sender may not send events for this device_id.
 	CodeForbidden Code = "forbidden"
-	// CodeUnavailable: the receiver could not store the event now (a storage
-	// error, shutdown). Send it again later.
+	// CodeUnavailable: the receiver could not store the event now. Send it
+	// again later; a sender counts it as a failed attempt of the event.
+	// (Publishers of other targets NACK an event they refuse with it.)
 	CodeUnavailable Code = "unavailable"
-	// CodeStoreFailed: the receiver's commit failed (disk full, I/O error);
-	// nothing is wrong with the event. Send it again once the receiver
-	// recovers; a sender treats it as an outage of the receiver, not as a
-	// failed attempt of the event (outbox.IsOutage).
-	CodeStoreFailed Code = "store_failed"
+	// CodeOutage: the receiver cannot store anything now (its commit
+	// failed: a full disk, an I/O error; or it is shutting down); nothing
+	// is wrong with the event. Send it again once the receiver recovers; a
+	// sender treats it as an outage of the receiver, not as a failed
+	// attempt of the event (outbox.IsOutage).
+	CodeOutage Code = "outage"
 )
 
 // Retryable reports whether an event refused with c may succeed when sent
 // again unchanged.
-func (c Code) Retryable() bool { return c == CodeUnavailable || c == CodeStoreFailed }
+func (c Code) Retryable() bool { return c == CodeUnavailable || c == CodeOutage }
 
 // FieldError is a refusal of one envelope: what is wrong and, where one
 // field is to blame, which.

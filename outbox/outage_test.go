@@ -14,7 +14,7 @@ import (
 )
 
 // TestOutageNackIsNotTheRowsFailure: a receiver whose commits fail NACKs
-// every event store_failed. That is an outage: no attempt is counted, no
+// every event outage. That is an outage: no attempt is counted, no
 // row is parked or backed off, and the rows go as soon as the receiver
 // recovers, although a retry of the row's own would wait an hour.
 func TestOutageNackIsNotTheRowsFailure(t *testing.T) {
@@ -31,15 +31,15 @@ func TestOutageNackIsNotTheRowsFailure(t *testing.T) {
 				out[i] = ack(m)
 				continue
 			}
-			out[i] = postbox.Nack(m.EventID, &postbox.FieldError{Code: postbox.CodeStoreFailed, Message: "not stored, send again: database or disk is full"})
+			out[i] = postbox.Nack(m.EventID, &postbox.FieldError{Code: postbox.CodeOutage, Message: "not stored, send again: database or disk is full"})
 		}
 		if !healed.Load() {
 			nacked.Add(1)
 		}
 		return out, nil
 	})
-	if !postbox.CodeStoreFailed.Retryable() {
-		t.Fatal("store_failed is not retryable")
+	if !postbox.CodeOutage.Retryable() {
+		t.Fatal("outage is not retryable")
 	}
 	cfg := fast
 	cfg.Retry = outbox.Backoff{Base: time.Hour, Max: time.Hour}

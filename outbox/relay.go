@@ -93,12 +93,12 @@ type Stats struct {
 }
 
 // IsOutage reports whether a reply says that the receiver, not the
-// message, failed (postbox.CodeStoreFailed: its commit failed). The Relay
+// message, failed (postbox.CodeOutage: its commit failed, or it is shutting down). The Relay
 // treats it as it treats a transport failure: the message is settled
 // Unanswered (no attempt counted, no backoff of its own) and publishing
 // pauses with the Reconnect backoff.
 func IsOutage(r postbox.Reply) bool {
-	return !r.OK() && r.Code == postbox.CodeStoreFailed
+	return !r.OK() && r.Code == postbox.CodeOutage
 }
 
 // Relay sends a Store's rows through a Publisher. It keeps up to

@@ -238,3 +238,17 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestRefusalsOfTheServerAreOutages: what the server NACKs for its own
+// sake (shutting down, a failed commit) is an outage a sender waits out
+// without counting an attempt against the events (outbox.IsOutage).
+func TestRefusalsOfTheServerAreOutages(t *testing.T) {
+	in := &Ingress{cfg: Config{StreamID: "devices"}, m: NewMetrics(nil)}
+	replies := in.appendReplies(nil, []string{"evt-1"}, nil, fmt.Errorf("database or disk is full"))
+	replies = append(replies, postbox.Nack("evt-2", errShuttingDown))
+	for _, r := range replies {
+		if r.Code != postbox.CodeOutage || !r.Retryable {
+			t.Errorf("%s: %+v, want a retryable outage NACK", r.EventID, r)
+		}
+	}
+}

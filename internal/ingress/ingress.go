@@ -285,7 +285,7 @@ func (in *Ingress) appendReplies(out []postbox.Reply, ids []string, results []st
 	for i, id := range ids {
 		switch {
 		case err != nil:
-			out = append(out, postbox.Nack(id, &postbox.FieldError{Code: postbox.CodeStoreFailed, Message: "not stored, send again: " + err.Error()}))
+			out = append(out, postbox.Nack(id, &postbox.FieldError{Code: postbox.CodeOutage, Message: "not stored, send again: " + err.Error()}))
 			in.m.events.WithLabelValues(in.cfg.StreamID, "unavailable").Inc()
 		case errors.Is(results[i].Err, stream.ErrConflict):
 			out = append(out, conflictNack(id, results[i].Err))

@@ -371,8 +371,9 @@ var errFrameTimeout = errors.New("frame not received within the frame timeout")
 // MaxFrameBytes (which the WebSocket library lets through by one byte).
 var errFrameTooBig = errors.New("frame over the size limit")
 
-// errShuttingDown refuses envelopes read after Drain began.
-var errShuttingDown = errors.New("server shutting down: not stored, send again")
+// errShuttingDown refuses envelopes read after Drain began: an outage,
+// not the events' failure.
+var errShuttingDown = &postbox.FieldError{Code: postbox.CodeOutage, Message: "server shutting down: not stored, send again"}
 
 // errDraining ends the reader of a connection a drain closes.
 var errDraining = errors.New("connection closed at shutdown")

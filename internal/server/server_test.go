@@ -1032,7 +1032,7 @@ func TestBackpressure(t *testing.T) {
 								if r.Duplicate {
 									t.Errorf("%s ACKed as a duplicate after a retryable NACK: the failed commit left it stored", r.EventID)
 								}
-							case r.Retryable && r.Code == postbox.CodeStoreFailed:
+							case r.Retryable && r.Code == postbox.CodeOutage:
 								nacked.Add(1)
 								nackOnce.Do(func() { close(firstNack) })
 								again = append(again, msgs[i])
