@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -455,17 +456,20 @@ func TestAgentDeliversEverythingEndToEnd(t *testing.T) {
 
 // proxy forwards TCP connections to a target and can cut them all
 // abruptly (RST on both sides), by hand or after every cutEvery bytes sent
-// towards the target.
+// towards the target, and can cut each connection on its own a while after
+// it was accepted (setLifetime).
 type proxy struct {
 	ln       net.Listener
 	cutEvery int64
 
-	mu      sync.Mutex
-	target  string // "" refuses connections
-	conns   map[net.Conn]struct{}
-	up      int64 // bytes forwarded to the target
-	nextCut int64
-	closed  bool
+	mu       sync.Mutex
+	target   string // "" refuses connections
+	conns    map[net.Conn]struct{}
+	up       int64 // bytes forwarded to the target
+	nextCut  int64
+	lifeMin  time.Duration // 0: connections live until cut otherwise
+	lifeSpan time.Duration
+	closed   bool
 
 	cuts atomic.Int64 // cuts that closed at least one connection
 	wg   sync.WaitGroup
@@ -489,6 +493,15 @@ func (p *proxy) addr() string { return p.ln.Addr().String() }
 func (p *proxy) setTarget(target string) {
 	p.mu.Lock()
 	p.target = target
+	p.mu.Unlock()
+}
+
+// setLifetime has the proxy cut each connection it accepts from now on
+// (both sides, abruptly) between min and max after accepting it: a link
+// that works, but never for long.
+func (p *proxy) setLifetime(min, max time.Duration) {
+	p.mu.Lock()
+	p.lifeMin, p.lifeSpan = min, max-min
 	p.mu.Unlock()
 }
 
@@ -520,9 +533,22 @@ func (p *proxy) accept() {
 		}
 		p.conns[c] = struct{}{}
 		p.conns[s] = struct{}{}
+		life := p.lifeMin
+		if p.lifeSpan > 0 {
+			life += rand.N(p.lifeSpan)
+		}
 		p.mu.Unlock()
+		end := func() {}
+		if life > 0 {
+			timer := time.AfterFunc(life, func() {
+				if p.reset(c, s) {
+					p.cuts.Add(1)
+				}
+			})
+			end = func() { timer.Stop() }
+		}
 		p.wg.Add(2)
-		go p.pipe(s, c, true)
+		go func() { p.pipe(s, c, true); end() }()
 		go p.pipe(c, s, false)
 	}
 }
@@ -568,18 +594,35 @@ func (p *proxy) sent(n int64) {
 // cut closes every current connection abruptly, both sides.
 func (p *proxy) cut() {
 	p.mu.Lock()
-	conns := p.conns
-	p.conns = map[net.Conn]struct{}{}
+	var all []net.Conn
+	for c := range p.conns {
+		all = append(all, c)
+	}
 	p.mu.Unlock()
-	for c := range conns {
+	if p.reset(all...) {
+		p.cuts.Add(1)
+	}
+}
+
+// reset closes those of conns that are still open abruptly (RST, not FIN);
+// it reports whether any was.
+func (p *proxy) reset(conns ...net.Conn) bool {
+	open := false
+	for _, c := range conns {
+		p.mu.Lock()
+		_, ok := p.conns[c]
+		delete(p.conns, c)
+		p.mu.Unlock()
+		if !ok {
+			continue
+		}
+		open = true
 		if tc, ok := c.(*net.TCPConn); ok {
 			tc.SetLinger(0) // RST, not FIN
 		}
 		c.Close()
 	}
-	if len(conns) > 0 {
-		p.cuts.Add(1)
-	}
+	return open
 }
 
 func (p *proxy) close() {

@@ -2,124 +2,13 @@ package agent_test
 
 import (
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/postbox-events/postbox/internal/agent"
 	"github.com/postbox-events/postbox/internal/server"
 )
-
-// churnProxy forwards TCP connections to a target and cuts each one
-// abruptly (RST on both sides) 100–300 ms after it was accepted: a link
-// that works, but never for long.
-type churnProxy struct {
-	ln     net.Listener
-	target string
-	cuts   atomic.Int64
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
-}
-
-func newChurnProxy(t *testing.T, target string) *churnProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &churnProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	p.wg.Go(p.accept)
-	t.Cleanup(p.close)
-	return p
-}
-
-func (p *churnProxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		s, err := net.DialTimeout("tcp", p.target, 5*time.Second)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		p.mu.Lock()
-		if p.closed {
-			p.mu.Unlock()
-			c.Close()
-			s.Close()
-			continue
-		}
-		p.conns[c], p.conns[s] = struct{}{}, struct{}{}
-		p.mu.Unlock()
-		life := 100*time.Millisecond + rand.N(200*time.Millisecond)
-		cut := time.AfterFunc(life, func() {
-			if p.cut(c, s) {
-				p.cuts.Add(1)
-			}
-		})
-		p.wg.Go(func() { pipe(s, c) })
-		p.wg.Go(func() {
-			pipe(c, s)
-			cut.Stop()
-			p.cut(c, s)
-		})
-	}
-}
-
-func pipe(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-// cut closes both sides with an RST; it reports whether they were open.
-func (p *churnProxy) cut(conns ...net.Conn) bool {
-	open := false
-	for _, c := range conns {
-		p.mu.Lock()
-		_, ok := p.conns[c]
-		delete(p.conns, c)
-		p.mu.Unlock()
-		if !ok {
-			continue
-		}
-		open = true
-		if tc, ok := c.(*net.TCPConn); ok {
-			tc.SetLinger(0)
-		}
-		c.Close()
-	}
-	return open
-}
-
-func (p *churnProxy) close() {
-	p.ln.Close()
-	p.mu.Lock()
-	p.closed = true
-	var all []net.Conn
-	for c := range p.conns {
-		all = append(all, c)
-	}
-	p.mu.Unlock()
-	p.cut(all...)
-	p.wg.Wait()
-}
 
 // TestAgentsDrainThroughAFlakyLink: five agents with the default window
 // send through a link that cuts every connection after 100–300 ms. Each
@@ -135,7 +24,8 @@ func TestAgentsDrainThroughAFlakyLink(t *testing.T) {
 		t.Skip("sends thousands of events through a flaky link")
 	}
 	srv := startServer(t, server.Config{})
-	px := newChurnProxy(t, srv.addr)
+	px := newProxy(t, srv.addr, 0)
+	px.setLifetime(100*time.Millisecond, 300*time.Millisecond)
 	// Enough events that a connection cannot carry them all before its
 	// cut: the race detector slows the server about tenfold.
 	agents, n, per := 5, 20_000, 1000
@@ -146,7 +36,7 @@ func TestAgentsDrainThroughAFlakyLink(t *testing.T) {
 	ids := make([][]string, agents)
 	for i := range tas {
 		// The default window and batch: only the timings are shortened.
-		tas[i] = startAgent(t, agent.Config{Server: "ws://" + px.ln.Addr().String(), DeviceID: fmt.Sprintf("dev-churn-%d", i)})
+		tas[i] = startAgent(t, agent.Config{Server: "ws://" + px.addr(), DeviceID: fmt.Sprintf("dev-churn-%d", i)})
 	}
 	var wg sync.WaitGroup
 	for i, ta := range tas {
