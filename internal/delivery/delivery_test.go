@@ -41,15 +41,27 @@ func setupB(b *testing.B) *env { return setupTB(b, delivery.Config{}) }
 
 func setupTB(t testing.TB, cfg delivery.Config) *env {
 	t.Helper()
+	return open(t, filepath.Join(t.TempDir(), "p.db"), cfg).env
+}
+
+// stoppableEnv is an env on a given database file that a test can stop.
+type stoppableEnv struct {
+	*env
+	stop func()
+}
+
+// open runs a store on path and delivery on it, both on a test clock,
+// until stop or the end of the test.
+func open(t testing.TB, path string, cfg delivery.Config) stoppableEnv {
+	t.Helper()
 	c := newClock()
-	store, err := streamsqlite.Open(filepath.Join(t.TempDir(), "p.db"), streamsqlite.Config{Now: c.Now})
+	store, err := streamsqlite.Open(path, streamsqlite.Config{Now: c.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); store.Run(ctx) }()
+	storeDone := make(chan struct{})
+	go func() { defer close(storeDone); store.Run(ctx) }()
 	if _, err := store.EnsureStream(ctx, "devices"); err != nil {
 		t.Fatal(err)
 	}
@@ -63,14 +75,18 @@ func setupTB(t testing.TB, cfg delivery.Config) *env {
 	dctx, stopDelivery := context.WithCancel(ctx)
 	dDone := make(chan struct{})
 	go func() { defer close(dDone); d.Run(dctx) }()
-	t.Cleanup(func() {
-		stopDelivery()
-		<-dDone
-		cancel()
-		wg.Wait()
-		store.Close()
-	})
-	return &env{store: store, d: d, clock: c}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			stopDelivery()
+			<-dDone
+			cancel()
+			<-storeDone
+			store.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return stoppableEnv{env: &env{store: store, d: d, clock: c}, stop: stop}
 }
 
 // appendEvents appends n events of type typ with ids prefix-0.. in

@@ -6,11 +6,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/postbox-events/postbox/internal/delivery"
-	"github.com/postbox-events/postbox/stream/streamsqlite"
 )
 
 // TestTargetPolicyRefusesAddresses: a target URL holding an IP address
@@ -125,45 +123,4 @@ func lastError(it delivery.Item) string {
 		return "none"
 	}
 	return strconv.Quote(*it.LastError)
-}
-
-// stoppableEnv is an env on a given database file that a test can stop.
-type stoppableEnv struct {
-	*env
-	stop func()
-}
-
-// open runs a store on path and delivery on it until stop or the end of
-// the test.
-func open(t *testing.T, path string, cfg delivery.Config) stoppableEnv {
-	t.Helper()
-	store, err := streamsqlite.Open(path, streamsqlite.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	storeDone := make(chan struct{})
-	go func() { defer close(storeDone); store.Run(ctx) }()
-	if _, err := store.EnsureStream(ctx, "devices"); err != nil {
-		t.Fatal(err)
-	}
-	d, err := delivery.New(ctx, store, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dctx, stopDelivery := context.WithCancel(ctx)
-	dDone := make(chan struct{})
-	go func() { defer close(dDone); d.Run(dctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			stopDelivery()
-			<-dDone
-			cancel()
-			<-storeDone
-			store.Close()
-		})
-	}
-	t.Cleanup(stop)
-	return stoppableEnv{env: &env{store: store, d: d, clock: newClock()}, stop: stop}
 }
