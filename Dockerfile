@@ -4,7 +4,7 @@
 #   docker build -t postbox .
 #   docker run -p 8000:8000 -v postbox-data:/data -e POSTBOX_API_TOKEN=TOKEN postbox
 #
-# serve listens on every interface of the container (:8000), so it
+# PORT=8000 makes serve listen on every interface of the container, so it
 # refuses to start without an API token (POSTBOX_API_TOKEN), unless
 # POSTBOX_INSECURE_NO_API_TOKEN=true says to serve the operator API open.
 # Neither is set here: the choice is the one running the image's.
@@ -27,7 +27,7 @@ RUN addgroup -S -g 10001 appuser \
     && mkdir /data \
     && chown appuser:appuser /data
 COPY --from=build /out/postbox /usr/local/bin/postbox
-ENV DB_PATH=/data/events.db
+ENV DB_PATH=/data/events.db PORT=8000
 VOLUME /data
 EXPOSE 8000
 USER appuser

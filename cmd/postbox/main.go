@@ -187,6 +187,14 @@ func flagsFirst(fs *flag.FlagSet, args []string) []string {
 	return append(flags, pos...)
 }
 
+// isSet reports whether the flag name was set (on the command line, or
+// from its variable once envDefaults ran).
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 // envDefaults sets each named flag that was not given on the command line
 // from its environment variable: flags win over the environment. A value
 // the flag refuses is an error naming the variable.

@@ -47,8 +47,7 @@ func parseAPI(env *cmdEnv, fs *flag.FlagSet, af *apiFlags, args []string) (*apiC
 	if err := parse(env, fs, args); err != nil {
 		return nil, err
 	}
-	onCommandLine := false
-	fs.Visit(func(f *flag.Flag) { onCommandLine = onCommandLine || f.Name == "server" })
+	onCommandLine := isSet(fs, "server")
 	if err := envDefaults(env, fs, map[string]string{"server": "POSTBOX_SERVER", "token": "POSTBOX_API_TOKEN"}); err != nil {
 		return nil, err
 	}

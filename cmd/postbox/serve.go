@@ -26,7 +26,7 @@ their inboxes, the workers that POST items to targets with retries and dead lett
 (the API of docs/API.md), /health, /ready and /metrics. Every event is ACKed only after its
 transaction committed. At start, items a previous process left processing are pending again
 before /ready answers 200. Flags win over the environment variables named in brackets.`)
-	addr := fs.String("addr", "", "listen `address` (host:port); overrides --port [POSTBOX_ADDR]")
+	addr := fs.String("addr", "", "listen `address` (host:port); overrides --port; without it and --port, 127.0.0.1:8000 [POSTBOX_ADDR]")
 	port := positiveInt(8000)
 	fs.Var(&port, "port", "listen `port` on every interface [PORT]")
 	db := fs.String("db", "data/postbox.db", "SQLite database file [DB_PATH]")
@@ -119,7 +119,12 @@ before /ready answers 200. Flags win over the environment variables named in bra
 		return err
 	}
 	if *addr == "" {
-		*addr = fmt.Sprintf(":%d", port)
+		// Loopback unless a port is asked for: beyond loopback the
+		// operator API wants a token, and a first run has none.
+		*addr = fmt.Sprintf("127.0.0.1:%d", port)
+		if isSet(fs, "port") {
+			*addr = fmt.Sprintf(":%d", port)
+		}
 	}
 	keep := time.Duration(retention) * 24 * time.Hour
 	if retention == 0 {

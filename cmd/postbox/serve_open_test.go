@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -56,5 +57,53 @@ func TestServeRefusesAnOpenOperatorAPI(t *testing.T) {
 		}
 		t.Cleanup(p.kill)
 		waitHTTP(t, "http://127.0.0.1:"+port+"/ready", p)
+	}
+}
+
+// TestServeDefaultsToLoopback: serve with neither --addr nor --port (nor
+// their variables) listens on 127.0.0.1:8000, so a first run needs no
+// token; PORT alone means every interface, and so wants one.
+func TestServeDefaultsToLoopback(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "serve", "--db", filepath.Join(dir, "default.db"))
+	cmd.Env = append(cmd.Environ(), "PORT=", "POSTBOX_ADDR=")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	// Either it listens there, or the port is taken by someone else and it
+	// says so: both name the address it chose.
+	var seen []string
+	for sc := bufio.NewScanner(stderr); sc.Scan(); {
+		line := sc.Text()
+		seen = append(seen, line)
+		if strings.Contains(line, "addr=127.0.0.1:8000") || strings.Contains(line, "listen 127.0.0.1:8000:") {
+			break
+		}
+		if strings.Contains(line, "beyond loopback") || strings.Contains(line, "addr=[::]") || strings.Contains(line, "addr=0.0.0.0") {
+			t.Fatalf("serve without an address: %s", line)
+		}
+	}
+	if ctx.Err() != nil || !strings.Contains(strings.Join(seen, "\n"), "127.0.0.1:8000") {
+		t.Fatalf("serve without an address never named 127.0.0.1:8000: %q", seen)
+	}
+
+	ln, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	ln.Close()
+	withPort := exec.Command(binary, "serve", "--db", filepath.Join(dir, "port.db"))
+	withPort.Env = append(withPort.Environ(), "PORT="+port, "POSTBOX_ADDR=")
+	if out, err := withPort.CombinedOutput(); err == nil || !strings.Contains(string(out), "beyond loopback") {
+		t.Errorf("serve with PORT=%s and no token: %v %s; want a refusal: PORT listens on every interface", port, err, out)
 	}
 }
