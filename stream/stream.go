@@ -69,8 +69,19 @@ type Backend interface {
 	EnsureStream(ctx context.Context, sourceID string) (Stream, error)
 	// Append stores events in streamID and returns one result per event,
 	// in order, once they are durable. It returns ErrStreamNotFound for an
-	// unknown stream; an error means no event of the call was stored.
+	// unknown stream. After any other error some events of the call may
+	// be stored and others not (a backend that publishes events one by
+	// one cannot take back those that were); appending the same events
+	// again is safe and reports the stored ones as Duplicate.
 	Append(ctx context.Context, streamID string, events []Event) ([]AppendResult, error)
+	// Streams returns every stream, by id.
+	Streams(ctx context.Context) ([]Stream, error)
+	// Event returns the event of streamID at offset, or ErrNotFound (also
+	// for an offset whose event was trimmed), or ErrStreamNotFound.
+	Event(ctx context.Context, streamID string, offset int64) (StoredEvent, error)
+	// Lookup returns the event of streamID stored under the identity
+	// (nativeID, variant), or ErrNotFound, or ErrStreamNotFound.
+	Lookup(ctx context.Context, streamID, nativeID, variant string) (StoredEvent, error)
 
 	// EnsureConsumer returns the consumer cfg.ID, creating it at
 	// cfg.Start if it does not exist. An existing consumer keeps its
@@ -103,6 +114,16 @@ type Backend interface {
 
 	// Close releases the backend.
 	Close() error
+}
+
+// Trimmer is implemented by backends that can delete old events:
+// postbox's retention calls it when the backend has it.
+type Trimmer interface {
+	// Trim deletes up to limit of the oldest events of streamID stored
+	// before t that every consumer of the stream has read (committed), and
+	// returns how many it deleted. A stream without consumers keeps
+	// nothing older than t. Offsets are never reused afterwards.
+	Trim(ctx context.Context, streamID string, t time.Time, limit int) (int, error)
 }
 
 // Waiter is implemented by backends that can tell a reader when a stream

@@ -54,8 +54,6 @@ type Backend interface {
 	Migrate(ctx context.Context, component string, fsys fs.FS) error
 	// ReadDB returns read-only connections to the store's database.
 	ReadDB() *sql.DB
-	// Streams returns every stream.
-	Streams() []stream.Stream
 	// Trim deletes up to limit of the oldest events of a stream stored
 	// before t that every consumer of the stream has read.
 	Trim(ctx context.Context, streamID string, t time.Time, limit int) (int, error)

@@ -46,7 +46,11 @@ func (d *Delivery) Cleanup(ctx context.Context, cutoff time.Time) (Cleaned, erro
 			break
 		}
 	}
-	for _, st := range d.b.Streams() {
+	streams, err := d.b.Streams(ctx)
+	if err != nil {
+		return c, fmt.Errorf("retention: %w", err)
+	}
+	for _, st := range streams {
 		for {
 			n, err := d.b.Trim(ctx, st.ID, cutoff, cleanupBatch)
 			if err != nil {

@@ -466,8 +466,13 @@ func (s *Server) streamJSON(r *http.Request, st stream.Stream) (streamJSON, erro
 }
 
 func (s *Server) listStreams(w http.ResponseWriter, r *http.Request) {
+	streams, err := s.store.Streams(r.Context())
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
 	out := []streamJSON{}
-	for _, st := range s.store.Streams() {
+	for _, st := range streams {
 		j, err := s.streamJSON(r, st)
 		if err != nil {
 			s.writeErr(w, err)
@@ -482,7 +487,12 @@ func (s *Server) getStream(w http.ResponseWriter, r *http.Request) {
 	if !checkName(w, "stream", r.PathValue("stream")) {
 		return
 	}
-	for _, st := range s.store.Streams() {
+	streams, err := s.store.Streams(r.Context())
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	for _, st := range streams {
 		if st.ID == r.PathValue("stream") {
 			j, err := s.streamJSON(r, st)
 			if err != nil {

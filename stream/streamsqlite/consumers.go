@@ -312,10 +312,7 @@ func (b *Backend) Migrate(ctx context.Context, component string, fsys fs.FS) err
 	return sqlitedb.Migrate(ctx, b.write, component, fsys)
 }
 
-// Trim deletes up to limit of the oldest events of streamID stored before
-// t that every consumer of the stream has read (retention), and returns how
-// many it deleted. A stream without consumers keeps nothing older than t.
-// The high watermark is recorded in streams.last_offset first, so offsets
+// Trim implements stream.Trimmer. The high watermark is recorded in streams.last_offset first, so offsets
 // are never reused after the newest events are deleted.
 func (b *Backend) Trim(ctx context.Context, streamID string, t time.Time, limit int) (int, error) {
 	st, err := b.stream(streamID)

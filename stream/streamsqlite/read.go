@@ -185,8 +185,8 @@ func (b *Backend) Wait(ctx context.Context, streamID string, after int64) error 
 	}
 }
 
-// Streams returns every stream, by id.
-func (b *Backend) Streams() []stream.Stream {
+// Streams implements stream.Backend, from memory.
+func (b *Backend) Streams(context.Context) ([]stream.Stream, error) {
 	b.mu.RLock()
 	out := make([]stream.Stream, 0, len(b.streams))
 	for _, st := range b.streams {
@@ -194,11 +194,10 @@ func (b *Backend) Streams() []stream.Stream {
 	}
 	b.mu.RUnlock()
 	slices.SortFunc(out, func(x, y stream.Stream) int { return strings.Compare(x.ID, y.ID) })
-	return out
+	return out, nil
 }
 
-// Lookup returns the event of streamID stored under nativeID (and
-// variant), or stream.ErrNotFound.
+// Lookup implements stream.Backend.
 func (b *Backend) Lookup(ctx context.Context, streamID, nativeID, variant string) (stream.StoredEvent, error) {
 	st, err := b.stream(streamID)
 	if err != nil {
@@ -216,7 +215,7 @@ func (b *Backend) Lookup(ctx context.Context, streamID, nativeID, variant string
 	return b.Event(ctx, streamID, pos-st.base)
 }
 
-// Event returns the event of streamID at offset, or stream.ErrNotFound.
+// Event implements stream.Backend.
 func (b *Backend) Event(ctx context.Context, streamID string, offset int64) (stream.StoredEvent, error) {
 	if offset < 1 {
 		return stream.StoredEvent{}, fmt.Errorf("%w: offset %d in %s", stream.ErrNotFound, offset, streamID)

@@ -92,6 +92,11 @@ var groups = []group{
 		{name: "conflict_names_type_or_payload", run: testConflictField},
 		{name: "mixed_batch", run: testMixedBatch},
 	}},
+	{"Lookup", []check{
+		{name: "streams_lists_every_stream", run: testStreamsList},
+		{name: "event_by_offset", run: testEventByOffset},
+		{name: "lookup_by_identity", run: testLookupByIdentity},
+	}},
 	{"Read", []check{
 		{name: "round_trips_every_field", run: testReadRoundTrip},
 		{name: "from_and_limit", run: testReadFromAndLimit},
@@ -1511,4 +1516,82 @@ func testWaitContextEnd(h *harness) {
 	defer cancel()
 	done = h.startWait(ctx, w, s.ID, 1)
 	h.wantErr(h.wantReturn(done, "Wait past its deadline"), context.DeadlineExceeded, "Wait past its deadline")
+}
+
+func testStreamsList(h *harness) {
+	got, err := h.b.Streams(h.ctx)
+	if err != nil {
+		h.Fatalf("Streams on an empty backend: %v", err)
+	}
+	if len(got) != 0 {
+		h.Errorf("Streams on an empty backend = %+v, want none", got)
+	}
+	b, a := h.stream("source-b"), h.stream("source-a")
+	got, err = h.b.Streams(h.ctx)
+	if err != nil {
+		h.Fatalf("Streams: %v", err)
+	}
+	want := []stream.Stream{a, b}
+	if b.ID < a.ID {
+		want = []stream.Stream{b, a}
+	}
+	if len(got) != 2 {
+		h.Fatalf("Streams = %+v, want %+v", got, want)
+	}
+	for i := range got {
+		if got[i].ID != want[i].ID || got[i].SourceID != want[i].SourceID || got[i].Backend != want[i].Backend || !sameTime(got[i].CreatedAt, want[i].CreatedAt) {
+			h.Errorf("Streams[%d] = %+v, want %+v (every stream, by id)", i, got[i], want[i])
+		}
+	}
+}
+
+func testEventByOffset(h *harness) {
+	s := h.stream("source")
+	evs := events("e", 3)
+	evs[1].Variant = "v"
+	h.appendNew(s.ID, 1, evs)
+	for i, want := range evs {
+		got, err := h.b.Event(h.ctx, s.ID, int64(i+1))
+		if err != nil {
+			h.Fatalf("Event(%d): %v", i+1, err)
+		}
+		if got.Offset != int64(i+1) || got.StreamID != s.ID || got.SourceID != s.SourceID || got.ID == "" || got.StoredAt.IsZero() {
+			h.Errorf("Event(%d) = offset %d, stream %q, source %q, id %q, stored %v", i+1, got.Offset, got.StreamID, got.SourceID, got.ID, got.StoredAt)
+		}
+		h.checkEvent(got, want)
+	}
+	for _, off := range []int64{0, 4, 1000} {
+		_, err := h.b.Event(h.ctx, s.ID, off)
+		h.wantErr(err, stream.ErrNotFound, fmt.Sprintf("Event(%d) of a stream holding 1..3", off))
+	}
+	_, err := h.b.Event(h.ctx, "no-such-stream", 1)
+	h.wantErr(err, stream.ErrStreamNotFound, "Event in an unknown stream")
+}
+
+func testLookupByIdentity(h *harness) {
+	s := h.stream("source")
+	plain := event("a", `{"n":1}`)
+	variant := event("a", `{"n":2}`)
+	variant.Variant = "v2"
+	other := event("b", `{"n":3}`)
+	h.appendNew(s.ID, 1, []stream.Event{plain, variant, other})
+	for _, c := range []struct {
+		ev     stream.Event
+		offset int64
+	}{{plain, 1}, {variant, 2}, {other, 3}} {
+		got, err := h.b.Lookup(h.ctx, s.ID, c.ev.NativeID, c.ev.Variant)
+		if err != nil {
+			h.Fatalf("Lookup(%s/%s): %v", c.ev.NativeID, c.ev.Variant, err)
+		}
+		if got.Offset != c.offset {
+			h.Errorf("Lookup(%s/%s) = offset %d, want %d", c.ev.NativeID, c.ev.Variant, got.Offset, c.offset)
+		}
+		h.checkEvent(got, c.ev)
+	}
+	_, err := h.b.Lookup(h.ctx, s.ID, "a", "no-such-variant")
+	h.wantErr(err, stream.ErrNotFound, "Lookup of a stored id under another variant")
+	_, err = h.b.Lookup(h.ctx, s.ID, "never-stored", "")
+	h.wantErr(err, stream.ErrNotFound, "Lookup of an id never stored")
+	_, err = h.b.Lookup(h.ctx, "no-such-stream", "a", "")
+	h.wantErr(err, stream.ErrStreamNotFound, "Lookup in an unknown stream")
 }

@@ -3,6 +3,8 @@ package streamtest_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -263,3 +265,41 @@ func (m *memory) Wait(ctx context.Context, streamID string, after int64) error {
 }
 
 func (m *memory) Close() error { return nil }
+
+func (m *memory) Streams(ctx context.Context) ([]stream.Stream, error) {
+	m.st.mu.Lock()
+	defer m.st.mu.Unlock()
+	out := make([]stream.Stream, 0, len(m.st.streams))
+	for _, ms := range m.st.streams {
+		out = append(out, ms.s)
+	}
+	slices.SortFunc(out, func(a, b stream.Stream) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+func (m *memory) Event(ctx context.Context, streamID string, offset int64) (stream.StoredEvent, error) {
+	m.st.mu.Lock()
+	defer m.st.mu.Unlock()
+	ms, ok := m.st.streams[streamID]
+	if !ok {
+		return stream.StoredEvent{}, stream.ErrStreamNotFound
+	}
+	if offset < 1 || offset > int64(len(ms.events)) {
+		return stream.StoredEvent{}, stream.ErrNotFound
+	}
+	return ms.events[offset-1], nil
+}
+
+func (m *memory) Lookup(ctx context.Context, streamID, nativeID, variant string) (stream.StoredEvent, error) {
+	m.st.mu.Lock()
+	defer m.st.mu.Unlock()
+	ms, ok := m.st.streams[streamID]
+	if !ok {
+		return stream.StoredEvent{}, stream.ErrStreamNotFound
+	}
+	at, ok := ms.index[[2]string{nativeID, variant}]
+	if !ok {
+		return stream.StoredEvent{}, stream.ErrNotFound
+	}
+	return ms.events[at], nil
+}
