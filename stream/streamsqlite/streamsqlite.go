@@ -73,6 +73,7 @@ type Backend struct {
 	checkpoint *sql.DB // one connection that checkpoints the WAL
 	writer     *groupcommit.Writer[*item]
 	now        func() time.Time
+	observe    func(events int, took time.Duration, err error) // Config.Observe, or what Observe set
 
 	// used by the writer goroutine only
 	inserts             [chunk + 1]*sql.Stmt // by row count
@@ -158,6 +159,7 @@ func Open(path string, cfg Config) (*Backend, error) {
 		read:       read,
 		checkpoint: checkpoint,
 		now:        cfg.Now,
+		observe:    cfg.Observe,
 		streams:    map[string]*streamState{},
 	}
 	if b.now == nil {
@@ -191,9 +193,19 @@ func Open(path string, cfg Config) (*Backend, error) {
 	if cfg.QueueBytes <= 0 {
 		cfg.QueueBytes = DefaultQueueBytes
 	}
-	b.writer = groupcommit.New(b.flush, groupcommit.Config{MaxBatch: cfg.MaxBatch, QueueSize: cfg.QueueSize, QueueBytes: cfg.QueueBytes, Observe: cfg.Observe})
+	b.writer = groupcommit.New(b.flush, groupcommit.Config{MaxBatch: cfg.MaxBatch, QueueSize: cfg.QueueSize, QueueBytes: cfg.QueueBytes,
+		Observe: func(events int, took time.Duration, err error) {
+			if b.observe != nil {
+				b.observe(events, took, err)
+			}
+		}})
 	return b, nil
 }
+
+// Observe sets the function called after each group commit, replacing
+// Config.Observe, for a caller that did not open the backend (a server
+// that counts commits and watches for failed ones). Call it before Run.
+func (b *Backend) Observe(fn func(events int, took time.Duration, err error)) { b.observe = fn }
 
 // loadStreams reads every stream into memory with its high watermark.
 func (b *Backend) loadStreams(ctx context.Context) error {
