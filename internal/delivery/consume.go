@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -17,54 +18,91 @@ import (
 // retryDelay is how long a loop waits after a failed read or commit.
 const retryDelay = time.Second
 
+// Polling delays of a loop whose stream backend is no stream.Waiter: the
+// first look after an empty read, doubling up to the last while the
+// stream stays idle.
+const (
+	pollMin = 50 * time.Millisecond
+	pollMax = time.Second
+)
+
 // consume runs s's consumption loop until ctx ends or s is deleted.
 func (d *Delivery) consume(ctx context.Context, s Subscription) {
 	log := d.log.With("subscription", s.Name)
 	m := newMatcher(s)
-	var c stream.Consumer
+	c, ok := d.ensureConsumer(ctx, log, s, s.Start)
+	if !ok {
+		return
+	}
+	var next int64
 	for {
 		var err error
-		c, err = d.b.EnsureConsumer(ctx, stream.ConsumerConfig{ID: s.Name, StreamID: s.Stream, Start: s.Start})
-		if err == nil {
+		if next, err = d.startPosition(ctx, s, c.NextOffset); err == nil {
 			break
 		}
 		if ctx.Err() != nil {
 			return
 		}
-		log.Error("delivery: cannot create the consumer; retrying", "err", err)
+		log.Error("delivery: cannot read or record the subscription's position; retrying", "err", err)
 		if !sleep(ctx, retryDelay) {
 			return
 		}
 	}
-	next := c.NextOffset
+	f := follower{d: d, log: log, name: s.Name}
+	if c.NextOffset < next { // a crash after a batch's transaction took the consumer's commit with it
+		f.commit(ctx, next-1)
+	}
 	items := make([]pendingItem, 0, d.cfg.BatchSize)
 	batches := 0
+	idle := time.Duration(0)
 	for ctx.Err() == nil {
-		batch, err := d.b.Read(ctx, s.Name, next, d.cfg.BatchSize)
+		batch, err := d.streams.Read(ctx, s.Name, next, d.cfg.BatchSize)
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, stream.ErrConsumerNotFound) {
+			if ctx.Err() != nil {
 				return
+			}
+			if errors.Is(err, stream.ErrConsumerNotFound) {
+				// Deleted from outside delivery: the position still says
+				// where the subscription is.
+				log.Warn("delivery: the subscription's stream consumer is gone; creating it again at its position", "offset", next)
+				if _, ok := d.ensureConsumer(ctx, log, s, stream.Start{Policy: stream.StartAtOffset, Offset: next}); !ok {
+					return
+				}
+				continue
 			}
 			log.Error("delivery: read failed; retrying", "offset", next, "err", err)
 			sleep(ctx, retryDelay)
 			continue
 		}
 		if len(batch.Events) == 0 {
-			if err := d.b.Wait(ctx, s.Stream, next-1); err != nil {
+			if d.waiter != nil {
+				if err := d.waiter.Wait(ctx, s.Stream, next-1); err != nil {
+					return
+				}
+				continue
+			}
+			idle = min(max(2*idle, pollMin), pollMax)
+			if !sleep(ctx, idle) {
 				return
 			}
 			continue
 		}
+		idle = 0
 		items = items[:0]
 		for i := range batch.Events {
 			if m.match(&batch.Events[i]) {
 				items = append(items, pendingItem{ev: &batch.Events[i]})
 			}
 		}
-		last := batch.Events[len(batch.Events)-1].Offset
+		first, last := batch.Events[0].Offset, batch.Events[len(batch.Events)-1].Offset
 		batches++
-		_, err = d.b.CommitWith(ctx, s.Name, last, func(tx *sql.Tx) error {
-			if err := d.materialise(ctx, tx, s, items, batch.Events[0].Offset, last); err != nil {
+		added := 0
+		err = d.store.Update(ctx, func(tx *sql.Tx) error {
+			if err := advancePosition(ctx, tx, s, next, last+1, d.now()); err != nil {
+				return err
+			}
+			var err error
+			if added, err = d.materialise(ctx, tx, s, items, first, last); err != nil {
 				return err
 			}
 			if batches%256 == 0 {
@@ -75,21 +113,81 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 		switch {
 		case err == nil:
 			next = last + 1
-			if len(items) > 0 {
+			if added > 0 {
 				d.inboxes.notify(s.Inbox)
 			}
-			d.cfg.Metrics.materialised(s.Name, len(batch.Events), len(items))
-		case errors.Is(err, stream.ErrCommitBehind):
-			// Someone else moved the consumer (a reset): follow it.
-			if c, err := d.b.Consumer(ctx, s.Name); err == nil {
-				next = c.NextOffset
+			d.cfg.Metrics.materialised(s.Name, len(batch.Events), added)
+			f.commit(ctx, last)
+		case errors.Is(err, errPositionMoved):
+			// Moved from outside the loop: follow it, or stop when the
+			// subscription is gone.
+			pos, found, perr := d.position(ctx, s.UID)
+			switch {
+			case perr != nil:
+				sleep(ctx, retryDelay)
+			case !found:
+				return
+			default:
+				next = pos
 			}
-		case errors.Is(err, stream.ErrConsumerNotFound) || ctx.Err() != nil:
+		case ctx.Err() != nil:
 			return
 		default:
-			log.Error("delivery: materialising a batch failed; retrying", "from", batch.Events[0].Offset, "to", last, "err", err)
+			log.Error("delivery: materialising a batch failed; retrying", "from", first, "to", last, "err", err)
 			sleep(ctx, retryDelay)
 		}
+	}
+}
+
+// ensureConsumer returns s's stream consumer, creating it at start if
+// needed, retrying until ctx ends (then ok is false).
+func (d *Delivery) ensureConsumer(ctx context.Context, log *slog.Logger, s Subscription, start stream.Start) (_ stream.Consumer, ok bool) {
+	for {
+		c, err := d.streams.EnsureConsumer(ctx, stream.ConsumerConfig{ID: s.Name, StreamID: s.Stream, Start: start})
+		if err == nil {
+			return c, true
+		}
+		if ctx.Err() != nil {
+			return c, false
+		}
+		log.Error("delivery: cannot create the consumer; retrying", "err", err)
+		if !sleep(ctx, retryDelay) {
+			return c, false
+		}
+	}
+}
+
+// follower commits a subscription's stream consumer after its position,
+// so that the backend shows the subscription's lag. The position is what
+// counts: a commit that fails is logged (once until one succeeds) and
+// made good by the next.
+type follower struct {
+	d      *Delivery
+	log    *slog.Logger
+	name   string
+	failed bool
+}
+
+// commit commits the consumer at last, the last offset of the batch the
+// position moved past.
+func (f *follower) commit(ctx context.Context, last int64) {
+	_, err := f.d.streams.Commit(ctx, f.name, last)
+	switch {
+	case err == nil:
+		if f.failed {
+			f.log.Info("delivery: the stream consumer follows the subscription's position again", "offset", last+1)
+		}
+		f.failed = false
+	case ctx.Err() != nil:
+	case errors.Is(err, stream.ErrCommitBehind):
+		// The consumer was moved ahead outside delivery; the position
+		// stays what the loop reads from.
+		f.log.Debug("delivery: the stream consumer is ahead of the subscription's position", "offset", last+1)
+	default:
+		if !f.failed {
+			f.log.Warn("delivery: committing the stream consumer failed; the subscription goes on from its position", "offset", last+1, "err", err)
+		}
+		f.failed = true
 	}
 }
 
@@ -105,18 +203,18 @@ const itemInsert = `INSERT INTO inbox_items (inbox_id, subscription_id, subscrip
 
 const itemRow = `(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`
 
-// materialise writes items and their activation inside tx. An item that
-// exists already (the batch was materialised before a crash took the
-// commit with it: impossible on SQLite, where both are one transaction,
-// but not on every backend) is skipped.
-func (d *Delivery) materialise(ctx context.Context, tx *sql.Tx, s Subscription, items []pendingItem, first, last int64) error {
+// materialise writes items and their activation inside tx, and returns
+// how many items it added. An item that exists already (its event was read
+// again after a Reset backwards) is skipped; a batch that adds nothing
+// records no activation.
+func (d *Delivery) materialise(ctx context.Context, tx *sql.Tx, s Subscription, items []pendingItem, first, last int64) (int, error) {
 	if len(items) == 0 {
-		return nil
+		return 0, nil
 	}
 	now := d.now().UTC().Format(sqlitedb.Time)
 	var full *sql.Stmt
 	args := make([]any, 0, itemChunk*15)
-	firstID := int64(0)
+	firstID, added := int64(0), 0
 	for rest := items; len(rest) > 0; {
 		part := rest[:min(itemChunk, len(rest))]
 		rest = rest[len(part):]
@@ -136,34 +234,40 @@ func (d *Delivery) materialise(ctx context.Context, tx *sql.Tx, s Subscription, 
 		if len(part) == itemChunk {
 			if full == nil {
 				if full, err = tx.PrepareContext(ctx, itemInsert+itemRow+strings.Repeat(","+itemRow, itemChunk-1)+` ON CONFLICT DO NOTHING`); err != nil {
-					return fmt.Errorf("materialise: %w", err)
+					return 0, fmt.Errorf("materialise: %w", err)
 				}
 				defer full.Close()
 			}
 			stmt = full
 		} else {
 			if stmt, err = tx.PrepareContext(ctx, itemInsert+itemRow+strings.Repeat(","+itemRow, len(part)-1)+` ON CONFLICT DO NOTHING`); err != nil {
-				return fmt.Errorf("materialise: %w", err)
+				return 0, fmt.Errorf("materialise: %w", err)
 			}
 			defer stmt.Close()
 		}
 		r, err := stmt.ExecContext(ctx, args...)
 		if err != nil {
-			return fmt.Errorf("materialise: %w", err)
+			return 0, fmt.Errorf("materialise: %w", err)
 		}
-		if firstID == 0 {
-			if n, _ := r.RowsAffected(); n > 0 {
-				id, _ := r.LastInsertId()
-				firstID = id - n + 1
-			}
+		n, err := r.RowsAffected()
+		if err != nil {
+			return 0, fmt.Errorf("materialise: %w", err)
 		}
+		if firstID == 0 && n > 0 {
+			id, _ := r.LastInsertId()
+			firstID = id - n + 1
+		}
+		added += int(n)
+	}
+	if added == 0 {
+		return 0, nil
 	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO activations (subscription_id, inbox_id, first_offset, last_offset, items, first_item_id, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?)`, s.Name, s.Inbox, first, last, len(items), firstID, now)
+		VALUES (?, ?, ?, ?, ?, ?, ?)`, s.Name, s.Inbox, first, last, added, firstID, now)
 	if err != nil {
-		return fmt.Errorf("materialise: activation: %w", err)
+		return 0, fmt.Errorf("materialise: activation: %w", err)
 	}
-	return nil
+	return added, nil
 }
 
 // activationsKept is how many activations per subscription are kept.

@@ -1,13 +1,30 @@
 // Package delivery turns stream events into inbox items: subscriptions,
 // their consumption loops, and the inbox API runtimes lease and ack items
-// through (seed 002's "subscription consumption" and "inbox delivery").
+// through.
+//
+// Delivery reads events only through a stream.Backend, and keeps its own
+// state (subscriptions, inbox items, activations and each subscription's
+// read position) in a Store of its own: a SQLite database. On the
+// embedded default one streamsqlite.Backend is both, so events and
+// delivery state share one file and one writer; on another stream backend
+// delivery state stays in the local store and nothing relies on a
+// transaction spanning both.
 //
 // A subscription reads its source's stream through its own consumer. Its
-// loop reads a batch, makes one inbox item per matching event (at most one
-// per subscription and event), records an activation, and commits the
-// consumer's offset after the batch, all in one SQLite transaction: after
-// a crash the loop resumes at the committed offset and no item is made
-// twice or lost. New events wake the loop at once.
+// loop reads a batch from its read position, makes one inbox item per
+// matching event (at most one per subscription and event: items are
+// unique per subscription uid and offset), records an activation and
+// moves the position past the batch, all in one store transaction. Only
+// then does it commit the stream consumer, so that the backend shows the
+// subscription's lag; the position is authoritative and the consumer
+// follows it. After a crash between the two, the loop resumes at the
+// position and re-reads nothing; after a crash before the transaction, it
+// re-reads a batch whose items do not exist yet. A subscription with no
+// position (a new one, or one from a database older than positions)
+// starts at its consumer's offset. New events wake the loop at once when
+// the backend is a stream.Waiter; otherwise the loop polls, from 50 ms up
+// to a second while the stream is idle. Reset moves a subscription's
+// position (and its consumer) from outside.
 //
 // An inbox item's state is pending → processing (leased, with a
 // visibility timeout) → completed, or back to pending (nack, or an expired
@@ -40,23 +57,16 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// Backend is the stream store delivery runs on: a stream.Backend that
-// also runs a function and a consumer commit in one transaction
-// (streamsqlite.Backend).
-type Backend interface {
-	stream.Backend
-	stream.Waiter
-	// Update runs fn in a write transaction.
+// Store is the SQL database delivery keeps its own state in:
+// subscriptions, inbox items, activations and each subscription's read
+// position (a SQLite database; streamsqlite.Backend is one).
+type Store interface {
+	// Update runs fn in a write transaction; fn's error undoes its writes.
 	Update(ctx context.Context, fn func(tx *sql.Tx) error) error
-	// CommitWith runs fn and commits the consumer in one transaction.
-	CommitWith(ctx context.Context, consumerID string, offset int64, fn func(tx *sql.Tx) error) (stream.Consumer, error)
-	// Migrate applies a component's migrations to the store's database.
+	// Migrate applies a component's migrations to the database.
 	Migrate(ctx context.Context, component string, fsys fs.FS) error
-	// ReadDB returns read-only connections to the store's database.
+	// ReadDB returns read-only connections to the database.
 	ReadDB() *sql.DB
-	// Trim deletes up to limit of the oldest events of a stream stored
-	// before t that every consumer of the stream has read.
-	Trim(ctx context.Context, streamID string, t time.Time, limit int) (int, error)
 }
 
 // Errors the API maps to statuses.
@@ -177,8 +187,10 @@ func setDefault[T int | float64 | time.Duration](v *T, def T) {
 
 // Delivery runs the subscriptions of one store.
 type Delivery struct {
-	b       Backend
-	db      *sql.DB // reads
+	streams stream.Backend
+	waiter  stream.Waiter // streams, when it is one; nil: the loops poll
+	store   Store
+	db      *sql.DB // reads of store
 	cfg     Config
 	log     *slog.Logger
 	now     func() time.Time
@@ -187,9 +199,12 @@ type Delivery struct {
 	jobs  chan job // leased items for the workers
 	slots *slots
 
+	admin sync.Mutex // serialises Delete and Reset
+
 	mu          sync.Mutex
 	runCtx      context.Context // nil until Run
 	loops       map[string]*loop
+	held        map[string]bool // subscriptions whose loop Reset has stopped
 	handlers    map[string]Handler // Go handlers by inbox
 	targets     map[string]string  // target URLs by inbox
 	dispatchers map[string]*loop   // by inbox
@@ -203,14 +218,18 @@ type loop struct {
 	done   chan struct{}
 }
 
-// New prepares delivery on b, creating its tables. Run starts it.
-func New(ctx context.Context, b Backend, cfg Config) (*Delivery, error) {
+// New prepares delivery of the events of streams, keeping its state in
+// store, whose tables it creates. On SQLite one *streamsqlite.Backend is
+// passed as both. Run starts it.
+func New(ctx context.Context, streams stream.Backend, store Store, cfg Config) (*Delivery, error) {
 	cfg.setDefaults()
 	sub, _ := fs.Sub(migrations, "migrations")
-	if err := b.Migrate(ctx, "delivery", sub); err != nil {
+	if err := store.Migrate(ctx, "delivery", sub); err != nil {
 		return nil, err
 	}
-	return &Delivery{b: b, db: b.ReadDB(), cfg: cfg, log: cfg.Logger, now: cfg.Now, loops: map[string]*loop{},
+	waiter, _ := streams.(stream.Waiter)
+	return &Delivery{streams: streams, waiter: waiter, store: store, db: store.ReadDB(), cfg: cfg, log: cfg.Logger, now: cfg.Now,
+		loops: map[string]*loop{}, held: map[string]bool{},
 		jobs: make(chan job), slots: newSlots(2 * cfg.Workers),
 		handlers: map[string]Handler{}, targets: map[string]string{}, dispatchers: map[string]*loop{}}, nil
 }
@@ -279,7 +298,7 @@ func (d *Delivery) Run(ctx context.Context) error {
 
 // startLocked starts s's loop if Run is running. d.mu is held.
 func (d *Delivery) startLocked(s Subscription) {
-	if d.runCtx == nil || d.stopped || d.loops[s.Name] != nil {
+	if d.runCtx == nil || d.stopped || d.loops[s.Name] != nil || d.held[s.Name] {
 		return
 	}
 	ctx, cancel := context.WithCancel(d.runCtx)
@@ -385,7 +404,7 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 	if err := d.cfg.targetPolicy().checkTarget(s.Target); err != nil {
 		return s, false, err
 	}
-	if _, err := d.b.Stats(ctx, s.Stream); errors.Is(err, stream.ErrStreamNotFound) {
+	if _, err := d.streams.Stats(ctx, s.Stream); errors.Is(err, stream.ErrStreamNotFound) {
 		return s, false, errorf(ErrNotFound, "source %q: no such source", s.Source)
 	} else if err != nil {
 		return s, false, err
@@ -411,7 +430,7 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 	}
 	// The subscription first, then its consumer: if the process stops in
 	// between, the loop creates the consumer at the next start.
-	err := d.b.Update(ctx, func(tx *sql.Tx) error {
+	err := d.store.Update(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO subscriptions (subscription_id, subscription_uid, source_id, stream_id, inbox_id,
 			match_types_json, match_metadata_json, start_policy, start_offset, start_time, created_at, target_url)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, s.Name, s.UID, s.Source, s.Stream, s.Inbox, string(types), string(meta),
@@ -427,8 +446,8 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 		}
 		return s, false, fmt.Errorf("create subscription %s: %w", s.Name, err)
 	}
-	if _, err := d.b.EnsureConsumer(ctx, stream.ConsumerConfig{ID: s.Name, StreamID: s.Stream, Start: s.Start}); err != nil {
-		d.b.Update(ctx, func(tx *sql.Tx) error { // a start the stream refuses (an offset past its end)
+	if _, err := d.streams.EnsureConsumer(ctx, stream.ConsumerConfig{ID: s.Name, StreamID: s.Stream, Start: s.Start}); err != nil {
+		d.store.Update(ctx, func(tx *sql.Tx) error { // a start the stream refuses (an offset past its end)
 			_, err := tx.ExecContext(ctx, `DELETE FROM subscriptions WHERE subscription_uid = ?`, s.UID)
 			return err
 		})
@@ -447,8 +466,11 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 }
 
 // Delete stops the subscription's loop (and its workers when it has a
-// target) and deletes it and its consumer. Its inbox items stay.
+// target) and deletes it, its position and its consumer. Its inbox items
+// stay.
 func (d *Delivery) Delete(ctx context.Context, name string) error {
+	d.admin.Lock()
+	defer d.admin.Unlock()
 	s, err := d.Subscription(ctx, name)
 	if err != nil {
 		return err
@@ -464,14 +486,17 @@ func (d *Delivery) Delete(ctx context.Context, name string) error {
 		l.cancel()
 		<-l.done
 	}
-	err = d.b.Update(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `DELETE FROM subscriptions WHERE subscription_id = ?`, name)
+	err = d.store.Update(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM subscriptions WHERE subscription_id = ?`, name); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `DELETE FROM positions WHERE subscription_uid = ?`, s.UID)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("delete subscription %s: %w", name, err)
 	}
-	if err := d.b.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, stream.ErrConsumerNotFound) {
+	if err := d.streams.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, stream.ErrConsumerNotFound) {
 		return fmt.Errorf("delete subscription %s: %w", name, err)
 	}
 	d.log.Info("delivery: subscription deleted", "subscription", name)
@@ -571,7 +596,7 @@ func (d *Delivery) SetTarget(ctx context.Context, name, target string) error {
 	if err := d.sharedInbox(ctx, s); err != nil {
 		return err
 	}
-	err = d.b.Update(ctx, func(tx *sql.Tx) error {
+	err = d.store.Update(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `UPDATE subscriptions SET target_url = ? WHERE subscription_id = ?`, nullString(target), name)
 		return err
 	})

@@ -68,7 +68,7 @@ func open(t testing.TB, path string, cfg delivery.Config) stoppableEnv {
 	if cfg.Now == nil {
 		cfg.Now = c.Now
 	}
-	d, err := delivery.New(ctx, store, cfg)
+	d, err := delivery.New(ctx, store, store, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func (e *env) create(t testing.TB, s delivery.Subscription) delivery.Subscriptio
 func (e *env) waitLag(t testing.TB, sub string, want int64) {
 	t.Helper()
 	servertest.Eventually(t, 30*time.Second, sub+" to catch up", func() bool {
-		lag, err := e.store.Lag(context.Background(), sub)
+		lag, err := e.d.Lag(context.Background(), sub)
 		return err == nil && lag.Events == want
 	})
 }

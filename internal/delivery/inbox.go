@@ -224,8 +224,8 @@ type Backlog struct {
 
 // Recover returns the items a previous process left processing to
 // pending, due now (to failed when that was their last attempt), and
-// reports what the inboxes hold: the boot rehydration of seed 001. Run it
-// before the server says it is ready, and before Run.
+// reports what the inboxes hold: what a restart finds. Run it before the
+// server says it is ready, and before Run.
 func (d *Delivery) Recover(ctx context.Context) (Backlog, error) {
 	var b Backlog
 	n, _, err := d.interrupt(ctx, `1 = 1`, "interrupted: the process stopped during this attempt")
@@ -295,7 +295,7 @@ func (d *Delivery) lease(ctx context.Context, inbox string, max int, visibility 
 	token := newToken()
 	l := Lease{Token: token, ExpiresAt: now.Add(visibility).Truncate(time.Microsecond)}
 	nowText := now.Format(sqlitedb.Time)
-	err := d.b.Update(ctx, func(tx *sql.Tx) error {
+	err := d.store.Update(ctx, func(tx *sql.Tx) error {
 		rows, err := tx.QueryContext(ctx, `UPDATE inbox_items SET state = 'processing', attempts = attempts + 1,
 			lease_token = ?1, lease_expires_at = ?2, updated_at = ?3
 			WHERE item_id IN (
@@ -428,7 +428,7 @@ func (d *Delivery) settle(ctx context.Context, inbox string, ids []int64, lease,
 		token, expires sql.NullString
 		attempts       int
 	}
-	err := d.b.Update(ctx, func(tx *sql.Tx) error {
+	err := d.store.Update(ctx, func(tx *sql.Tx) error {
 		rows, err := tx.QueryContext(ctx, `SELECT item_id, state, lease_token, lease_expires_at, attempts FROM inbox_items
 			WHERE inbox_id = ? AND item_id IN (`+in+`)`, idArgs...)
 		if err != nil {
@@ -515,7 +515,7 @@ func (d *Delivery) interrupt(ctx context.Context, where, reason string) (int, []
 	var inboxes []string
 	type key struct{ inbox, state string }
 	var counts map[key]int
-	err := d.b.Update(ctx, func(tx *sql.Tx) error {
+	err := d.store.Update(ctx, func(tx *sql.Tx) error {
 		rows, err := tx.QueryContext(ctx, `UPDATE inbox_items SET
 			state = CASE WHEN attempts >= ?2 THEN 'failed' ELSE 'pending' END,
 			failed_at = CASE WHEN attempts >= ?2 THEN ?1 END,

@@ -100,8 +100,8 @@ func (m *Metrics) cleaned(c Cleaned) {
 	m.deleted.WithLabelValues("events").Add(float64(c.Events))
 }
 
-// LagCollector returns a collector of every subscription's lag, read at
-// each scrape (one lookup per subscription).
+// LagCollector returns a collector of every subscription's lag (see Lag),
+// read at each scrape: one lookup per subscription and one per stream.
 func (d *Delivery) LagCollector() prometheus.Collector { return lagCollector{d} }
 
 var lagDesc = prometheus.NewDesc("postbox_subscription_lag_events",
@@ -117,8 +117,9 @@ func (c lagCollector) Collect(ch chan<- prometheus.Metric) {
 	if err != nil {
 		return
 	}
+	stats := map[string]int64{}
 	for _, s := range subs {
-		if lag, err := c.d.b.Lag(ctx, s.Name); err == nil {
+		if lag, err := c.d.lag(ctx, s, stats); err == nil {
 			ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, float64(lag.Events), s.Name, lag.StreamID)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox/internal/sqlitedb"
+	"github.com/postbox-events/postbox/stream"
 )
 
 // cleanupBatch is how many rows one retention transaction deletes, so that
@@ -20,16 +21,18 @@ type Cleaned struct {
 }
 
 // Cleanup deletes, in batches of 1000, the completed and failed items that
-// reached that state before cutoff (never pending or processing ones), and
-// the stream events stored before cutoff that every consumer of their
-// stream has read: no subscription needs them any more, since items carry
-// their own copy of the event.
+// reached that state before cutoff (never pending or processing ones), and,
+// when the stream backend is a stream.Trimmer, the stream events stored
+// before cutoff that every consumer of their stream has read: no
+// subscription needs them any more, since items carry their own copy of
+// the event. A consumer follows its subscription's position, so it never
+// claims more than the subscription has materialised.
 func (d *Delivery) Cleanup(ctx context.Context, cutoff time.Time) (Cleaned, error) {
 	var c Cleaned
 	before := cutoff.UTC().Format(sqlitedb.Time)
 	for {
 		var n int64
-		err := d.b.Update(ctx, func(tx *sql.Tx) error {
+		err := d.store.Update(ctx, func(tx *sql.Tx) error {
 			res, err := tx.ExecContext(ctx, `DELETE FROM inbox_items WHERE item_id IN (SELECT item_id FROM inbox_items
 				WHERE state IN ('completed', 'failed') AND updated_at < ? LIMIT ?)`, before, cleanupBatch)
 			if err != nil {
@@ -46,13 +49,18 @@ func (d *Delivery) Cleanup(ctx context.Context, cutoff time.Time) (Cleaned, erro
 			break
 		}
 	}
-	streams, err := d.b.Streams(ctx)
+	trimmer, ok := d.streams.(stream.Trimmer)
+	if !ok {
+		d.cfg.Metrics.cleaned(c)
+		return c, nil
+	}
+	streams, err := d.streams.Streams(ctx)
 	if err != nil {
 		return c, fmt.Errorf("retention: %w", err)
 	}
 	for _, st := range streams {
 		for {
-			n, err := d.b.Trim(ctx, st.ID, cutoff, cleanupBatch)
+			n, err := trimmer.Trim(ctx, st.ID, cutoff, cleanupBatch)
 			if err != nil {
 				return c, fmt.Errorf("retention: %w", err)
 			}

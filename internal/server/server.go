@@ -251,7 +251,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	dcfg := cfg.Delivery
 	dcfg.Logger, dcfg.Metrics = cfg.Logger, delivery.NewMetrics(reg)
-	dl, err := delivery.New(context.Background(), store, dcfg)
+	dl, err := delivery.New(context.Background(), store, store, dcfg)
 	if err != nil {
 		store.Close()
 		return nil, fmt.Errorf("open store: %w", err)

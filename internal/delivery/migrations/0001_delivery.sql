@@ -1,6 +1,5 @@
--- Subscriptions, inbox items and activations (seed 002), in the control
--- plane's database beside the streams, so that materialising a batch of
--- items and committing the subscription's offset is one transaction.
+-- Subscriptions, inbox items and activations: delivery's own store, so
+-- that a batch's items are written in one transaction.
 CREATE TABLE subscriptions (
   subscription_id     TEXT PRIMARY KEY,       -- the name users give it; also its consumer's id
   subscription_uid    TEXT NOT NULL UNIQUE,   -- sub_<ULID>: a new one when a name is reused
@@ -28,7 +27,7 @@ CREATE TABLE inbox_items (
   stored_at            TEXT NOT NULL,
   metadata_json        TEXT NOT NULL,
   payload_json         TEXT NOT NULL,
-  delivery_handle_json TEXT,                  -- copied from the stream event (seed 002)
+  delivery_handle_json TEXT,                  -- copied from the stream event
   state                TEXT NOT NULL DEFAULT 'pending'
                        CHECK (state IN ('pending', 'processing', 'completed', 'failed')),
   attempts             INTEGER NOT NULL DEFAULT 0,

@@ -1,5 +1,4 @@
--- Workers, dead letters and retention (seed 003, seed 001's dead-letter
--- workflow).
+-- Workers, dead letters and retention.
 ALTER TABLE subscriptions ADD COLUMN target_url TEXT; -- workers POST its items here; NULL: a runtime leases them
 
 ALTER TABLE inbox_items ADD COLUMN failed_at   TEXT;  -- when it became a dead letter
