@@ -204,7 +204,7 @@ type Delivery struct {
 	mu          sync.Mutex
 	runCtx      context.Context // nil until Run
 	loops       map[string]*loop
-	held        map[string]bool // subscriptions whose loop Reset has stopped
+	held        map[string]bool    // subscriptions whose loop Reset has stopped
 	handlers    map[string]Handler // Go handlers by inbox
 	targets     map[string]string  // target URLs by inbox
 	dispatchers map[string]*loop   // by inbox
