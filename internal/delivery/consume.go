@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/postbox-events/postbox/internal/sqlitedb"
@@ -48,9 +49,16 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 			return
 		}
 	}
-	f := follower{d: d, log: log, name: s.Name}
+	// The consumer's commits run beside the loop, so that the loop never
+	// waits for them: on SQLite each is a write of its own.
+	f := &follower{d: d, log: log, name: s.Name, wake: make(chan struct{}, 1)}
+	var following sync.WaitGroup
+	defer following.Wait() // a Reset waits for the last commit
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	following.Go(func() { f.run(ctx) })
 	if c.NextOffset < next { // a crash after a batch's transaction took the consumer's commit with it
-		f.commit(ctx, next-1)
+		f.follow(next - 1)
 	}
 	items := make([]pendingItem, 0, d.cfg.BatchSize)
 	batches := 0
@@ -117,7 +125,7 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 				d.inboxes.notify(s.Inbox)
 			}
 			d.cfg.Metrics.materialised(s.Name, len(batch.Events), added)
-			f.commit(ctx, last)
+			f.follow(last)
 		case errors.Is(err, errPositionMoved):
 			// Moved from outside the loop: follow it, or stop when the
 			// subscription is gone.
@@ -158,18 +166,54 @@ func (d *Delivery) ensureConsumer(ctx context.Context, log *slog.Logger, s Subsc
 }
 
 // follower commits a subscription's stream consumer after its position,
-// so that the backend shows the subscription's lag. The position is what
-// counts: a commit that fails is logged (once until one succeeds) and
-// made good by the next.
+// so that the backend shows the subscription's lag. It commits the newest
+// offset it was given each time its last commit is done: while a commit is
+// under way, the batches finished meanwhile fold into the next one. The
+// position is what counts: a commit that fails is logged (once until one
+// succeeds) and made good by the next, and one that a stop interrupts by
+// the next start of the loop.
 type follower struct {
-	d      *Delivery
-	log    *slog.Logger
-	name   string
-	failed bool
+	d    *Delivery
+	log  *slog.Logger
+	name string
+	wake chan struct{} // capacity 1
+
+	mu   sync.Mutex
+	last int64 // the offset to commit; 0: none
+
+	failed bool // run's own
 }
 
-// commit commits the consumer at last, the last offset of the batch the
+// follow asks for a commit of last, the last offset of the batch the
 // position moved past.
+func (f *follower) follow(last int64) {
+	f.mu.Lock()
+	f.last = last
+	f.mu.Unlock()
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run commits what follow asks for until ctx ends.
+func (f *follower) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.wake:
+		}
+		f.mu.Lock()
+		last := f.last
+		f.last = 0
+		f.mu.Unlock()
+		if last > 0 {
+			f.commit(ctx, last)
+		}
+	}
+}
+
 func (f *follower) commit(ctx context.Context, last int64) {
 	_, err := f.d.streams.Commit(ctx, f.name, last)
 	switch {
