@@ -16,14 +16,22 @@
 // letter. Wrap the error with Dead to dead-letter it at once, or with
 // RetryAfter to wait longer. Handlers must be idempotent: an item is
 // handled at least once (Item.EventID is the same on every attempt).
+//
+// By default events and delivery state live in one SQLite file, DBPath,
+// written by its single group-commit writer. Set Config.Streams to run on
+// another stream.Backend (Config.Store, the SQL database of delivery
+// state, then defaults to the SQLite file).
 package server
 
 import (
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/ingress"
 	iserver "github.com/postbox-events/postbox/internal/server"
+	"github.com/postbox-events/postbox/stream/streamsqlite"
 )
 
 type (
@@ -52,8 +60,59 @@ const (
 	WebhookSource = iserver.WebhookSource
 )
 
-// New opens the store and prepares the server; Run serves it.
-func New(cfg Config) (*Server, error) { return iserver.New(cfg) }
+// DefaultDBPath is where the SQLite file is when Config.DBPath is empty.
+const DefaultDBPath = iserver.DefaultDBPath
+
+// New prepares the server; Run serves it, and closes its stream backend
+// and store when it returns (Server.Close closes a server that never ran).
+//
+// When cfg.Streams is nil, New opens the SQLite file at cfg.DBPath
+// (OpenSQLite) and uses it as both Streams and Store. When only cfg.Store
+// is nil, the SQLite file holds the delivery state beside cfg.Streams.
+func New(cfg Config) (*Server, error) {
+	var opened *streamsqlite.Backend
+	if cfg.Streams == nil || cfg.Store == nil {
+		db, err := OpenSQLite(cfg)
+		if err != nil {
+			return nil, err
+		}
+		opened = db
+		if cfg.Streams == nil {
+			if cfg.Store != nil {
+				db.Close()
+				return nil, errors.New("server: Config.Store without Config.Streams: set both, or Streams alone, or neither (SQLite for both)")
+			}
+			cfg.Streams = db
+		}
+		cfg.Store = db
+	}
+	srv, err := iserver.New(cfg)
+	if err != nil && opened != nil {
+		opened.Close()
+	}
+	return srv, err
+}
+
+// OpenSQLite opens (creating and migrating) the SQLite file at cfg.DBPath
+// (DefaultDBPath when empty) with cfg.Synchronous and the writer's bounds
+// cfg.MaxBatch, cfg.QueueSize and cfg.QueueBytes: what New uses when
+// cfg.Streams or cfg.Store is nil, for wiring that needs the backend
+// itself. The server that uses it runs its writer and closes it.
+func OpenSQLite(cfg Config) (*streamsqlite.Backend, error) {
+	if cfg.DBPath == "" {
+		cfg.DBPath = DefaultDBPath
+	}
+	db, err := streamsqlite.Open(cfg.DBPath, streamsqlite.Config{
+		Synchronous: cfg.Synchronous,
+		MaxBatch:    cfg.MaxBatch,
+		QueueSize:   cfg.QueueSize,
+		QueueBytes:  cfg.QueueBytes,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	return db, nil
+}
 
 // Dead makes a Handler's error final: the item becomes a dead letter
 // without further attempts.

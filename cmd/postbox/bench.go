@@ -23,6 +23,7 @@ import (
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/outbox"
+	pbserver "github.com/postbox-events/postbox/server"
 )
 
 // benchResult is what bench --json prints as its last line.
@@ -193,7 +194,7 @@ func startBenchServer(ctx context.Context, g *errgroup.Group, stop context.Cance
 		return nil, "", nil, err
 	}
 	cfg.Listener, cfg.DBPath = ln, filepath.Join(dir, "postbox.db")
-	srv, err := server.New(cfg)
+	srv, err := pbserver.New(cfg) // the SQLite default at cfg.DBPath unless cfg.Streams is set
 	if err != nil {
 		ln.Close()
 		os.RemoveAll(dir)
@@ -208,13 +209,17 @@ func startBenchServer(ctx context.Context, g *errgroup.Group, stop context.Cance
 }
 
 // checkStored counts the run's events (ids starting with prefix) in the
-// stream of source: in the started server's store, else in the database
-// file dbPath; -1 stored when there is neither.
+// stream of source: in the started server's SQLite streams, else in the
+// database file dbPath; -1 stored when there is neither.
 func checkStored(ctx context.Context, srv *server.Server, dbPath, source, prefix string) (stored, dups int64, err error) {
+	var sqlite interface{ ReadDB() *sql.DB }
+	if srv != nil {
+		sqlite, _ = srv.Streams().(interface{ ReadDB() *sql.DB })
+	}
 	switch {
-	case srv != nil:
-		return countStored(ctx, srv.Store().ReadDB().QueryRowContext, source, prefix)
-	case dbPath != "":
+	case srv != nil && sqlite != nil:
+		return countStored(ctx, sqlite.ReadDB().QueryRowContext, source, prefix)
+	case srv == nil && dbPath != "":
 		db, err := sqlitedb.Open(dbPath, sqlitedb.Options{ReadOnly: true})
 		if err != nil {
 			return 0, 0, err

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"slices"
@@ -16,20 +17,24 @@ import (
 	"github.com/postbox-events/postbox/internal/groupcommit"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/server"
+	pbserver "github.com/postbox-events/postbox/server"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
 )
 
 func runServe(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "serve", "[flags]", `Runs the control plane: the WebSocket ingress (`+ingress.WSPath+`), the webhook intake
-(POST /webhooks), the SQLite store with its single group-commit writer, subscriptions and
-their inboxes, the workers that POST items to targets with retries and dead letters, retention
-(the API of docs/API.md), /health, /ready and /metrics. Every event is ACKed only after its
-transaction committed. At start, items a previous process left processing are pending again
-before /ready answers 200. Flags win over the environment variables named in brackets.`)
+(POST /webhooks), the stream backend (--streams: the SQLite file under --db by default) with a
+single group-commit writer, subscriptions and their inboxes (in the SQLite file), the workers
+that POST items to targets with retries and dead letters, retention (the API of docs/API.md),
+/health, /ready and /metrics. Every event is ACKed only after the stream backend stored it (on
+SQLite: its transaction committed). At start, items a previous process left processing are
+pending again before /ready answers 200. Flags win over the environment variables named in
+brackets.`)
+	streams := fs.String("streams", "sqlite", "stream `backend`: sqlite (the file under --db) or nats://host:4222[,host2...][?replicas=3] [POSTBOX_STREAMS]")
 	addr := fs.String("addr", "", "listen `address` (host:port); overrides --port; without it and --port, 127.0.0.1:8000 [POSTBOX_ADDR]")
 	port := positiveInt(8000)
 	fs.Var(&port, "port", "listen `port` on every interface [PORT]")
-	db := fs.String("db", "data/postbox.db", "SQLite database file [DB_PATH]")
+	db := fs.String("db", server.DefaultDBPath, "SQLite database `file`: the streams with --streams sqlite, and always subscriptions, inboxes and their positions [DB_PATH]")
 	sync := fs.String("synchronous", "FULL", "SQLite synchronous mode: FULL (an ACK survives power loss) or NORMAL [POSTBOX_SYNCHRONOUS]")
 	maxBatch := positiveInt(groupcommit.DefaultMaxBatch)
 	fs.Var(&maxBatch, "max-batch", "most `events` written per group commit; 1 = one transaction per event [POSTBOX_MAX_BATCH]")
@@ -94,7 +99,7 @@ before /ready answers 200. Flags win over the environment variables named in bra
 		return err
 	}
 	if err := envDefaults(env, fs, map[string]string{
-		"addr": "POSTBOX_ADDR", "port": "PORT", "db": "DB_PATH",
+		"addr": "POSTBOX_ADDR", "port": "PORT", "db": "DB_PATH", "streams": "POSTBOX_STREAMS",
 		"workers": "WORKER_COUNT", "max-attempts": "MAX_ATTEMPTS", "retry-base-delay": "RETRY_BASE_DELAY", "retry-max-delay": "RETRY_MAX_DELAY",
 		"handler-timeout": "POSTBOX_HANDLER_TIMEOUT", "retention-days": "RETENTION_DAYS", "cleanup-interval-hours": "CLEANUP_INTERVAL_HOURS",
 		"allow-link-local-targets": "POSTBOX_ALLOW_LINK_LOCAL_TARGETS", "deny-private-targets": "POSTBOX_DENY_PRIVATE_TARGETS",
@@ -161,11 +166,60 @@ before /ready answers 200. Flags win over the environment variables named in bra
 			return err
 		}
 	}
-	srv, err := server.New(cfg)
+	closeBackends, err := openBackends(&cfg, *streams, log)
 	if err != nil {
 		return err
 	}
-	return srv.Run(ctx)
+	srv, err := server.New(cfg)
+	if err != nil {
+		closeBackends()
+		return err
+	}
+	return srv.Run(ctx) // closes the backends when it returns
+}
+
+// openBackends opens the stream backend that spec (--streams) names and
+// the SQLite file at cfg.DBPath, and sets cfg.Streams and cfg.Store: with
+// sqlite, the one file is both (one writer, as postbox has always run);
+// with another backend, the file holds delivery state alone. It returns
+// a function that closes what it opened, for when the server does not run.
+func openBackends(cfg *server.Config, spec string, log *slog.Logger) (closeAll func(), err error) {
+	kind, err := streamsKind(spec)
+	if err != nil {
+		return nil, err
+	}
+	switch kind {
+	case "sqlite":
+		db, err := pbserver.OpenSQLite(*cfg)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Streams, cfg.Store = db, db
+		log.Info("postbox serve: streams and store", "streams", "sqlite", "store", "sqlite", "db", cfg.DBPath)
+		return func() { db.Close() }, nil
+	}
+	return nil, usagef("--streams %s (POSTBOX_STREAMS): NATS JetStream streams are not in this build yet; use --streams sqlite", redactURL(spec))
+}
+
+// streamsKind returns which backend a --streams value names: sqlite or
+// nats, or a usage error naming the accepted forms.
+func streamsKind(spec string) (string, error) {
+	if strings.EqualFold(spec, "sqlite") || spec == "" {
+		return "sqlite", nil
+	}
+	if u, err := url.Parse(spec); err == nil && strings.EqualFold(u.Scheme, "nats") && u.Host != "" {
+		return "nats", nil
+	}
+	return "", usagef("--streams %q (POSTBOX_STREAMS): use sqlite (the SQLite file under --db) or nats://host:4222[,host2:4222...][?replicas=3]",
+		redactURL(spec))
+}
+
+// redactURL hides the password of a URL for messages.
+func redactURL(spec string) string {
+	if u, err := url.Parse(spec); err == nil && u.User != nil {
+		return u.Redacted()
+	}
+	return spec
 }
 
 // readTokens reads a tokens file: one "TOKEN DEVICE_ID" per line; blank

@@ -29,7 +29,7 @@ const device = "dev-1"
 
 // testServer is a real postbox server running in-process.
 type testServer struct {
-	srv  *server.Server
+	srv  *servertest.Server
 	addr string
 	stop func()
 }
@@ -39,7 +39,7 @@ type testServer struct {
 func startServer(t *testing.T, cfg server.Config) *testServer {
 	t.Helper()
 	s := servertest.Start(t, cfg, nil)
-	return &testServer{srv: s.Srv, addr: s.Addr, stop: s.Stop}
+	return &testServer{srv: s, addr: s.Addr, stop: s.Stop}
 }
 
 // stored returns how many events the server holds for the device, how

@@ -283,7 +283,7 @@ func (s *Server) subscriptionJSON(r *http.Request, sub delivery.Subscription) su
 	if sub.Target != "" {
 		j.Target = &sub.Target
 	}
-	if lag, err := s.store.Lag(r.Context(), sub.Name); err == nil {
+	if lag, err := s.delivery.Lag(r.Context(), sub.Name); err == nil {
 		j.NextOffset, j.HighWatermark, j.Lag = lag.NextOffset, lag.HighWatermark, lag.Events
 	}
 	return j
@@ -453,7 +453,7 @@ type streamJSON struct {
 }
 
 func (s *Server) streamJSON(r *http.Request, st stream.Stream) (streamJSON, error) {
-	stats, err := s.store.Stats(r.Context(), st.ID)
+	stats, err := s.streams.Stats(r.Context(), st.ID)
 	if err != nil {
 		return streamJSON{}, err
 	}
@@ -466,7 +466,7 @@ func (s *Server) streamJSON(r *http.Request, st stream.Stream) (streamJSON, erro
 }
 
 func (s *Server) listStreams(w http.ResponseWriter, r *http.Request) {
-	streams, err := s.store.Streams(r.Context())
+	streams, err := s.streams.Streams(r.Context())
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -487,7 +487,7 @@ func (s *Server) getStream(w http.ResponseWriter, r *http.Request) {
 	if !checkName(w, "stream", r.PathValue("stream")) {
 		return
 	}
-	streams, err := s.store.Streams(r.Context())
+	streams, err := s.streams.Streams(r.Context())
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -523,7 +523,7 @@ func (s *Server) listConsumers(w http.ResponseWriter, r *http.Request) {
 	}
 	out := []consumerJSON{}
 	for _, sub := range subs {
-		c, err := s.store.Consumer(r.Context(), sub.Name)
+		c, err := s.streams.Consumer(r.Context(), sub.Name)
 		if errors.Is(err, stream.ErrConsumerNotFound) {
 			continue // being created or deleted
 		}
@@ -531,7 +531,7 @@ func (s *Server) listConsumers(w http.ResponseWriter, r *http.Request) {
 			s.writeErr(w, err)
 			return
 		}
-		lag, err := s.store.Lag(r.Context(), sub.Name)
+		lag, err := s.delivery.Lag(r.Context(), sub.Name)
 		if err != nil {
 			s.writeErr(w, err)
 			return

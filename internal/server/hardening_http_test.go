@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox/internal/server"
+	pbserver "github.com/postbox-events/postbox/server"
 )
 
 // metric reads one sample of the server's metrics in-process (without a
@@ -223,7 +224,7 @@ func TestOpenOperatorAPIRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{DBPath: filepath.Join(t.TempDir(), "p.db"), Listener: ln})
+	srv, err := pbserver.New(server.Config{DBPath: filepath.Join(t.TempDir(), "p.db"), Listener: ln})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ func bigEvent(id string) []stream.Event {
 // postbox_store_writable is 0.
 func TestReadyReportsAFullStore(t *testing.T) {
 	ts := start(t, server.Config{StoreProbeInterval: time.Hour}, nil) // no probe: the failure stays reported
-	store := ts.Srv.Store()
+	store := ts.Store()
 	ctx := testCtx(t, 30*time.Second)
 	if err := store.Update(ctx, func(tx *sql.Tx) error {
 		var pages int64
@@ -65,7 +65,7 @@ func TestReadyRecoversWithoutTraffic(t *testing.T) {
 	}
 	release := lockDB(t, ts.DBPath)
 	ctx := testCtx(t, 60*time.Second)
-	if _, err := ts.Srv.Store().Append(ctx, server.DeviceSource, bigEvent("locked-1")); err == nil {
+	if _, err := ts.Store().Append(ctx, server.DeviceSource, bigEvent("locked-1")); err == nil {
 		t.Fatal("an append committed while another connection held the write lock")
 	}
 	status, body := call(t, ts, "GET", "/ready", "")

@@ -26,6 +26,7 @@ import (
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/server"
+	pbserver "github.com/postbox-events/postbox/server"
 )
 
 // The tests here keep docs/openapi.json true: it describes every route the
@@ -250,11 +251,11 @@ func (s *openAPI) schemas() map[string]any {
 // schemas use only keywords the validator of these tests checks.
 func TestOpenAPIRoutes(t *testing.T) {
 	spec := loadOpenAPI(t)
-	srv, err := server.New(server.Config{DBPath: filepath.Join(t.TempDir(), "postbox.db")})
+	srv, err := pbserver.New(server.Config{DBPath: filepath.Join(t.TempDir(), "postbox.db")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Store().Close()
+	defer srv.Close()
 	routes := srv.Routes()
 	for _, r := range routes {
 		if spec.ops[r] == nil {
@@ -668,11 +669,11 @@ func TestOpenAPIAnswers(t *testing.T) {
 	}
 
 	// A server that is not running yet: not ready, takes no webhook.
-	srv, err := server.New(server.Config{DBPath: filepath.Join(t.TempDir(), "postbox.db")})
+	srv, err := pbserver.New(server.Config{DBPath: filepath.Join(t.TempDir(), "postbox.db")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Store().Close()
+	defer srv.Close()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

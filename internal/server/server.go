@@ -1,5 +1,12 @@
-// Package server is the control plane of postbox serve: the store, its
-// writer, the ingress transports and the HTTP endpoints, with one lifetime.
+// Package server is the control plane of postbox serve: the stream
+// backend and its writer, the delivery store, the ingress transports and
+// the HTTP endpoints, with one lifetime.
+//
+// It runs on any stream.Backend. Events are appended through a Writer: the
+// backend's own when it has one (streamsqlite's single group-commit
+// writer), else an appendq.Queue that gives any backend the same bounded
+// queue and group commits. Which backend and store to open is wiring, done
+// by the callers (postbox serve, the public server package).
 package server
 
 import (
@@ -23,10 +30,11 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/appendq"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
-	"github.com/postbox-events/postbox/stream/streamsqlite"
+	"github.com/postbox-events/postbox/stream"
 )
 
 // DeviceSource is the source (and stream) of events from edge devices.
@@ -38,14 +46,33 @@ const ShutdownTimeout = 5 * time.Second
 
 // Config configures a Server.
 type Config struct {
-	Addr        string // listen address; defaults to ":8000"
-	DBPath      string // defaults to "data/postbox.db"
-	Synchronous string // FULL (default) or NORMAL
-	MaxBatch    int    // events per group commit; 1 = one transaction per event
-	QueueSize   int    // bound of the writer queue in events (QUEUE_MAXSIZE)
-	QueueBytes  int    // bound of the writer queue in bytes; see streamsqlite.Config
-	Limits      postbox.Limits
-	Tokens      ingress.Tokens // nil: no authentication
+	Addr string // listen address; defaults to ":8000"
+	// Streams is the stream backend events are appended to and read from.
+	// Required. When it is a Writer (streamsqlite.Backend), its own writer
+	// appends; otherwise an appendq.Queue with MaxBatch, QueueSize and
+	// QueueBytes does. Run closes it.
+	Streams stream.Backend
+	// Store is the SQL database delivery state (subscriptions, inbox
+	// items, read positions) and the server's probe row live in. Required;
+	// it may be Streams itself (the SQLite default: one file, one writer).
+	// When it is another object with a Run(ctx) error method, Run runs it
+	// beside the writer. Run closes it if it has a Close() error method.
+	Store delivery.Store
+	// DBPath and Synchronous describe the SQLite file of the default
+	// wiring, which opens it (the server logs them); DBPath defaults to
+	// DefaultDBPath, Synchronous to FULL.
+	DBPath      string
+	Synchronous string
+	// MaxBatch, QueueSize and QueueBytes bound the writer: events per
+	// group commit (1 = one commit per event), and the events and bytes
+	// queued for it (QUEUE_MAXSIZE). The wiring that opens SQLite passes
+	// them to streamsqlite; for another backend they configure the
+	// appendq.Queue. Zero takes the defaults of groupcommit and appendq.
+	MaxBatch   int
+	QueueSize  int
+	QueueBytes int
+	Limits     postbox.Limits
+	Tokens     ingress.Tokens // nil: no authentication
 	// Webhooks configures POST /webhooks.
 	Webhooks WebhookConfig
 	// Delivery configures workers, retries, dead letters and retention;
@@ -98,6 +125,10 @@ type Config struct {
 	StoreProbeInterval time.Duration
 }
 
+// DefaultDBPath is the SQLite file of the default wiring when
+// Config.DBPath is empty.
+const DefaultDBPath = "data/postbox.db"
+
 // DefaultStoreProbeInterval is how often a probe write checks whether a
 // store that failed a commit can commit again.
 const DefaultStoreProbeInterval = time.Second
@@ -105,11 +136,39 @@ const DefaultStoreProbeInterval = time.Second
 //go:embed migrations/*.sql
 var migrations embed.FS
 
+// Writer is the asynchronous, bounded, group-committed append path the
+// ingress and POST /webhooks write through. streamsqlite.Backend and
+// appendq.Queue are Writers.
+type Writer interface {
+	// AppendAsync queues events and calls done (which must not block)
+	// after they are stored, or with an error; it blocks while the queue
+	// is full.
+	AppendAsync(ctx context.Context, streamID string, events []stream.Event, done func([]stream.AppendResult, error)) error
+	// TryAppendAsync is AppendAsync that returns groupcommit.ErrFull
+	// instead of waiting for room.
+	TryAppendAsync(streamID string, events []stream.Event, done func([]stream.AppendResult, error)) error
+	// QueueLen, QueueBytes and QueueCap: the events and bytes waiting,
+	// and the bound in events.
+	QueueLen() int
+	QueueBytes() int
+	QueueCap() int
+	// Run writes until ctx ends, then writes what is still queued.
+	Run(ctx context.Context) error
+}
+
+// observer is a Writer that reports each group commit (streamsqlite's
+// Observe); the server counts them in its metrics and store health.
+type observer interface {
+	Observe(fn func(events int, took time.Duration, err error))
+}
+
 // Server is a running control plane.
 type Server struct {
 	cfg      Config
 	log      *slog.Logger
-	store    *streamsqlite.Backend
+	streams  stream.Backend
+	store    delivery.Store
+	writer   Writer
 	delivery *delivery.Delivery
 	metrics  *ingress.Metrics
 	// webhookKeys are the decoded Webhooks.Secrets.
@@ -122,19 +181,25 @@ type Server struct {
 
 	conns       *connLimit
 	storeHealth *storeHealth
+	closeOnce   sync.Once
+	closeErr    error
 
 	mu       sync.Mutex
 	ready    bool
 	stopping context.Context // done once Run begins to shut down
 }
 
-// New opens the store and prepares the server; Run serves it.
+// New prepares the server on cfg.Streams and cfg.Store; Run serves it.
+// When New fails, closing them is left to the caller.
 func New(cfg Config) (*Server, error) {
+	if cfg.Streams == nil || cfg.Store == nil {
+		return nil, errors.New("server: Config.Streams and Config.Store are required (postbox's public server package opens the SQLite default)")
+	}
 	if cfg.Addr == "" {
 		cfg.Addr = ":8000"
 	}
 	if cfg.DBPath == "" {
-		cfg.DBPath = "data/postbox.db"
+		cfg.DBPath = DefaultDBPath
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -195,43 +260,43 @@ func New(cfg Config) (*Server, error) {
 		}
 		return 1
 	}))
-	store, err := streamsqlite.Open(cfg.DBPath, streamsqlite.Config{
-		Synchronous: cfg.Synchronous,
-		MaxBatch:    cfg.MaxBatch,
-		QueueSize:   cfg.QueueSize,
-		QueueBytes:  cfg.QueueBytes,
-		Observe: func(n int, took time.Duration, err error) {
-			batch.Observe(float64(n))
-			commit.Observe(took.Seconds())
-			if err != nil {
-				failures.Inc()
-				health.fail(err)
-				cfg.Logger.Error("writer: group commit failed; its events are NACKed as retryable", "events", n, "err", err)
-			}
-		},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("open store: %w", err)
+	observe := func(n int, took time.Duration, err error) {
+		batch.Observe(float64(n))
+		commit.Observe(took.Seconds())
+		if err != nil {
+			failures.Inc()
+			health.fail(err)
+			cfg.Logger.Error("writer: group commit failed; its events are NACKed as retryable", "events", n, "err", err)
+		}
 	}
+	writer, native := cfg.Streams.(Writer)
+	if native {
+		if o, ok := writer.(observer); ok {
+			o.Observe(observe)
+		}
+	} else {
+		writer = appendq.New(cfg.Streams, appendq.Config{MaxBatch: cfg.MaxBatch, QueueSize: cfg.QueueSize,
+			QueueBytes: cfg.QueueBytes, Observe: observe})
+	}
+	store := cfg.Store
 	sub, _ := fs.Sub(migrations, "migrations")
 	if err := store.Migrate(context.Background(), "server", sub); err != nil {
-		store.Close()
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "postbox_writer_queue_depth",
 		Help: "Events waiting for the writer.",
-	}, func() float64 { return float64(store.QueueLen()) }))
+	}, func() float64 { return float64(writer.QueueLen()) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "postbox_writer_queue_bytes",
 		Help: "Payload and metadata bytes of the events waiting for the writer.",
-	}, func() float64 { return float64(store.QueueBytes()) }))
+	}, func() float64 { return float64(writer.QueueBytes()) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "postbox_writer_queue_capacity",
 		Help: "Bound of the writer queue (QUEUE_MAXSIZE).",
-	}, func() float64 { return float64(store.QueueCap()) }))
+	}, func() float64 { return float64(writer.QueueCap()) }))
 	metrics := ingress.NewMetrics(reg)
-	in, err := ingress.New(store, ingress.Config{
+	in, err := ingress.New(writer, ingress.Config{
 		StreamID:     DeviceSource,
 		Limits:       cfg.Limits,
 		Tokens:       cfg.Tokens,
@@ -246,21 +311,19 @@ func New(cfg Config) (*Server, error) {
 		FrameTimeout:     cfg.WSFrameTimeout,
 	})
 	if err != nil {
-		store.Close()
 		return nil, err
 	}
 	dcfg := cfg.Delivery
 	dcfg.Logger, dcfg.Metrics = cfg.Logger, delivery.NewMetrics(reg)
-	dl, err := delivery.New(context.Background(), store, store, dcfg)
+	dl, err := delivery.New(context.Background(), cfg.Streams, store, dcfg)
 	if err != nil {
-		store.Close()
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	for inbox, h := range cfg.Handlers {
 		dl.Handle(inbox, h)
 	}
 	reg.MustRegister(dl.LagCollector(), dl.InboxCollector())
-	s := &Server{cfg: cfg, log: cfg.Logger, store: store, delivery: dl, metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg,
+	s := &Server{cfg: cfg, log: cfg.Logger, streams: cfg.Streams, store: store, writer: writer, delivery: dl, metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg,
 		mux: http.NewServeMux(), conns: newConnLimit(reg, cfg.MaxConnections), storeHealth: health}
 	s.routeAPI()
 	s.handle("POST /webhooks", http.HandlerFunc(s.postWebhook))
@@ -288,8 +351,34 @@ func (s *Server) handle(pattern string, h http.Handler) {
 // docs/openapi.json against them.
 func (s *Server) Routes() []string { return slices.Clone(s.routes) }
 
-// Store returns the server's store.
-func (s *Server) Store() *streamsqlite.Backend { return s.store }
+// Streams returns the server's stream backend.
+func (s *Server) Streams() stream.Backend { return s.streams }
+
+// Writer returns the writer events are appended through: the stream
+// backend's own, or the appendq.Queue around it.
+func (s *Server) Writer() Writer { return s.writer }
+
+// Close closes the stream backend and the store (once, when they are the
+// same object), each that has a Close() error method. Run calls it when
+// it returns; a server that never ran is closed with it. It is safe to
+// call more than once.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		var errs []error
+		if c, ok := s.streams.(interface{ Close() error }); ok {
+			errs = append(errs, c.Close())
+		}
+		if c, ok := s.store.(interface{ Close() error }); ok && !s.sameStore() {
+			errs = append(errs, c.Close())
+		}
+		s.closeErr = errors.Join(errs...)
+	})
+	return s.closeErr
+}
+
+// sameStore reports whether the store is the stream backend itself (the
+// SQLite default): then its writer is the store's writer too.
+func (s *Server) sameStore() bool { return any(s.store) == any(s.streams) }
 
 // Handler returns the server's HTTP handler (without the limits Run adds
 // to its connections).
@@ -315,9 +404,9 @@ func (s *Server) Listen() (net.Addr, error) {
 
 // Run starts the writer, prepares the stream, serves until ctx ends, then
 // stops accepting, lets the writer commit and answer what it holds, and
-// closes the store.
+// closes the stream backend and the store.
 func (s *Server) Run(ctx context.Context) error {
-	defer s.store.Close()
+	defer s.Close()
 	addr, err := s.Listen()
 	if err != nil {
 		return err
@@ -326,7 +415,7 @@ func (s *Server) Run(ctx context.Context) error {
 		s.ln.Close()
 		return err
 	}
-	if _, err := s.store.EnsureStream(ctx, DeviceSource); err != nil {
+	if _, err := s.streams.EnsureStream(ctx, DeviceSource); err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped before it started
 		}
@@ -350,7 +439,10 @@ func (s *Server) Run(ctx context.Context) error {
 		// Drain does, and the end of this context if Drain takes too long.
 		BaseContext: func(net.Listener) context.Context { return connCtx },
 	}
-	g.Go(func() error { return s.store.Run(storeCtx) })
+	g.Go(func() error { return s.writer.Run(storeCtx) })
+	if r, ok := s.store.(interface{ Run(context.Context) error }); ok && !s.sameStore() {
+		g.Go(func() error { return r.Run(storeCtx) }) // a store with a writer of its own (SQLite beside another backend)
+	}
 	g.Go(func() error { return s.probeStore(gctx) })
 	deliveryCtx, stopDelivery := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopDelivery()
@@ -398,7 +490,7 @@ func (s *Server) Run(ctx context.Context) error {
 		stopConns()
 		stopDelivery() // its loops write through the store: stop them first
 		<-deliveryDone
-		stopStore()
+		stopStore() // the writer and the store commit what they hold, then return
 		return nil
 	})
 	g.Go(func() error {
@@ -421,7 +513,7 @@ func (s *Server) Run(ctx context.Context) error {
 		scheme = "wss"
 	}
 	s.log.Info("postbox serve: listening", "addr", addr.String(), "ingress", scheme+"://"+addr.String()+ingress.WSPath,
-		"db", s.cfg.DBPath, "synchronous", s.synchronous(), "auth", s.cfg.Tokens != nil)
+		"db", s.cfg.DBPath, "synchronous", s.synchronous(), "writer", s.writerKind(), "auth", s.cfg.Tokens != nil)
 	err = g.Wait()
 	s.setReady(false)
 	s.log.Info("postbox serve: stopped", "err", err)
@@ -442,6 +534,15 @@ func (s *Server) recover(ctx context.Context) error {
 	s.log.Info("postbox serve: startup recovery done", "interrupted_items_returned", b.Recovered, "pending", b.Pending,
 		"dead_letters", b.Failed, "oldest_pending_age", oldest)
 	return nil
+}
+
+// writerKind names the writer for the start log: the backend's own, or
+// the queue around it.
+func (s *Server) writerKind() string {
+	if _, ok := s.writer.(*appendq.Queue); ok {
+		return "group-commit queue"
+	}
+	return "backend"
 }
 
 func (s *Server) synchronous() string {
@@ -491,7 +592,7 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 			"reason": "the store cannot commit: " + err.Error(), "since": since})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "queue_depth": s.store.QueueLen(), "queue_capacity": s.store.QueueCap()})
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "queue_depth": s.writer.QueueLen(), "queue_capacity": s.writer.QueueCap()})
 }
 
 // storeHealth says whether the store commits: a failed group commit marks
@@ -546,9 +647,9 @@ func (h *storeHealth) recovered(gen int) bool {
 	return true
 }
 
-// probeStore, while the store cannot commit, writes one row every
-// StoreProbeInterval until a write commits, so that /ready recovers
-// without traffic. It writes nothing while the store commits.
+// probeStore, while the store cannot commit, probes it every
+// StoreProbeInterval until a probe succeeds, so that /ready recovers
+// without traffic. It probes nothing while the store commits.
 func (s *Server) probeStore(ctx context.Context) error {
 	h := s.storeHealth
 	t := time.NewTimer(0)
@@ -571,11 +672,7 @@ func (s *Server) probeStore(ctx context.Context) error {
 			case <-t.C:
 			}
 			gen := h.generation()
-			err := s.store.Update(ctx, func(tx *sql.Tx) error {
-				_, err := tx.ExecContext(ctx, `UPDATE server_store_probe SET probed_at = ? WHERE id = 1`,
-					time.Now().UTC().Format(time.RFC3339Nano))
-				return err
-			})
+			err := s.probe(ctx)
 			switch {
 			case ctx.Err() != nil:
 				return nil
@@ -586,4 +683,29 @@ func (s *Server) probeStore(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// probe checks once whether the writer's backend can store again.
+//
+// When the store is the stream backend (SQLite), a probe row written
+// through the store goes through the very writer whose commit failed: its
+// commit proves the next batch of events can commit too.
+//
+// Another backend is probed with Stats of the device stream. A write
+// would be an event (a stream of probes the API would list, or an
+// identity stored once that proves nothing the second time); Stats needs
+// what an append needs, the backend reachable and the stream's leader
+// answering. A backend that reads but cannot write (a full disk) fails
+// the next append again and is marked unwritable again: its events are
+// NACKed as retryable either way.
+func (s *Server) probe(ctx context.Context) error {
+	if _, queued := s.writer.(*appendq.Queue); !queued && s.sameStore() {
+		return s.store.Update(ctx, func(tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, `UPDATE server_store_probe SET probed_at = ? WHERE id = 1`,
+				time.Now().UTC().Format(time.RFC3339Nano))
+			return err
+		})
+	}
+	_, err := s.streams.Stats(ctx, DeviceSource)
+	return err
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/servertest"
+	pbserver "github.com/postbox-events/postbox/server"
 )
 
 // testServer is a server running in-process for one test.
@@ -105,7 +106,7 @@ type storedRow struct {
 // rows returns the stored rows of eventID.
 func (ts *testServer) rows(t *testing.T, eventID string) []storedRow {
 	t.Helper()
-	rs, err := ts.Srv.Store().ReadDB().Query(`SELECT raw_payload_json, payload_sha256, created_at, last_seen_at, attempt_count
+	rs, err := ts.Store().ReadDB().Query(`SELECT raw_payload_json, payload_sha256, created_at, last_seen_at, attempt_count
 		FROM stream_events WHERE source_native_id = ?`, eventID)
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +139,7 @@ func (ts *testServer) row(t *testing.T, eventID string) storedRow {
 func (ts *testServer) queryInt(t *testing.T, q string, args ...any) int {
 	t.Helper()
 	var n sql.NullInt64
-	if err := ts.Srv.Store().ReadDB().QueryRow(q, args...).Scan(&n); err != nil {
+	if err := ts.Store().ReadDB().QueryRow(q, args...).Scan(&n); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
 	return int(n.Int64)
@@ -827,7 +828,7 @@ func TestBackpressure(t *testing.T) {
 		// memory bound, which is made small here.
 		const frameBytes, bufferBytes = 512 << 10, 1 << 20
 		ts := start(t, server.Config{QueueSize: queueSize, Synchronous: "NORMAL", WSMaxFrameBytes: frameBytes, WSBufferBytes: bufferBytes}, nil)
-		if got := ts.Srv.Store().QueueCap(); got != queueSize {
+		if got := ts.Store().QueueCap(); got != queueSize {
 			t.Fatalf("QueueCap %d, want %d", got, queueSize)
 		}
 		payload := `{"reading":"` + strings.Repeat("r", 512) + `"}`
@@ -903,7 +904,7 @@ func TestBackpressure(t *testing.T) {
 			tick := time.NewTicker(time.Millisecond)
 			defer tick.Stop()
 			for {
-				maxQueue.Store(max(maxQueue.Load(), int64(ts.Srv.Store().QueueLen())))
+				maxQueue.Store(max(maxQueue.Load(), int64(ts.Store().QueueLen())))
 				select {
 				case <-stopSampling:
 					return
@@ -914,7 +915,7 @@ func TestBackpressure(t *testing.T) {
 
 		// The queue fills, then the stall holds for a while under load.
 		waitFor(t, 3*time.Second, "the writer queue to fill", func() bool {
-			return ts.Srv.Store().QueueLen() >= queueSize
+			return ts.Store().QueueLen() >= queueSize
 		})
 		// Hold the stall for a second, and well within the writer's
 		// busy_timeout even on a loaded machine. The heap bound is coarse
@@ -1088,7 +1089,7 @@ func TestHTTPEndpoints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{Listener: ln, DBPath: filepath.Join(t.TempDir(), "postbox.db")})
+	srv, err := pbserver.New(server.Config{Listener: ln, DBPath: filepath.Join(t.TempDir(), "postbox.db")})
 	if err != nil {
 		t.Fatal(err)
 	}

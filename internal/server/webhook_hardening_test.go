@@ -169,7 +169,7 @@ func TestWebhookMetadataBounds(t *testing.T) {
 		t.Fatalf("20 KB of headers: %d %v", status, got)
 	}
 	var meta string
-	if err := ts.Srv.Store().ReadDB().QueryRow(`SELECT metadata_json FROM stream_events WHERE source_native_id = 'flood'`).Scan(&meta); err != nil {
+	if err := ts.Store().ReadDB().QueryRow(`SELECT metadata_json FROM stream_events WHERE source_native_id = 'flood'`).Scan(&meta); err != nil {
 		t.Fatal(err)
 	}
 	var m struct{ Headers map[string]string }

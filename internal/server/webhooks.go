@@ -147,7 +147,7 @@ func (s *Server) postWebhook(w http.ResponseWriter, r *http.Request) {
 		err error
 	}
 	done := make(chan outcome, 1)
-	err = s.store.TryAppendAsync(WebhookSource, []stream.Event{ev}, func(res []stream.AppendResult, err error) { done <- outcome{res, err} })
+	err = s.writer.TryAppendAsync(WebhookSource, []stream.Event{ev}, func(res []stream.AppendResult, err error) { done <- outcome{res, err} })
 	switch {
 	case errors.Is(err, groupcommit.ErrFull):
 		s.metrics.Count(WebhookSource, "throttled", 1)
@@ -391,7 +391,7 @@ func (s *Server) getWebhook(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no webhook %q: ids look like wh_42", id)
 		return
 	}
-	ev, err := s.store.Event(r.Context(), WebhookSource, offset)
+	ev, err := s.streams.Event(r.Context(), WebhookSource, offset)
 	if errors.Is(err, stream.ErrNotFound) {
 		writeError(w, http.StatusNotFound, "not_found", "no webhook %q", id)
 		return
@@ -409,7 +409,7 @@ func (s *Server) findWebhook(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "missing_field", "idempotency_key: GET /webhooks?idempotency_key=KEY, or GET /webhooks/{id}")
 		return
 	}
-	ev, err := s.store.Lookup(r.Context(), WebhookSource, key, "")
+	ev, err := s.streams.Lookup(r.Context(), WebhookSource, key, "")
 	if errors.Is(err, stream.ErrNotFound) {
 		writeError(w, http.StatusNotFound, "not_found", "no webhook with idempotency key %q", key)
 		return
@@ -429,7 +429,7 @@ func (s *Server) ensureWebhooks(ctx context.Context) error {
 		s.log.Warn("webhooks: with a signing secret the key is the signed webhook-id and the type the signed body's field; the key and type headers are ignored",
 			"key_header", c.KeyHeader, "type_header", c.TypeHeader)
 	}
-	if _, err := s.store.EnsureStream(ctx, WebhookSource); err != nil {
+	if _, err := s.streams.EnsureStream(ctx, WebhookSource); err != nil {
 		return err
 	}
 	sub, _, err := s.delivery.Create(ctx, delivery.Subscription{Name: WebhookSource, Source: WebhookSource,

@@ -1,6 +1,6 @@
 // Package servertest runs a real postbox control plane in-process for
-// tests: a loopback listener, a fresh SQLite database, and a Stop that
-// checks Run ended cleanly.
+// tests: a loopback listener, a fresh SQLite database (or the stream
+// backend the test gives), and a Stop that checks Run ended cleanly.
 package servertest
 
 import (
@@ -24,6 +24,8 @@ import (
 
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/server"
+	pbserver "github.com/postbox-events/postbox/server"
+	"github.com/postbox-events/postbox/stream/streamsqlite"
 )
 
 // Server is a server.Server running for one test.
@@ -34,11 +36,20 @@ type Server struct {
 	Base   string // http(s)://host:port
 	WS     string // ws(s)://host:port/v1/ws
 	HTTP   *http.Client
+	sqlite *streamsqlite.Backend
 	stop   func()
 }
 
+// Store returns the SQLite file Start opened at DBPath (the server's
+// streams and delivery state, or its delivery state alone beside the
+// test's cfg.Streams), or nil when the test gave both Streams and Store.
+// Its ReadDB reads the tables; the server runs its writer and closes it.
+func (s *Server) Store() *streamsqlite.Backend { return s.sqlite }
+
 // Start runs a server for cfg until the test ends (or Stop), and returns
-// once /ready answers 200. An empty cfg.DBPath means a new file under
+// once /ready answers 200. A nil cfg.Streams means the SQLite default as
+// postbox serve has it, at cfg.DBPath (a nil cfg.Store alone: the SQLite
+// file holds delivery state); an empty cfg.DBPath means a new file under
 // t.TempDir(), a nil cfg.Listener a new loopback port. hc (nil: a plain
 // client, trusting cfg.TLSCert if set) is used for the readiness probe.
 func Start(t testing.TB, cfg server.Config, hc *http.Client) *Server {
@@ -59,9 +70,27 @@ func Start(t testing.TB, cfg server.Config, hc *http.Client) *Server {
 			hc = trusting(t, cfg.TLSCert)
 		}
 	}
+	var sqlite *streamsqlite.Backend
+	if cfg.Streams == nil || cfg.Store == nil {
+		db, err := pbserver.OpenSQLite(cfg)
+		if err != nil {
+			cfg.Listener.Close()
+			t.Fatal(err)
+		}
+		sqlite = db
+		if cfg.Streams == nil {
+			cfg.Streams = db
+		}
+		if cfg.Store == nil {
+			cfg.Store = db
+		}
+	}
 	srv, err := server.New(cfg)
 	if err != nil {
 		cfg.Listener.Close()
+		if sqlite != nil {
+			sqlite.Close()
+		}
 		t.Fatalf("server.New: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -72,7 +101,7 @@ func Start(t testing.TB, cfg server.Config, hc *http.Client) *Server {
 	if cfg.TLSCert != "" {
 		scheme = "https"
 	}
-	s := &Server{Srv: srv, DBPath: cfg.DBPath, Addr: cfg.Listener.Addr().String(), HTTP: hc}
+	s := &Server{Srv: srv, DBPath: cfg.DBPath, Addr: cfg.Listener.Addr().String(), HTTP: hc, sqlite: sqlite}
 	s.Base = scheme + "://" + s.Addr
 	s.WS = strings.Replace(s.Base, "http", "ws", 1) + ingress.WSPath
 	s.stop = func() {
