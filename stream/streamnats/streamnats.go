@@ -354,7 +354,34 @@ func (b *Backend) createStream(ctx context.Context, sourceID string) (*streamSta
 	if err != nil {
 		return nil, fmt.Errorf("ensure stream %s: %w", sourceID, mapErr(err))
 	}
+	if err := b.probe(ctx, name); err != nil {
+		return nil, fmt.Errorf("ensure stream %s: %w", sourceID, err)
+	}
 	return b.newStreamState(sourceID, s)
+}
+
+// probe returns once a publish to stream name from this connection
+// reaches the stream. In a cluster the stream's leader announces its
+// subjects over routes a moment after the stream is created; a publish
+// before that finds nobody, and the client's retry of it would store it
+// after the events published behind it. The probe names another stream
+// in Nats-Expected-Stream, so the stream refuses it and stores nothing.
+func (b *Backend) probe(ctx context.Context, name string) error {
+	m := &nats.Msg{Subject: name + ".probe", Header: nats.Header{"Nats-Expected-Stream": []string{"postbox-probe"}}}
+	for {
+		_, err := b.nc.RequestMsgWithContext(ctx, m)
+		if !errors.Is(err, nats.ErrNoResponders) {
+			if ctx.Err() != nil {
+				return fmt.Errorf("waiting for the stream to answer: %w", ctx.Err())
+			}
+			return nil // the stream's refusal, or a timeout that the first Append will meet too
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the stream to answer: %w", ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 func (b *Backend) newStreamState(sourceID string, s jetstream.Stream) (*streamState, error) {
