@@ -42,10 +42,19 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Nodes[0].Shutdown()
-	if _, err := js.Publish(ctx, "t.a", []byte("x"), jetstream.WithRetryAttempts(100)); err != nil {
-		t.Fatalf("publish with one node of three down: %v", err)
+	for { // the stream may elect a new leader first
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := js.Publish(pctx, "t.a", []byte("x"), jetstream.WithRetryAttempts(20))
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("publish with one node of three down: %v", err)
+		}
 	}
 	c.Nodes[0].Restart()
+	c.WaitLeader(t)
 }
 
 func connect(t *testing.T, url string) jetstream.JetStream {
