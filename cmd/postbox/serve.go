@@ -18,6 +18,7 @@ import (
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/server"
 	pbserver "github.com/postbox-events/postbox/server"
+	"github.com/postbox-events/postbox/stream/streamnats"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
 )
 
@@ -198,7 +199,25 @@ func openBackends(cfg *server.Config, spec string, log *slog.Logger) (closeAll f
 		log.Info("postbox serve: streams and store", "streams", "sqlite", "store", "sqlite", "db", cfg.DBPath)
 		return func() { db.Close() }, nil
 	}
-	return nil, usagef("--streams %s (POSTBOX_STREAMS): NATS JetStream streams are not in this build yet; use --streams sqlite", redactURL(spec))
+	ncfg, err := streamnats.ParseURL(spec)
+	if err != nil {
+		return nil, usagef("--streams (POSTBOX_STREAMS): %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	js, err := streamnats.Open(ctx, ncfg)
+	if err != nil {
+		return nil, fmt.Errorf("--streams %s: %w", redactURL(spec), err)
+	}
+	db, err := pbserver.OpenSQLite(*cfg)
+	if err != nil {
+		js.Close()
+		return nil, err
+	}
+	cfg.Streams, cfg.Store = js, db
+	log.Info("postbox serve: streams and store", "streams", "nats", "servers", redactURL(ncfg.URL), "replicas", max(ncfg.Replicas, 1),
+		"store", "sqlite", "db", cfg.DBPath)
+	return func() { js.Close(); db.Close() }, nil
 }
 
 // streamsKind returns which backend a --streams value names: sqlite or
@@ -207,7 +226,7 @@ func streamsKind(spec string) (string, error) {
 	if strings.EqualFold(spec, "sqlite") || spec == "" {
 		return "sqlite", nil
 	}
-	if u, err := url.Parse(spec); err == nil && strings.EqualFold(u.Scheme, "nats") && u.Host != "" {
+	if u, err := url.Parse(spec); err == nil && (strings.EqualFold(u.Scheme, "nats") || strings.EqualFold(u.Scheme, "tls")) && u.Host != "" {
 		return "nats", nil
 	}
 	return "", usagef("--streams %q (POSTBOX_STREAMS): use sqlite (the SQLite file under --db) or nats://host:4222[,host2:4222...][?replicas=3]",
