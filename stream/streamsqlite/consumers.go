@@ -28,22 +28,6 @@ func (b *Backend) Update(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	return it.fnErr
 }
 
-// CommitWith runs fn and commits consumerID at offset in one transaction:
-// what fn writes (inbox items) and the consumer's new offset are durable
-// together or not at all. It returns Commit's errors, or fn's.
-func (b *Backend) CommitWith(ctx context.Context, consumerID string, offset int64, fn func(tx *sql.Tx) error) (stream.Consumer, error) {
-	var c stream.Consumer
-	err := b.Update(ctx, func(tx *sql.Tx) error {
-		if err := fn(tx); err != nil {
-			return err
-		}
-		var err error
-		c, err = b.commitTx(ctx, tx, consumerID, offset)
-		return err
-	})
-	return c, err
-}
-
 // EnsureConsumer implements stream.Backend.
 func (b *Backend) EnsureConsumer(ctx context.Context, cfg stream.ConsumerConfig) (stream.Consumer, error) {
 	if cfg.ID == "" {
@@ -307,7 +291,7 @@ func scanConsumer(row *sql.Row, id string) (stream.Consumer, error) {
 
 // Migrate applies the migrations of another component (see
 // sqlitedb.Migrate) to this database, so that its tables can be written in
-// the same transactions as the streams' (Update, CommitWith).
+// the same group commits as the streams' (Update).
 func (b *Backend) Migrate(ctx context.Context, component string, fsys fs.FS) error {
 	return sqlitedb.Migrate(ctx, b.write, component, fsys)
 }

@@ -9,7 +9,7 @@
 // not written again: its attempt count and last-seen time are updated and
 // it is reported as a duplicate, or as a stream.ConflictError when its type
 // or payload differs, in which case nothing changes. Consumer changes and the
-// callers' own writes (Update, CommitWith) join the same group commits.
+// callers' own writes (Update) join the same group commits.
 //
 // Offsets are per stream and dense: the writer numbers a stream's events
 // 1, 2, 3, ... and stores event n of stream number s under the integer key
