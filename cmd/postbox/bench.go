@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -23,7 +24,6 @@ import (
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/outbox"
-	pbserver "github.com/postbox-events/postbox/server"
 )
 
 // benchResult is what bench --json prints as its last line.
@@ -46,7 +46,12 @@ type benchResult struct {
 	Window       int     `json:"window"`
 	Rate         float64 `json:"offered_rate"`
 	PeakRSSMB    float64 `json:"peak_rss_mb"` // of this process (server and loader when in-process)
-	Server       string  `json:"server"`
+	// Server is in-process, the --server URL, or raw-jetstream for the
+	// --raw baseline (no postbox server at all).
+	Server string `json:"server"`
+	// Streams is the started server's stream backend (sqlite or nats);
+	// empty with --server.
+	Streams string `json:"streams,omitempty"`
 }
 
 func runBench(ctx context.Context, env *cmdEnv, args []string) error {
@@ -60,6 +65,13 @@ func runBench(ctx context.Context, env *cmdEnv, args []string) error {
 (many frames in flight) to a server it starts itself on a temporary database (or to --server),
 then checks the store holds every event exactly once. Progress goes to stderr; --json prints
 one JSON object as the last line of stdout.
+
+With --streams nats://host:4222 the started server keeps its streams in NATS JetStream, under
+a prefix of the run's own (BENCH_<run>_, unless the URL sets prefix=) whose streams and
+consumer bucket are deleted at the end; the store check then reads the stream back through
+the backend. --raw, with a nats:// --streams, publishes the same events straight to a fresh
+stream made as postbox makes them (JetStream async publish, no server, no WebSocket): the
+baseline postbox on JetStream is measured against.
 
 postbox bench webhooks measures POST /webhooks instead (postbox bench webhooks --help), and
 postbox bench relay a transactional outbox relay (postbox bench relay --help).`)
@@ -82,8 +94,34 @@ postbox bench relay a transactional outbox relay (postbox bench relay --help).`)
 	token := fs.String("token", "", "bearer token for --server")
 	asJSON := fs.Bool("json", false, "print the result as one JSON object on the last line")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (server and loader) to this file")
+	streams := fs.String("streams", "sqlite", "the started server's stream `backend`: sqlite (its temporary database) or nats://host:4222[?replicas=3&prefix=NAME]")
+	queueSize := positiveInt(groupcommit.DefaultQueueSize)
+	fs.Var(&queueSize, "queue-size", "the started server's writer queue bound in `events`")
+	raw := fs.Bool("raw", false, "with --streams nats://…: publish the events straight to JetStream (the baseline), without a postbox server")
 	if err := parse(env, fs, args); err != nil {
 		return err
+	}
+	kind, err := streamsKind(*streams)
+	if err != nil {
+		return err
+	}
+	if *srvURL != "" && (isSet(fs, "streams") || *raw) {
+		return usagef("--streams and --raw are for the server bench starts, not with --server")
+	}
+	if *raw && kind != "nats" {
+		return usagef("--raw publishes to JetStream: give --streams nats://host:4222")
+	}
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	var bn *benchNATS
+	if kind == "nats" {
+		if bn, err = newBenchNATS(*streams, run); err != nil {
+			return err
+		}
+		defer func() {
+			if err := bn.drop(context.WithoutCancel(ctx)); err != nil {
+				fmt.Fprintf(env.stderr, "bench: %v\n", err)
+			}
+		}()
 	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -97,7 +135,20 @@ postbox bench relay a transactional outbox relay (postbox bench relay --help).`)
 		defer pprof.StopCPUProfile()
 	}
 	res := benchResult{Devices: int(devices), Events: int(events), MaxBatch: int(maxBatch), Synchronous: strings.ToUpper(*sync),
-		PayloadBytes: int(payloadBytes), FrameEvents: int(frame), Window: int(window), Rate: *rate, Stored: -1}
+		PayloadBytes: int(payloadBytes), FrameEvents: int(frame), Window: int(window), Rate: *rate, Stored: -1, Streams: kind}
+	prefix := "evt_bench_" + run + "_"
+	if *raw {
+		if *rate > 0 {
+			return usagef("--raw publishes as fast as acks allow: leave out --rate")
+		}
+		res.Server, res.MaxBatch, res.Synchronous = "raw-jetstream", 0, ""
+		err := runRawJetStream(ctx, env, bn, rawBench{devices: int(devices), events: int(events), frame: int(frame), window: int(window),
+			payload: benchPayload(int(payloadBytes)), idPrefix: prefix}, &res)
+		if err != nil {
+			return err
+		}
+		return benchReport(env, &res, *asJSON)
+	}
 
 	g, gctx := errgroup.WithContext(ctx)
 	srvCtx, stopSrv := context.WithCancel(gctx)
@@ -107,7 +158,12 @@ postbox bench relay a transactional outbox relay (postbox bench relay --help).`)
 		var addr string
 		var cleanup func()
 		var err error
-		srv, addr, cleanup, err = startBenchServer(srvCtx, g, stopSrv, server.Config{MaxBatch: int(maxBatch), Synchronous: res.Synchronous})
+		spec := *streams
+		if bn != nil {
+			spec = bn.spec
+		}
+		srv, addr, cleanup, err = startBenchServerOn(srvCtx, g, stopSrv,
+			server.Config{MaxBatch: int(maxBatch), QueueSize: int(queueSize), Synchronous: res.Synchronous}, spec)
 		if err != nil {
 			return err
 		}
@@ -116,11 +172,9 @@ postbox bench relay a transactional outbox relay (postbox bench relay --help).`)
 		res.Server = "in-process"
 	} else {
 		res.Server = *srvURL
-		res.MaxBatch, res.Synchronous = 0, ""
+		res.MaxBatch, res.Synchronous, res.Streams = 0, "", ""
 	}
 
-	run := strconv.FormatInt(time.Now().UnixNano(), 36)
-	prefix := "evt_bench_" + run + "_"
 	var acked, nacked atomic.Int64
 	lat := &latencies{}
 	start := time.Now()
@@ -148,7 +202,7 @@ postbox bench relay a transactional outbox relay (postbox bench relay --help).`)
 				int(frame), int(window), perDevice, phase, payload, &acked, &nacked, lat)
 		})
 	}
-	err := load.Wait()
+	err = load.Wait()
 	res.DurationS = since(start)
 	close(progressDone)
 	res.Acked, res.Nacked = acked.Load(), nacked.Load()
@@ -167,14 +221,20 @@ postbox bench relay a transactional outbox relay (postbox bench relay --help).`)
 	if err := g.Wait(); err != nil && ctx.Err() == nil {
 		return err
 	}
-	fmt.Fprintf(env.stderr, "bench: %d events acked in %.2fs: %.0f events/s, ack p50 %.2f ms, p99 %.2f ms, stored %d (%d duplicate rows), peak RSS %.0f MB\n",
+	return benchReport(env, &res, *asJSON)
+}
+
+// benchReport prints res (as JSON on the last line of stdout with asJSON)
+// and fails unless every event was acked and stored exactly once.
+func benchReport(env *cmdEnv, res *benchResult, asJSON bool) error {
+	fmt.Fprintf(env.stderr, "bench: %d events acked in %.2fs: %.0f events/s, ack p50 %.2f ms, p99 %.2f ms, stored %d (%d duplicates), peak RSS %.0f MB\n",
 		res.Acked, res.DurationS, res.EventsPerS, res.AckP50Ms, res.AckP99Ms, res.Stored, res.Duplicates, res.PeakRSSMB)
-	if *asJSON {
+	if asJSON {
 		b, _ := json.Marshal(res)
 		fmt.Fprintln(env.stdout, string(b))
 	}
-	if res.Acked != int64(events) || (res.Stored >= 0 && (res.Stored != int64(events) || res.Duplicates != 0)) {
-		return fmt.Errorf("bench: %d events sent, %d acked, %d nacked, %d stored, %d stored twice", events, res.Acked, res.Nacked, res.Stored, res.Duplicates)
+	if res.Acked != int64(res.Events) || (res.Stored >= 0 && (res.Stored != int64(res.Events) || res.Duplicates != 0)) {
+		return fmt.Errorf("bench: %d events sent, %d acked, %d nacked, %d stored, %d stored twice", res.Events, res.Acked, res.Nacked, res.Stored, res.Duplicates)
 	}
 	return nil
 }
@@ -184,6 +244,13 @@ postbox bench relay a transactional outbox relay (postbox bench relay --help).`)
 // a cleanup to defer: it stops the server (stop cancels ctx), waits for it
 // and then removes its directory.
 func startBenchServer(ctx context.Context, g *errgroup.Group, stop context.CancelFunc, cfg server.Config) (*server.Server, string, func(), error) {
+	return startBenchServerOn(ctx, g, stop, cfg, "sqlite")
+}
+
+// startBenchServerOn is startBenchServer on the stream backend streams
+// names (a --streams value), opened as serve opens it; the temporary
+// database then holds delivery state alone unless streams is sqlite.
+func startBenchServerOn(ctx context.Context, g *errgroup.Group, stop context.CancelFunc, cfg server.Config, streams string) (*server.Server, string, func(), error) {
 	dir, err := os.MkdirTemp("", "postbox-bench-*")
 	if err != nil {
 		return nil, "", nil, err
@@ -194,8 +261,15 @@ func startBenchServer(ctx context.Context, g *errgroup.Group, stop context.Cance
 		return nil, "", nil, err
 	}
 	cfg.Listener, cfg.DBPath = ln, filepath.Join(dir, "postbox.db")
-	srv, err := pbserver.New(cfg) // the SQLite default at cfg.DBPath unless cfg.Streams is set
+	closeBackends, err := openBackends(&cfg, streams, slog.New(slog.DiscardHandler))
 	if err != nil {
+		ln.Close()
+		os.RemoveAll(dir)
+		return nil, "", nil, err
+	}
+	srv, err := server.New(cfg)
+	if err != nil {
+		closeBackends()
 		ln.Close()
 		os.RemoveAll(dir)
 		return nil, "", nil, err
@@ -209,8 +283,9 @@ func startBenchServer(ctx context.Context, g *errgroup.Group, stop context.Cance
 }
 
 // checkStored counts the run's events (ids starting with prefix) in the
-// stream of source: in the started server's SQLite streams, else in the
-// database file dbPath; -1 stored when there is neither.
+// stream of source: in the started server's SQLite streams, or through
+// its other stream backend, else in the database file dbPath; -1 stored
+// when there is neither.
 func checkStored(ctx context.Context, srv *server.Server, dbPath, source, prefix string) (stored, dups int64, err error) {
 	var sqlite interface{ ReadDB() *sql.DB }
 	if srv != nil {
@@ -219,6 +294,8 @@ func checkStored(ctx context.Context, srv *server.Server, dbPath, source, prefix
 	switch {
 	case srv != nil && sqlite != nil:
 		return countStored(ctx, sqlite.ReadDB().QueryRowContext, source, prefix)
+	case srv != nil:
+		return countThroughBackend(ctx, srv.Streams(), source, prefix)
 	case srv == nil && dbPath != "":
 		db, err := sqlitedb.Open(dbPath, sqlitedb.Options{ReadOnly: true})
 		if err != nil {
@@ -270,23 +347,7 @@ func benchDevice(ctx context.Context, url, token, idPrefix, device string, n, fr
 				}
 			}
 		}
-		msgs := make([]client.Message, size)
-		for i := range msgs {
-			// Time-ordered ids, as agents make them (evt_<ULID>), under the
-			// run's prefix so that the store check can find them.
-			id := idPrefix + strings.TrimPrefix(outbox.NewEventID(), "evt_")
-			env := make([]byte, 0, len(payload)+200)
-			env = append(env, `{"schema_version":1,"event_id":"`...)
-			env = append(env, id...)
-			env = append(env, `","type":"proposal.task","ts":"`...)
-			env = append(env, ts...)
-			env = append(env, `","session_id":"sess_bench","device_id":"`...)
-			env = append(env, device...)
-			env = append(env, `","payload":`...)
-			env = append(env, payload...)
-			env = append(env, '}')
-			msgs[i] = client.Message{EventID: id, Envelope: env}
-		}
+		msgs := benchFrame(idPrefix, device, ts, payload, size)
 		select {
 		case slots <- struct{}{}:
 		case <-gctx.Done():
@@ -311,6 +372,28 @@ func benchDevice(ctx context.Context, url, token, idPrefix, device string, n, fr
 		})
 	}
 	return g.Wait()
+}
+
+// benchFrame builds one frame of size envelopes of device, with
+// time-ordered ids (as agents make them, evt_<ULID>) under idPrefix so
+// that the store check can find them.
+func benchFrame(idPrefix, device, ts string, payload []byte, size int) []client.Message {
+	msgs := make([]client.Message, size)
+	for i := range msgs {
+		id := idPrefix + strings.TrimPrefix(outbox.NewEventID(), "evt_")
+		env := make([]byte, 0, len(payload)+200)
+		env = append(env, `{"schema_version":1,"event_id":"`...)
+		env = append(env, id...)
+		env = append(env, `","type":"proposal.task","ts":"`...)
+		env = append(env, ts...)
+		env = append(env, `","session_id":"sess_bench","device_id":"`...)
+		env = append(env, device...)
+		env = append(env, `","payload":`...)
+		env = append(env, payload...)
+		env = append(env, '}')
+		msgs[i] = client.Message{EventID: id, Envelope: env}
+	}
+	return msgs
 }
 
 // latencies records ack latencies, one sample per frame weighted by its
