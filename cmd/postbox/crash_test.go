@@ -241,13 +241,22 @@ func crashRun(t *testing.T, agentCount int, crash func(srv *proc, srvURL string,
 // crashRunWith is crashRun that calls ready once the server is up and
 // check with the server's URL before it is stopped at the end.
 func crashRunWith(t *testing.T, agentCount int, ready func(srvURL string), crash func(srv *proc, srvURL string, agents map[string]*proc), check func(srvURL, dbPath string)) {
+	crashRunOn(t, agentCount, nil, ready, crash, check, checkStored)
+}
+
+// crashRunOn is crashRunWith for postbox serve with serveArgs added to its
+// flags, and stored in place of checkStored: it is called once the server
+// is stopped, with the producers whose accepted events it must find
+// stored exactly once.
+func crashRunOn(t *testing.T, agentCount int, serveArgs []string, ready func(srvURL string), crash func(srv *proc, srvURL string, agents map[string]*proc),
+	check func(srvURL, dbPath string), stored func(t *testing.T, dbPath string, producers []*producer)) {
 	if testing.Short() {
 		t.Skip("crash test runs the real binary")
 	}
 	dir := t.TempDir()
 	addr := freePort(t)
 	dbPath := filepath.Join(dir, "postbox.db")
-	srv := start(t, "serve", "--addr", addr, "--db", dbPath, "--log-level", "warn")
+	srv := start(t, append([]string{"serve", "--addr", addr, "--db", dbPath, "--log-level", "warn"}, serveArgs...)...)
 	waitHTTP(t, "http://"+addr+"/ready", srv)
 	if ready != nil {
 		ready("http://" + addr)
@@ -271,7 +280,7 @@ func crashRunWith(t *testing.T, agentCount int, ready func(srvURL string), crash
 		check("http://"+addr, dbPath)
 	}
 	srv.kill()
-	checkStored(t, dbPath, producers)
+	stored(t, dbPath, producers)
 }
 
 // TestCrashServer kills the control plane with SIGKILL at random moments
