@@ -1,11 +1,10 @@
 package main_test
 
 import (
-	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -26,7 +25,8 @@ import (
 // instead (an in-process JetStream server, on the same store and port). At the end every event an agent
 // accepted is in the JetStream stream exactly once, offsets dense, every
 // outbox is drained, and a subscription created afterwards from the
-// earliest event gets every event once.
+// earliest event (with the CLI, which shows the JetStream streams,
+// consumers and inbox as on SQLite) gets every event once.
 func TestCrashServerJetStream(t *testing.T) {
 	ns := natstest.StartServer(t, natstest.Options{})
 	crashJetStream(t, ns.URL(), ns)
@@ -66,19 +66,41 @@ func crashJetStream(t *testing.T, natsURL string, ns *natstest.Server) {
 		},
 		func(srvURL, _ string) {
 			// A subscription made now, from the earliest event, must get
-			// every event the stream holds once.
-			resp, err := http.Post(srvURL+"/v1/subscriptions", "application/json",
-				bytes.NewBufferString(`{"name":"audit","source":"devices","start":"earliest"}`))
-			if err != nil || resp.StatusCode != http.StatusCreated {
-				t.Fatalf("create subscription audit: %v %v", resp, err)
+			// every event the stream holds once. The CLI makes it and
+			// shows the JetStream streams and consumers.
+			cli := func(args ...string) string {
+				t.Helper()
+				out, code := run(t, append(args, "--server", srvURL)...)
+				if code != 0 {
+					t.Fatalf("postbox %s: exit %d: %s", strings.Join(args, " "), code, out)
+				}
+				return out
 			}
-			resp.Body.Close()
+			cli("subscriptions", "create", "audit", "--source", "devices", "--start", "earliest")
 			deadline := time.Now().Add(60 * time.Second)
 			for !caughtUp(srvURL) {
 				if time.Now().After(deadline) {
 					t.Fatal("subscription audit did not catch up with the JetStream stream")
 				}
 				time.Sleep(50 * time.Millisecond)
+			}
+			var streams []struct{ Stream, Backend string }
+			if err := json.Unmarshal([]byte(cli("streams", "--json")), &streams); err != nil || len(streams) == 0 {
+				t.Fatalf("postbox streams --json: %v %+v", err, streams)
+			}
+			for _, s := range streams {
+				if s.Backend != streamnats.BackendName {
+					t.Errorf("postbox streams: stream %s on backend %q, want %q", s.Stream, s.Backend, streamnats.BackendName)
+				}
+			}
+			if out := cli("streams"); !strings.Contains(out, "devices") {
+				t.Errorf("postbox streams shows no stream devices:\n%s", out)
+			}
+			if out := cli("consumers"); !strings.Contains(out, "audit") {
+				t.Errorf("postbox consumers shows no consumer audit:\n%s", out)
+			}
+			if out := cli("inbox", "list", "audit", "--limit", "5"); strings.Count(out, "evt_pi-") != 5 {
+				t.Errorf("postbox inbox list audit --limit 5 shows not 5 events:\n%s", out)
 			}
 		},
 		func(t *testing.T, dbPath string, producers []*producer) {
