@@ -52,6 +52,12 @@ type benchResult struct {
 	// Streams is the started server's stream backend (sqlite or nats);
 	// empty with --server.
 	Streams string `json:"streams,omitempty"`
+	// The started server's writer during the load, from its /metrics:
+	// group commits (on a backend other than SQLite, appendq batches),
+	// events per commit, and the share of the time it spent committing.
+	WriterCommits   int64   `json:"writer_commits,omitempty"`
+	WriterMeanBatch float64 `json:"writer_mean_batch,omitempty"`
+	WriterBusy      float64 `json:"writer_busy,omitempty"`
 }
 
 func runBench(ctx context.Context, env *cmdEnv, args []string) error {
@@ -175,6 +181,14 @@ postbox bench relay a transactional outbox relay (postbox bench relay --help).`)
 		res.MaxBatch, res.Synchronous, res.Streams = 0, "", ""
 	}
 
+	metricsURL := ""
+	if srv != nil {
+		metricsURL = "http" + strings.TrimPrefix(*srvURL, "ws") + "/metrics"
+	}
+	var before writerStats
+	if metricsURL != "" {
+		before, _ = scrapeWriter(gctx, metricsURL)
+	}
 	var acked, nacked atomic.Int64
 	lat := &latencies{}
 	start := time.Now()
@@ -211,6 +225,13 @@ postbox bench relay a transactional outbox relay (postbox bench relay --help).`)
 	res.PeakRSSMB = peakRSSMB()
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
+	}
+	if metricsURL != "" {
+		if after, err := scrapeWriter(gctx, metricsURL); err == nil && after.commits > before.commits {
+			res.WriterCommits = int64(after.commits - before.commits)
+			res.WriterMeanBatch = (after.entries - before.entries) / float64(res.WriterCommits)
+			res.WriterBusy = (after.seconds - before.seconds) / res.DurationS
+		}
 	}
 
 	res.Stored, res.Duplicates, err = checkStored(ctx, srv, *dbPath, server.DeviceSource, prefix)
