@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -93,8 +94,8 @@ func crashJetStream(t *testing.T, natsURL string, ns *natstest.Server) {
 					t.Errorf("postbox streams: stream %s on backend %q, want %q", s.Stream, s.Backend, streamnats.BackendName)
 				}
 			}
-			if out := cli("streams"); !strings.Contains(out, "devices") {
-				t.Errorf("postbox streams shows no stream devices:\n%s", out)
+			if out := cli("streams"); !regexp.MustCompile(`(?m)^devices +nats `).MatchString(out) {
+				t.Errorf("postbox streams shows no stream devices on nats:\n%s", out)
 			}
 			if out := cli("consumers"); !strings.Contains(out, "audit") {
 				t.Errorf("postbox consumers shows no consumer audit:\n%s", out)

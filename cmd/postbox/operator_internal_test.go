@@ -11,6 +11,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -298,8 +299,8 @@ func TestSubscriptionsAgainstServer(t *testing.T) {
 		t.Fatalf("streams devices --json: %v", one)
 	}
 	r = cli(t, append([]string{"streams"}, srv...)...)
-	if r.code != 0 || !strings.Contains(r.stdout, "FIRST_STORED") || !strings.Contains(r.stdout, "devices") {
-		t.Fatalf("streams: %v", r)
+	if r.code != 0 || !strings.Contains(r.stdout, "FIRST_STORED") || !regexp.MustCompile(`(?m)^devices +sqlite `).MatchString(r.stdout) {
+		t.Fatalf("streams: want devices on sqlite: %v", r)
 	}
 
 	if r := cli(t, append([]string{"subscriptions", "delete", "planner"}, srv...)...); r.code != 0 || !strings.Contains(r.stdout, "deleted subscription planner") {

@@ -59,9 +59,9 @@ With STREAM, shows that stream only.`)
 		return printJSON(env, raw)
 	}
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STREAM\tEVENTS\tFIRST\tLAST\tFIRST_STORED\tLAST_STORED")
+	fmt.Fprintln(tw, "STREAM\tBACKEND\tEVENTS\tFIRST\tLAST\tFIRST_STORED\tLAST_STORED")
 	for _, s := range streams {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\n", s.Stream, s.Events, s.FirstOffset, s.LastOffset, s.FirstStoredAt, s.LastStoredAt)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", s.Stream, s.Backend, s.Events, s.FirstOffset, s.LastOffset, s.FirstStoredAt, s.LastStoredAt)
 	}
 	return tw.Flush()
 }
