@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/postbox-events/postbox/internal/natstest"
+	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/stream"
 	"github.com/postbox-events/postbox/stream/streamnats"
 )
@@ -32,12 +33,28 @@ func benchEvents(prefix string, n int) []stream.Event {
 }
 
 // BenchmarkRead reads 200,000 events from offset 1, 1000 per Read, as a
-// consumer catching up does.
+// consumer catching up does, from an in-process server.
 func BenchmarkRead(b *testing.B) {
+	readBench(b, streamnats.Config{URL: natstest.Start(b)})
+}
+
+// BenchmarkReadServer is BenchmarkRead against the NATS of
+// POSTBOX_TEST_NATS, under a prefix of its own that it deletes afterwards.
+func BenchmarkReadServer(b *testing.B) {
+	url := testenv.URL(b, testenv.NATS)
+	prefix := runPrefix()
+	b.Cleanup(func() { deleteStreams(b, url, prefix) })
+	readBench(b, streamnats.Config{URL: url, Prefix: prefix})
+}
+
+func readBench(b *testing.B, cfg streamnats.Config) {
 	const total, batch = 200_000, 1000
-	be := open(b, streamnats.Config{URL: natstest.Start(b)})
+	be := open(b, cfg)
 	ctx := context.Background()
-	s, _ := be.EnsureStream(ctx, "source")
+	s, err := be.EnsureStream(ctx, "source")
+	if err != nil {
+		b.Fatal(err)
+	}
 	evs := benchEvents("e", total)
 	for i := 0; i < total; i += 5000 {
 		if _, err := be.Append(ctx, s.ID, evs[i:i+5000]); err != nil {
