@@ -15,23 +15,55 @@ import (
 	"github.com/postbox-events/postbox/stream"
 )
 
-// Headers of every event message; the message's data is the payload,
-// byte for byte. Values are escaped (see escape): bytes below 0x20, DEL,
-// '%' and spaces at either end become %XX, so any string survives NATS's
-// header framing. A header whose value is empty is left out.
-const (
-	HeaderNativeID       = "Postbox-Native-Id"
-	HeaderVariant        = "Postbox-Variant"
-	HeaderType           = "Postbox-Type"
-	HeaderOccurredAt     = "Postbox-Occurred-At" // RFC 3339, nanoseconds
-	HeaderSequence       = "Postbox-Sequence"    // decimal
-	HeaderMetadata       = "Postbox-Metadata"    // JSON
-	HeaderDeliveryHandle = "Postbox-Delivery-Handle"
-	HeaderStoredAt       = "Postbox-Stored-At" // RFC 3339, nanoseconds, UTC
-)
+// HeaderEvent is the one header of every event message that carries the
+// event's fields; the message's data is the payload, byte for byte. Its
+// value is a list of key=value fields separated by ';', stored_at first:
+//
+//	at=2026-11-24T08:10:49.123456789Z;id=ord-1;type=order.created;occurred=2026-11-24T08:10:48.000000000Z;meta={"device_id":"dev-17"}
+//
+// The fields: at (stored at), id (native id), type, variant, occurred
+// (occurred at), seq (the event's sequence, decimal), meta (metadata JSON)
+// and handle (delivery handle JSON). Times are RFC 3339 in UTC with nine
+// fractional digits, a fixed width that reads without time.Parse. A field
+// whose value is empty is left out. Values are escaped (see appendEscaped):
+// bytes below 0x20, DEL, '%', ';' and spaces at either end of a value
+// become %XX, so any string survives NATS's header framing.
+const HeaderEvent = "Postbox-Event"
 
 // Header that makes JetStream refuse a second message on a subject.
 const expectedLastSubjectSeq = "Nats-Expected-Last-Subject-Sequence"
+
+// timeLayout is the layout of the times of HeaderEvent: fixed width, UTC.
+const timeLayout = "2006-01-02T15:04:05.000000000Z"
+
+// appendTime appends t in timeLayout.
+func appendTime(b []byte, t time.Time) []byte { return t.UTC().AppendFormat(b, timeLayout) }
+
+// parseTime reads a time in timeLayout, digit by digit, and falls back to
+// time.Parse (RFC 3339) for anything else.
+func parseTime(s string) (time.Time, error) {
+	if len(s) == len(timeLayout) && s[4] == '-' && s[7] == '-' && s[10] == 'T' && s[13] == ':' && s[16] == ':' && s[19] == '.' && s[29] == 'Z' {
+		num := func(from, to int) int {
+			n := 0
+			for i := from; i < to; i++ {
+				c := s[i] - '0'
+				if c > 9 {
+					return -1
+				}
+				n = n*10 + int(c)
+			}
+			return n
+		}
+		y, mo, d, h, mi, sec, ns := num(0, 4), num(5, 7), num(8, 10), num(11, 13), num(14, 16), num(17, 19), num(20, 29)
+		if y >= 0 && 1 <= mo && mo <= 12 && 1 <= d && d <= 31 && 0 <= h && h < 24 && 0 <= mi && mi < 60 && 0 <= sec && sec < 60 && ns >= 0 {
+			t := time.Date(y, time.Month(mo), d, h, mi, sec, ns, time.UTC)
+			if t.Day() == d { // not a 31st of a shorter month
+				return t, nil
+			}
+		}
+	}
+	return time.Parse(time.RFC3339Nano, s)
+}
 
 // identityToken returns the subject token of an event identity: 32 hex
 // digits of sha256(len(variant) | variant | nativeID). The length prefix
@@ -46,71 +78,97 @@ func identityToken(nativeID, variant string) string {
 	return hex.EncodeToString(h.Sum(sum[:0])[:16])
 }
 
-// message builds the message of ev on subject, stored at storedAt.
-func message(subject string, ev *stream.Event, storedAt string) *nats.Msg {
-	h := make(nats.Header, 8) // at most 8 keys in the usual case: a small map, one allocation
-	h[expectedLastSubjectSeq] = []string{"0"}
-	h[HeaderNativeID] = []string{escape(ev.NativeID)}
-	if ev.Variant != "" {
-		h[HeaderVariant] = []string{escape(ev.Variant)}
-	}
-	h[HeaderType] = []string{escape(ev.Type)}
+// header returns the HeaderEvent value of ev, stored at storedAt (in
+// timeLayout).
+func header(ev *stream.Event, storedAt string) string {
+	b := make([]byte, 0, 64+len(ev.NativeID)+len(ev.Variant)+len(ev.Type)+len(ev.Metadata)+len(ev.DeliveryHandle))
+	b = append(b, "at="...)
+	b = append(b, storedAt...)
+	b = appendField(b, "id", ev.NativeID)
+	b = appendField(b, "type", ev.Type)
+	b = appendField(b, "variant", ev.Variant)
 	if !ev.OccurredAt.IsZero() {
-		h[HeaderOccurredAt] = []string{ev.OccurredAt.Format(time.RFC3339Nano)}
+		b = append(b, ";occurred="...)
+		b = appendTime(b, ev.OccurredAt)
 	}
 	if ev.Sequence != nil {
-		h[HeaderSequence] = []string{strconv.FormatInt(*ev.Sequence, 10)}
+		b = append(b, ";seq="...)
+		b = strconv.AppendInt(b, *ev.Sequence, 10)
 	}
-	if len(ev.Metadata) > 0 {
-		h[HeaderMetadata] = []string{escape(string(ev.Metadata))}
+	b = appendField(b, "meta", string(ev.Metadata))
+	b = appendField(b, "handle", string(ev.DeliveryHandle))
+	return string(b)
+}
+
+func appendField(b []byte, key, v string) []byte {
+	if v == "" {
+		return b
 	}
-	if len(ev.DeliveryHandle) > 0 {
-		h[HeaderDeliveryHandle] = []string{escape(string(ev.DeliveryHandle))}
-	}
-	h[HeaderStoredAt] = []string{storedAt}
-	return &nats.Msg{Subject: subject, Header: h, Data: ev.Payload}
+	b = append(b, ';')
+	b = append(b, key...)
+	b = append(b, '=')
+	return appendEscaped(b, v)
+}
+
+// message builds the message of ev on subject, stored at storedAt (in
+// timeLayout).
+func message(subject string, ev *stream.Event, storedAt string) *nats.Msg {
+	return &nats.Msg{Subject: subject, Data: ev.Payload, Header: nats.Header{
+		expectedLastSubjectSeq: []string{"0"},
+		HeaderEvent:            []string{header(ev, storedAt)},
+	}}
 }
 
 // decode fills e from a stored message's headers and data. types interns
 // event types (nil: no interning).
 func decode(e *stream.StoredEvent, h nats.Header, data []byte, types map[string]string) error {
-	var err error
-	if e.NativeID, err = unescape(first(h, HeaderNativeID)); err != nil {
-		return fmt.Errorf("%s: %w", HeaderNativeID, err)
+	v := first(h, HeaderEvent)
+	if v == "" {
+		return fmt.Errorf("no %s header", HeaderEvent)
 	}
-	if e.Variant, err = unescape(first(h, HeaderVariant)); err != nil {
-		return fmt.Errorf("%s: %w", HeaderVariant, err)
-	}
-	typ := first(h, HeaderType)
-	if t, ok := types[typ]; ok {
-		e.Type = t
-	} else {
-		if e.Type, err = unescape(typ); err != nil {
-			return fmt.Errorf("%s: %w", HeaderType, err)
+	var meta, handle string
+	for v != "" {
+		field := v
+		if i := strings.IndexByte(v, ';'); i >= 0 {
+			field, v = v[:i], v[i+1:]
+		} else {
+			v = ""
 		}
-		if types != nil && e.Type == typ {
-			types[typ] = typ
+		eq := strings.IndexByte(field, '=')
+		if eq < 0 {
+			return fmt.Errorf("%s: field %q has no '='", HeaderEvent, field)
 		}
-	}
-	if v := first(h, HeaderOccurredAt); v != "" {
-		if e.OccurredAt, err = time.Parse(time.RFC3339Nano, v); err != nil {
-			return fmt.Errorf("%s: %w", HeaderOccurredAt, err)
+		key, val := field[:eq], field[eq+1:]
+		var err error
+		switch key {
+		case "at":
+			e.StoredAt, err = parseTime(val)
+		case "id":
+			e.NativeID, err = unescape(val)
+		case "type":
+			if t, ok := types[val]; ok {
+				e.Type = t
+			} else if e.Type, err = unescape(val); err == nil && types != nil {
+				types[e.Type] = e.Type
+			}
+		case "variant":
+			e.Variant, err = unescape(val)
+		case "occurred":
+			e.OccurredAt, err = parseTime(val)
+		case "seq":
+			var n int64
+			if n, err = strconv.ParseInt(val, 10, 64); err == nil {
+				e.Sequence = &n
+			}
+		case "meta":
+			meta, err = unescape(val)
+		case "handle":
+			handle, err = unescape(val)
 		}
-	}
-	if v := first(h, HeaderSequence); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
+		// An unknown key is skipped: a later postbox may add fields.
 		if err != nil {
-			return fmt.Errorf("%s: %w", HeaderSequence, err)
+			return fmt.Errorf("%s %s: %w", HeaderEvent, key, err)
 		}
-		e.Sequence = &n
-	}
-	meta, err := unescape(first(h, HeaderMetadata))
-	if err != nil {
-		return fmt.Errorf("%s: %w", HeaderMetadata, err)
-	}
-	handle, err := unescape(first(h, HeaderDeliveryHandle))
-	if err != nil {
-		return fmt.Errorf("%s: %w", HeaderDeliveryHandle, err)
 	}
 	if meta == "" {
 		meta = "{}" // as streamsqlite gives back an event appended without metadata
@@ -123,18 +181,17 @@ func decode(e *stream.StoredEvent, h nats.Header, data []byte, types map[string]
 		e.DeliveryHandle = json.RawMessage(buf[len(meta):])
 	}
 	e.Payload = data
-	if v := first(h, HeaderStoredAt); v != "" {
-		if e.StoredAt, err = time.Parse(time.RFC3339Nano, v); err != nil {
-			return fmt.Errorf("%s: %w", HeaderStoredAt, err)
-		}
-	}
 	return nil
 }
 
-// storedAt returns a stored message's Postbox-Stored-At, or fallback
-// (JetStream's own time) when it has none.
+// storedAt returns a stored message's stored-at time (the first field of
+// HeaderEvent), or fallback (JetStream's own time) when it has none.
 func storedAt(h nats.Header, fallback time.Time) time.Time {
-	if t, err := time.Parse(time.RFC3339Nano, first(h, HeaderStoredAt)); err == nil {
+	v := strings.TrimPrefix(first(h, HeaderEvent), "at=")
+	if i := strings.IndexByte(v, ';'); i >= 0 {
+		v = v[:i]
+	}
+	if t, err := parseTime(v); err == nil {
 		return t
 	}
 	return fallback.UTC()
@@ -147,32 +204,19 @@ func first(h nats.Header, key string) string {
 	return ""
 }
 
-// escape makes s safe as a NATS header value: bytes below 0x20, DEL and
-// '%' anywhere, and spaces at either end, become %XX. Everything else,
-// UTF-8 included, stays as it is, so ordinary values read as they are.
-func escape(s string) string {
-	need := false
+// appendEscaped appends s to b as a value of HeaderEvent: bytes below
+// 0x20, DEL, '%' and ';' anywhere, and spaces at either end, become %XX.
+// Everything else, UTF-8 included, stays as it is, so ordinary values read
+// as they are.
+func appendEscaped(b []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
 		if mustEscape(s, i) {
-			need = true
-			break
-		}
-	}
-	if !need {
-		return s
-	}
-	var b strings.Builder
-	b.Grow(len(s) + 8)
-	for i := 0; i < len(s); i++ {
-		if mustEscape(s, i) {
-			b.WriteByte('%')
-			b.WriteByte(hexDigits[s[i]>>4])
-			b.WriteByte(hexDigits[s[i]&15])
+			b = append(b, '%', hexDigits[s[i]>>4], hexDigits[s[i]&15])
 		} else {
-			b.WriteByte(s[i])
+			b = append(b, s[i])
 		}
 	}
-	return b.String()
+	return b
 }
 
 const hexDigits = "0123456789ABCDEF"
@@ -180,7 +224,7 @@ const hexDigits = "0123456789ABCDEF"
 func mustEscape(s string, i int) bool {
 	c := s[i]
 	switch {
-	case c < 0x20 || c == 0x7f || c == '%':
+	case c < 0x20 || c == 0x7f || c == '%' || c == ';':
 		return true
 	case c == ' ':
 		return i == 0 || i == len(s)-1
@@ -188,7 +232,7 @@ func mustEscape(s string, i int) bool {
 	return false
 }
 
-// unescape reverses escape.
+// unescape reverses appendEscaped.
 func unescape(s string) (string, error) {
 	if strings.IndexByte(s, '%') < 0 {
 		return s, nil

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -93,17 +95,46 @@ func (b *Backend) seqAt(ctx context.Context, st *streamState, first, last uint64
 }
 
 // reader is the ordered consumer a postbox consumer's reads continue on.
+// It runs with Consume, whose handler hands each message to msgs: taking
+// messages from a channel costs far less per message than
+// MessagesContext.Next, which arms and stops a heartbeat timer on every
+// call. The handler blocks while msgs is full, so a reader holds at most
+// readerBuffer messages plus one pull batch however far behind its Reads
+// are. A reader that stays full longer than two heartbeats (10 s) is
+// reset by the ordered consumer (a new JetStream consumer from the last
+// message handled); the blocked handler's send is queued on msgs before
+// any of the new consumer's, so the order holds.
 type reader struct {
 	mu     sync.Mutex
 	stream string // JetStream stream name
 	next   uint64 // the sequence the next message will have
-	it     jetstream.MessagesContext
+	feed   atomic.Pointer[feed]
 }
 
+// feed is one running ordered consumer of a reader.
+type feed struct {
+	cc     jetstream.ConsumeContext
+	msgs   chan jetstream.Msg
+	done   chan struct{} // closed by stop: unblocks the handler
+	closed <-chan struct{}
+	once   sync.Once
+}
+
+func (f *feed) stop() {
+	f.once.Do(func() {
+		close(f.done)
+		f.cc.Stop()
+	})
+}
+
+// readerBuffer is the capacity of a reader's msgs and its pull batch.
+const readerBuffer = 1000
+
+// stop stops r's feed. Close calls it without r.mu, while a Read may be
+// waiting on the feed: that Read then ends with an error.
 func (r *reader) stop() {
-	if r.it != nil {
-		r.it.Stop()
-		r.it = nil
+	if f := r.feed.Swap(nil); f != nil {
+		f.stop()
 	}
 }
 
@@ -165,7 +196,8 @@ func (b *Backend) Read(ctx context.Context, consumerID string, from int64, limit
 // readFrom reads up to limit events of st from start to last on r,
 // starting a new ordered consumer when r is not at start.
 func (b *Backend) readFrom(ctx context.Context, r *reader, st *streamState, start, last uint64, limit int) ([]stream.StoredEvent, error) {
-	if r.it == nil || r.stream != st.name || r.next != start {
+	f := r.feed.Load()
+	if f == nil || r.stream != st.name || r.next != start {
 		r.stop()
 		cons, err := st.js.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 			DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
@@ -174,31 +206,47 @@ func (b *Backend) readFrom(ctx context.Context, r *reader, st *streamState, star
 		if err != nil {
 			return nil, fmt.Errorf("read %s from %d: %w", st.ID, start, mapErr(err))
 		}
-		it, err := cons.Messages(jetstream.PullMaxMessages(1000))
+		msgs, done := make(chan jetstream.Msg, readerBuffer), make(chan struct{})
+		cc, err := cons.Consume(func(m jetstream.Msg) {
+			select {
+			case msgs <- m:
+			case <-done:
+			}
+		}, jetstream.PullMaxMessages(readerBuffer))
 		if err != nil {
 			return nil, fmt.Errorf("read %s from %d: %w", st.ID, start, mapErr(err))
 		}
-		r.stream, r.next, r.it = st.name, start, it
+		f = &feed{cc: cc, msgs: msgs, done: done, closed: cc.Closed()}
+		r.stream, r.next = st.name, start
+		r.feed.Store(f)
 	}
 	n := min(uint64(limit), last-start+1)
 	events := make([]stream.StoredEvent, 0, n)
 	types := map[string]string{}
 	prefix := st.ID + "/"
 	for uint64(len(events)) < n {
-		m, err := r.it.Next(jetstream.NextContext(ctx))
-		if err != nil {
+		var m jetstream.Msg
+		select {
+		case m = <-f.msgs:
+		case <-f.closed:
 			r.stop()
-			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-				return nil, fmt.Errorf("read %s: %w", st.ID, ctx.Err())
+			return nil, fmt.Errorf("read %s: the ordered consumer stopped", st.ID)
+		case <-ctx.Done():
+			r.stop()
+			return nil, fmt.Errorf("read %s: %w", st.ID, ctx.Err())
+		}
+		seq, ts, ok := ackInfo(m.Reply())
+		if !ok {
+			meta, err := m.Metadata()
+			if err != nil {
+				r.stop()
+				return nil, fmt.Errorf("read %s: %w", st.ID, err)
 			}
-			return nil, fmt.Errorf("read %s: %w", st.ID, err)
+			seq, ts = meta.Sequence.Stream, meta.Timestamp.UnixNano()
 		}
-		meta, err := m.Metadata()
-		if err != nil {
-			r.stop()
-			return nil, fmt.Errorf("read %s: %w", st.ID, err)
+		if seq < r.next {
+			continue // already read: only after a reset, should one deliver twice
 		}
-		seq := meta.Sequence.Stream
 		r.next = seq + 1
 		var e stream.StoredEvent
 		if err := decode(&e, m.Headers(), m.Data(), types); err != nil {
@@ -206,7 +254,7 @@ func (b *Backend) readFrom(ctx context.Context, r *reader, st *streamState, star
 			return nil, fmt.Errorf("message %d of %s: %w", seq, st.name, err)
 		}
 		if e.StoredAt.IsZero() {
-			e.StoredAt = meta.Timestamp.UTC()
+			e.StoredAt = time.Unix(0, ts).UTC()
 		}
 		e.Offset = int64(seq)
 		e.ID = prefix + strconv.FormatUint(seq, 10)
@@ -217,6 +265,51 @@ func (b *Backend) readFrom(ctx context.Context, r *reader, st *streamState, star
 		}
 	}
 	return events, nil
+}
+
+// ackInfo reads the stream sequence and the timestamp (unix nanoseconds)
+// from the reply subject of a message delivered by a consumer,
+// $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>
+// or its longer form with domain and account hash after $JS.ACK, without
+// the allocations of jetstream.Msg.Metadata. ok is false for any other
+// form.
+func ackInfo(reply string) (seq uint64, ts int64, ok bool) {
+	const prefix = "$JS.ACK."
+	if len(reply) <= len(prefix) || reply[:len(prefix)] != prefix {
+		return 0, 0, false
+	}
+	var tokens [12]string
+	n := 0
+	for s := reply[len(prefix):]; ; n++ {
+		if n == len(tokens) {
+			return 0, 0, false
+		}
+		i := strings.IndexByte(s, '.')
+		if i < 0 {
+			tokens[n] = s
+			n++
+			break
+		}
+		tokens[n], s = s[:i], s[i+1:]
+	}
+	var seqTok, tsTok string
+	switch {
+	case n == 7: // stream, consumer, delivered, stream seq, consumer seq, time, pending
+		seqTok, tsTok = tokens[3], tokens[5]
+	case n >= 9: // domain, account hash, then as above (and perhaps a random token)
+		seqTok, tsTok = tokens[5], tokens[7]
+	default:
+		return 0, 0, false
+	}
+	seq, err := strconv.ParseUint(seqTok, 10, 64)
+	if err != nil {
+		return 0, 0, false
+	}
+	ts, err = strconv.ParseInt(tsTok, 10, 64)
+	if err != nil {
+		return 0, 0, false
+	}
+	return seq, ts, true
 }
 
 // Event implements stream.Backend.
