@@ -10,7 +10,7 @@ import (
 	"unicode/utf8"
 )
 
-// Envelope is the wire form of one event (seed 000 §4).
+// Envelope is the wire form of one event (docs/PROTOCOL.md).
 //
 // Payload holds the event's JSON object exactly as the producer wrote it.
 // Seq is optional: a producer that numbers its events may send that number,

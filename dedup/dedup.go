@@ -1,5 +1,5 @@
 // Package dedup makes a redelivered event a no-op for a handler that has
-// already handled it (seed 004 B and C). It records
+// already handled it, for events and commands alike. It records
 // "handler H handled id X" in an inbox table, in the same database
 // transaction as the handler's own writes, on PostgreSQL or SQLite.
 //
@@ -16,21 +16,20 @@
 //   - two deliveries of one id at the same time serialize on the inbox's
 //     primary key: the second waits for the first transaction and then
 //     inserts nothing (if it committed) or goes ahead (if it rolled back).
-//     Inserting first, rather than checking and then inserting as seed 004
-//     sketches, is what closes that race.
+//     Inserting first, rather than checking and then inserting, is what
+//     closes that race.
 //
 // The guarantee is therefore effectively-once per handler for effects that
 // are writes in the same transaction. Effects outside the database (an
 // HTTP call, an e-mail) still happen at least once: the function may run,
 // call out, and then fail to commit.
 //
-// The table (PostgresSchema, SQLiteSchema) is seed 004's inbox with two
-// changes. Seed 004 makes id the primary key and also says one event can be
-// handled by several consumers; those contradict each other, so the key is
-// (id, handler_name). And id is TEXT, not UUID: it holds postbox event ids
+// The table (PostgresSchema, SQLiteSchema) is an inbox keyed by
+// (id, handler_name), not by id alone: one event can be handled by several
+// handlers, each once. And id is TEXT, not UUID: it holds postbox event ids
 // ("evt_<ULID>"), webhook idempotency keys and command ids alike.
 //
-// Commands (seed 004 C) use the same table: the handler is the command
+// Commands use the same table: the handler is the command
 // handler's name ("worker_orchestrator") and the id the command_id, so a
 // retried dispatch starts one workflow (see ExampleHandle).
 //

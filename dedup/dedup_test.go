@@ -306,7 +306,7 @@ func TestConcurrentDeliveries(t *testing.T) {
 	}
 }
 
-// TestCommand (seed 004 C): the orchestrator starts one workflow per
+// TestCommand: the orchestrator starts one workflow per
 // command_id however often the API retries the dispatch; another command
 // starts another.
 func TestCommand(t *testing.T) {

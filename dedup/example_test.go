@@ -12,7 +12,7 @@ import (
 	_ "modernc.org/sqlite"
 )
 
-// A workflow orchestrator (seed 004 C) starts one workflow per command,
+// A workflow orchestrator starts one workflow per command,
 // however often the API retries the dispatch: the handler is the
 // orchestrator's name and the id the command's id. The workflow's row and
 // the inbox record commit together.

@@ -42,7 +42,7 @@ var (
 	ErrInvalidStart = errors.New("stream: invalid start position")
 )
 
-// Backend is an event log with consumers: seed 002's EventBusBackend.
+// Backend is an event log with consumers: the event bus postbox runs on.
 //
 // The rules every backend keeps (streamtest checks each):
 //

@@ -73,7 +73,7 @@ func TestBadInvocations(t *testing.T) {
 	}
 }
 
-// TestEnvironmentErrorNamesVariable: each of seed 003's variables with a
+// TestEnvironmentErrorNamesVariable: each of serve's variables with a
 // bad value stops serve with a message naming it; a flag wins over its
 // variable.
 func TestEnvironmentErrorNamesVariable(t *testing.T) {

@@ -1,5 +1,5 @@
 // Command outbox-service is a small order service that uses postbox's
-// transactional outbox end to end (seed 004):
+// transactional outbox end to end:
 //
 //  1. It places orders: each order row and its "order.placed" event are
 //     written in one PostgreSQL transaction (outboxpg.InsertPgx), so a failed

@@ -521,7 +521,7 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // recover returns the work a previous process left processing to pending
-// and logs what the inboxes hold (seed 001's boot rehydration).
+// and logs what the inboxes hold (boot rehydration).
 func (s *Server) recover(ctx context.Context) error {
 	b, err := s.delivery.Recover(ctx)
 	if err != nil {

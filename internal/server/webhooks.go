@@ -68,7 +68,7 @@ type WebhookConfig struct {
 	Target string
 }
 
-// webhookJSON is a webhook in the API (seed 003).
+// webhookJSON is a webhook in the API.
 type webhookJSON struct {
 	ID             string     `json:"id"`
 	IdempotencyKey string     `json:"idempotency_key"`

@@ -1,4 +1,4 @@
-// Package outboxpg is the transactional outbox over PostgreSQL (seed 004 A):
+// Package outboxpg is the transactional outbox over PostgreSQL:
 // a service writes its events with Insert (database/sql) or InsertPgx in the same transaction as the
 // business write they announce, so both commit or neither does, and a
 // Store hands them to an outbox.Relay that sends them to Redis Streams,
@@ -107,7 +107,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 
 // Exists reports whether the outbox table exists in the connection's
 // search_path. A table named outbox of another shape (one without the
-// columns postbox's relay needs, such as a hand-made table from seed 004)
+// columns postbox's relay needs, such as a hand-made one)
 // is an error that says so.
 func Exists(ctx context.Context, db Beginner) (bool, error) {
 	tx, err := db.Begin(ctx)

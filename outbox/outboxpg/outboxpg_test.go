@@ -119,7 +119,7 @@ func TestInsertCommitsAndRollsBackWithTheBusinessWrite(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM outbox WHERE event_id LIKE '%false%'`); n != 0 {
 		t.Fatalf("%d rolled-back events in the outbox", n)
 	}
-	// The row holds the seed's columns.
+	// The row holds the outbox's columns.
 	var typ, corr, tenant, payload string
 	if err := pool.QueryRow(ctx, `SELECT event_type, correlation_id, tenant_id, payload::text FROM outbox WHERE event_id = 'pgx-true'`).
 		Scan(&typ, &corr, &tenant, &payload); err != nil {
@@ -517,7 +517,7 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	}
 }
 
-// A table named outbox that is not postbox's (the seed's own shape, made by
+// A table named outbox that is not postbox's (a hand-made shape, made by
 // hand) is named as such by Exists and Migrate, not a bare SQL error.
 func TestMigrateRefusesAnotherOutboxTable(t *testing.T) {
 	dsn := testenv.PostgresSchema(t)
@@ -536,7 +536,7 @@ func TestMigrateRefusesAnotherOutboxTable(t *testing.T) {
 		"Migrate": outboxpg.Migrate(ctx, pool),
 	} {
 		if err == nil || !strings.Contains(err.Error(), "not postbox's outbox: it has no column seq") {
-			t.Errorf("%s over the seed's hand-made table: %v; want an error naming the missing column", name, err)
+			t.Errorf("%s over a hand-made table: %v; want an error naming the missing column", name, err)
 		}
 	}
 }

@@ -1,7 +1,7 @@
--- The transactional outbox (seed 004 A), plus what a relay needs to retry
--- and park rows. event_id and correlation_id are TEXT, not the seed's UUID:
--- postbox's own ids ("evt_" + ULID), webhook idempotency keys and UUIDs
--- all fit. seq orders the rows; id stays the seed's row key.
+-- The transactional outbox, plus what a relay needs to retry and park
+-- rows. event_id and correlation_id are TEXT, not UUID: postbox's own ids
+-- ("evt_" + ULID), webhook idempotency keys and UUIDs all fit. seq orders
+-- the rows; id is the row key.
 CREATE TABLE IF NOT EXISTS outbox (
   id              UUID PRIMARY KEY DEFAULT gen_random_uuid(),
   seq             BIGINT GENERATED ALWAYS AS IDENTITY,

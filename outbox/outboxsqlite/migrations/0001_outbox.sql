@@ -1,6 +1,6 @@
--- The edge outbox (seed 000 §6), plus a state for rows the receiver refused.
--- seq orders the rows (seed 000 keys them by event_id alone; an explicit
--- sequence keeps send order stable across VACUUM).
+-- The edge outbox, plus a state for rows the receiver refused. seq orders
+-- the rows (an explicit sequence, not event_id, keeps send order stable
+-- across VACUUM).
 CREATE TABLE outbox (
   seq             INTEGER PRIMARY KEY AUTOINCREMENT,
   event_id        TEXT NOT NULL UNIQUE,

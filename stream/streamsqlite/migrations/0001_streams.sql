@@ -1,4 +1,4 @@
--- Streams and their events (seed 002), with the ledger fields of seed 001.
+-- Streams and their events, with ledger fields (first and last seen, attempts).
 CREATE TABLE streams (
   stream_id  TEXT PRIMARY KEY,
   source_id  TEXT NOT NULL UNIQUE,

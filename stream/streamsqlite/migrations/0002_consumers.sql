@@ -1,4 +1,4 @@
--- Offsets per stream, consumers and their commits (seed 002).
+-- Offsets per stream, consumers and their commits.
 --
 -- Each stream gets a number, and its events a range of the table's integer
 -- key: pos = stream_no << 40 | offset. A stream's offsets are 1, 2, 3, ...
