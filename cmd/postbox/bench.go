@@ -60,6 +60,16 @@ type benchResult struct {
 	WriterBusy      float64 `json:"writer_busy,omitempty"`
 }
 
+// measured records a load that began at start: its duration, what was
+// acked and nacked, the rate, ACK latencies and peak memory.
+func (res *benchResult) measured(start time.Time, acked, nacked *atomic.Int64, lat *latencies) {
+	res.DurationS = since(start)
+	res.Acked, res.Nacked = acked.Load(), nacked.Load()
+	res.EventsPerS = float64(res.Acked) / res.DurationS
+	res.AckP50Ms, res.AckP99Ms, res.AckMaxMs = lat.quantile(0.50), lat.quantile(0.99), lat.quantile(1)
+	res.PeakRSSMB = peakRSSMB()
+}
+
 func runBench(ctx context.Context, env *cmdEnv, args []string) error {
 	if len(args) > 0 && args[0] == "webhooks" {
 		return runBenchWebhooks(ctx, env, args[1:])
@@ -217,12 +227,8 @@ postbox bench relay a transactional outbox relay (postbox bench relay --help).`)
 		})
 	}
 	err = load.Wait()
-	res.DurationS = since(start)
 	close(progressDone)
-	res.Acked, res.Nacked = acked.Load(), nacked.Load()
-	res.EventsPerS = float64(res.Acked) / res.DurationS
-	res.AckP50Ms, res.AckP99Ms, res.AckMaxMs = lat.quantile(0.50), lat.quantile(0.99), lat.quantile(1)
-	res.PeakRSSMB = peakRSSMB()
+	res.measured(start, &acked, &nacked, lat)
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}

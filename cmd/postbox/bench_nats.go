@@ -168,12 +168,8 @@ func runRawJetStream(ctx context.Context, env *cmdEnv, bn *benchNATS, rb rawBenc
 		})
 	}
 	err = load.Wait()
-	res.DurationS = since(start)
 	close(progressDone)
-	res.Acked, res.Nacked = acked.Load(), nacked.Load()
-	res.EventsPerS = float64(res.Acked) / res.DurationS
-	res.AckP50Ms, res.AckP99Ms, res.AckMaxMs = lat.quantile(0.50), lat.quantile(0.99), lat.quantile(1)
-	res.PeakRSSMB = peakRSSMB()
+	res.measured(start, &acked, &nacked, lat)
 	if err != nil {
 		return fmt.Errorf("bench --raw: %w", err)
 	}
