@@ -17,6 +17,7 @@ import (
 	"github.com/postbox-events/postbox/internal/natstest"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/internal/testenv"
+	"github.com/postbox-events/postbox/stream"
 	"github.com/postbox-events/postbox/stream/streamnats"
 )
 
@@ -65,49 +66,57 @@ func crashJetStream(t *testing.T, natsURL string, ns *natstest.Server) {
 			srv.restart()
 			waitHTTP(t, srvURL+"/ready", srv)
 		},
-		func(srvURL, _ string) {
-			// A subscription made now, from the earliest event, must get
-			// every event the stream holds once. The CLI makes it and
-			// shows the JetStream streams and consumers.
-			cli := func(args ...string) string {
-				t.Helper()
-				out, code := run(t, append(args, "--server", srvURL)...)
-				if code != 0 {
-					t.Fatalf("postbox %s: exit %d: %s", strings.Join(args, " "), code, out)
-				}
-				return out
-			}
-			cli("subscriptions", "create", "audit", "--source", "devices", "--start", "earliest")
-			deadline := time.Now().Add(60 * time.Second)
-			for !caughtUp(srvURL) {
-				if time.Now().After(deadline) {
-					t.Fatal("subscription audit did not catch up with the JetStream stream")
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-			var streams []struct{ Stream, Backend string }
-			if err := json.Unmarshal([]byte(cli("streams", "--json")), &streams); err != nil || len(streams) == 0 {
-				t.Fatalf("postbox streams --json: %v %+v", err, streams)
-			}
-			for _, s := range streams {
-				if s.Backend != streamnats.BackendName {
-					t.Errorf("postbox streams: stream %s on backend %q, want %q", s.Stream, s.Backend, streamnats.BackendName)
-				}
-			}
-			if out := cli("streams"); !regexp.MustCompile(`(?m)^devices +nats `).MatchString(out) {
-				t.Errorf("postbox streams shows no stream devices on nats:\n%s", out)
-			}
-			if out := cli("consumers"); !strings.Contains(out, "audit") {
-				t.Errorf("postbox consumers shows no consumer audit:\n%s", out)
-			}
-			if out := cli("inbox", "list", "audit", "--limit", "5"); strings.Count(out, "evt_pi-") != 5 {
-				t.Errorf("postbox inbox list audit --limit 5 shows not 5 events:\n%s", out)
-			}
-		},
+		auditFromEarliest(t, streamnats.BackendName),
 		func(t *testing.T, dbPath string, producers []*producer) {
 			checkAudited(t, dbPath, producers)
 			checkJetStream(t, natsURL, prefix, dbPath)
 		})
+}
+
+// auditFromEarliest returns a crash run's check: a subscription audit,
+// created with the CLI after the crashes from the earliest event, catches
+// up with the devices stream; the CLI shows the streams on backend, the
+// consumer and the inbox.
+func auditFromEarliest(t *testing.T, backend string) func(srvURL, dbPath string) {
+	return func(srvURL, _ string) {
+		// A subscription made now, from the earliest event, must get
+		// every event the stream holds once. The CLI makes it and
+		// shows the streams and consumers.
+		cli := func(args ...string) string {
+			t.Helper()
+			out, code := run(t, append(args, "--server", srvURL)...)
+			if code != 0 {
+				t.Fatalf("postbox %s: exit %d: %s", strings.Join(args, " "), code, out)
+			}
+			return out
+		}
+		cli("subscriptions", "create", "audit", "--source", "devices", "--start", "earliest")
+		deadline := time.Now().Add(60 * time.Second)
+		for !caughtUp(srvURL) {
+			if time.Now().After(deadline) {
+				t.Fatal("subscription audit did not catch up with the stream")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		var streams []struct{ Stream, Backend string }
+		if err := json.Unmarshal([]byte(cli("streams", "--json")), &streams); err != nil || len(streams) == 0 {
+			t.Fatalf("postbox streams --json: %v %+v", err, streams)
+		}
+		for _, s := range streams {
+			if s.Backend != backend {
+				t.Errorf("postbox streams: stream %s on backend %q, want %q", s.Stream, s.Backend, backend)
+			}
+		}
+		if out := cli("streams"); !regexp.MustCompile(`(?m)^devices +` + backend + ` `).MatchString(out) {
+			t.Errorf("postbox streams shows no stream devices on %s:\n%s", backend, out)
+		}
+		if out := cli("consumers"); !strings.Contains(out, "audit") {
+			t.Errorf("postbox consumers shows no consumer audit:\n%s", out)
+		}
+		if out := cli("inbox", "list", "audit", "--limit", "5"); strings.Count(out, "evt_pi-") != 5 {
+			t.Errorf("postbox inbox list audit --limit 5 shows not 5 events:\n%s", out)
+		}
+	}
 }
 
 // checkAudited asserts that the inbox of subscription audit holds every
@@ -170,6 +179,15 @@ func checkJetStream(t *testing.T, natsURL, prefix, dbPath string) {
 		t.Fatal(err)
 	}
 	defer b.Close()
+	checkStreamAudited(t, b, dbPath)
+}
+
+// checkStreamAudited asserts that the devices stream of b holds exactly
+// the events inbox audit got, at the dense offsets 1..n.
+func checkStreamAudited(t *testing.T, b stream.Backend, dbPath string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	st, err := b.Stats(ctx, "devices")
 	if err != nil {
 		t.Fatal(err)
@@ -185,10 +203,10 @@ func checkJetStream(t *testing.T, natsURL, prefix, dbPath string) {
 		t.Fatal(err)
 	}
 	if st.Events != items || distinct != items || st.FirstOffset != 1 || st.LastOffset != st.Events || lo != 1 || hi != st.Events {
-		t.Fatalf("JetStream stream devices: %d events at offsets %d..%d; inbox audit: %d items at %d distinct offsets %d..%d; want the same events at offsets 1..n",
+		t.Fatalf("stream devices: %d events at offsets %d..%d; inbox audit: %d items at %d distinct offsets %d..%d; want the same events at offsets 1..n",
 			st.Events, st.FirstOffset, st.LastOffset, items, distinct, lo, hi)
 	}
-	t.Logf("JetStream stream devices holds %d events at offsets 1..%d", st.Events, st.LastOffset)
+	t.Logf("stream devices holds %d events at offsets 1..%d", st.Events, st.LastOffset)
 }
 
 // deleteJetStreams deletes every JetStream stream (consumer buckets

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -19,6 +20,7 @@ import (
 	"github.com/postbox-events/postbox/internal/server"
 	pbserver "github.com/postbox-events/postbox/server"
 	"github.com/postbox-events/postbox/stream/streamnats"
+	"github.com/postbox-events/postbox/stream/streampg"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
 )
 
@@ -31,7 +33,7 @@ that POST items to targets with retries and dead letters, retention (the API of 
 SQLite: its transaction committed). At start, items a previous process left processing are
 pending again before /ready answers 200. Flags win over the environment variables named in
 brackets.`)
-	streams := fs.String("streams", "sqlite", "stream `backend`: sqlite (the file under --db) or nats://host:4222[,host2...][?replicas=3] [POSTBOX_STREAMS]")
+	streams := fs.String("streams", "sqlite", "stream `backend`: sqlite (the file under --db), nats://host:4222[,host2...][?replicas=3] or postgres://…[?schema=postbox] [POSTBOX_STREAMS]")
 	addr := fs.String("addr", "", "listen `address` (host:port); overrides --port; without it and --port, 127.0.0.1:8000 [POSTBOX_ADDR]")
 	port := positiveInt(8000)
 	fs.Var(&port, "port", "listen `port` on every interface [PORT]")
@@ -198,6 +200,8 @@ func openBackends(cfg *server.Config, spec string, log *slog.Logger) (closeAll f
 		cfg.Streams, cfg.Store = db, db
 		log.Info("postbox serve: streams and store", "streams", "sqlite", "store", "sqlite", "db", cfg.DBPath)
 		return func() { db.Close() }, nil
+	case "postgres":
+		return openPostgresStreams(cfg, spec, log)
 	}
 	ncfg, err := streamnats.ParseURL(spec)
 	if err != nil {
@@ -220,8 +224,37 @@ func openBackends(cfg *server.Config, spec string, log *slog.Logger) (closeAll f
 	return func() { js.Close(); db.Close() }, nil
 }
 
-// streamsKind returns which backend a --streams value names: sqlite or
-// nats, or a usage error naming the accepted forms.
+// openPostgresStreams opens streams in the PostgreSQL database spec names
+// (its schema from ?schema=, default postbox) and the SQLite file at
+// cfg.DBPath for delivery state, as openBackends does for NATS.
+func openPostgresStreams(cfg *server.Config, spec string, log *slog.Logger) (func(), error) {
+	u, err := url.Parse(spec)
+	if err != nil {
+		return nil, usagef("--streams (POSTBOX_STREAMS): %v", err)
+	}
+	q := u.Query()
+	schema := q.Get("schema")
+	q.Del("schema")
+	u.RawQuery = q.Encode()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pg, err := streampg.Open(ctx, streampg.Config{URL: u.String(), Schema: schema})
+	if err != nil {
+		return nil, fmt.Errorf("--streams %s: %w", redactURL(spec), err)
+	}
+	db, err := pbserver.OpenSQLite(*cfg)
+	if err != nil {
+		pg.Close()
+		return nil, err
+	}
+	cfg.Streams, cfg.Store = pg, db
+	log.Info("postbox serve: streams and store", "streams", "postgres", "database", redactURL(u.String()),
+		"schema", cmp.Or(schema, streampg.DefaultSchema), "store", "sqlite", "db", cfg.DBPath)
+	return func() { pg.Close(); db.Close() }, nil
+}
+
+// streamsKind returns which backend a --streams value names: sqlite, nats
+// or postgres, or a usage error naming the accepted forms.
 func streamsKind(spec string) (string, error) {
 	if strings.EqualFold(spec, "sqlite") || spec == "" {
 		return "sqlite", nil
@@ -229,7 +262,11 @@ func streamsKind(spec string) (string, error) {
 	if u, err := url.Parse(spec); err == nil && (strings.EqualFold(u.Scheme, "nats") || strings.EqualFold(u.Scheme, "tls")) && u.Host != "" {
 		return "nats", nil
 	}
-	return "", usagef("--streams %q (POSTBOX_STREAMS): use sqlite (the SQLite file under --db) or nats://host:4222[,host2:4222...][?replicas=3]",
+	if u, err := url.Parse(spec); err == nil && (strings.EqualFold(u.Scheme, "postgres") || strings.EqualFold(u.Scheme, "postgresql")) {
+		return "postgres", nil
+	}
+	return "", usagef("--streams %q (POSTBOX_STREAMS): use sqlite (the SQLite file under --db), nats://host:4222[,host2:4222...][?replicas=3] "+
+		"or postgres://user@host:5432/db[?schema=postbox]",
 		redactURL(spec))
 }
 
