@@ -46,8 +46,6 @@ import (
 	"fmt"
 	"io/fs"
 	"regexp"
-	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -55,6 +53,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/postbox-events/postbox/internal/pgmigrate"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -140,9 +139,9 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 		}
 		b.pool, b.ownPool = pool, true
 	}
-	if err := migrate(ctx, b.pool, b.schema, Migrations); err != nil {
+	if err := pgmigrate.Apply(ctx, b.pool, "streams", Migrations, b.schema); err != nil {
 		b.Close()
-		return nil, err
+		return nil, fmt.Errorf("streampg: schema %s: %w", b.schema, err)
 	}
 	b.listener = newListener(b.pool, b.schema)
 	return b, nil
@@ -155,66 +154,6 @@ func (b *Backend) Close() error {
 	}
 	if b.ownPool {
 		b.pool.Close()
-	}
-	return nil
-}
-
-// migrate applies the *.sql files of fsys not yet applied to schema,
-// recording the version in schema.postbox_migrations under component
-// "streams". An advisory lock makes processes starting at once migrate
-// once.
-func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, fsys fs.FS) error {
-	const component = "streams"
-	names, err := fs.Glob(fsys, "*.sql")
-	if err != nil || len(names) == 0 {
-		return fmt.Errorf("streampg: migrate: no *.sql files (%v)", err)
-	}
-	sort.Strings(names)
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("streampg: migrate: %w", err)
-	}
-	defer tx.Rollback(ctx)
-	q := pgx.Identifier{schema}.Sanitize()
-	steps := []string{
-		`SELECT pg_advisory_xact_lock(hashtext('postbox_migrations'))`,
-		`CREATE SCHEMA IF NOT EXISTS ` + q,
-		`SET LOCAL search_path TO ` + q,
-		`CREATE TABLE IF NOT EXISTS postbox_migrations (
-			component TEXT PRIMARY KEY, version INTEGER NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())`,
-	}
-	for _, s := range steps {
-		if _, err := tx.Exec(ctx, s); err != nil {
-			return fmt.Errorf("streampg: migrate %s: %w", schema, err)
-		}
-	}
-	var current int
-	err = tx.QueryRow(ctx, `SELECT version FROM postbox_migrations WHERE component = $1`, component).Scan(&current)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("streampg: migrate %s: read version: %w", schema, err)
-	}
-	for _, name := range names {
-		n, err := strconv.Atoi(strings.SplitN(name, "_", 2)[0])
-		if err != nil {
-			return fmt.Errorf("streampg: migrate: %s: name must start with a number", name)
-		}
-		if n <= current {
-			continue
-		}
-		body, err := fs.ReadFile(fsys, name)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, string(body)); err != nil {
-			return fmt.Errorf("streampg: migrate %s: %s: %w", schema, name, err)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO postbox_migrations (component, version) VALUES ($1, $2)
-			ON CONFLICT (component) DO UPDATE SET version = excluded.version, applied_at = now()`, component, n); err != nil {
-			return fmt.Errorf("streampg: migrate %s: %w", schema, err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("streampg: migrate %s: commit: %w", schema, err)
 	}
 	return nil
 }

@@ -1,0 +1,84 @@
+// Package pgmigrate applies a component's embedded SQL migrations to
+// PostgreSQL, once, however many processes start at the same time.
+//
+// Files are named NNNN_what.sql and apply in the order of their number.
+// The version each component reached is in the table postbox_migrations;
+// an advisory lock, held until the transaction ends, makes concurrent
+// callers take turns, and every file of a call applies in that one
+// transaction or none does.
+package pgmigrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Beginner starts a transaction: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Apply applies the *.sql files of fsys that component has not applied
+// yet. With a schema, it creates the schema if needed and applies the
+// files and keeps postbox_migrations there; without one, in the
+// connection's search_path.
+func Apply(ctx context.Context, db Beginner, component string, fsys fs.FS, schema string) error {
+	names, err := fs.Glob(fsys, "*.sql")
+	if err != nil || len(names) == 0 {
+		return fmt.Errorf("migrate %s: no *.sql files (%v)", component, err)
+	}
+	sort.Strings(names)
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", component, err)
+	}
+	defer tx.Rollback(ctx)
+	steps := []string{`SELECT pg_advisory_xact_lock(hashtext('postbox_migrations'))`}
+	if schema != "" {
+		q := pgx.Identifier{schema}.Sanitize()
+		steps = append(steps, `CREATE SCHEMA IF NOT EXISTS `+q, `SET LOCAL search_path TO `+q)
+	}
+	steps = append(steps, `CREATE TABLE IF NOT EXISTS postbox_migrations (
+		component TEXT PRIMARY KEY, version INTEGER NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())`)
+	for _, s := range steps {
+		if _, err := tx.Exec(ctx, s); err != nil {
+			return fmt.Errorf("migrate %s: %w", component, err)
+		}
+	}
+	var current int
+	err = tx.QueryRow(ctx, `SELECT version FROM postbox_migrations WHERE component = $1`, component).Scan(&current)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("migrate %s: read version: %w", component, err)
+	}
+	for _, name := range names {
+		n, err := strconv.Atoi(strings.SplitN(name, "_", 2)[0])
+		if err != nil {
+			return fmt.Errorf("migrate %s: %s: name must start with a number", component, name)
+		}
+		if n <= current {
+			continue
+		}
+		body, err := fs.ReadFile(fsys, name)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, string(body)); err != nil {
+			return fmt.Errorf("migrate %s: %s: %w", component, name, err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO postbox_migrations (component, version) VALUES ($1, $2)
+			ON CONFLICT (component) DO UPDATE SET version = excluded.version, applied_at = now()`, component, n); err != nil {
+			return fmt.Errorf("migrate %s: %w", component, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("migrate %s: commit: %w", component, err)
+	}
+	return nil
+}

@@ -1,0 +1,58 @@
+package pgmigrate_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"testing/fstest"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/postbox-events/postbox/internal/pgmigrate"
+	"github.com/postbox-events/postbox/internal/testenv"
+)
+
+// TestApplyOnceAndAllOrNothing: callers starting at once apply each file
+// once; a failing file leaves neither itself nor the files before it of
+// the same call, and the version stays where it was.
+func TestApplyOnceAndAllOrNothing(t *testing.T) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.URL(t, testenv.Postgres))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	schema := "pgmigrate_" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "_"))
+	t.Cleanup(func() { pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") })
+	v1 := fstest.MapFS{
+		"0001_a.sql": {Data: []byte(`CREATE TABLE a (n INT); INSERT INTO a VALUES (1);`)},
+	}
+	var g errgroup.Group
+	for range 4 {
+		g.Go(func() error { return pgmigrate.Apply(ctx, pool, "test", v1, schema) })
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatalf("concurrent Apply: %v", err)
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.a`).Scan(&rows); err != nil || rows != 1 {
+		t.Fatalf("0001 applied %d times (%v), want once", rows, err)
+	}
+	v2 := fstest.MapFS{
+		"0001_a.sql":   v1["0001_a.sql"],
+		"0002_b.sql":   {Data: []byte(`CREATE TABLE b (n INT);`)},
+		"0003_bad.sql": {Data: []byte(`CREATE TABLE broken (;`)},
+	}
+	if err := pgmigrate.Apply(ctx, pool, "test", v2, schema); err == nil || !strings.Contains(err.Error(), "0003_bad.sql") {
+		t.Fatalf("Apply with a bad file: %v, want an error naming 0003_bad.sql", err)
+	}
+	var b *string
+	pool.QueryRow(ctx, `SELECT to_regclass($1)::text`, schema+".b").Scan(&b)
+	var version int
+	pool.QueryRow(ctx, `SELECT version FROM `+schema+`.postbox_migrations WHERE component = 'test'`).Scan(&version)
+	if b != nil || version != 1 {
+		t.Fatalf("after a failed 0003: table b %v, version %d; want no table b and version 1", b, version)
+	}
+}
