@@ -25,7 +25,9 @@ func TestApplyOnceAndAllOrNothing(t *testing.T) {
 	}
 	defer pool.Close()
 	schema := "pgmigrate_" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "_"))
-	t.Cleanup(func() { pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") })
+	t.Cleanup(func() {
+		pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
 	v1 := fstest.MapFS{
 		"0001_a.sql": {Data: []byte(`CREATE TABLE a (n INT); INSERT INTO a VALUES (1);`)},
 	}
