@@ -23,11 +23,15 @@ func TestApplyOnceAndAllOrNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(pool.Close)
 	schema := "pgmigrate_" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "_"))
-	t.Cleanup(func() {
-		pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	})
+	drop := func() {
+		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	}
+	drop() // left by a run that was killed
+	t.Cleanup(drop)
 	v1 := fstest.MapFS{
 		"0001_a.sql": {Data: []byte(`CREATE TABLE a (n INT); INSERT INTO a VALUES (1);`)},
 	}
