@@ -19,6 +19,7 @@ import (
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/server"
 	pbserver "github.com/postbox-events/postbox/server"
+	"github.com/postbox-events/postbox/stream"
 	"github.com/postbox-events/postbox/stream/streamnats"
 	"github.com/postbox-events/postbox/stream/streampg"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
@@ -191,8 +192,7 @@ func openBackends(cfg *server.Config, spec string, log *slog.Logger) (closeAll f
 	if err != nil {
 		return nil, err
 	}
-	switch kind {
-	case "sqlite":
+	if kind == "sqlite" {
 		db, err := pbserver.OpenSQLite(*cfg)
 		if err != nil {
 			return nil, err
@@ -200,57 +200,53 @@ func openBackends(cfg *server.Config, spec string, log *slog.Logger) (closeAll f
 		cfg.Streams, cfg.Store = db, db
 		log.Info("postbox serve: streams and store", "streams", "sqlite", "store", "sqlite", "db", cfg.DBPath)
 		return func() { db.Close() }, nil
-	case "postgres":
-		return openPostgresStreams(cfg, spec, log)
-	}
-	ncfg, err := streamnats.ParseURL(spec)
-	if err != nil {
-		return nil, usagef("--streams (POSTBOX_STREAMS): %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	js, err := streamnats.Open(ctx, ncfg)
+	streams, where, err := openStreams(ctx, kind, spec)
 	if err != nil {
-		return nil, fmt.Errorf("--streams %s: %w", redactURL(spec), err)
+		return nil, err
 	}
 	db, err := pbserver.OpenSQLite(*cfg)
 	if err != nil {
-		js.Close()
+		streams.Close()
 		return nil, err
 	}
-	cfg.Streams, cfg.Store = js, db
-	log.Info("postbox serve: streams and store", "streams", "nats", "servers", redactURL(ncfg.URL), "replicas", max(ncfg.Replicas, 1),
-		"store", "sqlite", "db", cfg.DBPath)
-	return func() { js.Close(); db.Close() }, nil
+	cfg.Streams, cfg.Store = streams, db
+	log.Info("postbox serve: streams and store", append(append([]any{"streams", kind}, where...), "store", "sqlite", "db", cfg.DBPath)...)
+	return func() { streams.Close(); db.Close() }, nil
 }
 
-// openPostgresStreams opens streams in the PostgreSQL database spec names
-// (its schema from ?schema=, default postbox) and the SQLite file at
-// cfg.DBPath for delivery state, as openBackends does for NATS.
-func openPostgresStreams(cfg *server.Config, spec string, log *slog.Logger) (func(), error) {
+// openStreams opens a stream backend other than sqlite: JetStream (nats)
+// from spec with its options, or PostgreSQL (postgres) in the schema of
+// ?schema= (default postbox). It returns the backend and, for the log,
+// where it is, passwords hidden.
+func openStreams(ctx context.Context, kind, spec string) (stream.Backend, []any, error) {
+	switch kind {
+	case "nats":
+		ncfg, err := streamnats.ParseURL(spec)
+		if err != nil {
+			return nil, nil, usagef("--streams (POSTBOX_STREAMS): %v", err)
+		}
+		js, err := streamnats.Open(ctx, ncfg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--streams %s: %w", redactURL(spec), err)
+		}
+		return js, []any{"servers", redactURL(ncfg.URL), "replicas", max(ncfg.Replicas, 1)}, nil
+	}
 	u, err := url.Parse(spec)
 	if err != nil {
-		return nil, usagef("--streams (POSTBOX_STREAMS): %v", err)
+		return nil, nil, usagef("--streams (POSTBOX_STREAMS): %v", err)
 	}
 	q := u.Query()
 	schema := q.Get("schema")
-	q.Del("schema")
+	q.Del("schema") // postbox's option, not a PostgreSQL parameter
 	u.RawQuery = q.Encode()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	pg, err := streampg.Open(ctx, streampg.Config{URL: u.String(), Schema: schema})
 	if err != nil {
-		return nil, fmt.Errorf("--streams %s: %w", redactURL(spec), err)
+		return nil, nil, fmt.Errorf("--streams %s: %w", redactURL(spec), err)
 	}
-	db, err := pbserver.OpenSQLite(*cfg)
-	if err != nil {
-		pg.Close()
-		return nil, err
-	}
-	cfg.Streams, cfg.Store = pg, db
-	log.Info("postbox serve: streams and store", "streams", "postgres", "database", redactURL(u.String()),
-		"schema", cmp.Or(schema, streampg.DefaultSchema), "store", "sqlite", "db", cfg.DBPath)
-	return func() { pg.Close(); db.Close() }, nil
+	return pg, []any{"database", redactURL(u.String()), "schema", cmp.Or(schema, streampg.DefaultSchema)}, nil
 }
 
 // streamsKind returns which backend a --streams value names: sqlite, nats
