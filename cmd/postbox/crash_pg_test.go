@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/stream/streampg"
 )
@@ -26,7 +24,7 @@ func TestCrashServerPostgresStreams(t *testing.T) {
 	}
 	dsn := testenv.URL(t, testenv.Postgres)
 	schema := fmt.Sprintf("crash_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
-	t.Cleanup(func() { dropSchema(t, dsn, schema) })
+	t.Cleanup(func() { testenv.DropSchema(t, dsn, schema) })
 	u, err := url.Parse(dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -53,19 +51,4 @@ func TestCrashServerPostgresStreams(t *testing.T) {
 			defer b.Close()
 			checkStreamAudited(t, b, dbPath)
 		})
-}
-
-// dropSchema drops a test's schema and everything in it.
-func dropSchema(t *testing.T, dsn, schema string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Logf("drop schema %s: %v", schema, err)
-		return
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-		t.Logf("drop schema %s: %v", schema, err)
-	}
 }

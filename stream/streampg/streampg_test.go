@@ -1,7 +1,6 @@
 package streampg_test
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/postbox-events/postbox/internal/testenv"
@@ -37,18 +35,7 @@ func newSchemas(t *testing.T) *schemas {
 func (s *schemas) schema(t *testing.T, name string) string {
 	sum := sha256.Sum256([]byte(name))
 	schema := "sp_" + s.run + "_" + hex.EncodeToString(sum[:10])
-	t.Cleanup(func() { // after the backend's Close, which the suite registers later
-		ctx := context.Background()
-		conn, err := pgx.Connect(ctx, s.url)
-		if err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-		}
-	})
+	t.Cleanup(func() { testenv.DropSchema(t, s.url, schema) }) // after the backend's Close, which the suite registers later
 	return schema
 }
 
