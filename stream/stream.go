@@ -37,6 +37,10 @@ var (
 	// (for a commit), or past the next offset to be written (for a start
 	// position), or below 1.
 	ErrOffsetOutOfRange = errors.New("stream: offset out of range")
+	// ErrTooLarge: the backend cannot store an event of this size (a NATS
+	// server's max_payload). It is the Err of that event's AppendResult;
+	// the other events of the call are appended as if it were not there.
+	ErrTooLarge = errors.New("stream: event too large for the backend")
 	// ErrInvalidStart: a start position that is not one of the policies,
 	// or lacks the offset or time its policy needs.
 	ErrInvalidStart = errors.New("stream: invalid start position")
@@ -173,8 +177,10 @@ type AppendResult struct {
 	// StoredAt is when the event was first stored; for a duplicate, the
 	// original time.
 	StoredAt  time.Time
-	Duplicate bool  // the identity was already stored with the same type and payload
-	Err       error // a *ConflictError (errors.Is ErrConflict), or nil
+	Duplicate bool // the identity was already stored with the same type and payload
+	// Err is a *ConflictError (errors.Is ErrConflict), an error wrapping
+	// ErrTooLarge, or nil. An event with an Err was not stored.
+	Err error
 }
 
 // Fields a ConflictError names.

@@ -290,6 +290,9 @@ func (in *Ingress) appendReplies(out []postbox.Reply, ids []string, results []st
 		case errors.Is(results[i].Err, stream.ErrConflict):
 			out = append(out, conflictNack(id, results[i].Err))
 			in.m.events.WithLabelValues(in.cfg.StreamID, "conflict").Inc()
+		case results[i].Err != nil: // stream.ErrTooLarge: the backend cannot store it, ever
+			out = append(out, postbox.Nack(id, &postbox.FieldError{Code: postbox.CodeTooLarge, Message: results[i].Err.Error()}))
+			in.m.events.WithLabelValues(in.cfg.StreamID, "rejected").Inc()
 		case results[i].Duplicate || last.AckTS == "" || !results[i].StoredAt.Equal(results[i-1].StoredAt):
 			last = postbox.Ack(id, results[i].StoredAt, results[i].Duplicate)
 			out = append(out, last)

@@ -224,6 +224,31 @@ func TestNATSControlPlane(t *testing.T) {
 				m["postbox_writer_batch_events_count"], m["postbox_writer_commit_seconds_count"], m["postbox_writer_queue_capacity"])
 		}
 	})
+
+	t.Run("a webhook over max_payload", func(t *testing.T) {
+		// A body under --webhook-max-bytes but, with its headers, over the
+		// NATS server's max_payload: 413 for it alone, the store stays
+		// ready and the next webhook is stored.
+		big := `{"blob":"` + strings.Repeat("a", server.DefaultWebhookMaxBytes-100) + `"}`
+		if status, got, _ := post(t, ts, big, map[string]string{"Idempotency-Key": "nats-big"}); status != http.StatusRequestEntityTooLarge ||
+			errorCode(got) != "too_large" || !strings.Contains(fmt.Sprint(got), "max_payload") {
+			t.Fatalf("a webhook over max_payload: %d %v, want 413 too_large naming max_payload", status, got)
+		}
+		if status, got := call(t, ts, "GET", "/ready", ""); status != http.StatusOK {
+			t.Fatalf("/ready after a webhook over max_payload: %d %v, want 200", status, got)
+		}
+		if status, got, _ := post(t, ts, `{"after": "big"}`, map[string]string{"Idempotency-Key": "nats-after-big"}); status != http.StatusAccepted {
+			t.Fatalf("the webhook after it: %d %v, want 202", status, got)
+		}
+		st, err := ts.Srv.Streams().Stats(testCtx(t, 10*time.Second), server.WebhookSource)
+		if err != nil || st.Events != 2 {
+			t.Fatalf("the JetStream stream webhooks holds %d events (%v), want 2: the first webhook and the one after the big one", st.Events, err)
+		}
+		ts.wantMetrics(t, map[string]float64{
+			`postbox_ingress_events_total{result="rejected",source="webhooks"}`: 1,
+			`postbox_store_writable`: 1,
+		})
+	})
 }
 
 // TestNATSRetention: retention trims from a JetStream stream the events

@@ -180,6 +180,9 @@ func (s *Server) postWebhook(w http.ResponseWriter, r *http.Request) {
 			field = c.Field
 		}
 		writeError(w, http.StatusConflict, "conflict", "idempotency key %q was stored with a different %s; nothing was changed", key, field)
+	case res.Err != nil: // stream.ErrTooLarge: the backend cannot store it, ever
+		s.metrics.Count(WebhookSource, "rejected", 1)
+		writeError(w, http.StatusRequestEntityTooLarge, "too_large", "%v; nothing was stored", res.Err)
 	case res.Duplicate:
 		s.metrics.Count(WebhookSource, "duplicate", 1)
 		j := s.webhookJSON(r.Context(), stream.StoredEvent{Event: ev, Offset: res.Offset, StoredAt: res.StoredAt})

@@ -490,6 +490,12 @@ func (b *Backend) Append(ctx context.Context, streamID string, events []stream.E
 	sent := 0
 	for i := range events {
 		f, err := b.publish(ctx, message(subjects[i], &events[i], stamp))
+		if errors.Is(err, nats.ErrMaxPayload) { // this event alone: the rest of the call goes on
+			results[i].Err = fmt.Errorf("%w: %d payload bytes and its headers are over the NATS server's max_payload of %d bytes",
+				stream.ErrTooLarge, len(events[i].Payload), b.nc.MaxPayload())
+			sent++
+			continue
+		}
 		if err != nil {
 			pubErr = fmt.Errorf("append to %s: publish: %w", streamID, mapErr(err))
 			break
@@ -504,6 +510,9 @@ func (b *Backend) Append(ctx context.Context, streamID string, events []stream.E
 	var top uint64
 wait:
 	for i, f := range futures[:sent] {
+		if f == nil { // refused before it was sent
+			continue
+		}
 		select {
 		case ack := <-f.Ok():
 			results[i].Offset, results[i].StoredAt = int64(ack.Sequence), now

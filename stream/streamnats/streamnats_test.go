@@ -107,6 +107,39 @@ func TestRoundTripsOddBytes(t *testing.T) {
 	}
 }
 
+// TestTooLargeAlone: an event over the NATS server's max_payload is
+// refused alone, with ErrTooLarge; the events around it are stored, at
+// dense offsets.
+func TestTooLargeAlone(t *testing.T) {
+	b := open(t, streamnats.Config{URL: natstest.Start(t)})
+	ctx := testContext(t)
+	s, err := b.EnsureStream(ctx, "source")
+	if err != nil {
+		t.Fatal(err)
+	}
+	huge := json.RawMessage(`{"blob":"` + strings.Repeat("a", 2<<20) + `"}`)
+	res, err := b.Append(ctx, s.ID, []stream.Event{
+		{NativeID: "a", Type: "t", Payload: json.RawMessage(`{}`)},
+		{NativeID: "huge", Type: "t", Payload: huge},
+		{NativeID: "c", Type: "t", Payload: json.RawMessage(`{}`)},
+	})
+	if err != nil {
+		t.Fatalf("Append with one event over max_payload: %v, want the others stored", err)
+	}
+	if res[0].Err != nil || res[0].Offset != 1 || res[2].Err != nil || res[2].Offset != 2 {
+		t.Errorf("the events around it: %+v and %+v, want offsets 1 and 2", res[0], res[2])
+	}
+	if !errors.Is(res[1].Err, stream.ErrTooLarge) || !strings.Contains(res[1].Err.Error(), "max_payload") {
+		t.Errorf("the huge event: %+v, want ErrTooLarge naming max_payload", res[1])
+	}
+	if _, err := b.Lookup(ctx, s.ID, "huge", ""); !errors.Is(err, stream.ErrNotFound) {
+		t.Errorf("Lookup(huge) = %v, want ErrNotFound", err)
+	}
+	if st, err := b.Stats(ctx, s.ID); err != nil || st.Events != 2 || st.LastOffset != 2 {
+		t.Errorf("Stats = %+v, %v; want 2 events, last offset 2", st, err)
+	}
+}
+
 // Trim purges what every consumer read and what is older than t, keeps
 // the numbering, and never more than limit.
 func TestTrim(t *testing.T) {
