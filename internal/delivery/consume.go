@@ -105,13 +105,18 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 		first, last := batch.Events[0].Offset, batch.Events[len(batch.Events)-1].Offset
 		batches++
 		added := 0
-		err = d.store.Update(ctx, func(tx *sql.Tx) error {
+		err = d.update(ctx, func(tx conn) error {
 			if err := advancePosition(ctx, tx, s, next, last+1, d.now()); err != nil {
 				return err
 			}
 			var err error
 			if added, err = d.materialise(ctx, tx, s, items, first, last); err != nil {
 				return err
+			}
+			if added > 0 && d.shared != nil { // wakes the other processes' workers at commit
+				if err := notifyIn(ctx, tx, "inbox:"+s.Inbox); err != nil {
+					return err
+				}
 			}
 			if batches%256 == 0 {
 				return pruneActivations(ctx, tx, s.Name)
@@ -251,7 +256,7 @@ const itemRow = `(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`
 // how many items it added. An item that exists already (its event was read
 // again after a Reset backwards) is skipped; a batch that adds nothing
 // records no activation.
-func (d *Delivery) materialise(ctx context.Context, tx *sql.Tx, s Subscription, items []pendingItem, first, last int64) (int, error) {
+func (d *Delivery) materialise(ctx context.Context, tx conn, s Subscription, items []pendingItem, first, last int64) (int, error) {
 	if len(items) == 0 {
 		return 0, nil
 	}
@@ -277,31 +282,26 @@ func (d *Delivery) materialise(ctx context.Context, tx *sql.Tx, s Subscription, 
 		var err error
 		if len(part) == itemChunk {
 			if full == nil {
-				if full, err = tx.PrepareContext(ctx, itemInsert+itemRow+strings.Repeat(","+itemRow, itemChunk-1)+` ON CONFLICT DO NOTHING`); err != nil {
+				if full, err = tx.PrepareContext(ctx, itemInsert+itemRow+strings.Repeat(","+itemRow, itemChunk-1)+itemConflict(d.pg)); err != nil {
 					return 0, fmt.Errorf("materialise: %w", err)
 				}
 				defer full.Close()
 			}
 			stmt = full
 		} else {
-			if stmt, err = tx.PrepareContext(ctx, itemInsert+itemRow+strings.Repeat(","+itemRow, len(part)-1)+` ON CONFLICT DO NOTHING`); err != nil {
+			if stmt, err = tx.PrepareContext(ctx, itemInsert+itemRow+strings.Repeat(","+itemRow, len(part)-1)+itemConflict(d.pg)); err != nil {
 				return 0, fmt.Errorf("materialise: %w", err)
 			}
 			defer stmt.Close()
 		}
-		r, err := stmt.ExecContext(ctx, args...)
-		if err != nil {
-			return 0, fmt.Errorf("materialise: %w", err)
-		}
-		n, err := r.RowsAffected()
+		id, n, err := insertItems(ctx, stmt, d.pg, args)
 		if err != nil {
 			return 0, fmt.Errorf("materialise: %w", err)
 		}
 		if firstID == 0 && n > 0 {
-			id, _ := r.LastInsertId()
-			firstID = id - n + 1
+			firstID = id
 		}
-		added += int(n)
+		added += n
 	}
 	if added == 0 {
 		return 0, nil
@@ -314,12 +314,55 @@ func (d *Delivery) materialise(ctx context.Context, tx *sql.Tx, s Subscription, 
 	return added, nil
 }
 
+// itemConflict ends an insert of items: an item that exists is skipped.
+// On PostgreSQL the insert returns the ids it assigned, as it has no last
+// insert id.
+func itemConflict(pg bool) string {
+	if pg {
+		return ` ON CONFLICT DO NOTHING RETURNING item_id`
+	}
+	return ` ON CONFLICT DO NOTHING`
+}
+
+// insertItems runs an insert of items and returns the first id it
+// assigned and how many rows it added.
+func insertItems(ctx context.Context, stmt *sql.Stmt, pg bool, args []any) (first int64, n int, _ error) {
+	if !pg {
+		r, err := stmt.ExecContext(ctx, args...)
+		if err != nil {
+			return 0, 0, err
+		}
+		added, err := r.RowsAffected()
+		if err != nil || added == 0 {
+			return 0, 0, err
+		}
+		last, err := r.LastInsertId()
+		return last - added + 1, int(added), err
+	}
+	rows, err := stmt.QueryContext(ctx, args...)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return 0, 0, err
+		}
+		if n == 0 || id < first {
+			first = id
+		}
+		n++
+	}
+	return first, n, rows.Err()
+}
+
 // activationsKept is how many activations per subscription are kept.
 const activationsKept = 1000
 
 // pruneActivations deletes all but the newest activationsKept activations
 // of sub.
-func pruneActivations(ctx context.Context, tx *sql.Tx, sub string) error {
+func pruneActivations(ctx context.Context, tx conn, sub string) error {
 	_, err := tx.ExecContext(ctx, `DELETE FROM activations WHERE subscription_id = ?1 AND activation_id <
 		(SELECT activation_id FROM activations WHERE subscription_id = ?1 ORDER BY activation_id DESC LIMIT 1 OFFSET ?2)`,
 		sub, activationsKept-1)

@@ -2,7 +2,6 @@ package delivery
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"strings"
 	"time"
@@ -67,7 +66,7 @@ func (d *Delivery) Replay(ctx context.Context, f DeadLetters) ([]int64, error) {
 		where, args := f.where()
 		now := d.now().UTC().Format(sqlitedb.Time)
 		var ids []int64
-		err := d.store.Update(ctx, func(tx *sql.Tx) error {
+		err := d.update(ctx, func(tx conn) error {
 			rows, err := tx.QueryContext(ctx, `UPDATE inbox_items SET state = 'pending', attempts = 0, next_attempt_at = ?1,
 				failed_at = NULL, replayed_at = ?1, replays = replays + 1, updated_at = ?1
 				WHERE item_id IN (SELECT item_id FROM inbox_items`+where+` ORDER BY item_id LIMIT 1000)

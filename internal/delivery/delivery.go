@@ -43,6 +43,7 @@ import (
 	"maps"
 	"net/http"
 	"net/url"
+	"os"
 	"regexp"
 	"slices"
 	"sync"
@@ -54,20 +55,11 @@ import (
 	"github.com/postbox-events/postbox/stream"
 )
 
-//go:embed migrations/*.sql
+// The migrations of the store: SQLite's, and PostgreSQL's for a
+// SharedStore.
+//
+//go:embed migrations/*.sql pgmigrations/*.sql
 var migrations embed.FS
-
-// Store is the SQL database delivery keeps its own state in:
-// subscriptions, inbox items, activations and each subscription's read
-// position (a SQLite database; streamsqlite.Backend is one).
-type Store interface {
-	// Update runs fn in a write transaction; fn's error undoes its writes.
-	Update(ctx context.Context, fn func(tx *sql.Tx) error) error
-	// Migrate applies a component's migrations to the database.
-	Migrate(ctx context.Context, component string, fsys fs.FS) error
-	// ReadDB returns read-only connections to the database.
-	ReadDB() *sql.DB
-}
 
 // Errors the API maps to statuses.
 var (
@@ -150,6 +142,13 @@ type Config struct {
 	// Retention keeps them.
 	Retention       time.Duration
 	CleanupInterval time.Duration
+	// Node names this process in logs and in the leases of a shared
+	// store. Defaults to the host name.
+	Node string
+	// LeaseTTL is how long the leases of a shared store last unless
+	// renewed; they are renewed every LeaseTTL/5. Defaults to
+	// DefaultLeaseTTL.
+	LeaseTTL        time.Duration
 	Logger          *slog.Logger
 	Now             func() time.Time // defaults to time.Now
 	Metrics         *Metrics         // nil: none
@@ -168,6 +167,10 @@ func (cfg *Config) setDefaults() {
 		cfg.Retention = DefaultRetention
 	}
 	setDefault(&cfg.CleanupInterval, DefaultCleanupInterval)
+	setDefault(&cfg.LeaseTTL, DefaultLeaseTTL)
+	if cfg.Node == "" {
+		cfg.Node, _ = os.Hostname()
+	}
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = newHTTPClient(cfg)
 	}
@@ -190,7 +193,10 @@ type Delivery struct {
 	streams stream.Backend
 	waiter  stream.Waiter // streams, when it is one; nil: the loops poll
 	store   Store
-	db      *sql.DB // reads of store
+	db      conn        // reads of store
+	shared  SharedStore // store, when several processes share it; nil: SQLite
+	pg      bool        // the store speaks PostgreSQL
+	cluster *cluster    // leases of loops, with a shared store; nil: every loop runs here
 	cfg     Config
 	log     *slog.Logger
 	now     func() time.Time
@@ -212,10 +218,12 @@ type Delivery struct {
 	stopped     bool
 }
 
-// loop is one subscription's running consumption.
+// loop is one subscription's running consumption, or an inbox's
+// dispatcher.
 type loop struct {
-	cancel context.CancelFunc
-	done   chan struct{}
+	name, uid string // the subscription's
+	cancel    context.CancelFunc
+	done      chan struct{}
 }
 
 // New prepares delivery of the events of streams, keeping its state in
@@ -223,15 +231,25 @@ type loop struct {
 // passed as both. Run starts it.
 func New(ctx context.Context, streams stream.Backend, store Store, cfg Config) (*Delivery, error) {
 	cfg.setDefaults()
-	sub, _ := fs.Sub(migrations, "migrations")
+	shared, pg := store.(SharedStore)
+	dir := "migrations"
+	if pg {
+		dir = "pgmigrations"
+	}
+	sub, _ := fs.Sub(migrations, dir)
 	if err := store.Migrate(ctx, "delivery", sub); err != nil {
 		return nil, err
 	}
 	waiter, _ := streams.(stream.Waiter)
-	return &Delivery{streams: streams, waiter: waiter, store: store, db: store.ReadDB(), cfg: cfg, log: cfg.Logger, now: cfg.Now,
+	d := &Delivery{streams: streams, waiter: waiter, store: store, db: conn{c: store.ReadDB(), pg: pg}, shared: shared, pg: pg,
+		cfg: cfg, log: cfg.Logger, now: cfg.Now,
 		loops: map[string]*loop{}, held: map[string]bool{},
 		jobs: make(chan job), slots: newSlots(2 * cfg.Workers),
-		handlers: map[string]Handler{}, targets: map[string]string{}, dispatchers: map[string]*loop{}}, nil
+		handlers: map[string]Handler{}, targets: map[string]string{}, dispatchers: map[string]*loop{}}
+	if pg {
+		d.cluster = newCluster(d)
+	}
+	return d, nil
 }
 
 // Run runs every subscription's consumption loop, the workers of the
@@ -269,6 +287,14 @@ func (d *Delivery) Run(ctx context.Context) error {
 	d.mu.Unlock()
 	d.log.Info("delivery: running", "subscriptions", len(subs), "workers", d.cfg.Workers, "inboxes_with_handler", dispatching)
 	workers.Go(func() { d.retain(ctx) })
+	if d.cluster != nil {
+		workers.Go(func() { d.cluster.run(ctx) })
+		workers.Go(func() {
+			if err := d.shared.Listen(ctx, notifyChannel, d.cluster.notified); err != nil && ctx.Err() == nil {
+				d.log.Error("delivery: listening to the other processes stopped; polling", "err", err)
+			}
+		})
+	}
 	t := time.NewTicker(d.cfg.ReapInterval)
 	defer t.Stop()
 	for {
@@ -287,6 +313,9 @@ func (d *Delivery) Run(ctx context.Context) error {
 				<-l.done
 			}
 			workers.Wait()
+			if d.cluster != nil {
+				d.cluster.release()
+			}
 			return nil
 		case <-t.C:
 			if err := d.reap(ctx); err != nil && ctx.Err() == nil {
@@ -301,8 +330,12 @@ func (d *Delivery) startLocked(s Subscription) {
 	if d.runCtx == nil || d.stopped || d.loops[s.Name] != nil || d.held[s.Name] {
 		return
 	}
+	if d.cluster != nil && !d.cluster.owned[s.Name] {
+		d.cluster.poke() // runs where its lease is
+		return
+	}
 	ctx, cancel := context.WithCancel(d.runCtx)
-	l := &loop{cancel: cancel, done: make(chan struct{})}
+	l := &loop{name: s.Name, uid: s.UID, cancel: cancel, done: make(chan struct{})}
 	d.loops[s.Name] = l
 	go func() {
 		defer close(l.done)
@@ -430,7 +463,7 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 	}
 	// The subscription first, then its consumer: if the process stops in
 	// between, the loop creates the consumer at the next start.
-	err := d.store.Update(ctx, func(tx *sql.Tx) error {
+	err := d.update(ctx, func(tx conn) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO subscriptions (subscription_id, subscription_uid, source_id, stream_id, inbox_id,
 			match_types_json, match_metadata_json, start_policy, start_offset, start_time, created_at, target_url)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, s.Name, s.UID, s.Source, s.Stream, s.Inbox, string(types), string(meta),
@@ -447,7 +480,7 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 		return s, false, fmt.Errorf("create subscription %s: %w", s.Name, err)
 	}
 	if _, err := d.streams.EnsureConsumer(ctx, stream.ConsumerConfig{ID: s.Name, StreamID: s.Stream, Start: s.Start}); err != nil {
-		d.store.Update(ctx, func(tx *sql.Tx) error { // a start the stream refuses (an offset past its end)
+		d.update(ctx, func(tx conn) error { // a start the stream refuses (an offset past its end)
 			_, err := tx.ExecContext(ctx, `DELETE FROM subscriptions WHERE subscription_uid = ?`, s.UID)
 			return err
 		})
@@ -460,6 +493,7 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 	d.startLocked(s)
 	d.setTargetLocked(s.Inbox, s.Target)
 	d.mu.Unlock()
+	d.broadcast(ctx, "subs")
 	d.log.Info("delivery: subscription created", "subscription", s.Name, "source", s.Source, "inbox", s.Inbox,
 		"types", s.Types, "start", s.Start.Policy, "target", s.Target)
 	return s, true, nil
@@ -486,7 +520,7 @@ func (d *Delivery) Delete(ctx context.Context, name string) error {
 		l.cancel()
 		<-l.done
 	}
-	err = d.store.Update(ctx, func(tx *sql.Tx) error {
+	err = d.update(ctx, func(tx conn) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM subscriptions WHERE subscription_id = ?`, name); err != nil {
 			return err
 		}
@@ -499,6 +533,7 @@ func (d *Delivery) Delete(ctx context.Context, name string) error {
 	if err := d.streams.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, stream.ErrConsumerNotFound) {
 		return fmt.Errorf("delete subscription %s: %w", name, err)
 	}
+	d.broadcast(ctx, "subs")
 	d.log.Info("delivery: subscription deleted", "subscription", name)
 	return nil
 }
@@ -596,7 +631,7 @@ func (d *Delivery) SetTarget(ctx context.Context, name, target string) error {
 	if err := d.sharedInbox(ctx, s); err != nil {
 		return err
 	}
-	err = d.store.Update(ctx, func(tx *sql.Tx) error {
+	err = d.update(ctx, func(tx conn) error {
 		_, err := tx.ExecContext(ctx, `UPDATE subscriptions SET target_url = ? WHERE subscription_id = ?`, nullString(target), name)
 		return err
 	})
@@ -606,6 +641,7 @@ func (d *Delivery) SetTarget(ctx context.Context, name, target string) error {
 	d.mu.Lock()
 	d.setTargetLocked(s.Inbox, target)
 	d.mu.Unlock()
+	d.broadcast(ctx, "subs")
 	d.log.Info("delivery: subscription target set", "subscription", name, "inbox", s.Inbox, "target", target)
 	return nil
 }

@@ -224,11 +224,19 @@ type Backlog struct {
 
 // Recover returns the items a previous process left processing to
 // pending, due now (to failed when that was their last attempt), and
-// reports what the inboxes hold: what a restart finds. Run it before the
-// server says it is ready, and before Run.
+// reports what the inboxes hold: what a restart finds. On a shared store
+// it returns only those whose lease expired: the others may be held by
+// live processes. Run it before the server says it is ready, and before
+// Run.
 func (d *Delivery) Recover(ctx context.Context) (Backlog, error) {
 	var b Backlog
-	n, _, err := d.interrupt(ctx, `1 = 1`, "interrupted: the process stopped during this attempt")
+	// Items of a shared store may be held by other processes: only those
+	// whose lease ran out are returned.
+	where := `1 = 1`
+	if d.shared != nil {
+		where = `lease_expires_at <= ?1`
+	}
+	n, _, err := d.interrupt(ctx, where, "interrupted: the process stopped during this attempt")
 	if err != nil {
 		return b, fmt.Errorf("recover processing items: %w", err)
 	}
@@ -295,15 +303,12 @@ func (d *Delivery) lease(ctx context.Context, inbox string, max int, visibility 
 	token := newToken()
 	l := Lease{Token: token, ExpiresAt: now.Add(visibility).Truncate(time.Microsecond)}
 	nowText := now.Format(sqlitedb.Time)
-	err := d.store.Update(ctx, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, `UPDATE inbox_items SET state = 'processing', attempts = attempts + 1,
-			lease_token = ?1, lease_expires_at = ?2, updated_at = ?3
-			WHERE item_id IN (
-				SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'processing' AND lease_expires_at <= ?3 AND attempts < ?6
-				UNION ALL
-				SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3
-				ORDER BY item_id LIMIT ?5)`+itemReturning,
-			token, l.ExpiresAt.Format(sqlitedb.Time), nowText, inbox, max, d.cfg.MaxAttempts)
+	query := leaseSQLite
+	if d.pg {
+		query = leasePostgres
+	}
+	err := d.update(ctx, func(tx conn) error {
+		rows, err := tx.QueryContext(ctx, query, token, l.ExpiresAt.Format(sqlitedb.Time), nowText, inbox, max, d.cfg.MaxAttempts)
 		if err != nil {
 			return err
 		}
@@ -317,6 +322,31 @@ func (d *Delivery) lease(ctx context.Context, inbox string, max int, visibility 
 	d.cfg.Metrics.leased(inbox, len(l.Items))
 	return l, nil
 }
+
+// leaseSQLite leases up to ?5 ready items of inbox ?4: pending ones due
+// by ?3, and processing ones whose lease expired before the reaper saw it
+// and that have attempts left (?6). SQLite runs one writer at a time.
+const leaseSQLite = `UPDATE inbox_items SET state = 'processing', attempts = attempts + 1,
+	lease_token = ?1, lease_expires_at = ?2, updated_at = ?3
+	WHERE item_id IN (
+		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'processing' AND lease_expires_at <= ?3 AND attempts < ?6
+		UNION ALL
+		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3
+		ORDER BY item_id LIMIT ?5)` + itemReturning
+
+// leasePostgres is leaseSQLite for processes leasing from one inbox at
+// once: each locks the rows it takes and skips those another holds, so
+// that concurrent leases get different items and wait for none.
+const leasePostgres = `WITH expired AS (
+		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'processing' AND lease_expires_at <= ?3 AND attempts < ?6
+		ORDER BY item_id LIMIT ?5 FOR UPDATE SKIP LOCKED),
+	due AS (
+		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3
+		ORDER BY item_id LIMIT ?5 FOR UPDATE SKIP LOCKED)
+	UPDATE inbox_items SET state = 'processing', attempts = attempts + 1,
+		lease_token = ?1, lease_expires_at = ?2, updated_at = ?3
+	WHERE item_id IN (SELECT item_id FROM (SELECT item_id FROM expired UNION ALL SELECT item_id FROM due) AS ready
+		ORDER BY item_id LIMIT ?5)` + itemReturning
 
 func newToken() string {
 	var b [12]byte
@@ -335,7 +365,7 @@ type Result struct {
 // hold that lease; without one (an operator), any pending or processing
 // item may be acked. Acking a completed item again changes nothing.
 func (d *Delivery) Ack(ctx context.Context, inbox string, ids []int64, lease string) ([]Result, error) {
-	return d.settle(ctx, inbox, ids, lease, StateCompleted, func(tx *sql.Tx, now string, moves []move) error {
+	return d.settle(ctx, inbox, ids, lease, StateCompleted, func(tx conn, now string, moves []move) error {
 		return execIn(ctx, tx, `UPDATE inbox_items SET state = 'completed', lease_token = NULL, lease_expires_at = NULL,
 			completed_at = ?1, updated_at = ?1 WHERE item_id IN (%s)`, moves, now)
 	})
@@ -364,7 +394,7 @@ func (d *Delivery) fail(ctx context.Context, inbox string, ids []int64, lease st
 	if f.reason != "" {
 		reason = f.reason
 	}
-	res, err := d.settle(ctx, inbox, ids, lease, StatePending, func(tx *sql.Tx, nowText string, moves []move) error {
+	res, err := d.settle(ctx, inbox, ids, lease, StatePending, func(tx conn, nowText string, moves []move) error {
 		var dead []move
 		for i := range moves {
 			m := &moves[i]
@@ -401,7 +431,7 @@ type move struct {
 
 // execIn runs query, whose %s is replaced by the ids of moves as
 // parameters after args.
-func execIn(ctx context.Context, tx *sql.Tx, query string, moves []move, args ...any) error {
+func execIn(ctx context.Context, tx conn, query string, moves []move, args ...any) error {
 	for _, m := range moves {
 		args = append(args, m.id)
 	}
@@ -413,7 +443,7 @@ func execIn(ctx context.Context, tx *sql.Tx, query string, moves []move, args ..
 // transaction: one query reads their states, then apply updates those
 // that may (now is the time to record; apply may send a move elsewhere
 // than to). It returns one result per id.
-func (d *Delivery) settle(ctx context.Context, inbox string, ids []int64, lease, to string, apply func(tx *sql.Tx, now string, moves []move) error) ([]Result, error) {
+func (d *Delivery) settle(ctx context.Context, inbox string, ids []int64, lease, to string, apply func(tx conn, now string, moves []move) error) ([]Result, error) {
 	results := make([]Result, len(ids))
 	var moves []move
 	nowText := d.now().UTC().Format(sqlitedb.Time)
@@ -428,9 +458,9 @@ func (d *Delivery) settle(ctx context.Context, inbox string, ids []int64, lease,
 		token, expires sql.NullString
 		attempts       int
 	}
-	err := d.store.Update(ctx, func(tx *sql.Tx) error {
+	err := d.update(ctx, func(tx conn) error {
 		rows, err := tx.QueryContext(ctx, `SELECT item_id, state, lease_token, lease_expires_at, attempts FROM inbox_items
-			WHERE inbox_id = ? AND item_id IN (`+in+`)`, idArgs...)
+			WHERE inbox_id = ? AND item_id IN (`+in+`)`+d.forUpdate(), idArgs...)
 		if err != nil {
 			return err
 		}
@@ -515,7 +545,7 @@ func (d *Delivery) interrupt(ctx context.Context, where, reason string) (int, []
 	var inboxes []string
 	type key struct{ inbox, state string }
 	var counts map[key]int
-	err := d.store.Update(ctx, func(tx *sql.Tx) error {
+	err := d.update(ctx, func(tx conn) error {
 		rows, err := tx.QueryContext(ctx, `UPDATE inbox_items SET
 			state = CASE WHEN attempts >= ?2 THEN 'failed' ELSE 'pending' END,
 			failed_at = CASE WHEN attempts >= ?2 THEN ?1 END,

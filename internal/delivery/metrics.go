@@ -119,6 +119,9 @@ func (c lagCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	stats := map[string]int64{}
 	for _, s := range subs {
+		if !c.d.runsHere(s.Name) { // reported by the process that runs its loop
+			continue
+		}
 		if lag, err := c.d.lag(ctx, s, stats); err == nil {
 			ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, float64(lag.Events), s.Name, lag.StreamID)
 		}
@@ -145,6 +148,9 @@ func (c inboxCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c inboxCollector) Collect(ch chan<- prometheus.Metric) {
+	if !c.d.leads() { // the leader of a shared store reports them
+		return
+	}
 	ctx := context.Background()
 	inboxes, err := c.d.Inboxes(ctx)
 	if err != nil {

@@ -36,7 +36,7 @@ func (d *Delivery) startPosition(ctx context.Context, s Subscription, consumerNe
 		return next, err
 	}
 	now := d.now().UTC().Format(sqlitedb.Time)
-	err := d.store.Update(ctx, func(tx *sql.Tx) error {
+	err := d.update(ctx, func(tx conn) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO positions (subscription_uid, subscription_id, stream_id, next_offset, updated_at)
 			SELECT subscription_uid, subscription_id, stream_id, ?, ? FROM subscriptions WHERE subscription_uid = ?
 			ON CONFLICT (subscription_uid) DO NOTHING`, consumerNext, now, s.UID)
@@ -54,7 +54,7 @@ func (d *Delivery) startPosition(ctx context.Context, s Subscription, consumerNe
 
 // advancePosition moves s's position from from to next inside tx, or
 // returns errPositionMoved when it is not at from.
-func advancePosition(ctx context.Context, tx *sql.Tx, s Subscription, from, next int64, now time.Time) error {
+func advancePosition(ctx context.Context, tx conn, s Subscription, from, next int64, now time.Time) error {
 	r, err := tx.ExecContext(ctx, `UPDATE positions SET next_offset = ?, updated_at = ? WHERE subscription_uid = ? AND next_offset = ?`,
 		next, now.UTC().Format(sqlitedb.Time), s.UID, from)
 	if err != nil {
@@ -116,7 +116,7 @@ func (d *Delivery) Reset(ctx context.Context, name string, start stream.Start) (
 		return c, fmt.Errorf("reset %s: %w", name, translate(err))
 	}
 	now := d.now().UTC().Format(sqlitedb.Time)
-	err = d.store.Update(ctx, func(tx *sql.Tx) error {
+	err = d.update(ctx, func(tx conn) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO positions (subscription_uid, subscription_id, stream_id, next_offset, updated_at)
 			VALUES (?, ?, ?, ?, ?) ON CONFLICT (subscription_uid) DO UPDATE SET next_offset = excluded.next_offset, updated_at = excluded.updated_at`,
 			s.UID, s.Name, s.Stream, c.NextOffset, now)
@@ -127,6 +127,9 @@ func (d *Delivery) Reset(ctx context.Context, name string, start stream.Start) (
 		// from the position, and the next batch's commit is refused
 		// (behind) or moves the consumer back to where the loop is.
 		return c, fmt.Errorf("reset %s: record position %d: %w", name, c.NextOffset, err)
+	}
+	if l == nil { // its loop may run in another process
+		d.broadcast(ctx, "reset:"+name)
 	}
 	d.log.Info("delivery: subscription reset", "subscription", name, "start", start.Policy, "offset", c.NextOffset)
 	return c, nil

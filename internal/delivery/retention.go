@@ -2,7 +2,6 @@ package delivery
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 
@@ -32,7 +31,7 @@ func (d *Delivery) Cleanup(ctx context.Context, cutoff time.Time) (Cleaned, erro
 	before := cutoff.UTC().Format(sqlitedb.Time)
 	for {
 		var n int64
-		err := d.store.Update(ctx, func(tx *sql.Tx) error {
+		err := d.update(ctx, func(tx conn) error {
 			res, err := tx.ExecContext(ctx, `DELETE FROM inbox_items WHERE item_id IN (SELECT item_id FROM inbox_items
 				WHERE state IN ('completed', 'failed') AND updated_at < ? LIMIT ?)`, before, cleanupBatch)
 			if err != nil {
@@ -83,7 +82,11 @@ func (d *Delivery) retain(ctx context.Context) {
 	defer t.Stop()
 	for {
 		cutoff := d.now().Add(-d.cfg.Retention)
-		c, err := d.Cleanup(ctx, cutoff)
+		var c Cleaned
+		var err error
+		if d.leads() { // one process of a shared store
+			c, err = d.Cleanup(ctx, cutoff)
+		}
 		switch {
 		case ctx.Err() != nil:
 			return

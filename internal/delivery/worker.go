@@ -3,7 +3,6 @@ package delivery
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -278,8 +277,8 @@ func (d *Delivery) handBack(inbox, lease string, items []Item) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err := d.settle(ctx, inbox, ids, lease, StatePending, func(tx *sql.Tx, now string, moves []move) error {
-		return execIn(ctx, tx, `UPDATE inbox_items SET state = 'pending', attempts = max(attempts - 1, 0), lease_token = NULL,
+	_, err := d.settle(ctx, inbox, ids, lease, StatePending, func(tx conn, now string, moves []move) error {
+		return execIn(ctx, tx, `UPDATE inbox_items SET state = 'pending', attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END, lease_token = NULL,
 			lease_expires_at = NULL, updated_at = ?1, next_attempt_at = ?1 WHERE item_id IN (%s)`, moves, now)
 	})
 	if err != nil {

@@ -1,0 +1,122 @@
+package delivery
+
+import (
+	"context"
+	"database/sql"
+	"io/fs"
+	"strconv"
+	"strings"
+)
+
+// Store is the SQL database delivery keeps its own state in:
+// subscriptions, inbox items, activations and each subscription's read
+// position. It is SQLite (streamsqlite.Backend is one) unless it is a
+// SharedStore.
+type Store interface {
+	// Update runs fn in a write transaction; fn's error undoes its writes.
+	// A store may run fn again when its transaction must be retried.
+	Update(ctx context.Context, fn func(tx *sql.Tx) error) error
+	// Migrate applies a component's migrations to the database.
+	Migrate(ctx context.Context, component string, fsys fs.FS) error
+	// ReadDB returns read-only connections to the database.
+	ReadDB() *sql.DB
+}
+
+// SharedStore is a Store that several processes share: a PostgreSQL
+// database, whose SQL dialect delivery speaks to it. Delivery on a shared
+// store runs each subscription's consumption loop in one process at a
+// time, under a lease in the store, and the processes wake each other
+// through Listen.
+type SharedStore interface {
+	Store
+	// Listen calls fn with the payload of each notification sent on
+	// channel (pg_notify) by any process, this one too, until ctx ends.
+	// It connects again after a failure; notifications sent meanwhile
+	// are lost, which delivery makes good by polling.
+	Listen(ctx context.Context, channel string, fn func(payload string)) error
+}
+
+// execer is what a transaction and a database have in common.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
+}
+
+// conn runs delivery's queries, written with SQLite's ? and ?N
+// parameters, on a transaction or database of the store, rewriting the
+// parameters to PostgreSQL's $N on PostgreSQL.
+type conn struct {
+	c  execer
+	pg bool
+}
+
+func (c conn) q(query string) string {
+	if c.pg {
+		return rebind(query)
+	}
+	return query
+}
+
+func (c conn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return c.c.ExecContext(ctx, c.q(query), args...)
+}
+
+func (c conn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	return c.c.QueryContext(ctx, c.q(query), args...)
+}
+
+func (c conn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return c.c.QueryRowContext(ctx, c.q(query), args...)
+}
+
+func (c conn) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
+	return c.c.PrepareContext(ctx, c.q(query))
+}
+
+// update runs fn in a write transaction of the store.
+func (d *Delivery) update(ctx context.Context, fn func(tx conn) error) error {
+	return d.store.Update(ctx, func(tx *sql.Tx) error { return fn(conn{c: tx, pg: d.pg}) })
+}
+
+// rebind rewrites SQLite's parameters to PostgreSQL's: ?N becomes $N, and
+// a bare ? takes the number after the largest one so far, as SQLite
+// numbers it. Delivery's queries hold no ? in literals.
+func rebind(query string) string {
+	if !strings.Contains(query, "?") {
+		return query
+	}
+	var b strings.Builder
+	b.Grow(len(query) + 8)
+	largest := 0
+	for i := 0; i < len(query); i++ {
+		if query[i] != '?' {
+			b.WriteByte(query[i])
+			continue
+		}
+		j := i + 1
+		for j < len(query) && query[j] >= '0' && query[j] <= '9' {
+			j++
+		}
+		n := largest + 1
+		if j > i+1 {
+			n, _ = strconv.Atoi(query[i+1 : j])
+		}
+		largest = max(largest, n)
+		b.WriteByte('$')
+		b.WriteString(strconv.Itoa(n))
+		i = j - 1
+	}
+	return b.String()
+}
+
+// forUpdate is the clause that locks the rows a read in a write
+// transaction selects: needed on PostgreSQL, where writers run at once;
+// SQLite has one writer.
+func (d *Delivery) forUpdate() string {
+	if d.pg {
+		return ` FOR UPDATE`
+	}
+	return ``
+}
