@@ -148,10 +148,10 @@ type Config struct {
 	// LeaseTTL is how long the leases of a shared store last unless
 	// renewed; they are renewed every LeaseTTL/5. Defaults to
 	// DefaultLeaseTTL.
-	LeaseTTL        time.Duration
-	Logger          *slog.Logger
-	Now             func() time.Time // defaults to time.Now
-	Metrics         *Metrics         // nil: none
+	LeaseTTL time.Duration
+	Logger   *slog.Logger
+	Now      func() time.Time // defaults to time.Now
+	Metrics  *Metrics         // nil: none
 }
 
 func (cfg *Config) setDefaults() {
