@@ -288,7 +288,7 @@ func startBenchServerOn(ctx context.Context, g *errgroup.Group, stop context.Can
 		return nil, "", nil, err
 	}
 	cfg.Listener, cfg.DBPath = ln, filepath.Join(dir, "postbox.db")
-	closeBackends, err := openBackends(&cfg, streams, slog.New(slog.DiscardHandler))
+	closeBackends, err := openBackends(&cfg, streams, "sqlite", slog.New(slog.DiscardHandler))
 	if err != nil {
 		ln.Close()
 		os.RemoveAll(dir)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/internal/delivery/deliverypg"
 	"github.com/postbox-events/postbox/internal/groupcommit"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/server"
@@ -35,6 +36,8 @@ SQLite: its transaction committed). At start, items a previous process left proc
 pending again before /ready answers 200. Flags win over the environment variables named in
 brackets.`)
 	streams := fs.String("streams", "sqlite", "stream `backend`: sqlite (the file under --db), nats://host:4222[,host2...][?replicas=3] or postgres://…[?schema=postbox] [POSTBOX_STREAMS]")
+	store := fs.String("store", "sqlite", "delivery `store`: sqlite (the file under --db) or postgres://…[?schema=postbox], which several serve nodes share (then --streams must be nats:// or postgres://) [POSTBOX_STORE]")
+	node := fs.String("node", "", "this node's `name` in logs and in the leases of a shared store; defaults to the host name [POSTBOX_NODE]")
 	addr := fs.String("addr", "", "listen `address` (host:port); overrides --port; without it and --port, 127.0.0.1:8000 [POSTBOX_ADDR]")
 	port := positiveInt(8000)
 	fs.Var(&port, "port", "listen `port` on every interface [PORT]")
@@ -103,7 +106,7 @@ brackets.`)
 		return err
 	}
 	if err := envDefaults(env, fs, map[string]string{
-		"addr": "POSTBOX_ADDR", "port": "PORT", "db": "DB_PATH", "streams": "POSTBOX_STREAMS",
+		"addr": "POSTBOX_ADDR", "port": "PORT", "db": "DB_PATH", "streams": "POSTBOX_STREAMS", "store": "POSTBOX_STORE", "node": "POSTBOX_NODE",
 		"workers": "WORKER_COUNT", "max-attempts": "MAX_ATTEMPTS", "retry-base-delay": "RETRY_BASE_DELAY", "retry-max-delay": "RETRY_MAX_DELAY",
 		"handler-timeout": "POSTBOX_HANDLER_TIMEOUT", "retention-days": "RETENTION_DAYS", "cleanup-interval-hours": "CLEANUP_INTERVAL_HOURS",
 		"allow-link-local-targets": "POSTBOX_ALLOW_LINK_LOCAL_TARGETS", "deny-private-targets": "POSTBOX_DENY_PRIVATE_TARGETS",
@@ -162,7 +165,8 @@ brackets.`)
 			TypeHeader: *whTypeHeader, TypeField: *whTypeField, Secrets: splitList(*whSecrets), Target: string(whTarget)},
 		Delivery: delivery.Config{Workers: int(workers), MaxAttempts: int(maxAttempts), RetryBaseDelay: time.Duration(retryBase),
 			RetryMaxDelay: time.Duration(retryMax), HandlerTimeout: time.Duration(handlerTimeout), Retention: keep,
-			CleanupInterval: time.Duration(cleanup), AllowLinkLocalTargets: *allowLinkLocal, DenyPrivateTargets: *denyPrivate},
+			CleanupInterval: time.Duration(cleanup), AllowLinkLocalTargets: *allowLinkLocal, DenyPrivateTargets: *denyPrivate,
+			Node: *node},
 		Logger: log,
 	}
 	if *tokens != "" {
@@ -170,7 +174,7 @@ brackets.`)
 			return err
 		}
 	}
-	closeBackends, err := openBackends(&cfg, *streams, log)
+	closeBackends, err := openBackends(&cfg, *streams, *store, log)
 	if err != nil {
 		return err
 	}
@@ -183,14 +187,24 @@ brackets.`)
 }
 
 // openBackends opens the stream backend that spec (--streams) names and
-// the SQLite file at cfg.DBPath, and sets cfg.Streams and cfg.Store: with
-// sqlite, the one file is both (one writer, as postbox has always run);
-// with another backend, the file holds delivery state alone. It returns
-// a function that closes what it opened, for when the server does not run.
-func openBackends(cfg *server.Config, spec string, log *slog.Logger) (closeAll func(), err error) {
+// the delivery store that storeSpec (--store) names, and sets cfg.Streams
+// and cfg.Store. With sqlite for both, the SQLite file at cfg.DBPath is
+// both (one writer, as postbox has always run); with another stream
+// backend, the file holds delivery state alone; with a postgres store,
+// the nodes sharing it need a stream backend they share too. It returns a
+// function that closes what it opened, for when the server does not run.
+func openBackends(cfg *server.Config, spec, storeSpec string, log *slog.Logger) (closeAll func(), err error) {
 	kind, err := streamsKind(spec)
 	if err != nil {
 		return nil, err
+	}
+	shared, err := storeKind(storeSpec)
+	if err != nil {
+		return nil, err
+	}
+	if shared && kind == "sqlite" {
+		return nil, usagef("--store %s (POSTBOX_STORE) is shared by several nodes, but --streams sqlite is a file of this node alone: "+
+			"use --streams nats://… or postgres://… with it", redactURL(storeSpec))
 	}
 	if kind == "sqlite" {
 		db, err := pbserver.OpenSQLite(*cfg)
@@ -207,14 +221,62 @@ func openBackends(cfg *server.Config, spec string, log *slog.Logger) (closeAll f
 	if err != nil {
 		return nil, err
 	}
-	db, err := pbserver.OpenSQLite(*cfg)
-	if err != nil {
-		streams.Close()
-		return nil, err
+	var store interface {
+		delivery.Store
+		Close() error
 	}
-	cfg.Streams, cfg.Store = streams, db
-	log.Info("postbox serve: streams and store", append(append([]any{"streams", kind}, where...), "store", "sqlite", "db", cfg.DBPath)...)
-	return func() { streams.Close(); db.Close() }, nil
+	if shared {
+		u, schema, err := splitSchema(storeSpec, "--store (POSTBOX_STORE)")
+		if err != nil {
+			streams.Close()
+			return nil, err
+		}
+		pg, err := deliverypg.Open(ctx, deliverypg.Config{URL: u, Schema: schema})
+		if err != nil {
+			streams.Close()
+			return nil, fmt.Errorf("--store %s: %w", redactURL(storeSpec), err)
+		}
+		store = pg
+		where = append(where, "store", "postgres", "store_database", redactURL(u), "store_schema", pg.Schema(), "node", cfg.Delivery.Node)
+	} else {
+		db, err := pbserver.OpenSQLite(*cfg)
+		if err != nil {
+			streams.Close()
+			return nil, err
+		}
+		store = db
+		where = append(where, "store", "sqlite", "db", cfg.DBPath)
+	}
+	cfg.Streams, cfg.Store = streams, store
+	log.Info("postbox serve: streams and store", append([]any{"streams", kind}, where...)...)
+	return func() { streams.Close(); store.Close() }, nil
+}
+
+// storeKind reports whether a --store value names a shared PostgreSQL
+// store (else the SQLite file), or returns a usage error naming the
+// accepted forms.
+func storeKind(spec string) (shared bool, _ error) {
+	if strings.EqualFold(spec, "sqlite") || spec == "" {
+		return false, nil
+	}
+	if u, err := url.Parse(spec); err == nil && (strings.EqualFold(u.Scheme, "postgres") || strings.EqualFold(u.Scheme, "postgresql")) {
+		return true, nil
+	}
+	return false, usagef("--store %q (POSTBOX_STORE): use sqlite (the SQLite file under --db) or postgres://user@host:5432/db[?schema=postbox]",
+		redactURL(spec))
+}
+
+// splitSchema takes postbox's ?schema= option out of a PostgreSQL URL.
+func splitSchema(spec, flag string) (pgURL, schema string, _ error) {
+	u, err := url.Parse(spec)
+	if err != nil {
+		return "", "", usagef("%s: %v", flag, err)
+	}
+	q := u.Query()
+	schema = q.Get("schema")
+	q.Del("schema") // postbox's option, not a PostgreSQL parameter
+	u.RawQuery = q.Encode()
+	return u.String(), schema, nil
 }
 
 // openStreams opens a stream backend other than sqlite: JetStream (nats)
@@ -234,19 +296,15 @@ func openStreams(ctx context.Context, kind, spec string) (stream.Backend, []any,
 		}
 		return js, []any{"servers", redactURL(ncfg.URL), "replicas", max(ncfg.Replicas, 1)}, nil
 	}
-	u, err := url.Parse(spec)
+	u, schema, err := splitSchema(spec, "--streams (POSTBOX_STREAMS)")
 	if err != nil {
-		return nil, nil, usagef("--streams (POSTBOX_STREAMS): %v", err)
+		return nil, nil, err
 	}
-	q := u.Query()
-	schema := q.Get("schema")
-	q.Del("schema") // postbox's option, not a PostgreSQL parameter
-	u.RawQuery = q.Encode()
-	pg, err := streampg.Open(ctx, streampg.Config{URL: u.String(), Schema: schema})
+	pg, err := streampg.Open(ctx, streampg.Config{URL: u, Schema: schema})
 	if err != nil {
 		return nil, nil, fmt.Errorf("--streams %s: %w", redactURL(spec), err)
 	}
-	return pg, []any{"database", redactURL(u.String()), "schema", cmp.Or(schema, streampg.DefaultSchema)}, nil
+	return pg, []any{"database", redactURL(u), "schema", cmp.Or(schema, streampg.DefaultSchema)}, nil
 }
 
 // streamsKind returns which backend a --streams value names: sqlite, nats

@@ -343,6 +343,9 @@ func (d *Delivery) broadcast(ctx context.Context, payload string) {
 	}
 }
 
+// Node returns the name of this process (Config.Node).
+func (d *Delivery) Node() string { return d.cfg.Node }
+
 // runsHere reports whether the loop of subscription name runs in this
 // process; always true without a shared store.
 func (d *Delivery) runsHere(name string) bool {

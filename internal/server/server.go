@@ -279,9 +279,11 @@ func New(cfg Config) (*Server, error) {
 			QueueBytes: cfg.QueueBytes, Observe: observe})
 	}
 	store := cfg.Store
-	sub, _ := fs.Sub(migrations, "migrations")
-	if err := store.Migrate(context.Background(), "server", sub); err != nil {
-		return nil, fmt.Errorf("open store: %w", err)
+	if any(store) == any(cfg.Streams) { // the probe row of a store that is the stream backend
+		sub, _ := fs.Sub(migrations, "migrations")
+		if err := store.Migrate(context.Background(), "server", sub); err != nil {
+			return nil, fmt.Errorf("open store: %w", err)
+		}
 	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "postbox_writer_queue_depth",
@@ -322,7 +324,7 @@ func New(cfg Config) (*Server, error) {
 	for inbox, h := range cfg.Handlers {
 		dl.Handle(inbox, h)
 	}
-	reg.MustRegister(dl.LagCollector(), dl.InboxCollector())
+	reg.MustRegister(dl.LagCollector(), dl.InboxCollector(), dl.NodeCollector())
 	s := &Server{cfg: cfg, log: cfg.Logger, streams: cfg.Streams, store: store, writer: writer, delivery: dl, metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg,
 		mux: http.NewServeMux(), conns: newConnLimit(reg, cfg.MaxConnections), storeHealth: health}
 	s.routeAPI()
@@ -592,7 +594,8 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 			"reason": "the store cannot commit: " + err.Error(), "since": since})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "queue_depth": s.writer.QueueLen(), "queue_capacity": s.writer.QueueCap()})
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "node": s.delivery.Node(), "queue_depth": s.writer.QueueLen(),
+		"queue_capacity": s.writer.QueueCap()})
 }
 
 // storeHealth says whether the store commits: a failed group commit marks
