@@ -246,15 +246,25 @@ func (c *cluster) hold(run map[string]Subscription, leader bool) {
 			}
 		}
 	}
+	var started []string
 	for name, s := range run {
 		c.owned[name] = true
 		if l := d.loops[name]; l != nil && (l.ended() || l.uid != s.UID) { // it ended, or its subscription was made again
 			delete(d.loops, name)
 			stops = append(stops, l)
 		}
-		d.startLocked(s)
+		if d.loops[name] == nil {
+			d.startLocked(s)
+			if d.loops[name] != nil {
+				started = append(started, name)
+			}
+		}
 	}
 	d.mu.Unlock()
+	if len(started) > 0 {
+		slices.Sort(started)
+		d.log.Info("delivery: subscriptions' loops run on this node", "node", c.node, "subscriptions", started)
+	}
 	for _, l := range stops {
 		l.cancel()
 		<-l.done
