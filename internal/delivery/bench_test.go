@@ -21,7 +21,7 @@ import (
 // same stream (the writer is shared). It reports the subscription's rate
 // and the producers' rate over the same time.
 func BenchmarkMaterialise(b *testing.B) {
-	e := setupB(b)
+	e := setup(b, sqliteStore, delivery.Config{})
 	backlog := max(b.N, 10000)
 	payload := json.RawMessage(`{"intent":"server.log_summary","confidence":0.84,"user_text":"summarize last night crash logs and tell me what went wrong with the deploy, please, thanks","n":0000000}`)
 	meta := json.RawMessage(`{"device_id":"pi-1","session_id":"s-1"}`)
@@ -30,7 +30,7 @@ func BenchmarkMaterialise(b *testing.B) {
 		for i := range evs {
 			evs[i] = stream.Event{NativeID: fmt.Sprintf("%s-%d", prefix, from+i), Type: "proposal.task", OccurredAt: time.Now(), Metadata: meta, Payload: payload}
 		}
-		_, err := e.store.Append(context.Background(), "devices", evs)
+		_, err := e.streams.Append(context.Background(), "devices", evs)
 		return err
 	}
 	for i := 0; i < backlog; i += 1000 {
@@ -58,7 +58,7 @@ func BenchmarkMaterialise(b *testing.B) {
 		b.Fatal(err)
 	}
 	for {
-		c, err := e.store.Consumer(context.Background(), "bench")
+		c, err := e.streams.Consumer(context.Background(), "bench")
 		if err == nil && c.NextOffset > int64(backlog) {
 			break
 		}
@@ -85,7 +85,7 @@ func BenchmarkWorkersHTTP(b *testing.B) {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	defer target.Close()
-	e := setupTB(b, delivery.Config{Now: time.Now})
+	e := setup(b, sqliteStore, delivery.Config{Now: time.Now})
 	n := max(b.N, 1000)
 	e.create(b, delivery.Subscription{Name: "bench", Source: "devices"})
 	payload := json.RawMessage(`{"intent":"server.log_summary","confidence":0.84,"user_text":"summarize last night crash logs and tell me what went wrong with the deploy, please, thanks","n":0000000}`)
@@ -94,7 +94,7 @@ func BenchmarkWorkersHTTP(b *testing.B) {
 		for j := range evs {
 			evs[j] = stream.Event{NativeID: fmt.Sprint("w-", i+j), Type: "t", OccurredAt: time.Now(), Payload: payload}
 		}
-		if _, err := e.store.Append(context.Background(), "devices", evs); err != nil {
+		if _, err := e.streams.Append(context.Background(), "devices", evs); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -13,73 +13,10 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
-	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/stream"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
 )
-
-// splitEnv runs delivery on a stream backend (wrapped as the test says)
-// and a store that may be another database.
-type splitEnv struct {
-	env                         // store is the stream backend, unwrapped; count reads it
-	state *streamsqlite.Backend // delivery's store: store itself, or another database
-	stop  func()
-}
-
-// openSplit runs streams on streamsPath and delivery's store on storePath
-// (the same backend when the paths are equal), with delivery reading the
-// streams through wrap, until stop or the end of the test.
-func openSplit(t *testing.T, streamsPath, storePath string, wrap func(stream.Backend) stream.Backend, cfg delivery.Config) *splitEnv {
-	t.Helper()
-	c := newClock()
-	ctx, cancel := context.WithCancel(context.Background())
-	var running sync.WaitGroup
-	openBackend := func(path string) *streamsqlite.Backend {
-		b, err := streamsqlite.Open(path, streamsqlite.Config{Now: c.Now})
-		if err != nil {
-			t.Fatal(err)
-		}
-		running.Go(func() { b.Run(ctx) })
-		return b
-	}
-	streams := openBackend(streamsPath)
-	state := streams
-	if storePath != streamsPath {
-		state = openBackend(storePath)
-	}
-	if _, err := streams.EnsureStream(ctx, "devices"); err != nil {
-		t.Fatal(err)
-	}
-	if cfg.Now == nil {
-		cfg.Now = c.Now
-	}
-	cfg.BatchSize = max(cfg.BatchSize, 100)
-	d, err := delivery.New(ctx, wrap(streams), state, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dctx, stopDelivery := context.WithCancel(ctx)
-	dDone := make(chan struct{})
-	go func() { defer close(dDone); d.Run(dctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			stopDelivery()
-			<-dDone
-			cancel()
-			running.Wait()
-			streams.Close()
-			if state != streams {
-				state.Close()
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return &splitEnv{env: env{store: streams, d: d, clock: c}, state: state, stop: stop}
-}
-
-func same(b stream.Backend) stream.Backend { return b }
 
 // plainBackend is a stream.Backend and nothing more: no stream.Waiter, no
 // stream.Trimmer, no SQL.
@@ -116,52 +53,21 @@ func (r *readLog) first() int64 {
 	return r.froms[0]
 }
 
-// countState counts in delivery's store.
-func (e *splitEnv) countState(t *testing.T, q string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := e.state.ReadDB().QueryRow(q, args...).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-// waitConsumer waits until the stream consumer of sub is at next.
-func (e *env) waitConsumer(t *testing.T, sub string, next int64) {
-	t.Helper()
-	servertest.Eventually(t, 30*time.Second, sub+"'s stream consumer to follow its position", func() bool {
-		c, err := e.store.Consumer(context.Background(), sub)
-		return err == nil && c.NextOffset == next
-	})
-}
-
-// checkOnce checks that sub holds one item for each offset from 1 to n,
-// and that its activations count each item once.
-func (e *splitEnv) checkOnce(t *testing.T, sub string, n int) {
-	t.Helper()
-	if got := e.countState(t, `SELECT count(*) FROM inbox_items WHERE subscription_id = ?`, sub); got != n {
-		t.Fatalf("%s has %d items, want %d", sub, got, n)
-	}
-	if got := e.countState(t, `SELECT count(DISTINCT "offset") FROM inbox_items WHERE subscription_id = ? AND "offset" BETWEEN 1 AND ?`, sub, n); got != n {
-		t.Fatalf("%s has items for %d distinct offsets of 1..%d", sub, got, n)
-	}
-	if got := e.countState(t, `SELECT coalesce(sum(items), 0) FROM activations WHERE subscription_id = ?`, sub); got != n {
-		t.Fatalf("%s's activations count %d items, want %d", sub, got, n)
-	}
-}
-
 // TestCrashBetweenPositionAndCommit: every batch's store transaction
 // commits and every commit of the stream consumer is lost (a crash between
 // the two). After a restart the subscription reads on from its position:
 // it reads no batch again, makes no item twice and loses none, and its
 // consumer catches up with the position.
-func TestCrashBetweenPositionAndCommit(t *testing.T) {
+func TestCrashBetweenPositionAndCommit(t *testing.T) { eachStore(t, testCrashBetweenPositionAndCommit) }
+
+func testCrashBetweenPositionAndCommit(t *testing.T, kind storeKind) {
 	path := filepath.Join(t.TempDir(), "p.db")
-	e := openSplit(t, path, path, func(b stream.Backend) stream.Backend { return lostCommits{b} }, delivery.Config{})
+	e := open(t, kind, openOptions{streams: path, wrap: func(b stream.Backend) stream.Backend { return lostCommits{b} },
+		cfg: delivery.Config{BatchSize: 100}})
 	e.create(t, delivery.Subscription{Name: "s", Source: "devices", Start: stream.Start{Policy: stream.StartEarliest}})
 	e.appendEvents(t, "a", "t", 1000)
 	e.waitLag(t, "s", 0)
-	c, err := e.store.Consumer(context.Background(), "s")
+	c, err := e.streams.Consumer(context.Background(), "s")
 	if err != nil || c.NextOffset != 1 {
 		t.Fatalf("stream consumer after lost commits: %+v %v, want next offset 1", c, err)
 	}
@@ -169,10 +75,10 @@ func TestCrashBetweenPositionAndCommit(t *testing.T) {
 	e.stop()
 
 	var reads *readLog
-	e = openSplit(t, path, path, func(b stream.Backend) stream.Backend {
+	e = open(t, kind, openOptions{streams: path, state: e.stateAt, wrap: func(b stream.Backend) stream.Backend {
 		reads = &readLog{Backend: b}
 		return reads
-	}, delivery.Config{})
+	}, cfg: delivery.Config{BatchSize: 100}})
 	e.waitConsumer(t, "s", 1001) // the restarted loop commits the consumer up to its position
 	if from := reads.first(); from != 1001 {
 		t.Fatalf("after the restart the loop first read from offset %d, want its position 1001", from)
@@ -186,12 +92,13 @@ func TestCrashBetweenPositionAndCommit(t *testing.T) {
 // TestSeparateStreamsAndStore: delivery runs on a stream backend that is
 // neither its store nor a stream.Waiter nor a stream.Trimmer. Its loop
 // polls, every event becomes one item in the store, the consumer follows,
-// and retention trims nothing it cannot.
+// and retention trims nothing it cannot. SQLite only: a store of its own
+// database beside the streams' is what it is about.
 func TestSeparateStreamsAndStore(t *testing.T) {
 	dir := t.TempDir()
-	e := openSplit(t, filepath.Join(dir, "streams.db"), filepath.Join(dir, "delivery.db"),
-		func(b stream.Backend) stream.Backend { return plainBackend{b} }, delivery.Config{})
-	var b stream.Backend = plainBackend{e.store}
+	e := open(t, sqliteStore, openOptions{streams: filepath.Join(dir, "streams.db"), state: filepath.Join(dir, "delivery.db"),
+		wrap: func(b stream.Backend) stream.Backend { return plainBackend{b} }, cfg: delivery.Config{BatchSize: 100}})
+	var b stream.Backend = plainBackend{e.streams}
 	if _, ok := b.(stream.Waiter); ok {
 		t.Fatal("the wrapped backend is a stream.Waiter")
 	}
@@ -203,10 +110,10 @@ func TestSeparateStreamsAndStore(t *testing.T) {
 	e.waitLag(t, "s", 0)
 	e.waitConsumer(t, "s", 501)
 	e.checkOnce(t, "s", 500)
-	if n := e.count(t, `SELECT count(*) FROM sqlite_master WHERE name IN ('inbox_items', 'subscriptions', 'positions')`); n != 0 {
+	if n := e.countStreams(t, `SELECT count(*) FROM sqlite_master WHERE name IN ('inbox_items', 'subscriptions', 'positions')`); n != 0 {
 		t.Fatalf("the streams' database holds %d of delivery's tables", n)
 	}
-	if n := e.countState(t, `SELECT count(*) FROM stream_events`); n != 0 {
+	if n := e.count(t, `SELECT count(*) FROM stream_events`); n != 0 {
 		t.Fatalf("delivery's store holds %d stream events", n)
 	}
 	lag, err := e.d.Lag(context.Background(), "s")
@@ -217,13 +124,13 @@ func TestSeparateStreamsAndStore(t *testing.T) {
 	if err != nil || c.Events != 0 {
 		t.Fatalf("cleanup without a stream.Trimmer: %+v %v", c, err)
 	}
-	if n := e.count(t, `SELECT count(*) FROM stream_events`); n != 500 {
+	if n := e.countStreams(t, `SELECT count(*) FROM stream_events`); n != 500 {
 		t.Fatalf("%d stream events after cleanup, want 500", n)
 	}
 	if err := e.d.Delete(context.Background(), "s"); err != nil {
 		t.Fatal(err)
 	}
-	if n := e.countState(t, `SELECT count(*) FROM positions`); n != 0 {
+	if n := e.count(t, `SELECT count(*) FROM positions`); n != 0 {
 		t.Fatalf("%d positions after the subscription was deleted", n)
 	}
 }
@@ -232,20 +139,16 @@ func TestSeparateStreamsAndStore(t *testing.T) {
 // the loop follows. Backwards, it makes items again only of events that
 // have none (here, deleted as retention would): one item per subscription
 // and event, whatever the reset.
-func TestReset(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "p.db")
-	e := openSplit(t, path, path, same, delivery.Config{})
+func TestReset(t *testing.T) { eachStore(t, testReset) }
+
+func testReset(t *testing.T, kind storeKind) {
+	e := setup(t, kind, delivery.Config{BatchSize: 100})
 	ctx := context.Background()
 	e.create(t, delivery.Subscription{Name: "r", Source: "devices", Start: stream.Start{Policy: stream.StartEarliest}})
 	e.appendEvents(t, "a", "t", 20)
 	e.waitLag(t, "r", 0)
 	e.waitConsumer(t, "r", 21)
-	if err := e.store.Update(ctx, func(tx *sql.Tx) error {
-		_, err := tx.Exec(`DELETE FROM inbox_items WHERE "offset" > 10`)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	e.exec(t, `DELETE FROM inbox_items WHERE "offset" > 10`)
 	c, err := e.d.Reset(ctx, "r", stream.Start{Policy: stream.StartAtOffset, Offset: 6})
 	if err != nil || c.NextOffset != 6 {
 		t.Fatalf("reset to offset 6: %+v %v", c, err)
@@ -284,7 +187,8 @@ func TestReset(t *testing.T) {
 
 // TestPositionFromOldDatabase: a subscription of a database made before
 // positions were stored (its offset was only its stream consumer's)
-// starts at its consumer's offset, and records it.
+// starts at its consumer's offset, and records it. SQLite only: the
+// PostgreSQL store began with positions.
 func TestPositionFromOldDatabase(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "p.db")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -317,7 +221,7 @@ func TestPositionFromOldDatabase(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	(&env{store: old}).appendEvents(t, "a", "t", 10)
+	(&env{streams: old}).appendEvents(t, "a", "t", 10)
 	if _, err := old.EnsureConsumer(ctx, stream.ConsumerConfig{ID: "old", StreamID: "devices", Start: stream.Start{Policy: stream.StartEarliest}}); err != nil {
 		t.Fatal(err)
 	}
@@ -328,10 +232,10 @@ func TestPositionFromOldDatabase(t *testing.T) {
 	<-done
 	old.Close()
 
-	e := openSplit(t, path, path, same, delivery.Config{})
+	e := open(t, sqliteStore, openOptions{streams: path, cfg: delivery.Config{BatchSize: 100}})
 	e.waitLag(t, "old", 0)
 	var offsets []int64
-	rows, err := e.store.ReadDB().Query(`SELECT "offset" FROM inbox_items WHERE subscription_id = 'old' ORDER BY "offset"`)
+	rows, err := e.state.ReadDB().Query(`SELECT "offset" FROM inbox_items WHERE subscription_id = 'old' ORDER BY "offset"`)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,7 +55,7 @@ func TestTargetPolicyRefusesAddresses(t *testing.T) {
 			map[string]string{"10.0.0.1": private}, []string{"169.254.169.254"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			e := setup(t, c.cfg)
+			e := setup(t, sqliteStore, c.cfg)
 			e.create(t, delivery.Subscription{Name: "hook", Source: "devices", Target: "http://8.8.8.8/in"})
 			for host, want := range c.refused {
 				target := "http://" + host + "/in"
@@ -85,7 +85,7 @@ func TestTargetPolicyRefusesAddresses(t *testing.T) {
 // accepted when set, but every attempt fails without reaching it, naming
 // the address it resolved to.
 func TestTargetPolicyAtConnect(t *testing.T) {
-	e := setup(t, delivery.Config{DenyPrivateTargets: true})
+	e := setup(t, sqliteStore, delivery.Config{DenyPrivateTargets: true})
 	tg := newTarget(t, 200)
 	target := strings.Replace(tg.URL, "127.0.0.1", "localhost", 1) + "/in"
 	e.create(t, delivery.Subscription{Name: "hook", Source: "devices", Target: target})
@@ -105,11 +105,11 @@ func TestTargetPolicyAtConnect(t *testing.T) {
 // not: each attempt fails, naming the metadata address and the flag.
 func TestLinkLocalRefusedAtConnect(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "p.db")
-	e := open(t, path, delivery.Config{AllowLinkLocalTargets: true})
+	e := open(t, sqliteStore, openOptions{streams: path, cfg: delivery.Config{AllowLinkLocalTargets: true}})
 	e.create(t, delivery.Subscription{Name: "metadata", Source: "devices", Target: "http://169.254.169.254/latest/meta-data/"})
 	e.stop()
 
-	e = open(t, path, delivery.Config{})
+	e = open(t, sqliteStore, openOptions{streams: path})
 	e.appendEvents(t, "m", "t", 1)
 	it := e.waitItem(t, "metadata", delivery.StatePending, 1)
 	const want = "target address 169.254.169.254 is link-local: refused (--allow-link-local-targets)"

@@ -2,7 +2,6 @@ package delivery_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"io"
 	"net/http"
@@ -84,8 +83,10 @@ func checkWait(t *testing.T, it delivery.Item, now time.Time, want time.Duration
 // TestTargetFailsTwice: a target that fails twice, then succeeds, completes
 // the item on the third attempt, after 5s and 10s of backoff (the
 // defaults), measured on an injected clock.
-func TestTargetFailsTwice(t *testing.T) {
-	e := setup(t, delivery.Config{})
+func TestTargetFailsTwice(t *testing.T) { eachStore(t, testTargetFailsTwice) }
+
+func testTargetFailsTwice(t *testing.T, kind storeKind) {
+	e := setup(t, kind, delivery.Config{})
 	tg := newTarget(t, 500, 503, 200)
 	e.create(t, delivery.Subscription{Name: "hook", Source: "devices", Target: tg.URL + "/in"})
 	e.appendEvents(t, "h", "order.paid", 1)
@@ -112,8 +113,10 @@ func TestTargetFailsTwice(t *testing.T) {
 
 // TestTargetAlwaysFails: after MaxAttempts the item is failed, a dead
 // letter; the backoff doubles up to RetryMaxDelay.
-func TestTargetAlwaysFails(t *testing.T) {
-	e := setup(t, delivery.Config{MaxAttempts: 4, RetryBaseDelay: time.Second, RetryMaxDelay: 3 * time.Second})
+func TestTargetAlwaysFails(t *testing.T) { eachStore(t, testTargetAlwaysFails) }
+
+func testTargetAlwaysFails(t *testing.T, kind storeKind) {
+	e := setup(t, kind, delivery.Config{MaxAttempts: 4, RetryBaseDelay: time.Second, RetryMaxDelay: 3 * time.Second})
 	tg := newTarget(t, 500)
 	e.create(t, delivery.Subscription{Name: "hook", Source: "devices", Target: tg.URL})
 	e.appendEvents(t, "h", "t", 1)
@@ -146,8 +149,10 @@ func TestTargetAlwaysFails(t *testing.T) {
 // TestTargetGoneAndRetryAfter: 410 dead-letters at once; Retry-After
 // stretches the wait; a refused connection and a target that does not
 // answer within the handler timeout are failed attempts.
-func TestTargetGoneAndRetryAfter(t *testing.T) {
-	e := setup(t, delivery.Config{HandlerTimeout: 200 * time.Millisecond})
+func TestTargetGoneAndRetryAfter(t *testing.T) { eachStore(t, testTargetGoneAndRetryAfter) }
+
+func testTargetGoneAndRetryAfter(t *testing.T, kind storeKind) {
+	e := setup(t, kind, delivery.Config{HandlerTimeout: 200 * time.Millisecond})
 	gone := newTarget(t, 410)
 	e.create(t, delivery.Subscription{Name: "gone", Source: "devices", Target: gone.URL, Types: []string{"a"}})
 	busy := newTarget(t, 429)
@@ -188,8 +193,10 @@ func TestTargetGoneAndRetryAfter(t *testing.T) {
 // TestGoHandlerAndReplay: a Go handler that fails dead-letters the item;
 // replay brings it back with its attempts reset, and it completes once the
 // handler works.
-func TestGoHandlerAndReplay(t *testing.T) {
-	e := setup(t, delivery.Config{})
+func TestGoHandlerAndReplay(t *testing.T) { eachStore(t, testGoHandlerAndReplay) }
+
+func testGoHandlerAndReplay(t *testing.T, kind storeKind) {
+	e := setup(t, kind, delivery.Config{})
 	var broken atomic.Bool
 	broken.Store(true)
 	var done atomic.Int64
@@ -242,9 +249,12 @@ func TestGoHandlerAndReplay(t *testing.T) {
 
 // TestRecover: items a previous process left processing come back
 // pending, or failed after their last attempt, and Recover reports the
-// backlog.
-func TestRecover(t *testing.T) {
-	e := setup(t, delivery.Config{MaxAttempts: 2})
+// backlog. On a shared store it leaves the items whose lease has not
+// expired: another live process may be working on them.
+func TestRecover(t *testing.T) { eachStore(t, testRecover) }
+
+func testRecover(t *testing.T, kind storeKind) {
+	e := setup(t, kind, delivery.Config{MaxAttempts: 2, ReapInterval: time.Hour}) // no reaper: Recover finds the expired leases
 	e.create(t, delivery.Subscription{Name: "r", Source: "devices"})
 	e.appendEvents(t, "r", "t", 5)
 	e.waitLag(t, "r", 0)
@@ -255,6 +265,15 @@ func TestRecover(t *testing.T) {
 		t.Fatalf("lease: %+v", l)
 	}
 	e.clock.Advance(time.Minute)
+	if kind == postgresStore {
+		if b, err := e.d.Recover(ctx); err != nil || b.Recovered != 0 || b.Pending != 2 {
+			t.Fatalf("recover on a shared store while the leases last: %+v %v, want none recovered and 2 pending", b, err)
+		}
+		if n := e.count(t, `SELECT count(*) FROM inbox_items WHERE state = 'processing'`); n != 3 {
+			t.Fatalf("%d processing items after recover, want the 3 under a live lease", n)
+		}
+		e.clock.Advance(time.Hour)
+	}
 	b, err := e.d.Recover(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -270,8 +289,10 @@ func TestRecover(t *testing.T) {
 
 // TestRetention deletes completed and failed items and read stream events
 // older than the cutoff, and nothing else.
-func TestRetention(t *testing.T) {
-	e := setup(t, delivery.Config{Retention: -1})
+func TestRetention(t *testing.T) { eachStore(t, testRetention) }
+
+func testRetention(t *testing.T, kind storeKind) {
+	e := setup(t, kind, delivery.Config{Retention: -1})
 	ctx := context.Background()
 	e.create(t, delivery.Subscription{Name: "all", Source: "devices"})
 	e.appendEvents(t, "old", "t", 2500)
@@ -290,14 +311,11 @@ func TestRetention(t *testing.T) {
 	for i := 0; i < len(done); i += 500 {
 		e.d.Ack(ctx, "all", done[i:i+500], l.Token)
 	}
-	e.store.Update(ctx, func(tx *sql.Tx) error {
-		_, err := tx.Exec(`UPDATE inbox_items SET state = 'failed', failed_at = updated_at, lease_token = NULL
-			WHERE item_id BETWEEN ? AND ?`, failed[0], failed[len(failed)-1])
-		return err
-	})
+	e.exec(t, `UPDATE inbox_items SET state = 'failed', failed_at = updated_at, lease_token = NULL
+		WHERE item_id BETWEEN ? AND ?`, failed[0], failed[len(failed)-1])
 	e.clock.Advance(48 * time.Hour)
 	// A consumer that is not a subscription has read only half the stream.
-	if _, err := e.store.EnsureConsumer(ctx, stream.ConsumerConfig{ID: "behind", StreamID: "devices",
+	if _, err := e.streams.EnsureConsumer(ctx, stream.ConsumerConfig{ID: "behind", StreamID: "devices",
 		Start: stream.Start{Policy: stream.StartAtOffset, Offset: 1200}}); err != nil {
 		t.Fatal(err)
 	}
@@ -315,10 +333,10 @@ func TestRetention(t *testing.T) {
 			t.Errorf("%s items: %d, want %d", state, n, want)
 		}
 	}
-	if n := e.count(t, `SELECT count(*) FROM stream_events`); n != 2510-1199 {
+	if n := e.countStreams(t, `SELECT count(*) FROM stream_events`); n != 2510-1199 {
 		t.Errorf("stream events: %d, want %d", n, 2510-1199)
 	}
-	st, _ := e.store.Stats(ctx, "devices")
+	st, _ := e.streams.Stats(ctx, "devices")
 	if st.LastOffset != 2510 {
 		t.Errorf("high watermark %d after trimming, want 2510", st.LastOffset)
 	}
