@@ -77,6 +77,9 @@ func runBench(ctx context.Context, env *cmdEnv, args []string) error {
 	if len(args) > 0 && args[0] == "relay" {
 		return runBenchRelay(ctx, env, args[1:])
 	}
+	if len(args) > 0 && args[0] == "delivery" {
+		return runBenchDelivery(ctx, env, args[1:])
+	}
 	fs := newFlags(env, "bench", "[flags]", `Plays N devices, each on its own WebSocket connection, sending events with pipelining
 (many frames in flight) to a server it starts itself on a temporary database (or to --server),
 then checks the store holds every event exactly once. Progress goes to stderr; --json prints
@@ -89,8 +92,9 @@ the backend. --raw, with a nats:// --streams, publishes the same events straight
 stream made as postbox makes them (JetStream async publish, no server, no WebSocket): the
 baseline postbox on JetStream is measured against.
 
-postbox bench webhooks measures POST /webhooks instead (postbox bench webhooks --help), and
-postbox bench relay a transactional outbox relay (postbox bench relay --help).`)
+postbox bench webhooks measures POST /webhooks instead (postbox bench webhooks --help),
+postbox bench relay a transactional outbox relay (postbox bench relay --help), and postbox
+bench delivery the workers delivering items to a target (postbox bench delivery --help).`)
 	devices := positiveInt(50)
 	fs.Var(&devices, "devices", "`devices` (connections)")
 	events := positiveInt(200000)
@@ -179,7 +183,7 @@ postbox bench relay a transactional outbox relay (postbox bench relay --help).`)
 			spec = bn.spec
 		}
 		srv, addr, cleanup, err = startBenchServerOn(srvCtx, g, stopSrv,
-			server.Config{MaxBatch: int(maxBatch), QueueSize: int(queueSize), Synchronous: res.Synchronous}, spec)
+			server.Config{MaxBatch: int(maxBatch), QueueSize: int(queueSize), Synchronous: res.Synchronous}, spec, "sqlite")
 		if err != nil {
 			return err
 		}
@@ -271,13 +275,14 @@ func benchReport(env *cmdEnv, res *benchResult, asJSON bool) error {
 // a cleanup to defer: it stops the server (stop cancels ctx), waits for it
 // and then removes its directory.
 func startBenchServer(ctx context.Context, g *errgroup.Group, stop context.CancelFunc, cfg server.Config) (*server.Server, string, func(), error) {
-	return startBenchServerOn(ctx, g, stop, cfg, "sqlite")
+	return startBenchServerOn(ctx, g, stop, cfg, "sqlite", "sqlite")
 }
 
 // startBenchServerOn is startBenchServer on the stream backend streams
-// names (a --streams value), opened as serve opens it; the temporary
-// database then holds delivery state alone unless streams is sqlite.
-func startBenchServerOn(ctx context.Context, g *errgroup.Group, stop context.CancelFunc, cfg server.Config, streams string) (*server.Server, string, func(), error) {
+// and the delivery store store name (--streams and --store values),
+// opened as serve opens them; the temporary database holds what neither
+// holds.
+func startBenchServerOn(ctx context.Context, g *errgroup.Group, stop context.CancelFunc, cfg server.Config, streams, store string) (*server.Server, string, func(), error) {
 	dir, err := os.MkdirTemp("", "postbox-bench-*")
 	if err != nil {
 		return nil, "", nil, err
@@ -288,7 +293,7 @@ func startBenchServerOn(ctx context.Context, g *errgroup.Group, stop context.Can
 		return nil, "", nil, err
 	}
 	cfg.Listener, cfg.DBPath = ln, filepath.Join(dir, "postbox.db")
-	closeBackends, err := openBackends(&cfg, streams, "sqlite", slog.New(slog.DiscardHandler))
+	closeBackends, err := openBackends(&cfg, streams, store, slog.New(slog.DiscardHandler))
 	if err != nil {
 		ln.Close()
 		os.RemoveAll(dir)

@@ -202,8 +202,9 @@ type Delivery struct {
 	now     func() time.Time
 	inboxes notifier
 
-	jobs  chan job // leased items for the workers
-	slots *slots
+	jobs        chan job        // leased items for the workers
+	completions chan completion // items the workers completed, to ack
+	slots       *slots
 
 	admin sync.Mutex // serialises Delete and Reset
 
@@ -244,7 +245,7 @@ func New(ctx context.Context, streams stream.Backend, store Store, cfg Config) (
 	d := &Delivery{streams: streams, waiter: waiter, store: store, db: conn{c: store.ReadDB(), pg: pg}, shared: shared, pg: pg,
 		cfg: cfg, log: cfg.Logger, now: cfg.Now,
 		loops: map[string]*loop{}, held: map[string]bool{},
-		jobs: make(chan job), slots: newSlots(2 * cfg.Workers),
+		jobs: make(chan job), completions: make(chan completion, ackQueue*cfg.Workers), slots: newSlots(2 * cfg.Workers),
 		handlers: map[string]Handler{}, targets: map[string]string{}, dispatchers: map[string]*loop{}}
 	if pg {
 		d.cluster = newCluster(d)
@@ -266,7 +267,8 @@ func (d *Delivery) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	var workers sync.WaitGroup
+	var workers, acker sync.WaitGroup
+	acker.Go(func() { d.ack(d.completions) })
 	for range d.cfg.Workers {
 		workers.Go(func() { d.work(ctx) })
 	}
@@ -313,6 +315,8 @@ func (d *Delivery) Run(ctx context.Context) error {
 				<-l.done
 			}
 			workers.Wait()
+			close(d.completions) // the workers acked what they finished
+			acker.Wait()
 			if d.cluster != nil {
 				d.cluster.release()
 			}

@@ -365,10 +365,15 @@ type Result struct {
 // hold that lease; without one (an operator), any pending or processing
 // item may be acked. Acking a completed item again changes nothing.
 func (d *Delivery) Ack(ctx context.Context, inbox string, ids []int64, lease string) ([]Result, error) {
-	return d.settle(ctx, inbox, ids, lease, StateCompleted, func(tx conn, now string, moves []move) error {
+	return d.settle(ctx, inbox, ids, lease, StateCompleted, complete(ctx))
+}
+
+// complete is the apply of a settle that acks.
+func complete(ctx context.Context) func(tx conn, now string, moves []move) error {
+	return func(tx conn, now string, moves []move) error {
 		return execIn(ctx, tx, `UPDATE inbox_items SET state = 'completed', lease_token = NULL, lease_expires_at = NULL,
 			completed_at = ?1, updated_at = ?1 WHERE item_id IN (%s)`, moves, now)
-	})
+	}
 }
 
 // Nack records a failed attempt of items of inbox: each goes back to
@@ -444,80 +449,112 @@ func execIn(ctx context.Context, tx conn, query string, moves []move, args ...an
 // that may (now is the time to record; apply may send a move elsewhere
 // than to). It returns one result per id.
 func (d *Delivery) settle(ctx context.Context, inbox string, ids []int64, lease, to string, apply func(tx conn, now string, moves []move) error) ([]Result, error) {
-	results := make([]Result, len(ids))
-	var moves []move
+	st := &settlement{inbox: inbox, ids: ids, lease: lease, to: to, apply: apply}
+	if err := d.settleAll(ctx, st); err != nil {
+		return nil, fmt.Errorf("settle items of %s: %w", inbox, err)
+	}
+	return st.results, nil
+}
+
+// settlement is the work of one settle, and its outcome.
+type settlement struct {
+	inbox     string
+	ids       []int64
+	lease, to string
+	apply     func(tx conn, now string, moves []move) error
+
+	results []Result
+	moves   []move
+}
+
+// settleAll runs settlements in one transaction.
+func (d *Delivery) settleAll(ctx context.Context, sts ...*settlement) error {
 	nowText := d.now().UTC().Format(sqlitedb.Time)
-	in := strings.Repeat(",?", len(ids))[1:]
-	idArgs := make([]any, 0, len(ids)+1)
-	idArgs = append(idArgs, inbox)
-	for _, id := range ids {
-		idArgs = append(idArgs, id)
+	err := d.update(ctx, func(tx conn) error {
+		for _, st := range sts {
+			if err := st.check(ctx, tx, nowText, d.forUpdate()); err != nil {
+				return err
+			}
+			if len(st.moves) > 0 {
+				if err := st.apply(tx, nowText, st.moves); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, st := range sts {
+		for i := range st.results {
+			if st.results[i].Err != nil || st.results[i].State != "" {
+				continue
+			}
+			for _, m := range st.moves {
+				if m.id == st.results[i].ID {
+					st.results[i].State = m.to
+					break
+				}
+			}
+		}
+		for _, m := range st.moves {
+			d.cfg.Metrics.settled(st.inbox, m.to, 1)
+		}
+	}
+	return nil
+}
+
+// check reads the states of st's items inside tx (locking their rows with
+// lock) and decides which may move.
+func (st *settlement) check(ctx context.Context, tx conn, nowText, lock string) error {
+	args := make([]any, 0, len(st.ids)+1)
+	args = append(args, st.inbox)
+	for _, id := range st.ids {
+		args = append(args, id)
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT item_id, state, lease_token, lease_expires_at, attempts FROM inbox_items
+		WHERE inbox_id = ? AND item_id IN (`+strings.Repeat(",?", len(st.ids))[1:]+`)`+lock, args...)
+	if err != nil {
+		return err
 	}
 	type current struct {
 		state          string
 		token, expires sql.NullString
 		attempts       int
 	}
-	err := d.update(ctx, func(tx conn) error {
-		rows, err := tx.QueryContext(ctx, `SELECT item_id, state, lease_token, lease_expires_at, attempts FROM inbox_items
-			WHERE inbox_id = ? AND item_id IN (`+in+`)`+d.forUpdate(), idArgs...)
-		if err != nil {
+	found := make(map[int64]current, len(st.ids))
+	for rows.Next() {
+		var id int64
+		var c current
+		if err := rows.Scan(&id, &c.state, &c.token, &c.expires, &c.attempts); err != nil {
+			rows.Close()
 			return err
 		}
-		found := make(map[int64]current, len(ids))
-		for rows.Next() {
-			var id int64
-			var c current
-			if err := rows.Scan(&id, &c.state, &c.token, &c.expires, &c.attempts); err != nil {
-				rows.Close()
-				return err
-			}
-			found[id] = c
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		moves = moves[:0]
-		for i, id := range ids {
-			results[i] = Result{ID: id}
-			c, ok := found[id]
-			switch {
-			case !ok:
-				results[i].Err = errorf(ErrNotFound, "item %d: not in inbox %q", id, inbox)
-			case to == StateCompleted && c.state == StateCompleted:
-				results[i].State = c.state // acked already
-			case lease != "" && (c.state != StateProcessing || c.token.String != lease || c.expires.String <= nowText):
-				results[i].Err = errorf(ErrLeaseLost, "item %d is %s and no longer holds this lease", id, c.state)
-			case c.state != StatePending && c.state != StateProcessing:
-				results[i].Err = errorf(ErrInvalidState, "item %d is %s", id, c.state)
-			case !slices.ContainsFunc(moves, func(m move) bool { return m.id == id }): // not the same id twice
-				moves = append(moves, move{id: id, attempts: c.attempts, to: to})
-			}
-		}
-		if len(moves) == 0 {
-			return nil
-		}
-		return apply(tx, nowText, moves)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("settle items of %s: %w", inbox, err)
+		found[id] = c
 	}
-	for i := range results {
-		if results[i].Err != nil || results[i].State != "" {
-			continue
-		}
-		for _, m := range moves {
-			if m.id == results[i].ID {
-				results[i].State = m.to
-				break
-			}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	st.results, st.moves = make([]Result, len(st.ids)), st.moves[:0]
+	for i, id := range st.ids {
+		st.results[i] = Result{ID: id}
+		c, ok := found[id]
+		switch {
+		case !ok:
+			st.results[i].Err = errorf(ErrNotFound, "item %d: not in inbox %q", id, st.inbox)
+		case st.to == StateCompleted && c.state == StateCompleted:
+			st.results[i].State = c.state // acked already
+		case st.lease != "" && (c.state != StateProcessing || c.token.String != st.lease || c.expires.String <= nowText):
+			st.results[i].Err = errorf(ErrLeaseLost, "item %d is %s and no longer holds this lease", id, c.state)
+		case c.state != StatePending && c.state != StateProcessing:
+			st.results[i].Err = errorf(ErrInvalidState, "item %d is %s", id, c.state)
+		case !slices.ContainsFunc(st.moves, func(m move) bool { return m.id == id }): // not the same id twice
+			st.moves = append(st.moves, move{id: id, attempts: c.attempts, to: st.to})
 		}
 	}
-	for _, m := range moves {
-		d.cfg.Metrics.settled(inbox, m.to, 1)
-	}
-	return results, nil
+	return nil
 }
 
 // reap ends the leases that expired: their items go back to pending, or

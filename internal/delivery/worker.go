@@ -213,8 +213,7 @@ func (d *Delivery) work(ctx context.Context) {
 
 // attempt runs one attempt of a job and settles its item.
 func (d *Delivery) attempt(ctx context.Context, j job) {
-	log := d.log.With("inbox", j.inbox, "item", j.item.ID, "attempt", j.item.Attempts)
-	log.Debug("delivery: processing")
+	d.log.Debug("delivery: processing", "inbox", j.inbox, "item", j.item.ID, "attempt", j.item.Attempts)
 	start := time.Now()
 	hctx, cancel := context.WithTimeout(ctx, d.cfg.HandlerTimeout)
 	err := call(hctx, j.h, &j.item)
@@ -224,37 +223,104 @@ func (d *Delivery) attempt(ctx context.Context, j job) {
 		d.handBack(j.inbox, j.lease, []Item{j.item})
 		return
 	}
+	if err == nil {
+		d.completions <- completion{inbox: j.inbox, lease: j.lease, id: j.item.ID, attempts: j.item.Attempts, took: took}
+		return
+	}
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer scancel()
-	var res []Result
-	var serr error
-	if err == nil {
-		res, serr = d.Ack(sctx, j.inbox, []int64{j.item.ID}, j.lease)
-	} else {
-		var he *handlerError
-		errors.As(err, &he)
-		f := failure{reason: truncate(err.Error(), 1000), delay: d.backoff(0)}
-		if he != nil {
-			f.dead, f.delay = he.dead, d.backoff(he.retryAfter)
-		}
-		res, serr = d.fail(sctx, j.inbox, []int64{j.item.ID}, j.lease, f)
+	var he *handlerError
+	errors.As(err, &he)
+	f := failure{reason: truncate(err.Error(), 1000), delay: d.backoff(0)}
+	if he != nil {
+		f.dead, f.delay = he.dead, d.backoff(he.retryAfter)
 	}
+	res, serr := d.fail(sctx, j.inbox, []int64{j.item.ID}, j.lease, f)
+	d.attempted(j, res, serr, err, took)
+}
+
+// attempted records the outcome of an attempt once its item is settled.
+func (d *Delivery) attempted(j job, res []Result, serr, err error, took time.Duration) {
+	at := []any{"inbox", j.inbox, "item", j.item.ID, "attempt", j.item.Attempts}
 	switch {
 	case serr != nil:
-		log.Error("delivery: recording the attempt failed; the item is retried when its lease expires", "err", serr)
+		d.log.Error("delivery: recording the attempt failed; the item is retried when its lease expires", append(at, "err", serr)...)
 		return
 	case res[0].Err != nil:
-		log.Warn("delivery: the attempt outlasted its lease; the item was handed out again", "err", res[0].Err, "took", took)
+		d.log.Warn("delivery: the attempt outlasted its lease; the item was handed out again", append(at, "err", res[0].Err, "took", took)...)
 		return
 	}
 	d.cfg.Metrics.attempted(j.inbox, res[0].State, took)
 	switch res[0].State {
 	case StateCompleted:
-		log.Debug("delivery: completed", "took", took)
+		d.log.Debug("delivery: completed", append(at, "took", took)...)
 	case StatePending:
-		log.Info("delivery: attempt failed; retry scheduled", "err", err, "took", took)
+		d.log.Info("delivery: attempt failed; retry scheduled", append(at, "err", err, "took", took)...)
 	case StateFailed:
-		log.Error("delivery: attempt failed; the item is a dead letter", "err", err, "attempts", j.item.Attempts)
+		d.log.Error("delivery: attempt failed; the item is a dead letter", append(at, "err", err)...)
+	}
+}
+
+// completion is a worker's item whose attempt succeeded, for the acker.
+type completion struct {
+	inbox, lease string
+	id           int64
+	attempts     int
+	took         time.Duration
+}
+
+// ackQueue is how many completions per worker may wait for the acker.
+const ackQueue = 4
+
+// ack acks the items the workers completed, a batch of those waiting at a
+// time in one transaction, until completions is closed: a store commits a
+// few large transactions much faster than many small ones. A worker hands
+// its item over and takes the next job; should the process stop before
+// the ack commits, the item is attempted again after its lease.
+func (d *Delivery) ack(completions <-chan completion) {
+	type group struct{ inbox, lease string }
+	for c := range completions {
+		batch := []completion{c}
+	more:
+		for len(batch) < ackQueue*d.cfg.Workers {
+			select {
+			case c, ok := <-completions:
+				if !ok {
+					break more
+				}
+				batch = append(batch, c)
+			default:
+				break more
+			}
+		}
+		groups := map[group][]completion{}
+		for _, c := range batch {
+			g := group{c.inbox, c.lease}
+			groups[g] = append(groups[g], c)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		var sts []*settlement
+		var waiting [][]completion
+		for g, cs := range groups {
+			ids := make([]int64, len(cs))
+			for i, c := range cs {
+				ids[i] = c.id
+			}
+			sts = append(sts, &settlement{inbox: g.inbox, ids: ids, lease: g.lease, to: StateCompleted, apply: complete(ctx)})
+			waiting = append(waiting, cs)
+		}
+		err := d.settleAll(ctx, sts...)
+		cancel()
+		for i, cs := range waiting {
+			for j, c := range cs {
+				jb := job{inbox: c.inbox, lease: c.lease, item: Item{ID: c.id, Attempts: c.attempts}}
+				if err != nil {
+					d.attempted(jb, nil, fmt.Errorf("ack items of %s: %w", c.inbox, err), nil, c.took)
+				} else {
+					d.attempted(jb, sts[i].results[j:j+1], nil, nil, c.took)
+				}
+			}
+		}
 	}
 }
 
