@@ -514,8 +514,12 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.cfg.TLSCert != "" {
 		scheme = "wss"
 	}
-	s.log.Info("postbox serve: listening", "addr", addr.String(), "ingress", scheme+"://"+addr.String()+ingress.WSPath,
-		"db", s.cfg.DBPath, "synchronous", s.synchronous(), "writer", s.writerKind(), "auth", s.cfg.Tokens != nil)
+	where := []any{"db", s.cfg.DBPath, "synchronous", s.synchronous()}
+	if _, shared := s.store.(delivery.SharedStore); shared { // no SQLite file
+		where = []any{"store", "postgres", "node", s.delivery.Node()}
+	}
+	s.log.Info("postbox serve: listening", append(append([]any{"addr", addr.String(), "ingress", scheme + "://" + addr.String() + ingress.WSPath},
+		where...), "writer", s.writerKind(), "auth", s.cfg.Tokens != nil)...)
 	err = g.Wait()
 	s.setReady(false)
 	s.log.Info("postbox serve: stopped", "err", err)
