@@ -51,6 +51,7 @@ type cluster struct {
 	ttl    time.Duration
 	wake   chan struct{} // capacity 1: claim now
 	leader atomic.Bool
+	up     atomic.Bool // the last round reached the store
 	owned  map[string]bool // subscriptions whose loop lease this process holds; d.mu guards it
 }
 
@@ -84,11 +85,13 @@ func (c *cluster) run(ctx context.Context) {
 			return
 		case err == nil:
 			renewed = sent
+			c.up.Store(true)
 			if failing {
 				c.d.log.Info("delivery: the store answers again; leases renewed", "node", c.node)
 			}
 			failing = false
 		default:
+			c.up.Store(false)
 			if !failing {
 				c.d.log.Error("delivery: renewing leases failed; retrying", "node", c.node, "err", err)
 			}
@@ -382,6 +385,8 @@ var (
 		"1 for each subscription whose consumption loop runs in this process.", []string{"subscription"}, nil)
 	leaderDesc = prometheus.NewDesc("postbox_node_leader",
 		"1 when this process runs retention and reports the inbox gauges (the leader of a shared store, or the only process).", nil, nil)
+	storeUpDesc = prometheus.NewDesc("postbox_node_store_up",
+		"1 when this node's last round of leases reached the shared store; 0 while it cannot (its loops stop and it takes no items). Only with a shared store.", nil, nil)
 )
 
 type nodeCollector struct{ d *Delivery }
@@ -389,6 +394,7 @@ type nodeCollector struct{ d *Delivery }
 func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- loopRunningDesc
 	ch <- leaderDesc
+	ch <- storeUpDesc
 }
 
 func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
@@ -408,4 +414,11 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		leader = 1
 	}
 	ch <- prometheus.MustNewConstMetric(leaderDesc, prometheus.GaugeValue, leader)
+	if c.d.cluster != nil {
+		up := 0.0
+		if c.d.cluster.up.Load() {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(storeUpDesc, prometheus.GaugeValue, up)
+	}
 }

@@ -70,6 +70,9 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 				return
 			}
 			if errors.Is(err, stream.ErrConsumerNotFound) {
+				if _, found, perr := d.position(ctx, s.UID); perr == nil && !found {
+					return // the subscription was deleted (by another node)
+				}
 				// Deleted from outside delivery: the position still says
 				// where the subscription is.
 				log.Warn("delivery: the subscription's stream consumer is gone; creating it again at its position", "offset", next)
