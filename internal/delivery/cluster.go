@@ -121,7 +121,7 @@ func (c *cluster) claim(ctx context.Context) error {
 		return err
 	}
 	ttl := c.ttl.Seconds()
-	var mine []string
+	var mine, others []string // leases this process holds; live ones others hold
 	var live int
 	err = d.update(ctx, func(tx conn) error {
 		// This process's heartbeat, then every lease it holds.
@@ -136,6 +136,13 @@ func (c *cluster) claim(ctx context.Context) error {
 			return err
 		}
 		if mine, err = scanNames(rows); err != nil {
+			return err
+		}
+		if rows, err = tx.QueryContext(ctx, `SELECT name FROM delivery_leases WHERE holder <> ? AND expires_at > clock_timestamp()`,
+			c.holder); err != nil {
+			return err
+		}
+		if others, err = scanNames(rows); err != nil {
 			return err
 		}
 		return tx.QueryRowContext(ctx, `SELECT count(*) FROM delivery_leases WHERE name LIKE 'node:%' AND expires_at > clock_timestamp()`).Scan(&live)
@@ -159,16 +166,16 @@ func (c *cluster) claim(ctx context.Context) error {
 		}
 	}
 	share := (len(subs) + max(live, 1) - 1) / max(live, 1)
-	if !slices.Contains(mine, leaderLease) {
+	if !slices.Contains(mine, leaderLease) && !slices.Contains(others, leaderLease) {
 		want = append(want, leaderLease)
 	}
 	for _, s := range subs {
 		if held >= share {
 			break
 		}
-		if !slices.Contains(mine, subLease+s.Name) {
-			want = append(want, subLease+s.Name)
-			held++ // if it is free
+		if n := subLease + s.Name; !slices.Contains(mine, n) && !slices.Contains(others, n) {
+			want = append(want, n)
+			held++
 		}
 	}
 	if len(want) > 0 {
