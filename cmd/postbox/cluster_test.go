@@ -99,44 +99,70 @@ func TestCluster(t *testing.T) {
 	defer stopTraffic()
 
 	// Items flow through the cluster before anything goes wrong.
+	began, mark := time.Now(), time.Now()
+	phase := func(what string) {
+		t.Logf("%6.1fs (+%.1fs) %s", time.Since(began).Seconds(), time.Since(mark).Seconds(), what)
+		mark = time.Now()
+	}
 	tg.waitCompleted(t, 100)
+	phase("traffic flows")
 
 	// SIGKILL the node that runs the subscription's loop.
+	// The target holds deliveries meanwhile, so that the node dies with
+	// items in flight: they come back when their leases end.
 	owner := waitLoopOwner(t, nodes, clusterSub)
-	t.Logf("subscription %s runs on %s; killing it with SIGKILL", clusterSub, owner.name)
+	tg.setSlow(true)
+	for deadline := time.Now().Add(30 * time.Second); tg.inFlight() < 12; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d deliveries in flight at the target, want 12", tg.inFlight())
+		}
+	}
+	t.Logf("subscription %s runs on %s; killing it with SIGKILL (%d deliveries in flight)", clusterSub, owner.name, tg.inFlight())
 	owner.kill()
 	killed := time.Now()
+	tg.setSlow(false)
 	heir := waitLoopOwner(t, nodes, clusterSub)
 	t.Logf("failover: the loop of %s runs on %s %v after the SIGKILL of %s", clusterSub, heir.name, time.Since(killed).Round(time.Millisecond), owner.name)
 	before := tg.completedCount()
 	tg.waitCompleted(t, before+50) // the cluster works on without the node
+	phase("the cluster works on without the killed node")
 
 	// One NATS server goes down under the running cluster and comes back.
 	down := ns.Nodes[rand.IntN(len(ns.Nodes))]
 	t.Logf("shutting down NATS server %s", down.Server().Name())
 	down.Shutdown()
-	acked := ws.ackedCount()
-	ws.waitAcked(t, acked+20) // webhooks are stored with two of three NATS servers
-	tg.waitCompleted(t, tg.completedCount()+50)
+	ws.waitAcked(t, ws.ackedCount()+100) // webhooks are stored with two of three NATS servers
+	phase("webhooks stored with a NATS server down")
+	tg.waitCompleted(t, tg.completedCount()+200)
+	phase("items delivered with a NATS server down")
 	down.Restart()
 	ns.WaitLeader(t)
+	phase("NATS server back")
 
 	// The killed node comes back, so that its agent's outbox drains.
 	owner.start()
 	owner.waitReady(nodes)
+	phase("killed node back")
 	ws.waitAcked(t, ws.ackedCount()+20)
 	stopTraffic()
 	drained(t, agents)
+	phase("traffic stopped, agents drained")
 
 	// Every accepted event and every acked webhook is stored once.
 	devices, webhooks := auditClusterStreams(t, streams, producers, ws)
 
 	// Every item is completed, none stuck in processing.
+	phase("streams audited")
 	waitInboxesDone(t, nodes, map[string]int{clusterSub: len(devices), "webhooks": len(webhooks)})
+	phase("every item completed")
 	tg.check(t, devices, webhooks)
 
 	// Each loop runs on exactly one live node.
 	waitLoopsOnce(t, nodes, clusterSub, "webhooks")
+	for _, n := range nodes {
+		lines := append(logLines(n, "level=WARN"), logLines(n, "level=ERROR")...)
+		t.Logf("%s: %d warnings and errors logged%s", n.name, len(lines), strings.Join(append([]string{""}, lines[:min(len(lines), 8)]...), "\n  "))
+	}
 }
 
 // TestClusterStartTogether starts two nodes at the same moment on an
@@ -420,6 +446,8 @@ type dedupTarget struct {
 	seen      map[string]int // deliveries, by key
 	completed map[string]int // dedup ran the handler, by key
 	failures  int            // dedup answered an error
+	retries   int            // deliveries with X-Postbox-Attempt above 1
+	slow      bool           // hold each delivery a while, so that workers have items in flight
 }
 
 func newDedupTarget(t *testing.T) *dedupTarget {
@@ -444,8 +472,19 @@ func (tg *dedupTarget) serve(w http.ResponseWriter, r *http.Request) {
 	key := r.Header.Get("Idempotency-Key")
 	tg.mu.Lock()
 	tg.seen[key]++
+	if r.Header.Get("X-Postbox-Attempt") != "1" {
+		tg.retries++
+	}
+	hold := time.Duration(rand.IntN(20)) * time.Millisecond // in flight for a while, as a handler is
+	if tg.slow {
+		hold = 500 * time.Millisecond
+	}
 	tg.mu.Unlock()
-	time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond) // in flight for a while, as a handler is
+	select {
+	case <-time.After(hold):
+	case <-r.Context().Done(): // the node died holding it
+		return
+	}
 	ran, err := dedup.HandlePgx(r.Context(), tg.pool, "cluster-target", key, func(pgx.Tx) error { return nil })
 	if err != nil {
 		tg.mu.Lock()
@@ -465,6 +504,27 @@ func (tg *dedupTarget) completedCount() int {
 	tg.mu.Lock()
 	defer tg.mu.Unlock()
 	return len(tg.completed)
+}
+
+// setSlow holds every delivery for 500ms while on.
+func (tg *dedupTarget) setSlow(on bool) {
+	tg.mu.Lock()
+	tg.slow = on
+	tg.mu.Unlock()
+}
+
+// inFlight returns how many deliveries the target has seen but not
+// completed.
+func (tg *dedupTarget) inFlight() int {
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	n := 0
+	for k := range tg.seen {
+		if tg.completed[k] == 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // waitCompleted waits until the target completed at least n keys.
@@ -516,7 +576,7 @@ func (tg *dedupTarget) check(t *testing.T, devices, webhooks map[string]bool) {
 	if rows != len(want) {
 		t.Errorf("dedup inbox holds %d keys, want %d", rows, len(want))
 	}
-	t.Logf("target: %d keys completed once each; %d delivered more than once; %d dedup errors", len(want), redelivered, tg.failures)
+	t.Logf("target: %d keys completed once each; %d delivered more than once; %d retried attempts; %d dedup errors", len(want), redelivered, tg.retries, tg.failures)
 }
 
 // pacedProducer posts small batches of events to an agent's intake at a
@@ -562,6 +622,7 @@ type webhookSenders struct {
 	nodes []*clusterNode
 	mu    sync.Mutex
 	acked map[string]bool
+	codes map[int]int // answers, by status (0: no answer)
 }
 
 func (ws *webhookSenders) run(ctx context.Context, t *testing.T, w int) {
@@ -605,6 +666,14 @@ func (ws *webhookSenders) run(ctx context.Context, t *testing.T, w int) {
 		case 2: // one, then another
 			codes = append(codes, post(a, key, body), post(b, key, body))
 		}
+		ws.mu.Lock()
+		if ws.codes == nil {
+			ws.codes = map[int]int{}
+		}
+		for _, c := range codes {
+			ws.codes[c]++
+		}
+		ws.mu.Unlock()
 		if slices.ContainsFunc(codes, func(c int) bool { return c == http.StatusAccepted || c == http.StatusOK }) {
 			ws.mu.Lock()
 			if ws.acked == nil {
@@ -718,7 +787,9 @@ func auditClusterStreams(t *testing.T, streams string, producers []*pacedProduce
 		}
 		webhooks[k] = true
 	}
-	t.Logf("%d events accepted by agents, %d stored; %d webhooks acked, %d stored", accepted, len(devices), ws.ackedCount(), len(webhooks))
+	ws.mu.Lock()
+	t.Logf("%d events accepted by agents, %d stored; %d webhooks acked, %d stored; webhook answers by status: %v", accepted, len(devices), len(ws.acked), len(webhooks), ws.codes)
+	ws.mu.Unlock()
 	if accepted == 0 || ws.ackedCount() == 0 {
 		t.Fatal("no event or no webhook was accepted: the test proved nothing")
 	}
