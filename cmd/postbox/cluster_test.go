@@ -844,7 +844,13 @@ func waitInboxesDone(t *testing.T, nodes []*clusterNode, want map[string]int) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("inboxes %+v, want %v completed and nothing else%s", last, want, nodeLogs(nodes))
+			var consumers string
+			if resp, err := hc.Get(node.url + "/v1/consumers"); err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				consumers = string(b)
+			}
+			t.Fatalf("inboxes %+v, want %v completed and nothing else; consumers: %s%s", last, want, consumers, nodeLogs(nodes))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
