@@ -19,6 +19,10 @@ import (
 // retryDelay is how long a loop waits after a failed read or commit.
 const retryDelay = time.Second
 
+// waitRecheck bounds a loop's wait for new events on a stream.Waiter:
+// after it, the loop reads again whether it was woken or not.
+const waitRecheck = 2 * time.Second
+
 // Polling delays of a loop whose stream backend is no stream.Waiter: the
 // first look after an empty read, doubling up to the last while the
 // stream stays idle.
@@ -87,8 +91,18 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 		}
 		if len(batch.Events) == 0 {
 			if d.waiter != nil {
-				if err := d.waiter.Wait(ctx, s.Stream, next-1); err != nil {
+				// A wake-up can be lost (a JetStream client reconnecting
+				// to another server misses the messages meanwhile), so the
+				// wait ends after waitRecheck and the loop reads again.
+				wctx, cancel := context.WithTimeout(ctx, waitRecheck)
+				err := d.waiter.Wait(wctx, s.Stream, next-1)
+				cancel()
+				switch {
+				case ctx.Err() != nil:
 					return
+				case err != nil && !errors.Is(err, context.DeadlineExceeded):
+					log.Warn("delivery: waiting for new events failed; reading again", "err", err)
+					sleep(ctx, retryDelay)
 				}
 				continue
 			}

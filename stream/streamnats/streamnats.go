@@ -558,8 +558,22 @@ func (b *Backend) publish(ctx context.Context, m *nats.Msg) (jetstream.PubAckFut
 
 // resolve reports an event whose identity subject already holds a
 // message: a Duplicate of it, or a conflict.
+//
+// The message that holds the subject may not be readable yet: another
+// process published it a moment ago, and the server that answers (a
+// replica, with direct gets) has not applied it. resolve looks again for
+// up to resolveWait before it calls the look-up failed.
 func (b *Backend) resolve(ctx context.Context, st *streamState, subject string, ev *stream.Event, r *stream.AppendResult) error {
 	m, err := st.js.GetLastMsgForSubject(ctx, subject)
+	for wait, waited := 10*time.Millisecond, time.Duration(0); errors.Is(err, jetstream.ErrMsgNotFound) && waited < resolveWait; wait *= 2 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		waited += wait
+		m, err = st.js.GetLastMsgForSubject(ctx, subject)
+	}
 	if err != nil {
 		return fmt.Errorf("look up %s refused as stored: %w", ev.NativeID, mapErr(err))
 	}
@@ -577,6 +591,10 @@ func (b *Backend) resolve(ctx context.Context, st *streamState, subject string, 
 	}
 	return nil
 }
+
+// resolveWait bounds how long resolve waits for a refused event's stored
+// copy to become readable.
+const resolveWait = 2 * time.Second
 
 // grow records that st holds sequence seq and wakes its waiters.
 func (st *streamState) grow(seq uint64) {
