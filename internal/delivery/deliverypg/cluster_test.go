@@ -318,15 +318,16 @@ func TestConcurrentLeases(t *testing.T) {
 	c.appendEvents("j", total)
 	c.waitOnce("jobs", total)
 
-	ctx := context.Background()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	var mu sync.Mutex
 	held := map[int64]string{} // item → the lease holding it
 	leases := map[int64]int{}  // item → times leased
 	var completed atomic.Int64
 	var wrong atomic.Bool
 	runtime := func(lease, settle *node, r int) error {
-		for round := 0; completed.Load() < total; round++ {
-			l, err := lease.d.Lease(ctx, "jobs", 5, time.Minute, 0)
+		for round := 0; completed.Load() < total && ctx.Err() == nil; round++ {
+			l, err := lease.d.Lease(ctx, "jobs", 5, time.Minute, 50*time.Millisecond)
 			if err != nil {
 				return err
 			}
@@ -379,8 +380,15 @@ func TestConcurrentLeases(t *testing.T) {
 	errs := make(chan error, 6)
 	var wg sync.WaitGroup
 	for r := range 3 {
-		wg.Go(func() { errs <- runtime(a, b, r) })
-		wg.Go(func() { errs <- runtime(b, a, r) })
+		for _, ab := range [][2]*node{{a, b}, {b, a}} {
+			wg.Go(func() {
+				err := runtime(ab[0], ab[1], r)
+				if err != nil {
+					cancel() // the others stop too: the items this one holds stay leased
+				}
+				errs <- err
+			})
+		}
 	}
 	wg.Wait()
 	close(errs)
