@@ -51,7 +51,7 @@ type cluster struct {
 	ttl    time.Duration
 	wake   chan struct{} // capacity 1: claim now
 	leader atomic.Bool
-	up     atomic.Bool // the last round reached the store
+	up     atomic.Bool     // the last round reached the store
 	owned  map[string]bool // subscriptions whose loop lease this process holds; d.mu guards it
 }
 
