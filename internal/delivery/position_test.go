@@ -253,3 +253,38 @@ func TestPositionFromOldDatabase(t *testing.T) {
 	}
 	e.waitConsumer(t, "old", 11)
 }
+
+// deafWaiter is a stream.Waiter that is never woken: its Wait returns only
+// when its context ends, as a JetStream client's would when the wake-up
+// was lost while it reconnected to another server.
+type deafWaiter struct{ stream.Backend }
+
+func (deafWaiter) Wait(ctx context.Context, _ string, _ int64) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// failingWaiter is a stream.Waiter whose Wait fails at once.
+type failingWaiter struct{ stream.Backend }
+
+func (failingWaiter) Wait(context.Context, string, int64) error { return errors.New("waiter broken") }
+
+// TestLostWakeUp: a loop whose wait is never woken, or fails, still reads
+// the events appended while it waited: a wait ends after a while and the
+// loop reads again, and a failed wait does not end the loop.
+func TestLostWakeUp(t *testing.T) {
+	for name, wrap := range map[string]func(stream.Backend) stream.Backend{
+		"deaf":    func(b stream.Backend) stream.Backend { return deafWaiter{b} },
+		"failing": func(b stream.Backend) stream.Backend { return failingWaiter{b} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := open(t, sqliteStore, openOptions{wrap: wrap})
+			e.create(t, delivery.Subscription{Name: "s", Source: "devices", Start: stream.Start{Policy: stream.StartEarliest}})
+			e.appendEvents(t, "a", "t", 10)
+			e.waitLag(t, "s", 0)
+			e.appendEvents(t, "b", "t", 10) // while the loop waits
+			e.waitLag(t, "s", 0)
+			e.checkOnce(t, "s", 20)
+		})
+	}
+}
