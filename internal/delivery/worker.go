@@ -223,12 +223,17 @@ func (d *Delivery) attempt(ctx context.Context, j job) {
 		d.handBack(j.inbox, j.lease, []Item{j.item})
 		return
 	}
-	if err == nil {
+	if err == nil && d.pg { // the acker batches acks; SQLite's writer batches them anyway
 		d.completions <- completion{inbox: j.inbox, lease: j.lease, id: j.item.ID, attempts: j.item.Attempts, took: took}
 		return
 	}
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer scancel()
+	if err == nil {
+		res, serr := d.Ack(sctx, j.inbox, []int64{j.item.ID}, j.lease)
+		d.attempted(j, res, serr, nil, took)
+		return
+	}
 	var he *handlerError
 	errors.As(err, &he)
 	f := failure{reason: truncate(err.Error(), 1000), delay: d.backoff(0)}
@@ -273,10 +278,12 @@ type completion struct {
 const ackQueue = 4
 
 // ack acks the items the workers completed, a batch of those waiting at a
-// time in one transaction, until completions is closed: a store commits a
-// few large transactions much faster than many small ones. A worker hands
-// its item over and takes the next job; should the process stop before
-// the ack commits, the item is attempted again after its lease.
+// time in one transaction, until completions is closed: PostgreSQL
+// commits a few large transactions much faster than many small ones. (On
+// SQLite each worker acks its own item: the single writer folds
+// concurrent acks into one commit already.) A worker hands its item over
+// and takes the next job; should the process stop before the ack
+// commits, the item is attempted again after its lease.
 func (d *Delivery) ack(completions <-chan completion) {
 	type group struct{ inbox, lease string }
 	for c := range completions {
