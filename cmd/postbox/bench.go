@@ -143,17 +143,11 @@ bench delivery the workers delivering items to a target (postbox bench delivery 
 			}
 		}()
 	}
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startCPUProfile(*cpuprofile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	res := benchResult{Devices: int(devices), Events: int(events), MaxBatch: int(maxBatch), Synchronous: strings.ToUpper(*sync),
 		PayloadBytes: int(payloadBytes), FrameEvents: int(frame), Window: int(window), Rate: *rate, Stored: -1, Streams: kind}
 	prefix := "evt_bench_" + run + "_"
@@ -311,6 +305,26 @@ func startBenchServerOn(ctx context.Context, g *errgroup.Group, stop context.Can
 		stop()
 		g.Wait()
 		os.RemoveAll(dir)
+	}, nil
+}
+
+// startCPUProfile writes a CPU profile to path until the function it
+// returns is called; with no path it does nothing.
+func startCPUProfile(path string) (stop func(), _ error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
 	}, nil
 }
 

@@ -8,8 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -147,17 +145,11 @@ a store and streams they share: --store postgres://… with --streams nats://…
 		return err
 	}
 	fmt.Fprintf(env.stderr, "bench delivery: delivering through %d node(s) × %d workers\n", nodes, workers)
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startCPUProfile(*cpuprofile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	start := time.Now()
 	if err := benchCall(gctx, http.MethodPatch, api+"/"+source, map[string]any{"target": "http://" + tln.Addr().String() + "/"}); err != nil {
 		return err

@@ -9,8 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -129,21 +127,13 @@ Progress goes to stderr; --json prints one JSON object as the last line of stdou
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	prefix := "wh_bench_" + run + "_"
 	load := webhookLoad{conns: int(connections), n: int(requests), payload: webhookBenchPayload(int(payloadBytes))}
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
+	stopProfile, err := startCPUProfile(*cpuprofile)
+	if err != nil {
+		return err
 	}
 	before, werr := scrapeWriter(gctx, base+"/metrics")
 	pb, err := load.run(gctx, env, "postbox", base+"/webhooks", prefix)
-	if *cpuprofile != "" {
-		pprof.StopCPUProfile()
-	}
+	stopProfile()
 	if err != nil {
 		return serverFailed(err)
 	}

@@ -1,0 +1,54 @@
+package main_test
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/postbox-events/postbox/internal/testenv"
+)
+
+// benchDelivery runs postbox bench delivery with args and --json, and
+// returns its result.
+func benchDelivery(t *testing.T, args ...string) (res struct {
+	Store       string  `json:"store"`
+	Nodes       int     `json:"nodes"`
+	Items       int     `json:"items"`
+	ItemsPerSec float64 `json:"items_per_sec"`
+	Posts       int64   `json:"posts"`
+}) {
+	t.Helper()
+	out, err := exec.Command(binary, append([]string{"bench", "delivery", "--json"}, args...)...).Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("bench delivery %v: %v\n%s%s", args, err, out, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+		t.Fatalf("last line is not the JSON result: %q: %v", lines[len(lines)-1], err)
+	}
+	return res
+}
+
+// TestBenchDelivery runs bench delivery small, on SQLite and on two nodes
+// sharing PostgreSQL: every item is delivered (each at least once) and
+// the rate is reported; several nodes on SQLite are refused.
+func TestBenchDelivery(t *testing.T) {
+	res := benchDelivery(t, "--items", "300")
+	if res.Store != "sqlite" || res.Nodes != 1 || res.Items != 300 || res.Posts < 300 || res.ItemsPerSec <= 0 {
+		t.Errorf("sqlite: want 300 items delivered by 1 node at a positive rate, got %+v", res)
+	}
+	out, err := exec.Command(binary, "bench", "delivery", "--nodes", "2").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--store postgres") {
+		t.Errorf("bench delivery --nodes 2 on SQLite: want a usage error naming --store postgres, got %v: %s", err, out)
+	}
+	pg := testenv.URL(t, testenv.Postgres)
+	res = benchDelivery(t, "--items", "300", "--nodes", "2", "--store", pg, "--streams", pg)
+	if res.Store != "postgres" || res.Nodes != 2 || res.Items != 300 || res.Posts < 300 || res.ItemsPerSec <= 0 {
+		t.Errorf("postgres: want 300 items delivered by 2 nodes at a positive rate, got %+v", res)
+	}
+}
