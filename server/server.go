@@ -20,15 +20,19 @@
 // By default events and delivery state live in one SQLite file, DBPath,
 // written by its single group-commit writer. Set Config.Streams to run on
 // another stream.Backend (Config.Store, the SQL database of delivery
-// state, then defaults to the SQLite file).
+// state, then defaults to the SQLite file). For several servers sharing
+// the work (cluster mode), set Config.Store to OpenPostgresStore's store
+// and Config.Streams to a backend they all reach (streamnats, streampg).
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/internal/delivery/deliverypg"
 	"github.com/postbox-events/postbox/internal/ingress"
 	iserver "github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
@@ -80,7 +84,8 @@ func New(cfg Config) (*Server, error) {
 		if cfg.Streams == nil {
 			if cfg.Store != nil {
 				db.Close()
-				return nil, errors.New("server: Config.Store without Config.Streams: set both, or Streams alone, or neither (SQLite for both)")
+				return nil, errors.New("server: Config.Store without Config.Streams: set both, or Streams alone, or neither (SQLite for both); " +
+					"servers sharing a PostgreSQL store need streams they share too")
 			}
 			cfg.Streams = db
 		}
@@ -112,6 +117,19 @@ func OpenSQLite(cfg Config) (*streamsqlite.Backend, error) {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	return db, nil
+}
+
+// PostgresStore keeps delivery state (subscriptions, inbox items, read
+// positions and the leases of subscriptions' loops) in a PostgreSQL
+// schema that any number of servers share.
+type PostgresStore = deliverypg.Store
+
+// OpenPostgresStore connects to the PostgreSQL at url and keeps delivery
+// state in schema ("postbox" when empty), created and migrated when a
+// server starts on it. Use it as Config.Store of every server, beside a
+// Config.Streams they share; the server closes it.
+func OpenPostgresStore(ctx context.Context, url, schema string) (*PostgresStore, error) {
+	return deliverypg.Open(ctx, deliverypg.Config{URL: url, Schema: schema})
 }
 
 // Dead makes a Handler's error final: the item becomes a dead letter
