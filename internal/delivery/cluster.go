@@ -116,6 +116,11 @@ func (c *cluster) run(ctx context.Context) {
 // may, hands back one beyond its share, and runs the loops it holds.
 func (c *cluster) claim(ctx context.Context) error {
 	d := c.d
+	// A Delete or Reset here waits for the round, so that the round
+	// starts no loop of a subscription deleted after it read them. (One
+	// deleted on another node meanwhile ends at its start: see consume.)
+	d.admin.Lock()
+	defer d.admin.Unlock()
 	subs, err := d.Subscriptions(ctx)
 	if err != nil {
 		return err

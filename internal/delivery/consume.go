@@ -48,6 +48,12 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 		if ctx.Err() != nil {
 			return
 		}
+		if errors.Is(err, ErrNotFound) {
+			// Deleted while the loop started (a claim round of a shared
+			// store read it just before): the consumer made above goes too.
+			d.dropConsumer(ctx, log, s)
+			return
+		}
 		log.Error("delivery: cannot read or record the subscription's position; retrying", "err", err)
 		if !sleep(ctx, retryDelay) {
 			return
@@ -75,7 +81,7 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 			}
 			if errors.Is(err, stream.ErrConsumerNotFound) {
 				if _, found, perr := d.position(ctx, s.UID); perr == nil && !found {
-					return // the subscription was deleted (by another node)
+					return // the subscription was deleted (by another node) with its consumer
 				}
 				// Deleted from outside delivery: the position still says
 				// where the subscription is.
@@ -166,6 +172,17 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 			log.Error("delivery: materialising a batch failed; retrying", "from", first, "to", last, "err", err)
 			sleep(ctx, retryDelay)
 		}
+	}
+}
+
+// dropConsumer deletes the stream consumer of s, which was deleted, unless
+// a subscription of its name exists again.
+func (d *Delivery) dropConsumer(ctx context.Context, log *slog.Logger, s Subscription) {
+	if now, err := d.Subscription(ctx, s.Name); err == nil && now.UID != s.UID || err != nil && !errors.Is(err, ErrNotFound) {
+		return
+	}
+	if err := d.streams.DeleteConsumer(ctx, s.Name); err != nil && !errors.Is(err, stream.ErrConsumerNotFound) {
+		log.Warn("delivery: deleting the consumer of a deleted subscription failed", "err", err)
 	}
 }
 

@@ -206,7 +206,7 @@ type Delivery struct {
 	completions chan completion // items the workers completed, to ack
 	slots       *slots
 
-	admin sync.Mutex // serialises Delete and Reset
+	admin sync.Mutex // serialises Delete, Reset and the claim rounds of a shared store
 
 	mu          sync.Mutex
 	runCtx      context.Context // nil until Run
