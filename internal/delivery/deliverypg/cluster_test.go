@@ -312,13 +312,16 @@ func ids(items []delivery.Item) []int64 {
 // is refused. Every item ends completed, with as many attempts as leases.
 func TestConcurrentLeases(t *testing.T) {
 	c := newCluster(t)
-	a, b := c.start("a", delivery.Config{}), c.start("b", delivery.Config{})
+	// Attempts enough that no item nacked again and again becomes a dead
+	// letter, which would never complete.
+	cfg := delivery.Config{MaxAttempts: 1000}
+	a, b := c.start("a", cfg), c.start("b", cfg)
 	const total = 600
 	create(t, a, delivery.Subscription{Name: "jobs", Source: "devices"})
 	c.appendEvents("j", total)
 	c.waitOnce("jobs", total)
 
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a bound on a hang, not a timing
 	defer cancel()
 	var mu sync.Mutex
 	held := map[int64]string{} // item → the lease holding it

@@ -100,13 +100,23 @@ func (s *Store) Update(ctx context.Context, fn func(tx *sql.Tx) error) error {
 func (s *Store) update(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return err
+		return orCanceled(ctx, err)
 	}
 	if err := fn(tx); err != nil {
 		tx.Rollback()
-		return err
+		return orCanceled(ctx, err)
 	}
-	return tx.Commit()
+	return orCanceled(ctx, tx.Commit())
+}
+
+// orCanceled returns ctx's error for an error that ctx's end caused:
+// database/sql rolls a transaction back when its context ends, and its
+// next statement then fails with sql.ErrTxDone, which says less.
+func orCanceled(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w (%v)", ctx.Err(), err)
+	}
+	return err
 }
 
 // retryable reports whether err aborted a transaction that may succeed
