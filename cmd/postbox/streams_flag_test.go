@@ -76,7 +76,12 @@ func TestServeStoreBadInput(t *testing.T) {
 			t.Errorf("serve --store %s: the password is in the output: %s", tc.store, out)
 		}
 	}
-	// A dead PostgreSQL behind --store, with streams that work.
+	t.Run("dead store", func(t *testing.T) { serveDeadStore(t) })
+}
+
+// serveDeadStore: a dead PostgreSQL behind --store, with streams that
+// work, stops serve naming --store.
+func serveDeadStore(t *testing.T) {
 	pg := testenv.URL(t, testenv.Postgres)
 	schema := "t_store_" + strconv.Itoa(os.Getpid())
 	t.Cleanup(func() { testenv.DropSchema(t, pg, schema) })
