@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,12 +24,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/client"
 	"github.com/postbox-events/postbox/internal/relaymetrics"
 	"github.com/postbox-events/postbox/outbox"
+	"github.com/postbox-events/postbox/outbox/outboxkafka"
 	"github.com/postbox-events/postbox/outbox/outboxnats"
 	"github.com/postbox-events/postbox/outbox/outboxpg"
 	"github.com/postbox-events/postbox/outbox/outboxredis"
@@ -50,9 +56,13 @@ it with postbox outbox). Wakes on LISTEN/NOTIFY and polls as well.
         SQLite file written with outboxsqlite.Insert
 --to    redis://HOST:6379/0?stream=NAME[&maxlen=N][&idmp=auto|off|on&producer=ID]   (XADD)
         nats://HOST:4222?stream=NAME[&subject=PREFIX][&create=false]          (JetStream, Nats-Msg-Id)
+        kafka://HOST:9092[,HOST:9092...]?topic=NAME[&key=correlation_id|tenant_id|event_id]
+                [&client_id=ID][&max_bytes=N][&tls=1&tls_ca=FILE&tls_cert=FILE&tls_key=FILE]
+                [&sasl_mechanism=plain|scram-sha-256|scram-sha-512, with USER:PASS@]
+                                                                      (idempotent producer, acks=all)
         ws://HOST:PORT or wss://HOST:PORT                                     (a postbox server)`)
 	dsn := fs.String("db", "", "the outbox's database: postgres://... or a SQLite file [DATABASE_URL]")
-	to := fs.String("to", "", "where to relay: redis://, nats://, ws:// or wss:// URL [POSTBOX_RELAY_TO]")
+	to := fs.String("to", "", "where to relay: redis://, nats://, kafka://, ws:// or wss:// URL [POSTBOX_RELAY_TO]")
 	listen := fs.String("listen", defaultRelayListen, "address of /metrics and /healthz; empty: none [POSTBOX_RELAY_LISTEN]")
 	token := fs.String("token", "", "bearer token for a ws:// target [POSTBOX_TOKEN]")
 	migrate := fs.Bool("migrate", true, "create or upgrade the outbox table at start (false: refuse to start without it)")
@@ -338,6 +348,8 @@ func relayTarget(ctx context.Context, to, token string, ackTimeout time.Duration
 			return nil, nil, usagef("--to %s: %v", redact(to), err)
 		}
 		return pub, nc.Close, nil
+	case "kafka":
+		return kafkaTarget(ctx, u, q, ackTimeout)
 	case "ws", "wss":
 		pub, err := client.NewPublisher(to, client.Options{Token: token}, ackTimeout)
 		if err != nil {
@@ -345,7 +357,7 @@ func relayTarget(ctx context.Context, to, token string, ackTimeout time.Duration
 		}
 		return pub, func() { pub.Close() }, nil
 	}
-	return nil, nil, usagef("--to %q: use redis://, nats://, ws:// or wss://", to)
+	return nil, nil, usagef("--to %q: use redis://, nats://, kafka://, ws:// or wss://", redact(to))
 }
 
 func redisTarget(ctx context.Context, u *url.URL, q url.Values, ackTimeout time.Duration) (outbox.Publisher, func(), error) {
@@ -431,4 +443,126 @@ func setIDMP(cfg *outboxredis.PublisherConfig, mode, producer string) error {
 	}
 	cfg.ProducerID = producer
 	return nil
+}
+
+// kafkaOptions are the query options of a kafka:// target.
+var kafkaOptions = []string{"topic", "key", "client_id", "max_bytes", "tls", "tls_ca", "tls_cert", "tls_key", "sasl_mechanism"}
+
+// kafkaTarget returns the publisher of a kafka://HOST:PORT[,HOST:PORT]?topic=
+// target. Its usage errors name the option at fault and never the
+// password.
+func kafkaTarget(ctx context.Context, u *url.URL, q url.Values, ackTimeout time.Duration) (outbox.Publisher, func(), error) {
+	shown := redact(u.String())
+	for k := range q {
+		if !strings.Contains(","+strings.Join(kafkaOptions, ",")+",", ","+k+",") {
+			return nil, nil, usagef("--to %s: unknown option %q (%s)", shown, k, strings.Join(kafkaOptions, ", "))
+		}
+	}
+	cfg := outboxkafka.Config{Topic: q.Get("topic"), ClientID: q.Get("client_id"), DeliveryTimeout: ackTimeout}
+	if cfg.Topic == "" {
+		return nil, nil, usagef("--to %s: name the topic: kafka://HOST:9092?topic=NAME", shown)
+	}
+	for b := range strings.SplitSeq(u.Host, ",") {
+		if b == "" {
+			return nil, nil, usagef("--to %s: an empty broker address", shown)
+		}
+		if !strings.Contains(b, ":") {
+			b += ":9092"
+		}
+		cfg.Brokers = append(cfg.Brokers, b)
+	}
+	if len(cfg.Brokers) == 0 {
+		return nil, nil, usagef("--to %s: name the brokers: kafka://HOST:9092[,HOST:9092]", shown)
+	}
+	switch q.Get("key") {
+	case "", "correlation_id":
+		cfg.Key = outboxkafka.KeyCorrelationID
+	case "tenant_id":
+		cfg.Key = outboxkafka.KeyTenantID
+	case "event_id":
+		cfg.Key = outboxkafka.KeyEventID
+	default:
+		return nil, nil, usagef("--to: key=%q: use correlation_id, tenant_id or event_id", q.Get("key"))
+	}
+	if v := q.Get("max_bytes"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return nil, nil, usagef("--to: max_bytes=%q is not a positive whole number", v)
+		}
+		cfg.MaxRecordBytes = n
+	}
+	tlsCfg, err := kafkaTLS(q)
+	if err != nil {
+		return nil, nil, err
+	}
+	if tlsCfg != nil {
+		cfg.Options = append(cfg.Options, kgo.DialTLSConfig(tlsCfg))
+	}
+	mech := q.Get("sasl_mechanism")
+	if u.User == nil && mech != "" {
+		return nil, nil, usagef("--to %s: sasl_mechanism=%s needs a user: kafka://USER:PASS@HOST:9092", shown, mech)
+	}
+	if u.User != nil {
+		user := u.User.Username()
+		pass, _ := u.User.Password()
+		switch strings.ToLower(mech) {
+		case "", "plain":
+			cfg.Options = append(cfg.Options, kgo.SASL(plain.Auth{User: user, Pass: pass}.AsMechanism()))
+		case "scram-sha-256":
+			cfg.Options = append(cfg.Options, kgo.SASL(scram.Auth{User: user, Pass: pass}.AsSha256Mechanism()))
+		case "scram-sha-512":
+			cfg.Options = append(cfg.Options, kgo.SASL(scram.Auth{User: user, Pass: pass}.AsSha512Mechanism()))
+		default:
+			return nil, nil, usagef("--to: sasl_mechanism=%q: use plain, scram-sha-256 or scram-sha-512", mech)
+		}
+	}
+	pub, err := outboxkafka.New(cfg)
+	if err != nil {
+		return nil, nil, usagef("--to %s: %v", shown, err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pub.Ping(pctx); err != nil {
+		pub.Close()
+		return nil, nil, fmt.Errorf("--to %s: %w", shown, err)
+	}
+	return timeoutPublisher{pub, ackTimeout}, pub.Close, nil
+}
+
+// kafkaTLS reads the tls options: tls=1 for the system's roots, tls_ca
+// for a CA file, tls_cert and tls_key for a client certificate. Any of
+// them turns TLS on.
+func kafkaTLS(q url.Values) (*tls.Config, error) {
+	on := q.Get("tls")
+	switch on {
+	case "", "0", "1", "true", "false":
+	default:
+		return nil, usagef("--to: tls=%q: use 1 or 0", on)
+	}
+	ca, cert, key := q.Get("tls_ca"), q.Get("tls_cert"), q.Get("tls_key")
+	if on != "1" && on != "true" && ca == "" && cert == "" && key == "" {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return nil, usagef("--to: tls_ca: %v", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, usagef("--to: tls_ca=%s holds no PEM certificate", ca)
+		}
+	}
+	if (cert == "") != (key == "") {
+		return nil, usagef("--to: tls_cert and tls_key go together")
+	}
+	if cert != "" {
+		c, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return nil, usagef("--to: tls_cert/tls_key: %v", err)
+		}
+		cfg.Certificates = []tls.Certificate{c}
+	}
+	return cfg, nil
 }

@@ -26,8 +26,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/postbox-events/postbox/internal/kafkatest"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/internal/testenv"
+	"github.com/postbox-events/postbox/outbox/outboxkafka"
 )
 
 // The tests of postbox relay and postbox outbox emit|migrate|list|requeue
@@ -648,6 +650,67 @@ func TestRelayToJetStream(t *testing.T) {
 	stopRelay(t, relay)
 }
 
+// TestRelayToKafka relays a few events to a Kafka cluster (kfake, in this
+// process, on loopback ports): the topic holds each once, keyed by its
+// correlation id, with its event id and fields as headers; with the
+// brokers stopped the rows stay pending, and they are delivered once the
+// brokers are back.
+func TestRelayToKafka(t *testing.T) {
+	dsn := testenv.PostgresSchema(t)
+	pool := outboxPool(t, dsn)
+	kc := kafkatest.Start(t, 1, "orders")
+
+	payload := `{"order": 3}` // as jsonb writes it
+	emit(t, "--db", dsn, "--type", "order.created", "--payload", payload, "--count", "5", "--tenant", "acme", "--correlation-id", "order-3")
+	ids := outboxEventIDs(t, pool)
+
+	listen := freePort(t)
+	relay := start(t, "relay", "--db", dsn, "--to", kc.URL()+"?topic=orders&client_id=relaytest", "--listen", listen,
+		"--poll", "100ms", "--ack-timeout", "2s", "--log-level", "warn")
+	delivered := func(n float64) func() bool {
+		return func() bool {
+			m, err := scrape(listen)
+			return err == nil && m[mDelivered] == n && m[mPending] == 0
+		}
+	}
+	waitUntil(t, time.Minute, "the relay did not deliver 5 events", delivered(5), relay)
+	var got []string
+	for _, r := range kc.Read("orders", 5) {
+		h := map[string]string{}
+		for _, kv := range r.Headers {
+			h[kv.Key] = string(kv.Value)
+		}
+		got = append(got, h[outboxkafka.HeaderEventID])
+		if string(r.Key) != "order-3" || string(r.Value) != payload || h[outboxkafka.HeaderTenantID] != "acme" || h[outboxkafka.HeaderEventType] != "order.created" {
+			t.Errorf("record %d: key %q value %s headers %v", r.Offset, r.Key, r.Value, h)
+		}
+	}
+	if !slices.Equal(got, ids) {
+		t.Errorf("event ids in the topic: %v, want %v in outbox order", got, ids)
+	}
+
+	kc.Stop()
+	emit(t, "--db", dsn, "--type", "order.paid", "--payload", payload, "--count", "3", "--correlation-id", "order-3")
+	waitUntil(t, time.Minute, "the relay reported no transport failure while the brokers were down", func() bool {
+		m, err := scrape(listen)
+		return err == nil && m[mPending] == 3 && m[mUnanswered] > 0
+	}, relay)
+	kc.Restart()
+	waitUntil(t, time.Minute, "the relay did not deliver the 3 events after the brokers came back", delivered(8), relay)
+	seen := map[string]bool{}
+	for _, r := range kc.Read("orders", 8) {
+		for _, kv := range r.Headers {
+			if kv.Key == outboxkafka.HeaderEventID {
+				seen[string(kv.Value)] = true
+			}
+		}
+	}
+	if len(seen) != 8 {
+		t.Errorf("the topic holds %d distinct events, want 8", len(seen))
+	}
+	stopRelay(t, relay)
+}
+
 // TestRelayMetrics reads a relay's /metrics while its receiver is down
 // (a backlog, an oldest pending age, transport failures) and after it
 // came up (all delivered).
@@ -715,8 +778,16 @@ func TestRelayBadInvocations(t *testing.T) {
 		{[]string{"relay"}, 2, "--db and --to are required"},
 		{[]string{"relay", "--db", dsn}, 2, "--db and --to are required"},
 		{[]string{"relay", "--to", redisTo}, 2, "--db and --to are required"},
-		{[]string{"relay", "--db", missing, "--to", "http://127.0.0.1:1"}, 2, "use redis://, nats://, ws:// or wss://"},
-		{[]string{"relay", "--db", dsn, "--to", "kafka://127.0.0.1:9092"}, 2, "use redis://, nats://, ws:// or wss://"},
+		{[]string{"relay", "--db", missing, "--to", "http://127.0.0.1:1"}, 2, "use redis://, nats://, kafka://, ws:// or wss://"},
+		{[]string{"relay", "--db", dsn, "--to", "kafka://127.0.0.1:9092"}, 2, "name the topic: kafka://HOST:9092?topic=NAME"},
+		{[]string{"relay", "--db", dsn, "--to", "kafka://127.0.0.1:9092?topic=o&partition=1"}, 2, `unknown option "partition"`},
+		{[]string{"relay", "--db", dsn, "--to", "kafka://127.0.0.1:9092?topic=o&key=order_id"}, 2, `key="order_id"`},
+		{[]string{"relay", "--db", dsn, "--to", "kafka://127.0.0.1:9092?topic=o&max_bytes=big"}, 2, `max_bytes="big"`},
+		{[]string{"relay", "--db", dsn, "--to", "kafka://127.0.0.1:9092?topic=o&tls=maybe"}, 2, `tls="maybe"`},
+		{[]string{"relay", "--db", dsn, "--to", "kafka://127.0.0.1:9092?topic=o&tls_ca=" + missing}, 2, "tls_ca"},
+		{[]string{"relay", "--db", dsn, "--to", "kafka://127.0.0.1:9092?topic=o&sasl_mechanism=plain"}, 2, "sasl_mechanism=plain needs a user"},
+		{[]string{"relay", "--db", dsn, "--to", "kafka://u:s3cret@127.0.0.1:9092?topic=o&sasl_mechanism=gssapi"}, 2, `sasl_mechanism="gssapi"`},
+		{[]string{"relay", "--db", dsn, "--to", "kafka://u:s3cret@127.0.0.1:9092?topic=or%20ders"}, 2, "u:xxxxx@127.0.0.1:9092"},
 		{[]string{"relay", "--db", dsn, "--to", redisBase}, 2, "name the stream: redis://HOST:6379/0?stream=NAME"},
 		{[]string{"relay", "--db", dsn, "--to", redisTo + "&maxlen=lots"}, 2, "maxlen"},
 		{[]string{"relay", "--db", dsn, "--to", redisTo + "&idmp=maybe"}, 2, "idmp"},
@@ -745,6 +816,9 @@ func TestRelayBadInvocations(t *testing.T) {
 		{[]string{"outbox", "list", "--db", dsn}, 1, "no outbox table"},
 	} {
 		out, code := runScrubbed(t, tc.args...)
+		if strings.Contains(out, "s3cret") {
+			t.Errorf("postbox %q printed the password: %q", tc.args, out)
+		}
 		if code != tc.code || !strings.Contains(out, tc.want) {
 			t.Errorf("postbox %q: exit %d (want %d), output %q (want it to contain %q)", tc.args, code, tc.code, out, tc.want)
 		}
