@@ -31,32 +31,29 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver, for Watermill
-	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxpg"
-	"github.com/postbox-events/postbox/outbox/outboxredis"
 )
 
 // Where each side keeps its rows and entries; dropped before every run
 // and at the end.
 const (
 	wmSchema    = "bench_watermill"
-	wmStream    = "bench:watermill"
 	wmTopic     = "outbox" // the forwarder's SQL topic: table bench_watermill.watermill_outbox
 	pbSchema    = "bench_postbox"
-	pbStream    = "bench:postbox"
 	eventType   = "order.created"
 	pollEvery   = 5 * time.Millisecond // XLEN polls while waiting for the last event
 	defaultPG   = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
@@ -68,6 +65,9 @@ const (
 type config struct {
 	n, rounds, tx, payload int
 	pg, redis              string
+	kafka                  bool
+	brokers                string
+	partitions             int
 	timeout                time.Duration
 	keep                   bool
 	only                   string
@@ -90,11 +90,22 @@ func main() {
 	flag.IntVar(&cfg.tx, "tx", 100, "events per insert transaction")
 	flag.IntVar(&cfg.payload, "payload", 200, "bytes of each event's JSON payload")
 	flag.StringVar(&cfg.pg, "pg", defaultPG, "PostgreSQL URL (schemas "+wmSchema+" and "+pbSchema+" are dropped and recreated)")
-	flag.StringVar(&cfg.redis, "redis", defaultRdb, "Redis URL (keys "+wmStream+" and "+pbStream+" are deleted)")
+	flag.StringVar(&cfg.redis, "redis", defaultRdb, "Redis URL (keys bench:watermill and bench:postbox are deleted)")
+	flag.BoolVar(&cfg.kafka, "kafka", false, "forward to Kafka instead of Redis")
+	flag.StringVar(&cfg.brokers, "brokers", "", "-kafka: host:port[,host:port]; empty: a kfake broker started in this process on loopback")
+	flag.IntVar(&cfg.partitions, "partitions", 1, "-kafka: partitions of each run's topic")
+	serve := flag.String("serve-kafka", "", "only run a kfake broker on this host:port until interrupted (for postbox bench relay --to kafka://)")
 	flag.DurationVar(&cfg.timeout, "timeout", 10*time.Minute, "give up on a run after this long")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the last round's schemas and streams")
 	flag.StringVar(&cfg.only, "only", "", "run one side only: "+sideWM+" or "+sidePostbox+" (no ratio)")
 	flag.Parse()
+	if *serve != "" {
+		if err := serveKafka(*serve); err != nil {
+			fmt.Fprintln(os.Stderr, "watermill:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if cfg.n <= 0 || cfg.rounds <= 0 || cfg.tx <= 0 || cfg.payload < 100 || (cfg.only != "" && cfg.only != sideWM && cfg.only != sidePostbox) {
 		fmt.Fprintln(os.Stderr, "watermill: -n, -rounds and -tx must be positive, -payload at least 100, -only watermill or postbox")
 		os.Exit(2)
@@ -116,28 +127,25 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	if err := db.PingContext(ctx); err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}
-	ropts, err := redis.ParseURL(cfg.redis)
+	var snk sink
+	if cfg.kafka {
+		snk, err = newKafkaSink(cfg.brokers, cfg.partitions)
+	} else {
+		snk, err = newRedisSink(ctx, cfg.redis)
+	}
 	if err != nil {
-		return fmt.Errorf("redis url: %w", err)
+		return err
 	}
-	admin := redis.NewClient(ropts)
-	defer admin.Close()
-	if err := admin.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("redis: %w", err)
-	}
+	defer snk.close()
 	var pgVersion string
 	db.QueryRowContext(ctx, "SHOW server_version").Scan(&pgVersion)
-	redisVersion := "?"
-	if info, err := admin.Info(ctx, "server").Result(); err == nil {
-		for line := range strings.SplitSeq(info, "\n") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
-				redisVersion = v
-			}
-		}
+	fmt.Fprintf(out, "PostgreSQL %s → %s: %d events of %d-byte JSON per run, inserted in transactions of %d, %d rounds\n",
+		pgVersion, snk.describe(ctx), cfg.n, cfg.payload, cfg.tx, cfg.rounds)
+	if cfg.kafka {
+		fmt.Fprintf(out, "watermill v1.5.1 forwarder (watermill-sql v4.0.0 → watermill-kafka v3.0.6, sarama SyncProducer, acks=all) vs postbox outbox.Relay (outboxpg → outboxkafka, franz-go, idempotent, acks=all), defaults otherwise\n\n")
+	} else {
+		fmt.Fprintf(out, "watermill v1.5.1 forwarder (watermill-sql v4.0.0 → watermill-redisstream v1.4.5) vs postbox outbox.Relay (outboxpg → outboxredis), defaults on both sides\n\n")
 	}
-	fmt.Fprintf(out, "PostgreSQL %s → Redis %s: %d events of %d-byte JSON per run, inserted in transactions of %d, %d rounds\n",
-		pgVersion, redisVersion, cfg.n, cfg.payload, cfg.tx, cfg.rounds)
-	fmt.Fprintf(out, "watermill v1.5.1 forwarder (watermill-sql v4.0.0 → watermill-redisstream v1.4.5) vs postbox outbox.Relay (outboxpg → outboxredis), defaults on both sides\n\n")
 
 	events := makeEvents(cfg.n, cfg.payload)
 	results := map[string][]result{}
@@ -154,9 +162,9 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 			var r result
 			var err error
 			if side == sideWM {
-				r, err = runWatermill(rctx, cfg, db, ropts, admin, events)
+				r, err = runWatermill(rctx, cfg, db, snk, round, events)
 			} else {
-				r, err = runPostbox(rctx, cfg, db, ropts, admin, events)
+				r, err = runPostbox(rctx, cfg, db, snk, round, events)
 			}
 			cancel()
 			if err != nil {
@@ -168,7 +176,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 		}
 	}
 	if !cfg.keep {
-		cleanup(context.WithoutCancel(ctx), db, admin)
+		cleanup(context.WithoutCancel(ctx), db, snk)
 	}
 	if cfg.only == "" {
 		report(out, cfg, results)
@@ -202,7 +210,7 @@ func report(out io.Writer, cfg config, results map[string][]result) {
 		}
 		return median(ms)
 	}
-	fmt.Fprintf(out, "\nforward: from starting the forwarder (relay) until XLEN = %d. Not timed: the outbox then knew it a median %.0f ms (watermill: offset acked) and %.0f ms (postbox: rows marked delivered) later.\n",
+	fmt.Fprintf(out, "\nforward: from starting the forwarder (relay) until the stream (topic) holds %d. Not timed: the outbox then knew it a median %.0f ms (watermill: offset acked) and %.0f ms (postbox: rows marked delivered) later.\n",
 		cfg.n, settle(sideWM), settle(sidePostbox))
 }
 
@@ -261,26 +269,24 @@ func resetSchema(ctx context.Context, db *sql.DB, schema string) error {
 	return err
 }
 
-func cleanup(ctx context.Context, db *sql.DB, admin *redis.Client) {
+func cleanup(ctx context.Context, db *sql.DB, snk sink) {
 	for _, s := range []string{wmSchema, pbSchema} {
 		if _, err := db.ExecContext(ctx, "DROP SCHEMA IF EXISTS "+s+" CASCADE"); err != nil {
 			fmt.Fprintln(os.Stderr, "cleanup:", err)
 		}
 	}
-	if err := admin.Del(ctx, wmStream, pbStream).Err(); err != nil {
-		fmt.Fprintln(os.Stderr, "cleanup:", err)
-	}
+	snk.cleanup(ctx)
 }
 
 // waitXLen polls the length of stream until it reaches n, failing when
 // ctx ends or failed receives (the forwarder or relay stopped early).
-func waitXLen(ctx context.Context, admin *redis.Client, stream string, n int64, failed <-chan error) (int64, error) {
+func waitXLen(ctx context.Context, snk sink, stream string, n int64, failed <-chan error) (int64, error) {
 	tick := time.NewTicker(pollEvery)
 	defer tick.Stop()
 	for {
-		l, err := admin.XLen(ctx, stream).Result()
+		l, err := snk.count(ctx, stream)
 		if err != nil {
-			return l, fmt.Errorf("xlen %s: %w", stream, err)
+			return l, fmt.Errorf("length of %s: %w", stream, err)
 		}
 		if l >= n {
 			return l, nil
@@ -318,12 +324,13 @@ func wmLogger() watermill.LoggerAdapter {
 
 // runWatermill is one Watermill run: the forwarder's publisher inside
 // transactions, then the forwarder to Redis.
-func runWatermill(ctx context.Context, cfg config, db *sql.DB, ropts *redis.Options, admin *redis.Client, events []event) (result, error) {
+func runWatermill(ctx context.Context, cfg config, db *sql.DB, snk sink, run int, events []event) (result, error) {
 	var r result
 	if err := resetSchema(ctx, db, wmSchema); err != nil {
 		return r, err
 	}
-	if err := admin.Del(ctx, wmStream).Err(); err != nil {
+	wmStream, err := snk.fresh(ctx, sideWM, run)
+	if err != nil {
 		return r, err
 	}
 	logger := wmLogger()
@@ -350,7 +357,7 @@ func runWatermill(ctx context.Context, cfg config, db *sql.DB, ropts *redis.Opti
 	start := time.Now()
 	for i := 0; i < len(events); i += cfg.tx {
 		batch := events[i:min(i+cfg.tx, len(events))]
-		if err := wmInsert(ctx, db, schema, logger, batch); err != nil {
+		if err := wmInsert(ctx, db, schema, logger, wmStream, batch); err != nil {
 			return r, err
 		}
 	}
@@ -359,8 +366,7 @@ func runWatermill(ctx context.Context, cfg config, db *sql.DB, ropts *redis.Opti
 		return r, err
 	}
 
-	rdb := redis.NewClient(ropts) // closed by the publisher's Close
-	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: rdb}, logger)
+	pub, err := snk.wmPublisher(logger)
 	if err != nil {
 		return r, err
 	}
@@ -374,7 +380,7 @@ func runWatermill(ctx context.Context, cfg config, db *sql.DB, ropts *redis.Opti
 	failed := make(chan error, 1)
 	start = time.Now()
 	go func() { failed <- fwd.Run(runCtx) }()
-	r.xlen, err = waitXLen(ctx, admin, wmStream, int64(len(events)), failed)
+	r.xlen, err = waitXLen(ctx, snk, wmStream, int64(len(events)), failed)
 	r.forward = time.Since(start)
 	if err != nil {
 		return r, err
@@ -403,7 +409,7 @@ func runWatermill(ctx context.Context, cfg config, db *sql.DB, ropts *redis.Opti
 // wmInsert writes one transaction of events the way a Watermill service
 // does: a SQL publisher on the transaction, wrapped by the forwarder's
 // publisher, which envelopes each message with its destination topic.
-func wmInsert(ctx context.Context, db *sql.DB, schema wmsql.SchemaAdapter, logger watermill.LoggerAdapter, batch []event) error {
+func wmInsert(ctx context.Context, db *sql.DB, schema wmsql.SchemaAdapter, logger watermill.LoggerAdapter, wmStream string, batch []event) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -431,12 +437,13 @@ func wmInsert(ctx context.Context, db *sql.DB, schema wmsql.SchemaAdapter, logge
 
 // runPostbox is one postbox run: outboxpg.InsertPgx inside transactions, then
 // a Relay to Redis.
-func runPostbox(ctx context.Context, cfg config, db *sql.DB, ropts *redis.Options, admin *redis.Client, events []event) (result, error) {
+func runPostbox(ctx context.Context, cfg config, db *sql.DB, snk sink, run int, events []event) (result, error) {
 	var r result
 	if err := resetSchema(ctx, db, pbSchema); err != nil {
 		return r, err
 	}
-	if err := admin.Del(ctx, pbStream).Err(); err != nil {
+	pbStream, err := snk.fresh(ctx, sidePostbox, run)
+	if err != nil {
 		return r, err
 	}
 	pcfg, err := pgxpool.ParseConfig(cfg.pg)
@@ -469,12 +476,11 @@ func runPostbox(ctx context.Context, cfg config, db *sql.DB, ropts *redis.Option
 	if err != nil {
 		return r, err
 	}
-	rdb := redis.NewClient(ropts)
-	defer rdb.Close()
-	pub, err := outboxredis.NewPublisher(rdb, outboxredis.PublisherConfig{Stream: pbStream})
+	pub, closePub, err := snk.pbPublisher(pbStream)
 	if err != nil {
 		return r, err
 	}
+	defer closePub()
 	relay, err := outbox.NewRelay(store, pub, outbox.RelayConfig{})
 	if err != nil {
 		return r, err
@@ -493,7 +499,7 @@ func runPostbox(ctx context.Context, cfg config, db *sql.DB, ropts *redis.Option
 			done <- struct{}{}
 		}()
 	}
-	r.xlen, err = waitXLen(ctx, admin, pbStream, int64(len(events)), failed)
+	r.xlen, err = waitXLen(ctx, snk, pbStream, int64(len(events)), failed)
 	r.forward = time.Since(start)
 	if err != nil {
 		return r, err
@@ -526,4 +532,24 @@ func pbInsert(ctx context.Context, pool *pgxpool.Pool, batch []event) error {
 		}
 		return nil
 	})
+}
+
+// serveKafka runs a kfake broker on addr until interrupted, topics
+// created on first use.
+func serveKafka(addr string) error {
+	_, port, ok := strings.Cut(addr, ":")
+	var p int
+	if _, err := fmt.Sscanf(port, "%d", &p); !ok || err != nil {
+		return fmt.Errorf("-serve-kafka %q: want host:port", addr)
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(p), kfake.AllowAutoTopicCreation())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	fmt.Fprintln(os.Stderr, "kfake listening on", strings.Join(c.ListenAddrs(), ","))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+	return nil
 }
