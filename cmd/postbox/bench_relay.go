@@ -17,6 +17,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/postbox-events/postbox/outbox"
@@ -36,10 +39,11 @@ func runBenchRelay(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "bench relay", "--db postgres://... --to URL [flags]", `Measures postbox relay: inserts --events rows into a transactional outbox in a schema of its own
 (postbox_bench_PID, dropped at the end), then times relays, run in this process, until every row is
 delivered. Each count in --relays is timed --rounds times, alternating, so that they can be compared
-as ratios of one run. The target gets its own stream (redis: STREAM-bench-PID, deleted at the end).
+as ratios of one run. The target gets its own stream (redis: STREAM-bench-PID, deleted at the end;
+kafka: a topic TOPIC-postbox-bench-PID, created with the brokers' default partitions and deleted).
 --json prints one JSON object as the last line of stdout.`)
 	dsn := fs.String("db", "", "PostgreSQL: postgres://... [DATABASE_URL]")
-	to := fs.String("to", "", "relay target, as for postbox relay (redis://...?stream=NAME, nats://...?stream=NAME, ws://...)")
+	to := fs.String("to", "", "relay target, as for postbox relay (redis://...?stream=NAME, nats://...?stream=NAME, kafka://...?topic=NAME, ws://...)")
 	events := positiveInt(100000)
 	fs.Var(&events, "events", "`rows` per round")
 	rounds := positiveInt(3)
@@ -229,6 +233,9 @@ func benchTarget(to, suffix string) (string, func(), error) {
 		return "", nil, usagef("--to %q: %v", to, err)
 	}
 	q := u.Query()
+	if u.Scheme == "kafka" {
+		return benchTopic(u, suffix)
+	}
 	stream := q.Get("stream")
 	if stream == "" || !(u.Scheme == "redis" || u.Scheme == "nats") {
 		return to, func() {}, nil
@@ -264,4 +271,45 @@ func deleteBenchStream(u *url.URL) {
 			nc.Close()
 		}
 	}
+}
+
+// benchTopic gives a kafka:// target a topic of the bench's own, created
+// now, and returns a function that deletes it.
+func benchTopic(u *url.URL, suffix string) (string, func(), error) {
+	q := u.Query()
+	topic := q.Get("topic")
+	if topic == "" {
+		return "", nil, usagef("--to %s: name the topic: kafka://HOST:9092?topic=NAME", redact(u.String()))
+	}
+	own := topic + "-" + strings.ReplaceAll(suffix, "_", "-")
+	q.Set("topic", own)
+	u.RawQuery = q.Encode()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(u.Host, ",")...))
+	if err != nil {
+		return "", nil, usagef("--to %s: %v", redact(u.String()), err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrCreateTopicsRequest()
+	t := kmsg.NewCreateTopicsRequestTopic()
+	t.Topic, t.NumPartitions, t.ReplicationFactor = own, -1, -1
+	req.Topics = append(req.Topics, t)
+	resp, err := req.RequestWith(ctx, cl)
+	if err == nil {
+		err = kerr.ErrorForCode(resp.Topics[0].ErrorCode)
+	}
+	if err != nil {
+		cl.Close()
+		return "", nil, fmt.Errorf("--to %s: create topic %s: %w", redact(u.String()), own, err)
+	}
+	return u.String(), func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		del := kmsg.NewPtrDeleteTopicsRequest()
+		dt := kmsg.NewDeleteTopicsRequestTopic()
+		dt.Topic = kmsg.StringPtr(own)
+		del.Topics, del.TopicNames = append(del.Topics, dt), append(del.TopicNames, own)
+		del.RequestWith(ctx, cl)
+		cl.Close()
+	}, nil
 }
