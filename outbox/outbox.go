@@ -214,3 +214,21 @@ type Row struct {
 	TenantID      string          `json:"tenant_id,omitempty"`
 	DeliveredAt   *time.Time      `json:"delivered_at,omitempty"`
 }
+
+// Admin is an outbox as operators see it (postbox outbox, the relay's
+// metrics). Both stores implement it.
+type Admin interface {
+	// List returns up to limit rows in state (StatePending,
+	// StateRejected, StateDelivered, or "" for all), oldest first. A
+	// store that deletes delivered rows lists none as delivered.
+	List(ctx context.Context, state string, limit int) ([]Row, error)
+	// Counts returns how many rows are pending and rejected.
+	Counts(ctx context.Context) (pending, rejected int64, err error)
+	// OldestPending returns when the oldest pending row was inserted; ok
+	// is false when nothing is pending.
+	OldestPending(ctx context.Context) (t time.Time, ok bool, err error)
+	// Requeue makes rejected rows pending and due now, with their
+	// attempts counted from zero again; with no ids, every rejected row.
+	// It returns how many rows it requeued.
+	Requeue(ctx context.Context, ids []string) (int64, error)
+}

@@ -80,6 +80,7 @@ var (
 	_ outbox.Store    = (*Store)(nil)
 	_ outbox.Notifier = (*Store)(nil)
 	_ outbox.Claimer  = (*Store)(nil)
+	_ outbox.Admin    = (*Store)(nil)
 )
 
 // Claims implements outbox.Claimer: Due claims the rows it returns.

@@ -75,6 +75,7 @@ type Store struct {
 var (
 	_ outbox.Store    = (*Store)(nil)
 	_ outbox.Notifier = (*Store)(nil)
+	_ outbox.Admin    = (*Store)(nil)
 )
 
 type insert struct {

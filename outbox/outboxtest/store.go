@@ -1,0 +1,416 @@
+package outboxtest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/outbox"
+)
+
+// StoreFeatures declares where a store differs from the others; the zero
+// value is a store that deletes delivered rows and hands out the event's
+// payload as Body.
+type StoreFeatures struct {
+	// BodyIsEnvelope: Due's Message.Body is the envelope JSON that is
+	// sent (the edge outbox stores envelopes as its agent received them),
+	// not the event's payload as a transactional outbox keeps it.
+	BodyIsEnvelope bool
+	// KeepsDelivered: an ACKed row stays, listed as outbox.StateDelivered
+	// until retention deletes it (the transactional outbox, so that an
+	// operator can look a delivered event up), instead of being deleted.
+	KeepsDelivered bool
+}
+
+// Store is one empty outbox opened for a check.
+type Store struct {
+	Store outbox.Store
+	Admin outbox.Admin
+	// Insert commits events to the outbox, the way its users write them,
+	// and fails the test if that fails. The events are valid and have ids.
+	Insert func(t *testing.T, events ...outbox.Event)
+}
+
+// NewStore opens an empty outbox for one check, and closes it (stopping
+// whatever it started) when t ends. A Notifier must be notifying by the
+// time NewStore returns.
+type NewStore func(t *testing.T) Store
+
+// testTimeout bounds each check.
+const testTimeout = 30 * time.Second
+
+// RunStore runs the store suite as subtests of t.
+func RunStore(t *testing.T, f StoreFeatures, newStore NewStore) {
+	for _, c := range []struct {
+		name string
+		run  func(*storeHarness)
+	}{
+		{"due_in_seq_order_after_and_limit", testDueOrder},
+		{"ack_removes_the_row", testAck},
+		{"retry_counts_the_attempt_and_waits", testRetry},
+		{"outage_counts_no_attempt", testOutage},
+		{"reject_then_requeue", testRejectRequeue},
+		{"oldest_pending", testOldestPending},
+		{"claimer_never_hands_a_row_out_twice", testClaims},
+		{"notifier_fires_on_insert_and_requeue", testNotify},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+			defer cancel()
+			c.run(&storeHarness{T: t, ctx: ctx, f: f, s: newStore(t)})
+		})
+	}
+}
+
+type storeHarness struct {
+	*testing.T
+	ctx context.Context
+	f   StoreFeatures
+	s   Store
+}
+
+func event(i int) outbox.Event {
+	id := fmt.Sprintf("evt-%03d", i)
+	return outbox.Event{ID: id, Type: "order.created", Payload: json.RawMessage(`{"order":"` + id + `","n":` + fmt.Sprint(i) + `}`),
+		CorrelationID: "corr-" + id, TenantID: "acme"}
+}
+
+// insert inserts events 1..n and returns them.
+func (h *storeHarness) insert(n int) []outbox.Event {
+	h.Helper()
+	evs := make([]outbox.Event, n)
+	for i := range evs {
+		evs[i] = event(i + 1)
+	}
+	h.s.Insert(h.T, slices.Clone(evs)...)
+	return evs
+}
+
+func (h *storeHarness) due(now time.Time, after int64, limit int) []outbox.Message {
+	h.Helper()
+	msgs, err := h.s.Store.Due(h.ctx, now, after, limit)
+	if err != nil {
+		h.Fatalf("Due: %v", err)
+	}
+	return msgs
+}
+
+func (h *storeHarness) settle(outcomes ...outbox.Outcome) {
+	h.Helper()
+	if err := h.s.Store.Settle(h.ctx, outcomes); err != nil {
+		h.Fatalf("Settle: %v", err)
+	}
+}
+
+func (h *storeHarness) counts() (pending, rejected int64) {
+	h.Helper()
+	p, r, err := h.s.Admin.Counts(h.ctx)
+	if err != nil {
+		h.Fatalf("Counts: %v", err)
+	}
+	return p, r
+}
+
+func (h *storeHarness) wantCounts(pending, rejected int64) {
+	h.Helper()
+	if p, r := h.counts(); p != pending || r != rejected {
+		h.Fatalf("Counts = %d pending, %d rejected; want %d, %d", p, r, pending, rejected)
+	}
+}
+
+func (h *storeHarness) list(state string) []outbox.Row {
+	h.Helper()
+	rows, err := h.s.Admin.List(h.ctx, state, 100)
+	if err != nil {
+		h.Fatalf("List(%q): %v", state, err)
+	}
+	return rows
+}
+
+func ids[T any](xs []T, id func(T) string) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = id(x)
+	}
+	return out
+}
+
+func msgIDs(ms []outbox.Message) []string {
+	return ids(ms, func(m outbox.Message) string { return m.EventID })
+}
+func rowIDs(rs []outbox.Row) []string { return ids(rs, func(r outbox.Row) string { return r.EventID }) }
+
+func (h *storeHarness) wantIDs(what string, got []string, want ...string) {
+	h.Helper()
+	if !slices.Equal(got, want) && (len(got) != 0 || len(want) != 0) {
+		h.Fatalf("%s: %q, want %q", what, got, want)
+	}
+}
+
+// checkMessage checks that m carries e.
+func (h *storeHarness) checkMessage(m outbox.Message, e outbox.Event) {
+	h.Helper()
+	if m.EventID != e.ID || m.Type != e.Type {
+		h.Fatalf("message %q of type %q, want %q of type %q", m.EventID, m.Type, e.ID, e.Type)
+	}
+	payload := json.RawMessage(m.Body)
+	if h.f.BodyIsEnvelope {
+		env, err := postbox.ParseEnvelope(m.Body, postbox.Limits{})
+		if err != nil {
+			h.Fatalf("message %s: body is not an envelope (StoreFeatures.BodyIsEnvelope): %v", m.EventID, err)
+		}
+		if env.EventID != e.ID || env.Type != e.Type {
+			h.Fatalf("message %s: envelope of %q type %q", m.EventID, env.EventID, env.Type)
+		}
+		payload = env.Payload
+	}
+	if !sameJSON(payload, e.Payload) {
+		h.Fatalf("message %s: payload %s, want %s", m.EventID, payload, e.Payload)
+	}
+	if m.CreatedAt.IsZero() {
+		h.Fatalf("message %s: no CreatedAt", m.EventID)
+	}
+}
+
+// sameJSON reports whether a and b are the same JSON value: a store may
+// keep a payload in another layout (PostgreSQL's jsonb orders the keys).
+func sameJSON(a, b []byte) bool {
+	var x, y any
+	return json.Unmarshal(a, &x) == nil && json.Unmarshal(b, &y) == nil && reflect.DeepEqual(x, y)
+}
+
+// outcome is the outcome the Relay would settle m with.
+func outcome(m outbox.Message, kind outbox.OutcomeKind, err string, retryAt time.Time) outbox.Outcome {
+	return outbox.Outcome{EventID: m.EventID, Kind: kind, Error: err, RetryAt: retryAt, Lease: m.Lease}
+}
+
+func testDueOrder(h *storeHarness) {
+	evs := h.insert(5)
+	first := h.due(time.Now(), 0, 2)
+	h.wantIDs("Due(after 0, limit 2)", msgIDs(first), evs[0].ID, evs[1].ID)
+	h.checkMessage(first[0], evs[0])
+	h.checkMessage(first[1], evs[1])
+	if first[0].Seq >= first[1].Seq || first[0].Seq <= 0 {
+		h.Fatalf("Seq %d then %d: want positive and growing", first[0].Seq, first[1].Seq)
+	}
+	rest := h.due(time.Now(), first[1].Seq, 10)
+	h.wantIDs("Due(after the second)", msgIDs(rest), evs[2].ID, evs[3].ID, evs[4].ID)
+	for i, m := range rest {
+		h.checkMessage(m, evs[i+2])
+		if m.Attempts != 0 {
+			h.Fatalf("message %s: %d attempts before any send", m.EventID, m.Attempts)
+		}
+		if m.Seq <= first[1].Seq || i > 0 && m.Seq <= rest[i-1].Seq {
+			h.Fatalf("Seq %d out of order (%d before it)", m.Seq, first[1].Seq)
+		}
+	}
+	if none := h.due(time.Now(), rest[2].Seq, 10); len(none) != 0 {
+		h.Fatalf("Due after the last row: %q", msgIDs(none))
+	}
+	h.wantCounts(5, 0)
+	h.wantIDs("List(pending)", rowIDs(h.list(outbox.StatePending)), evs[0].ID, evs[1].ID, evs[2].ID, evs[3].ID, evs[4].ID)
+}
+
+func testAck(h *storeHarness) {
+	evs := h.insert(2)
+	msgs := h.due(time.Now(), 0, 10)
+	h.wantIDs("Due", msgIDs(msgs), evs[0].ID, evs[1].ID)
+	h.settle(outcome(msgs[0], outbox.Delivered, "", time.Time{}))
+	h.wantCounts(1, 0)
+	// An hour on, past any claim the store took: only the unsettled row.
+	h.wantIDs("Due an hour later", msgIDs(h.due(time.Now().Add(time.Hour), 0, 10)), evs[1].ID)
+	h.wantIDs("List(pending)", rowIDs(h.list(outbox.StatePending)), evs[1].ID)
+	if h.f.KeepsDelivered {
+		rows := h.list(outbox.StateDelivered)
+		h.wantIDs("List(delivered)", rowIDs(rows), evs[0].ID)
+		if rows[0].State != outbox.StateDelivered || rows[0].DeliveredAt == nil {
+			h.Fatalf("delivered row: state %q, delivered at %v", rows[0].State, rows[0].DeliveredAt)
+		}
+	} else {
+		h.wantIDs("List(all)", rowIDs(h.list("")), evs[1].ID)
+	}
+}
+
+func testRetry(h *storeHarness) {
+	evs := h.insert(1)
+	msgs := h.due(time.Now(), 0, 10)
+	h.wantIDs("Due", msgIDs(msgs), evs[0].ID)
+	retryAt := time.Now().Add(time.Hour)
+	h.settle(outcome(msgs[0], outbox.Retry, "unavailable: try later", retryAt))
+	if got := h.due(time.Now(), 0, 10); len(got) != 0 {
+		h.Fatalf("Due before the retry time: %q", msgIDs(got))
+	}
+	h.wantCounts(1, 0)
+	rows := h.list(outbox.StatePending)
+	h.wantIDs("List(pending)", rowIDs(rows), evs[0].ID)
+	if rows[0].Attempts != 1 || rows[0].LastError != "unavailable: try later" {
+		h.Fatalf("row after a retryable NACK: %d attempts, last error %q", rows[0].Attempts, rows[0].LastError)
+	}
+	again := h.due(retryAt.Add(time.Minute), 0, 10)
+	h.wantIDs("Due after the retry time", msgIDs(again), evs[0].ID)
+	if again[0].Attempts != 1 {
+		h.Fatalf("message after a retryable NACK: %d attempts, want 1", again[0].Attempts)
+	}
+}
+
+func testOutage(h *storeHarness) {
+	evs := h.insert(1)
+	msgs := h.due(time.Now(), 0, 10)
+	h.wantIDs("Due", msgIDs(msgs), evs[0].ID)
+	h.settle(outcome(msgs[0], outbox.Unanswered, "connection reset", time.Time{}))
+	again := h.due(time.Now(), 0, 10)
+	h.wantIDs("Due after an unanswered send", msgIDs(again), evs[0].ID)
+	if again[0].Attempts != 0 {
+		h.Fatalf("an unanswered send counted: %d attempts", again[0].Attempts)
+	}
+	rows := h.list(outbox.StatePending)
+	if len(rows) != 1 || rows[0].Attempts != 0 || rows[0].LastError != "connection reset" {
+		h.Fatalf("row after an unanswered send: %+v", rows)
+	}
+	h.wantCounts(1, 0)
+}
+
+func testRejectRequeue(h *storeHarness) {
+	evs := h.insert(2)
+	msgs := h.due(time.Now(), 0, 10)
+	h.wantIDs("Due", msgIDs(msgs), evs[0].ID, evs[1].ID)
+	h.settle(outcome(msgs[0], outbox.Rejected, "invalid_payload: no total", time.Time{}),
+		outcome(msgs[1], outbox.Delivered, "", time.Time{}))
+	h.wantCounts(0, 1)
+	if got := h.due(time.Now().Add(time.Hour), 0, 10); len(got) != 0 {
+		h.Fatalf("Due returned settled rows: %q", msgIDs(got))
+	}
+	if _, ok, err := h.s.Admin.OldestPending(h.ctx); err != nil || ok {
+		h.Fatalf("OldestPending with only a rejected row: ok %v, err %v", ok, err)
+	}
+	rows := h.list(outbox.StateRejected)
+	h.wantIDs("List(rejected)", rowIDs(rows), evs[0].ID)
+	if r := rows[0]; r.State != outbox.StateRejected || r.LastError != "invalid_payload: no total" || r.Attempts != 1 {
+		h.Fatalf("rejected row: state %q, last error %q, %d attempts", r.State, r.LastError, r.Attempts)
+	}
+	if n, err := h.s.Admin.Requeue(h.ctx, []string{"evt-unknown"}); err != nil || n != 0 {
+		h.Fatalf("Requeue of an unknown id: %d, %v", n, err)
+	}
+	if n, err := h.s.Admin.Requeue(h.ctx, []string{evs[0].ID, evs[1].ID}); err != nil || n != 1 {
+		h.Fatalf("Requeue of a rejected and a delivered row: %d, %v; want 1", n, err)
+	}
+	h.wantCounts(1, 0)
+	again := h.due(time.Now(), 0, 10)
+	h.wantIDs("Due after Requeue", msgIDs(again), evs[0].ID)
+	if again[0].Attempts != 0 {
+		h.Fatalf("requeued message: %d attempts, want 0", again[0].Attempts)
+	}
+	if n, err := h.s.Admin.Requeue(h.ctx, nil); err != nil || n != 0 {
+		h.Fatalf("Requeue with nothing rejected: %d, %v", n, err)
+	}
+	// Requeue with no ids: every rejected row.
+	h.settle(outcome(again[0], outbox.Rejected, "invalid_payload: still", time.Time{}))
+	if n, err := h.s.Admin.Requeue(h.ctx, nil); err != nil || n != 1 {
+		h.Fatalf("Requeue(nil): %d, %v; want 1", n, err)
+	}
+	h.wantCounts(1, 0)
+}
+
+func testOldestPending(h *storeHarness) {
+	if _, ok, err := h.s.Admin.OldestPending(h.ctx); err != nil || ok {
+		h.Fatalf("OldestPending of an empty outbox: ok %v, err %v", ok, err)
+	}
+	before := time.Now()
+	h.insert(2)
+	oldest, ok, err := h.s.Admin.OldestPending(h.ctx)
+	if err != nil || !ok {
+		h.Fatalf("OldestPending: ok %v, err %v", ok, err)
+	}
+	rows := h.list(outbox.StatePending)
+	if !oldest.Equal(rows[0].CreatedAt) {
+		h.Fatalf("OldestPending %v, the first row was created at %v", oldest, rows[0].CreatedAt)
+	}
+	if d := oldest.Sub(before); d < -time.Minute || d > time.Minute {
+		h.Fatalf("OldestPending %v, inserted at %v", oldest, before)
+	}
+}
+
+func testClaims(h *storeHarness) {
+	if c, ok := h.s.Store.(outbox.Claimer); !ok || !c.Claims() {
+		h.Skip("the store does not claim the rows Due returns (not an outbox.Claimer)")
+	}
+	const rows, relays = 40, 6
+	h.insert(rows)
+	var mu sync.Mutex
+	seen := map[string]int{}
+	var wg sync.WaitGroup
+	errs := make(chan error, relays)
+	for range relays {
+		wg.Go(func() {
+			for {
+				msgs, err := h.s.Store.Due(h.ctx, time.Now(), 0, 3)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if len(msgs) == 0 {
+					return
+				}
+				mu.Lock()
+				for _, m := range msgs {
+					seen[m.EventID]++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		h.Fatalf("Due: %v", err)
+	}
+	if len(seen) != rows {
+		h.Fatalf("concurrent Due calls handed out %d of %d rows", len(seen), rows)
+	}
+	for id, n := range seen {
+		if n != 1 {
+			h.Fatalf("concurrent Due calls handed %s out %d times", id, n)
+		}
+	}
+}
+
+func testNotify(h *storeHarness) {
+	n, ok := h.s.Store.(outbox.Notifier)
+	if !ok {
+		h.Skip("the store cannot tell of new rows (not an outbox.Notifier)")
+	}
+	drain := func() {
+		for {
+			select {
+			case <-n.Notify():
+			default:
+				return
+			}
+		}
+	}
+	wait := func(what string) {
+		h.Helper()
+		select {
+		case <-n.Notify():
+		case <-h.ctx.Done():
+			h.Fatalf("no notification after %s", what)
+		}
+	}
+	drain()
+	evs := h.insert(1)
+	wait("an insert")
+	msgs := h.due(time.Now(), 0, 10)
+	h.wantIDs("Due", msgIDs(msgs), evs[0].ID)
+	h.settle(outcome(msgs[0], outbox.Rejected, "invalid_payload: no", time.Time{}))
+	drain()
+	if n, err := h.s.Admin.Requeue(h.ctx, nil); err != nil || n != 1 {
+		h.Fatalf("Requeue: %d, %v", n, err)
+	}
+	wait("a requeue")
+}
