@@ -134,7 +134,11 @@ type Ingress struct {
 // (the caller then cancels the connections' context). New connections
 // after Drain are closed at once.
 func (in *Ingress) Drain(ctx context.Context) error {
-	in.drainOnce.Do(func() { close(in.drain) })
+	in.drainOnce.Do(func() {
+		in.mu.Lock() // no session is added once Wait may run (see enterSession)
+		close(in.drain)
+		in.mu.Unlock()
+	})
 	done := make(chan struct{})
 	go func() { in.sessions.Wait(); close(done) }()
 	select {
@@ -143,6 +147,21 @@ func (in *Ingress) Drain(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// enterSession counts a new connection's session for Drain to wait for,
+// unless Drain has begun: a WaitGroup must not grow from zero while it is
+// waited for. It reports whether the session may run.
+func (in *Ingress) enterSession() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	select {
+	case <-in.drain:
+		return false
+	default:
+	}
+	in.sessions.Add(1)
+	return true
 }
 
 // New returns an ingress appending to store.

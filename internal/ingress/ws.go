@@ -78,7 +78,10 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer in.m.connections.Dec()
 	in.log.Debug("ingress: connection open", "remote", r.RemoteAddr, "device", device)
 
-	in.sessions.Add(1)
+	if !in.enterSession() {
+		c.Close(websocket.StatusGoingAway, "server shutting down")
+		return
+	}
 	defer in.sessions.Done()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
