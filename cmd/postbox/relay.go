@@ -223,14 +223,10 @@ func reportProgress(ctx context.Context, log *slog.Logger, every time.Duration, 
 // PostgreSQL, or an outbox in a SQLite file.
 type outboxDB struct {
 	store outbox.Store
-	admin interface {
-		relaymetrics.Outbox
-		List(ctx context.Context, state string, limit int) ([]outbox.Row, error)
-		Requeue(ctx context.Context, ids []string) (int64, error)
-	}
-	pool *pgxpool.Pool // PostgreSQL only
-	pg   *outboxpg.Store
-	lite *outboxsqlite.Store // SQLite only
+	admin outbox.Admin
+	pool  *pgxpool.Pool // PostgreSQL only
+	pg    *outboxpg.Store
+	lite  *outboxsqlite.Store // SQLite only
 }
 
 func isPostgres(dsn string) bool {
