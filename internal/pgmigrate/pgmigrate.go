@@ -25,6 +25,16 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
+// Dir returns the directory dir of f, the embedded migrations of a
+// package; a dir that is not there is a programming error, and panics.
+func Dir(f fs.FS, dir string) fs.FS {
+	sub, err := fs.Sub(f, dir)
+	if err != nil {
+		panic(err)
+	}
+	return sub
+}
+
 // Apply applies the *.sql files of fsys that component has not applied
 // yet. With a schema, it creates the schema if needed and applies the
 // files and keeps postbox_migrations there; without one, in the

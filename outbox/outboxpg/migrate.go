@@ -15,15 +15,7 @@ var migrations embed.FS
 // Migrations holds the SQL files that create and upgrade the outbox table,
 // numbered in the order they apply, for users who run migrations with
 // their own tool (copy them, or embed this fs.FS). Migrate applies them.
-var Migrations fs.FS = mustSub(migrations, "migrations")
-
-func mustSub(f fs.FS, dir string) fs.FS {
-	sub, err := fs.Sub(f, dir)
-	if err != nil {
-		panic(err)
-	}
-	return sub
-}
+var Migrations fs.FS = pgmigrate.Dir(migrations, "migrations")
 
 // Beginner starts a transaction: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
 type Beginner = pgmigrate.Beginner

@@ -63,15 +63,7 @@ var migrations embed.FS
 // Migrations holds the SQL files that create and upgrade the tables, in
 // the order they apply, for users who run migrations with their own tool.
 // Open applies them with the schema first in search_path.
-var Migrations fs.FS = mustSub(migrations, "migrations")
-
-func mustSub(f fs.FS, dir string) fs.FS {
-	sub, err := fs.Sub(f, dir)
-	if err != nil {
-		panic(err)
-	}
-	return sub
-}
+var Migrations fs.FS = pgmigrate.Dir(migrations, "migrations")
 
 // BackendName is the name this backend records in streams.backend.
 const BackendName = "postgres"
