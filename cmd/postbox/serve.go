@@ -231,7 +231,7 @@ func openBackends(cfg *server.Config, spec, storeSpec string, log *slog.Logger) 
 			streams.Close()
 			return nil, err
 		}
-		pg, err := deliverypg.Open(ctx, deliverypg.Config{URL: u, Schema: schema})
+		pg, err := deliverypg.Open(ctx, deliverypg.Config{URL: u, Schema: schema, Logger: log})
 		if err != nil {
 			streams.Close()
 			return nil, fmt.Errorf("--store %s: %w", redactURL(storeSpec), err)

@@ -3,6 +3,7 @@ package delivery
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"maps"
 	"slices"
@@ -228,12 +229,7 @@ func (c *cluster) claim(ctx context.Context) error {
 	return nil
 }
 
-func scanNames(rows interface {
-	Next() bool
-	Scan(...any) error
-	Err() error
-	Close() error
-}) ([]string, error) {
+func scanNames(rows *sql.Rows) ([]string, error) {
 	defer rows.Close()
 	var names []string
 	for rows.Next() {

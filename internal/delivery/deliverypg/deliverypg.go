@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"regexp"
 	"time"
 
@@ -38,6 +39,9 @@ type Config struct {
 	// MaxConns bounds the connections of the pool; 0 is pgx's default
 	// (the larger of 4 and the number of CPUs).
 	MaxConns int32
+	// Logger says when Listen's connection fails and comes back; nil
+	// logs nothing.
+	Logger *slog.Logger
 }
 
 // Store is delivery's state in one schema of a PostgreSQL database.
@@ -45,6 +49,7 @@ type Store struct {
 	pool   *pgxpool.Pool
 	db     *sql.DB
 	schema string
+	log    *slog.Logger
 }
 
 var _ delivery.SharedStore = (*Store)(nil)
@@ -76,7 +81,10 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("deliverypg: %w", err)
 	}
-	return &Store{pool: pool, db: stdlib.OpenDBFromPool(pool), schema: cfg.Schema}, nil
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Store{pool: pool, db: stdlib.OpenDBFromPool(pool), schema: cfg.Schema, log: cfg.Logger}, nil
 }
 
 // Schema returns the schema of the tables.
@@ -152,14 +160,16 @@ const listenRetry = time.Second
 // failure, and then calls fn with "" so that the caller looks for what it
 // missed.
 func (s *Store) Listen(ctx context.Context, channel string, fn func(payload string)) error {
-	reconnected := false
+	reconnected, failing := false, false
 	for ctx.Err() == nil {
-		err := s.listen(ctx, channel, fn, reconnected)
+		listened, err := s.listen(ctx, channel, fn, reconnected)
 		if ctx.Err() != nil {
 			break
 		}
-		reconnected = true
-		_ = err // the caller polls meanwhile; the next attempt says more
+		if listened || !failing { // once per outage
+			s.log.Warn("deliverypg: listening for the other nodes failed; polling until it is back", "channel", channel, "err", err)
+		}
+		reconnected, failing = true, !listened || failing
 		select {
 		case <-ctx.Done():
 		case <-time.After(listenRetry):
@@ -168,25 +178,26 @@ func (s *Store) Listen(ctx context.Context, channel string, fn func(payload stri
 	return nil
 }
 
-func (s *Store) listen(ctx context.Context, channel string, fn func(string), reconnected bool) error {
+func (s *Store) listen(ctx context.Context, channel string, fn func(string), reconnected bool) (listened bool, _ error) {
 	c, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	// The connection waits in LISTEN for as long as the process lives:
 	// it leaves the pool rather than going back to it in that state.
 	conn := c.Hijack()
 	defer conn.Close(context.Background())
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
-		return err
+		return false, err
 	}
 	if reconnected {
+		s.log.Info("deliverypg: listening for the other nodes again", "channel", channel)
 		fn("")
 	}
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
-			return err
+			return true, err
 		}
 		fn(n.Payload)
 	}
