@@ -1,6 +1,6 @@
 // Package client is the Go client of the postbox ingress: it sends
-// envelopes over one WebSocket connection, many batches in flight at once,
-// and returns each envelope's ACK or NACK.
+// envelopes over one WebSocket connection or gRPC stream, many batches in
+// flight at once, and returns each envelope's ACK or NACK.
 //
 // A Conn is safe for concurrent use: each Send writes one frame and waits
 // for the replies to its envelopes, which the server sends as their commits
@@ -9,11 +9,13 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -35,8 +37,12 @@ var ErrClosed = errors.New("client: connection closed")
 type Options struct {
 	// Token is sent as "Authorization: Bearer <Token>" when not empty.
 	Token string
-	// HTTPClient dials the connection (TLS settings, proxies). Optional.
+	// HTTPClient dials a WebSocket connection (TLS settings, proxies).
+	// Optional.
 	HTTPClient *http.Client
+	// TLSConfig is the TLS configuration of a grpcs:// connection.
+	// Optional: the system's roots.
+	TLSConfig *tls.Config
 	// MaxReplyBytes bounds one reply frame. Defaults to 64 MiB.
 	MaxReplyBytes int64
 	// PingInterval is how often the server is pinged; a server that does
@@ -62,9 +68,10 @@ func Encode(env postbox.Envelope) (Message, error) {
 	return Message{EventID: env.EventID, Envelope: b}, nil
 }
 
-// Conn is one WebSocket connection to a postbox ingress.
+// Conn is one connection to a postbox ingress: a WebSocket, or a gRPC
+// stream (grpc:// and grpcs:// URLs).
 type Conn struct {
-	c      *websocket.Conn
+	t      transport
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the reader ends
 
@@ -75,6 +82,17 @@ type Conn struct {
 	err     error
 }
 
+// transport is what a Conn sends frames on and reads replies from.
+type transport interface {
+	// write sends one frame: a JSON array of envelopes. It is called by
+	// one goroutine at a time.
+	write(ctx context.Context, frame []byte) error
+	// read returns the next replies; an error ends the connection.
+	read(ctx context.Context) ([]postbox.Reply, error)
+	// close ends the connection.
+	close() error
+}
+
 type call struct {
 	replies []postbox.Reply
 	index   map[string][]int // event id → positions still unanswered
@@ -83,23 +101,31 @@ type call struct {
 }
 
 // URL returns rawURL with the default ingress path when it has none, and
-// http(s) schemes turned into ws(s).
+// http(s) schemes turned into ws(s). A grpc:// or grpcs:// URL is returned
+// as it is, and must have no path.
 func URL(rawURL string) (string, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return "", fmt.Errorf("server url %q: %w", rawURL, err)
 	}
 	switch u.Scheme {
-	case "ws", "wss":
+	case "ws", "wss", "grpc", "grpcs":
 	case "http":
 		u.Scheme = "ws"
 	case "https":
 		u.Scheme = "wss"
 	default:
-		return "", fmt.Errorf("server url %q: scheme must be ws, wss, http or https", rawURL)
+		return "", fmt.Errorf("server url %q: scheme must be ws, wss, http, https, grpc or grpcs", rawURL)
 	}
 	if u.Host == "" {
 		return "", fmt.Errorf("server url %q: no host", rawURL)
+	}
+	if isGRPC(u.Scheme) {
+		if u.Path != "" && u.Path != "/" {
+			return "", fmt.Errorf("server url %q: a gRPC url has no path", rawURL)
+		}
+		u.Path = ""
+		return u.String(), nil
 	}
 	if u.Path == "" || u.Path == "/" {
 		u.Path = DefaultPath
@@ -107,12 +133,26 @@ func URL(rawURL string) (string, error) {
 	return u.String(), nil
 }
 
-// Dial connects to the ingress at rawURL (ws://host:port, with or without
-// a path).
+func isGRPC(scheme string) bool { return scheme == "grpc" || scheme == "grpcs" }
+
+// Dial connects to the ingress at rawURL: ws://host:port (wss:// for TLS),
+// with or without a path, or grpc://host:port (grpcs:// for TLS).
 func Dial(ctx context.Context, rawURL string, opts Options) (*Conn, error) {
 	u, err := URL(rawURL)
 	if err != nil {
 		return nil, err
+	}
+	if opts.MaxReplyBytes <= 0 {
+		opts.MaxReplyBytes = 64 << 20
+	}
+	if opts.PingInterval == 0 {
+		opts.PingInterval = wsping.DefaultInterval
+	}
+	if opts.PingTimeout <= 0 {
+		opts.PingTimeout = wsping.DefaultTimeout
+	}
+	if strings.HasPrefix(u, "grpc") {
+		return dialGRPC(ctx, u, opts)
 	}
 	h := http.Header{}
 	if opts.Token != "" {
@@ -125,18 +165,9 @@ func Dial(ctx context.Context, rawURL string, opts Options) (*Conn, error) {
 		}
 		return nil, fmt.Errorf("dial %s: %w", u, err)
 	}
-	if opts.MaxReplyBytes <= 0 {
-		opts.MaxReplyBytes = 64 << 20
-	}
 	c.SetReadLimit(opts.MaxReplyBytes)
-	if opts.PingInterval == 0 {
-		opts.PingInterval = wsping.DefaultInterval
-	}
-	if opts.PingTimeout <= 0 {
-		opts.PingTimeout = wsping.DefaultTimeout
-	}
 	rctx, cancel := context.WithCancel(context.Background())
-	conn := &Conn{c: c, cancel: cancel, done: make(chan struct{}), waiting: map[string][]*call{}}
+	conn := newConn(wsTransport{c}, cancel)
 	go conn.readLoop(rctx)
 	if opts.PingInterval > 0 {
 		go func() {
@@ -148,6 +179,32 @@ func Dial(ctx context.Context, rawURL string, opts Options) (*Conn, error) {
 	}
 	return conn, nil
 }
+
+func newConn(t transport, cancel context.CancelFunc) *Conn {
+	return &Conn{t: t, cancel: cancel, done: make(chan struct{}), waiting: map[string][]*call{}}
+}
+
+// wsTransport is a Conn's WebSocket.
+type wsTransport struct{ c *websocket.Conn }
+
+func (t wsTransport) write(ctx context.Context, frame []byte) error {
+	return t.c.Write(ctx, websocket.MessageText, frame)
+}
+
+func (t wsTransport) read(ctx context.Context) ([]postbox.Reply, error) {
+	_, data, err := t.c.Read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	replies, err := postbox.DecodeReplies(data)
+	if err != nil {
+		t.c.Close(websocket.StatusProtocolError, "unreadable reply")
+		return nil, fmt.Errorf("server sent an unreadable reply: %w", err)
+	}
+	return replies, nil
+}
+
+func (t wsTransport) close() error { return t.c.Close(websocket.StatusNormalClosure, "") }
 
 // ErrUnauthorized is returned by Dial when the server refuses the token.
 var ErrUnauthorized = errors.New("client: server refused the token (401)")
@@ -193,7 +250,7 @@ func (c *Conn) Send(ctx context.Context, msgs []Message) ([]postbox.Reply, error
 		}
 	}
 	c.mu.Unlock()
-	err := c.c.Write(ctx, websocket.MessageText, frame)
+	err := c.t.write(ctx, frame)
 	c.wmu.Unlock()
 	if err != nil {
 		c.fail(fmt.Errorf("%w: write: %v", ErrClosed, err))
@@ -243,15 +300,9 @@ func (c *Conn) forget(cl *call) {
 func (c *Conn) readLoop(ctx context.Context) {
 	defer close(c.done)
 	for {
-		_, data, err := c.c.Read(ctx)
+		replies, err := c.t.read(ctx)
 		if err != nil {
 			c.fail(fmt.Errorf("%w: %v", ErrClosed, err))
-			return
-		}
-		replies, err := postbox.DecodeReplies(data)
-		if err != nil {
-			c.fail(fmt.Errorf("%w: server sent an unreadable reply: %v", ErrClosed, err))
-			c.c.Close(websocket.StatusProtocolError, "unreadable reply")
 			return
 		}
 		c.deliver(replies)
@@ -294,7 +345,7 @@ func (c *Conn) fail(err error) {
 // Close closes the connection; pending Sends return ErrClosed.
 func (c *Conn) Close() error {
 	c.fail(fmt.Errorf("%w: closed by the client", ErrClosed))
-	err := c.c.Close(websocket.StatusNormalClosure, "")
+	err := c.t.close()
 	<-c.done
 	return err
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/postbox-events/postbox/client"
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/servertest"
+	"github.com/postbox-events/postbox/internal/testenv"
 )
 
 // startServer runs a real postbox server on a loopback port until the
@@ -65,6 +66,8 @@ func TestURL(t *testing.T) {
 		{"ws://host:8000/custom/ingest", "ws://host:8000/custom/ingest"},
 		{"https://host/edge/ws", "wss://host/edge/ws"},
 		{"ws://127.0.0.1:9/v1/ws", "ws://127.0.0.1:9/v1/ws"},
+		{"grpc://host:9000", "grpc://host:9000"},
+		{"grpcs://host:9443/", "grpcs://host:9443"},
 	} {
 		got, err := client.URL(tc.in)
 		if err != nil || got != tc.want {
@@ -73,11 +76,13 @@ func TestURL(t *testing.T) {
 	}
 	for _, bad := range []string{
 		"ftp://host:21",
-		"host:8000",       // no scheme: parsed as scheme "host"
-		"//host:8000",     // no scheme
-		"ws://",           // no host
-		"http:///v1/ws",   // no host
-		"ws://host:8000%", // does not parse
+		"host:8000",              // no scheme: parsed as scheme "host"
+		"//host:8000",            // no scheme
+		"ws://",                  // no host
+		"grpc://host:9000/v1/ws", // a gRPC url has no path
+		"grpc://",                // no host
+		"http:///v1/ws",          // no host
+		"ws://host:8000%",        // does not parse
 		"",
 	} {
 		if got, err := client.URL(bad); err == nil {
@@ -202,7 +207,7 @@ func TestSendAfterServerWentAway(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop()
-	servertest.Eventually(t, 30*time.Second, "the conn to notice that the server went away", func() bool { return c.Err() != nil })
+	testenv.Eventually(t, 30*time.Second, "the conn to notice that the server went away", func() bool { return c.Err() != nil })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := c.Send(ctx, []client.Message{message(t, "evt-2", true)}); !errors.Is(err, client.ErrClosed) {

@@ -14,6 +14,7 @@ import (
 	"github.com/postbox-events/postbox/client"
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/servertest"
+	"github.com/postbox-events/postbox/internal/testenv"
 )
 
 // blackhole is a TCP proxy that can stop forwarding without closing
@@ -98,7 +99,7 @@ func TestDeadPeerIsNoticed(t *testing.T) {
 	// Pings and pongs pass while the network works: wait for a few
 	// hundred bytes of them.
 	carried := hole.carried.Load()
-	servertest.Eventually(t, 30*time.Second, "pings and pongs to pass", func() bool { return hole.carried.Load() > carried+200 })
+	testenv.Eventually(t, 30*time.Second, "pings and pongs to pass", func() bool { return hole.carried.Load() > carried+200 })
 	if err := conn.Err(); err != nil {
 		t.Fatalf("a healthy connection broke: %v", err)
 	}
@@ -107,11 +108,11 @@ func TestDeadPeerIsNoticed(t *testing.T) {
 	}
 
 	hole.dead.Store(true)
-	servertest.Eventually(t, 30*time.Second, "the client to notice the dead peer", func() bool { return conn.Err() != nil })
+	testenv.Eventually(t, 30*time.Second, "the client to notice the dead peer", func() bool { return conn.Err() != nil })
 	if err := conn.Err(); !strings.Contains(err.Error(), "ping") {
 		t.Errorf("client error %q does not say a ping went unanswered", err)
 	}
-	servertest.Eventually(t, 30*time.Second, "the server to drop the connection", func() bool { return connections(t, srv) == 0 })
+	testenv.Eventually(t, 30*time.Second, "the server to drop the connection", func() bool { return connections(t, srv) == 0 })
 }
 
 // connections reads postbox_ingress_connections from /metrics.

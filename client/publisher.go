@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
@@ -15,9 +16,12 @@ import (
 const DefaultAckTimeout = 30 * time.Second
 
 // Publisher is an outbox.Publisher that sends to a postbox ingress over one
-// WebSocket connection, dialled when first needed and again after it
+// WebSocket connection or gRPC stream (see Dial), dialled when first needed and again after it
 // breaks. Concurrent Publish calls share the connection, so many batches
 // are in flight at once.
+//
+// It is the one publisher that builds postbox envelopes: each message is
+// sent as its outbox.Message.Envelope, whichever outbox it came from.
 type Publisher struct {
 	url        string
 	opts       Options
@@ -41,15 +45,49 @@ func NewPublisher(url string, opts Options, ackTimeout time.Duration) (*Publishe
 	return &Publisher{url: url, opts: opts, ackTimeout: ackTimeout}, nil
 }
 
-// Publish implements outbox.Publisher.
+// Publish implements outbox.Publisher: it sends each message as its
+// envelope (outbox.Message.Envelope). A message whose envelope cannot be
+// encoded (its Body is not JSON) is not sent; its reply is a
+// non-retryable invalid_json NACK.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) ([]postbox.Reply, error) {
-	conn, err := p.connect(ctx)
+	batch := make([]Message, 0, len(msgs))
+	var refused map[int]postbox.Reply // position in msgs → its NACK
+	for i, m := range msgs {
+		env, err := json.Marshal(m.Envelope())
+		if err != nil {
+			if refused == nil {
+				refused = map[int]postbox.Reply{}
+			}
+			refused[i] = postbox.Nack(m.EventID, &postbox.FieldError{Field: "payload", Code: postbox.CodeInvalidJSON,
+				Message: "payload: the envelope cannot be encoded: " + err.Error()})
+			continue
+		}
+		batch = append(batch, Message{EventID: m.EventID, Envelope: env})
+	}
+	replies, err := p.send(ctx, batch)
 	if err != nil {
 		return nil, err
 	}
-	batch := make([]Message, len(msgs))
-	for i, m := range msgs {
-		batch[i] = Message{EventID: m.EventID, Envelope: m.Body}
+	if refused == nil {
+		return replies, nil
+	}
+	out := make([]postbox.Reply, len(msgs))
+	for i := range msgs {
+		if r, ok := refused[i]; ok {
+			out[i] = r
+			continue
+		}
+		out[i], replies = replies[0], replies[1:]
+	}
+	return out, nil
+}
+
+// send sends batch on the connection and waits up to the ACK timeout for
+// its replies.
+func (p *Publisher) send(ctx context.Context, batch []Message) ([]postbox.Reply, error) {
+	conn, err := p.connect(ctx)
+	if err != nil {
+		return nil, err
 	}
 	sctx, cancel := context.WithTimeout(ctx, p.ackTimeout)
 	defer cancel()

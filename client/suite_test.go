@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,18 +13,36 @@ import (
 	"github.com/postbox-events/postbox/client"
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/servertest"
+	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxtest"
 )
 
 // TestSuite runs the publisher suite on a Publisher to an in-process
-// server. The Publisher sends envelopes, so the transactional outbox's
-// messages go through outbox.Envelopes, as postbox relay sends them. The
-// server stores an event id once.
-func TestSuite(t *testing.T) {
+// server: the Publisher puts each message into its envelope. The server
+// stores an event id once.
+func TestSuite(t *testing.T) { runSuite(t, false) }
+
+// TestSuiteGRPC runs the publisher suite on a Publisher to the server's
+// gRPC ingress.
+func TestSuiteGRPC(t *testing.T) { runSuite(t, true) }
+
+func runSuite(t *testing.T, overGRPC bool) {
 	outboxtest.RunPublisher(t, outboxtest.PublisherFeatures{Dedups: true}, func(t *testing.T) outboxtest.Target {
-		s := servertest.Start(t, server.Config{}, nil)
-		p, err := client.NewPublisher(s.WS, client.Options{}, 0)
+		var cfg server.Config
+		if overGRPC {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.GRPCListener = ln
+		}
+		s := servertest.Start(t, cfg, nil)
+		url := s.WS
+		if overGRPC {
+			url = "grpc://" + cfg.GRPCListener.Addr().String()
+		}
+		p, err := client.NewPublisher(url, client.Options{}, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -36,12 +55,12 @@ func TestSuite(t *testing.T) {
 			// it). So once the publisher connected, the connection is
 			// seen open and then closed before the server stops.
 			if used.n.Load() > 0 {
-				servertest.Eventually(t, 10*time.Second, "the connection to be open", func() bool { return connections(t, s) > 0 })
+				testenv.Eventually(t, 10*time.Second, "the connection to be open", func() bool { return connections(t, s) > 0 })
 			}
 			p.Close()
-			servertest.Eventually(t, 10*time.Second, "the connection to close", func() bool { return connections(t, s) == 0 })
+			testenv.Eventually(t, 10*time.Second, "the connection to close", func() bool { return connections(t, s) == 0 })
 		})
-		return outboxtest.Target{Publisher: outbox.Envelopes(used), ReadBack: func(t *testing.T) []outboxtest.Received {
+		return outboxtest.Target{Publisher: used, ReadBack: func(t *testing.T) []outboxtest.Received {
 			rows, err := s.Store().ReadDB().Query(`SELECT source_native_id, event_type, raw_payload_json FROM stream_events`)
 			if err != nil {
 				t.Fatal(err)

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox"
-	"github.com/postbox-events/postbox/internal/servertest"
+	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/outbox"
 )
 
@@ -46,7 +46,7 @@ func TestOutageNackIsNotTheRowsFailure(t *testing.T) {
 	cfg.MaxAttempts = 3
 	runRelay(t, s, pub, cfg)
 
-	servertest.Eventually(t, 10*time.Second, "ten outage NACKs", func() bool { return nacked.Load() >= 10 })
+	testenv.Eventually(t, 10*time.Second, "ten outage NACKs", func() bool { return nacked.Load() >= 10 })
 	for _, id := range all {
 		r, ok := row(t, s, id)
 		if !ok || r.State != outbox.StatePending || r.Attempts != 0 {
@@ -54,7 +54,7 @@ func TestOutageNackIsNotTheRowsFailure(t *testing.T) {
 		}
 	}
 	healed.Store(true)
-	servertest.Eventually(t, 10*time.Second, "the outbox to empty once the receiver recovered", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the outbox to empty once the receiver recovered", func() bool {
 		p, r := counts(t, s)
 		return p == 0 && r == 0
 	})
@@ -94,7 +94,7 @@ func TestWindowGrowsOnAGoodLinkAndShrinksAfterAnOutage(t *testing.T) {
 		mu.Unlock()
 	}
 	runRelay(t, s, pub, cfg)
-	servertest.Eventually(t, 20*time.Second, "the first rows delivered", func() bool { return delivered.Load() == 3000 })
+	testenv.Eventually(t, 20*time.Second, "the first rows delivered", func() bool { return delivered.Load() == 3000 })
 	mu.Lock()
 	first, top := windows[0], 0
 	for _, w := range windows {
@@ -112,7 +112,7 @@ func TestWindowGrowsOnAGoodLinkAndShrinksAfterAnOutage(t *testing.T) {
 	for i, prefix := range []string{"b", "c"} {
 		failNext.Store(true)
 		insert(t, s, ids(prefix, 10)...)
-		servertest.Eventually(t, 20*time.Second, "the rows sent after the failure delivered", func() bool { return delivered.Load() == int64(3010+10*i) })
+		testenv.Eventually(t, 20*time.Second, "the rows sent after the failure delivered", func() bool { return delivered.Load() == int64(3010+10*i) })
 	}
 	mu.Lock()
 	defer mu.Unlock()

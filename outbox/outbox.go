@@ -27,20 +27,38 @@ import (
 	"github.com/postbox-events/postbox"
 )
 
-// Message is one outbox row handed to a Publisher.
+// Message is one outbox row handed to a Publisher. Every Store hands out
+// the same shape: Body is the event's payload and the other fields carry
+// what postbox's envelope carries besides it, so that a Publisher sends
+// the same bytes whichever outbox the event came from. Only a Publisher
+// to a postbox server (client.Publisher) puts them into an envelope
+// (Message.Envelope).
 type Message struct {
 	Seq     int64 // the row's position in the outbox; grows with each insert
 	EventID string
 	Type    string
-	// Body is what is sent: for the edge outbox the envelope JSON, for a
-	// transactional outbox the event's payload JSON.
-	Body          []byte
-	CorrelationID string // transactional outbox only
-	TenantID      string // transactional outbox only
+	// Body is the event's payload: a JSON object, as its producer wrote
+	// it (a store may keep it in another layout of the same JSON, such
+	// as PostgreSQL's jsonb).
+	Body []byte
+	// CorrelationID ties together the events of one request or workflow;
+	// sent to a postbox server as the envelope's session_id.
+	CorrelationID string
+	// TenantID says whose event this is; sent to a postbox server as the
+	// envelope's device_id (DefaultDeviceID when empty). The edge
+	// outbox's rows carry their device's id here.
+	TenantID string
+	// SourceSeq is the producer's own number for the event (the
+	// envelope's optional seq, which a postbox server stores as the
+	// source sequence); nil when it gave none. It is not Seq.
+	SourceSeq *int64
 	// Attempts counts the sends the receiver refused (NACKed); sends a
 	// transport failure cut short do not count, so an outage neither
 	// parks rows nor stretches their backoff.
-	Attempts  int
+	Attempts int
+	// CreatedAt is when the event happened: the envelope's ts its
+	// producer gave the edge outbox (with that ts's offset), or the time
+	// a transactional outbox row was inserted.
 	CreatedAt time.Time
 	// Lease is the end of the claim a Claimer's Due took on the row, as
 	// the store recorded it; the Relay copies it into the row's Outcome.
@@ -200,6 +218,7 @@ const (
 )
 
 // Row is an outbox row as operators see it (postbox outbox list).
+// CreatedAt is when the row was inserted.
 type Row struct {
 	EventID       string          `json:"event_id"`
 	Type          string          `json:"type"`
@@ -208,8 +227,7 @@ type Row struct {
 	NextAttemptAt time.Time       `json:"next_attempt_at"`
 	Attempts      int             `json:"attempt_count"`
 	LastError     string          `json:"last_error,omitempty"`
-	Envelope      string          `json:"envelope,omitempty"` // the edge outbox: the envelope as sent
-	Payload       json.RawMessage `json:"payload,omitempty"`  // a transactional outbox: the event's payload
+	Payload       json.RawMessage `json:"payload,omitempty"` // the event's payload, as Message.Body
 	CorrelationID string          `json:"correlation_id,omitempty"`
 	TenantID      string          `json:"tenant_id,omitempty"`
 	DeliveredAt   *time.Time      `json:"delivered_at,omitempty"`

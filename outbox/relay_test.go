@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox"
-	"github.com/postbox-events/postbox/internal/servertest"
+	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
 )
@@ -298,12 +298,12 @@ func TestRelayDeletesRowsOnlyAfterAck(t *testing.T) {
 	cfg.MinInFlight = 50 // all five batches in flight before any reply
 	runRelay(t, s, pub, cfg)
 
-	servertest.Eventually(t, 10*time.Second, "publishes in flight", func() bool { return inPublish.Load() == 5 })
+	testenv.Eventually(t, 10*time.Second, "publishes in flight", func() bool { return inPublish.Load() == 5 })
 	if p, r := counts(t, s); p != 50 || r != 0 {
 		t.Fatalf("while every publish waits for its replies: pending=%d rejected=%d, want 50/0: a row left before its ACK", p, r)
 	}
 	close(release)
-	servertest.Eventually(t, 10*time.Second, "the outbox to empty", func() bool { p, r := counts(t, s); return p == 0 && r == 0 })
+	testenv.Eventually(t, 10*time.Second, "the outbox to empty", func() bool { p, r := counts(t, s); return p == 0 && r == 0 })
 	for _, id := range all {
 		if n := len(rec.sends(id)); n != 1 {
 			t.Errorf("%s sent %d times, want once", id, n)
@@ -329,7 +329,7 @@ func TestRelayKeepsRejectedRowAndDoesNotResendIt(t *testing.T) {
 	})
 	runRelay(t, cs, pub, fast)
 
-	servertest.Eventually(t, 10*time.Second, "one rejected row and nothing pending", func() bool { p, r := counts(t, s); return p == 0 && r == 1 })
+	testenv.Eventually(t, 10*time.Second, "one rejected row and nothing pending", func() bool { p, r := counts(t, s); return p == 0 && r == 1 })
 	rows, err := s.List(context.Background(), outboxsqlite.StateRejected, 10)
 	if err != nil {
 		t.Fatal(err)
@@ -344,7 +344,7 @@ func TestRelayKeepsRejectedRowAndDoesNotResendIt(t *testing.T) {
 	}
 	// Let the relay sweep the outbox from the start several more times.
 	base := cs.sweeps.Load()
-	servertest.Eventually(t, 10*time.Second, "more sweeps", func() bool { return cs.sweeps.Load() >= base+5 })
+	testenv.Eventually(t, 10*time.Second, "more sweeps", func() bool { return cs.sweeps.Load() >= base+5 })
 	if n := len(rec.sends("evt-bad")); n != 1 {
 		t.Fatalf("the rejected event was sent %d times, want once", n)
 	}
@@ -585,7 +585,7 @@ func TestRelayBoundsInFlightAndBatches(t *testing.T) {
 		Reconnect: outbox.Backoff{Base: time.Millisecond, Max: 2 * time.Millisecond},
 	}
 	runRelay(t, s, pub, cfg)
-	servertest.Eventually(t, 20*time.Second, "the outbox to empty", func() bool { p, r := counts(t, s); return p == 0 && r == 0 })
+	testenv.Eventually(t, 20*time.Second, "the outbox to empty", func() bool { p, r := counts(t, s); return p == 0 && r == 0 })
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -628,12 +628,12 @@ func TestRelayRequeuedRowIsSentAgain(t *testing.T) {
 		return out, nil
 	})
 	runRelay(t, s, pub, fast)
-	servertest.Eventually(t, 10*time.Second, "the row to be rejected", func() bool { _, r := counts(t, s); return r == 1 })
+	testenv.Eventually(t, 10*time.Second, "the row to be rejected", func() bool { _, r := counts(t, s); return r == 1 })
 	n, err := s.Requeue(context.Background(), []string{"evt-x"})
 	if err != nil || n != 1 {
 		t.Fatalf("Requeue = %d, %v; want 1", n, err)
 	}
-	servertest.Eventually(t, 10*time.Second, "the outbox to empty", func() bool { p, r := counts(t, s); return p == 0 && r == 0 })
+	testenv.Eventually(t, 10*time.Second, "the outbox to empty", func() bool { p, r := counts(t, s); return p == 0 && r == 0 })
 	sends := rec.sends("evt-x")
 	if len(sends) != 2 || sends[1].Attempts != 0 {
 		t.Fatalf("evt-x sends: %d, the second with %d attempts; want 2, the second counted from zero again", len(sends), sends[len(sends)-1].Attempts)
@@ -670,7 +670,7 @@ func TestRelayResendsRowsBehindTheCursorUnderSteadyTraffic(t *testing.T) {
 		Reconnect:    fast.Reconnect,
 		Now:          clk.Now,
 	})
-	servertest.Eventually(t, 10*time.Second, "the first answers", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the first answers", func() bool {
 		r, ok := row(t, s, "evt-retry")
 		_, rejected := counts(t, s)
 		return ok && r.Attempts == 1 && rejected == 1
@@ -696,13 +696,13 @@ func TestRelayResendsRowsBehindTheCursorUnderSteadyTraffic(t *testing.T) {
 		}
 	}()
 	defer func() { cancel(); <-produced }()
-	servertest.Eventually(t, 10*time.Second, "traffic to flow", func() bool { return len(rec.sends("evt-traffic-1")) == 1 })
+	testenv.Eventually(t, 10*time.Second, "traffic to flow", func() bool { return len(rec.sends("evt-traffic-1")) == 1 })
 
 	clk.Add(2 * time.Hour) // evt-retry's backoff is over
 	if _, err := s.Requeue(context.Background(), []string{"evt-reject"}); err != nil {
 		t.Fatal(err)
 	}
-	servertest.Eventually(t, 100*poll, "the retried and the requeued row to be sent again under steady traffic", func() bool {
+	testenv.Eventually(t, 100*poll, "the retried and the requeued row to be sent again under steady traffic", func() bool {
 		return len(rec.sends("evt-retry")) == 2 && len(rec.sends("evt-reject")) == 2
 	})
 }

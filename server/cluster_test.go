@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/server"
 	"github.com/postbox-events/postbox/stream/streampg"
@@ -59,7 +58,7 @@ func TestEmbeddedCluster(t *testing.T) {
 		bases = append(bases, "http://"+ln.Addr().String())
 	}
 	for _, b := range bases {
-		servertest.Eventually(t, 30*time.Second, b+" ready", func() bool {
+		testenv.Eventually(t, 30*time.Second, b+" ready", func() bool {
 			resp, err := http.Get(b + "/ready")
 			if err != nil {
 				return false
@@ -88,7 +87,7 @@ func TestEmbeddedCluster(t *testing.T) {
 			post(bases[(i+1)%2], key) // the same webhook through the other server
 		}
 	}
-	servertest.Eventually(t, 30*time.Second, "every webhook handled", func() bool {
+	testenv.Eventually(t, 30*time.Second, "every webhook handled", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(handled) == 20

@@ -260,6 +260,55 @@ func (s Start) Validate() error {
 	return ErrInvalidStart
 }
 
+// startJSON is a Start as JSON: its policy, and the offset or time only
+// when the policy needs it.
+type startJSON struct {
+	Policy string     `json:"policy"`
+	Offset int64      `json:"offset,omitempty"`
+	Time   *time.Time `json:"time,omitempty"`
+}
+
+// Canonical returns s as a backend records it: the empty policy as
+// StartLatest, and only the offset (at_offset) or UTC time (at_time) the
+// policy needs.
+func (s Start) Canonical() Start {
+	c := Start{Policy: s.Policy}
+	switch c.Policy {
+	case "":
+		c.Policy = StartLatest
+	case StartAtOffset:
+		c.Offset = s.Offset
+	case StartAtTime:
+		c.Time = s.Time.UTC()
+	}
+	return c
+}
+
+// MarshalJSON writes s canonical, as {"policy": …} with the offset or
+// time its policy needs: how backends that keep consumers as JSON store
+// their start.
+func (s Start) MarshalJSON() ([]byte, error) {
+	c := s.Canonical()
+	j := startJSON{Policy: c.Policy, Offset: c.Offset}
+	if c.Policy == StartAtTime {
+		j.Time = &c.Time
+	}
+	return json.Marshal(j)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (s *Start) UnmarshalJSON(b []byte) error {
+	var j startJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	*s = Start{Policy: j.Policy, Offset: j.Offset}
+	if j.Time != nil {
+		s.Time = j.Time.UTC()
+	}
+	return nil
+}
+
 // ConsumerConfig describes a consumer to EnsureConsumer.
 type ConsumerConfig struct {
 	ID       string // the consumer's id: postbox uses the subscription's name
@@ -302,4 +351,52 @@ type Lag struct {
 	NextOffset    int64
 	HighWatermark int64
 	Events        int64 // events at or after NextOffset: HighWatermark - NextOffset + 1, at least 0
+}
+
+// Scanner is implemented by backends that can read a stream by offset
+// without a consumer: a reader that keeps its own position (a replay
+// feed) reads through it, and shows in no consumer list and holds back no
+// retention. ReadFrom calls it when the backend has it.
+type Scanner interface {
+	// ReadFrom returns up to limit events of streamID at or after offset
+	// from (≥ 1), in offset order, skipping offsets whose events were
+	// trimmed; none past the high watermark. It returns ErrStreamNotFound
+	// for an unknown stream. A backend may return fewer than limit events
+	// when more are stored (it bounds each read); limit ≤ 0 takes the
+	// backend's default.
+	ReadFrom(ctx context.Context, streamID string, from int64, limit int) ([]StoredEvent, error)
+}
+
+// ReadFrom returns up to limit (≥ 1) events of streamID at or after
+// offset from, in offset order, without a consumer: b's Scanner when it
+// has one, else Stats and Event per offset, which is slower but keeps the
+// same contract. It returns ErrStreamNotFound for an unknown stream and
+// ErrOffsetOutOfRange for from < 1.
+func ReadFrom(ctx context.Context, b Backend, streamID string, from int64, limit int) ([]StoredEvent, error) {
+	if from < 1 {
+		return nil, ErrOffsetOutOfRange
+	}
+	if limit < 1 {
+		limit = 1
+	}
+	if s, ok := b.(Scanner); ok {
+		return s.ReadFrom(ctx, streamID, from, limit)
+	}
+	st, err := b.Stats(ctx, streamID)
+	if err != nil {
+		return nil, err
+	}
+	from = max(from, st.FirstOffset)
+	var out []StoredEvent
+	for off := from; off <= st.LastOffset && len(out) < limit; off++ {
+		e, err := b.Event(ctx, streamID, off)
+		if errors.Is(err, ErrNotFound) {
+			continue // trimmed meanwhile
+		}
+		if err != nil {
+			return out, err
+		}
+		out = append(out, e)
+	}
+	return out, nil
 }

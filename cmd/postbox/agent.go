@@ -11,17 +11,17 @@ import (
 
 func runAgent(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "agent", "--server URL --outbox FILE --device-id ID [flags]", `Runs the edge agent: a durable SQLite outbox, a local HTTP intake (POST /v1/events answers 202
-after the outbox commit) and a sender that keeps a window of events in flight over one WebSocket,
+after the outbox commit) and a sender that keeps a window of events in flight over one WebSocket or gRPC stream,
 deletes each row only on its ACK, keeps refused rows as rejected, and reconnects with exponential
 backoff and full jitter. The window starts at --window-min, grows with every ACK up to --window,
 and after a dropped connection starts again from what that connection got acknowledged. Unsent
 events are resumed after a restart.`)
-	server := fs.String("server", "", "the control plane's ingress, ws://HOST:PORT (wss:// for TLS) [POSTBOX_SERVER]")
+	server := fs.String("server", "", "the control plane's ingress, ws://HOST:PORT or grpc://HOST:PORT (wss://, grpcs:// for TLS) [POSTBOX_SERVER]")
 	path := fs.String("outbox", "outbox.db", "outbox SQLite file [POSTBOX_OUTBOX]")
 	device := fs.String("device-id", "", "this device's id, filled into events without one [POSTBOX_DEVICE_ID]")
 	listen := fs.String("listen", "127.0.0.1:8787", "address of the local intake [POSTBOX_AGENT_LISTEN]")
 	token := fs.String("token", "", "bearer token for the server [POSTBOX_TOKEN]")
-	caCert := fs.String("ca-cert", "", "PEM file of the CA (or self-signed certificate) a wss:// server must present; default: the system's roots [POSTBOX_CA_CERT]")
+	caCert := fs.String("ca-cert", "", "PEM file of the CA (or self-signed certificate) a wss:// or grpcs:// server must present; default: the system's roots [POSTBOX_CA_CERT]")
 	session := fs.String("session-id", "", "session id filled into events without one (default: a new one per run)")
 	sync := fs.String("synchronous", "FULL", "outbox SQLite synchronous mode: FULL or NORMAL")
 	window := positiveInt(outbox.DefaultMaxInFlight)

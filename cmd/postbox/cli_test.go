@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -219,4 +220,25 @@ func TestAuthTokensFile(t *testing.T) {
 		t.Fatalf("send: %s", out)
 	}
 	drained(t, map[string]*proc{"http://" + listen: a})
+}
+
+// TestVersion: postbox version and postbox --version say which postbox
+// this is; --json gives the same as an object.
+func TestVersion(t *testing.T) {
+	out, code := run(t, "version")
+	if code != 0 || !strings.HasPrefix(out, "postbox ") || !strings.Contains(out, runtime.Version()) {
+		t.Errorf("postbox version: exit %d: %q", code, out)
+	}
+	if again, code := run(t, "--version"); code != 0 || again != out {
+		t.Errorf("postbox --version: exit %d: %q, want %q", code, again, out)
+	}
+	js, code := run(t, "version", "--json")
+	var m map[string]string
+	if code != 0 || json.Unmarshal([]byte(js), &m) != nil || m["version"] == "" || m["go_version"] != runtime.Version() {
+		t.Errorf("postbox version --json: exit %d: %q", code, js)
+	}
+	// The binary is built from this checkout: git stamps its commit.
+	if m["commit"] != "" && !strings.Contains(out, m["commit"]) {
+		t.Errorf("postbox version %q does not name the commit %q", out, m["commit"])
+	}
 }

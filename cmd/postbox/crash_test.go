@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -261,7 +262,11 @@ func crashRunOn(t *testing.T, agentCount int, serveArgs []string, ready func(srv
 	if ready != nil {
 		ready("http://" + addr)
 	}
-	agents, producers := startAgents(t, dir, "ws://"+addr, agentCount)
+	agentURL := "ws://" + addr // agents speak gRPC to a server with --grpc-addr
+	if i := slices.Index(serveArgs, "--grpc-addr"); i >= 0 {
+		agentURL = "grpc://" + serveArgs[i+1]
+	}
+	agents, producers := startAgents(t, dir, agentURL, agentCount)
 
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

@@ -14,6 +14,7 @@ import (
 
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/servertest"
+	"github.com/postbox-events/postbox/internal/testenv"
 )
 
 // hookTarget is an HTTP target of a subscription: it answers every POST with
@@ -76,7 +77,7 @@ func storeWebhook(t *testing.T, s *servertest.Server, key, body string) {
 func waitDeadLetters(t *testing.T, n int, args ...string) []map[string]any {
 	t.Helper()
 	var items []map[string]any
-	servertest.Eventually(t, 20*time.Second, fmt.Sprintf("%d dead letters in dlq list %s", n, strings.Join(args, " ")), func() bool {
+	testenv.Eventually(t, 20*time.Second, fmt.Sprintf("%d dead letters in dlq list %s", n, strings.Join(args, " ")), func() bool {
 		cliJSON(t, &items, append([]string{"dlq", "list", "--json"}, args...)...)
 		return len(items) == n
 	})
@@ -167,7 +168,7 @@ func TestDLQReplay(t *testing.T) {
 		t.Fatalf("dlq replay %s: %v", id, r)
 	}
 	var item map[string]any
-	servertest.Eventually(t, 20*time.Second, "the replayed item to be completed", func() bool {
+	testenv.Eventually(t, 20*time.Second, "the replayed item to be completed", func() bool {
 		cliJSON(t, &item, append([]string{"inbox", "show", "hooks", id, "--json"}, srv...)...)
 		return item["state"] == "completed"
 	})
@@ -333,7 +334,7 @@ func TestSubscriptionsSetTarget(t *testing.T) {
 		t.Fatalf("set-target: %v", r)
 	}
 	storeWebhook(t, s, "st-1", `{}`)
-	servertest.Eventually(t, 10*time.Second, "the target to get the webhook", func() bool { return tg.postsOf("1") == 1 })
+	testenv.Eventually(t, 10*time.Second, "the target to get the webhook", func() bool { return tg.postsOf("1") == 1 })
 	var sub map[string]any
 	cliJSON(t, &sub, append([]string{"subscriptions", "set-target", "webhooks", "--none", "--json"}, srv...)...)
 	if sub["target"] != nil {

@@ -17,6 +17,7 @@ import (
 var inboxCommands = []subcommand{
 	{"list", "list an inbox's items (without INBOX: the inboxes and their counts)", runInboxList},
 	{"show", "show one item with its payload", runInboxShow},
+	{"attempts", "show the attempts of the workers to deliver an item to its target", runInboxAttempts},
 	{"lease", "take items to work on, as a runtime does", runInboxLease},
 	{"ack", "mark items completed", runInboxAck},
 	{"nack", "return items to pending, due after a delay", runInboxNack},
@@ -174,22 +175,12 @@ Without INBOX, lists the inboxes with how many items each holds in each state.`)
 
 // listInboxes prints GET /v1/inboxes.
 func listInboxes(ctx context.Context, env *cmdEnv, c *apiClient, af *apiFlags) error {
-	var out struct {
-		Inboxes []json.RawMessage `json:"inboxes"`
-	}
-	if _, err := c.get(ctx, "/v1/inboxes", &out); err != nil {
-		return fmt.Errorf("inbox list: %w", err)
-	}
-	raw := jsonArray(out.Inboxes)
-	if af.json {
-		return printJSON(env, raw)
-	}
-	var inboxes []struct {
+	inboxes, printed, err := getList[struct {
 		Inbox                                  string `json:"inbox"`
 		Pending, Processing, Completed, Failed int64
-	}
-	if err := json.Unmarshal(raw, &inboxes); err != nil {
-		return fmt.Errorf("inbox list: the server's answer: %w", err)
+	}](ctx, env, c, af, "/v1/inboxes", "inboxes")
+	if err != nil || printed {
+		return wrapErr("inbox list", err)
 	}
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "INBOX\tPENDING\tPROCESSING\tCOMPLETED\tFAILED")
@@ -251,6 +242,67 @@ func runInboxShow(ctx context.Context, env *cmdEnv, args []string) error {
 		it.Payload = json.RawMessage("null")
 	}
 	return printJSON(env, it.Payload)
+}
+
+// attempt is one attempt of an item's attempt log as the API answers it.
+type attempt struct {
+	Attempt         int     `json:"attempt"`
+	AttemptedAt     apiTime `json:"attempted_at"`
+	EndpointURL     string  `json:"endpoint_url"`
+	StatusCode      int     `json:"status_code"`
+	LatencyMS       float64 `json:"latency_ms"`
+	Error           *string `json:"error"`
+	ResponseExcerpt *string `json:"response_excerpt"`
+}
+
+func runInboxAttempts(ctx context.Context, env *cmdEnv, args []string) error {
+	fs := newFlags(env, "inbox attempts", "INBOX ID [flags]", `Shows every attempt of the server's workers to POST the item ID of INBOX to its target,
+oldest first: when, to which URL, the answer's status (0: none came, such as a refused
+connection or a timeout), how long it took, the error and the start of the answer's
+body. Items that runtimes lease have none. Retention deletes them with the item.`)
+	af := addAPIFlags(fs, "print the attempts as a JSON array")
+	c, err := parseAPI(env, fs, af, args)
+	if err != nil {
+		return err
+	}
+	if fs.NArg() != 2 {
+		return usagef("inbox attempts: takes INBOX and one item ID, got %d arguments", fs.NArg())
+	}
+	inbox := fs.Arg(0)
+	if err := checkName("inbox attempts", "INBOX", inbox); err != nil {
+		return err
+	}
+	ids, err := itemIDs("inbox attempts", fs.Args()[1:])
+	if err != nil {
+		return err
+	}
+	log, printed, err := getList[attempt](ctx, env, c, af, inboxPath(inbox, "/items/"+strconv.FormatInt(ids[0], 10)+"/attempts"), "attempts")
+	if err != nil || printed {
+		return wrapErr(fmt.Sprintf("inbox attempts %s %d", inbox, ids[0]), err)
+	}
+	if len(log) == 0 {
+		fmt.Fprintf(env.stdout, "item %d of %s has no attempts to a target\n", ids[0], inbox)
+		return nil
+	}
+	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ATTEMPT\tAT\tURL\tSTATUS\tLATENCY\tERROR\tRESPONSE")
+	for _, a := range log {
+		errText, excerpt := "-", "-"
+		if a.Error != nil {
+			errText = shorten(oneLine(*a.Error), 60)
+		}
+		if a.ResponseExcerpt != nil {
+			excerpt = shorten(oneLine(*a.ResponseExcerpt), 60)
+		}
+		latency := time.Duration(a.LatencyMS * float64(time.Millisecond)).Round(100 * time.Microsecond)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", a.Attempt, a.AttemptedAt, a.EndpointURL, a.StatusCode, latency, errText, excerpt)
+	}
+	return tw.Flush()
+}
+
+// oneLine replaces the line breaks and tabs of s with spaces.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
 }
 
 func runInboxLease(ctx context.Context, env *cmdEnv, args []string) error {

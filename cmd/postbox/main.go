@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,6 +20,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/postbox-events/postbox/internal/buildinfo"
 )
 
 // command is one subcommand.
@@ -37,13 +40,15 @@ var commands map[string]command
 
 func init() {
 	commands = map[string]command{
-		"serve":  {"run the control plane: WebSocket ingress, store, health and metrics", runServe},
-		"agent":  {"run the edge agent: durable outbox, local intake, sender", runAgent},
-		"send":   {"hand events to a running agent", runSend},
-		"outbox": {"inspect an outbox, re-queue rejected events, emit test events (list, requeue, emit, migrate)", runOutbox},
-		"relay":  {"relay a transactional outbox (PostgreSQL or SQLite) to Redis Streams, JetStream or postbox", runRelay},
-		"bench":  {"measure ingest end to end: N devices pipelining events (bench webhooks: POST /webhooks)", runBench},
+		"serve":   {"run the control plane: WebSocket ingress, store, health and metrics", runServe},
+		"version": {"print the version, commit and build time (also postbox --version)", runVersion},
+		"agent":   {"run the edge agent: durable outbox, local intake, sender", runAgent},
+		"send":    {"hand events to a running agent", runSend},
+		"outbox":  {"inspect an outbox, re-queue rejected events, emit test events (list, requeue, emit, migrate)", runOutbox},
+		"relay":   {"relay a transactional outbox (PostgreSQL or SQLite) to Redis Streams, JetStream, Kafka or postbox", runRelay},
+		"bench":   {"measure ingest end to end: N devices pipelining events (bench webhooks: POST /webhooks)", runBench},
 
+		"sources":       {"create, list, get and delete sources: devices, webhook endpoints (GitHub, Stripe, ...)", runSources},
 		"subscriptions": {"create, list, get and delete subscriptions", runSubscriptions},
 		"streams":       {"show the streams: events, offsets, first and last stored", runStreams},
 		"consumers":     {"show each subscription's next offset and lag", runConsumers},
@@ -97,6 +102,9 @@ func run(ctx context.Context, env *cmdEnv, args []string) error {
 			return usagef("no command given")
 		}
 		return nil
+	}
+	if args[0] == "--version" || args[0] == "-version" {
+		return runVersion(ctx, env, nil)
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
@@ -244,3 +252,19 @@ func (p *positiveInt) Set(s string) error {
 }
 
 func since(t time.Time) float64 { return time.Since(t).Seconds() }
+
+func runVersion(_ context.Context, env *cmdEnv, args []string) error {
+	fs := newFlags(env, "version", "[--json]", "Prints which postbox this is: its version, the commit it was built from and when, and the Go it was built with.")
+	asJSON := fs.Bool("json", false, "print it as one JSON object")
+	if err := parse(env, fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(env.stdout).Encode(buildinfo.Get())
+	}
+	fmt.Fprintln(env.stdout, buildinfo.Get())
+	return nil
+}

@@ -177,6 +177,34 @@ func printJSON(env *cmdEnv, raw json.RawMessage) error {
 }
 
 // jsonArray encodes v (a slice) as a JSON array; nil is [].
+// wrapErr prefixes err, if any, with what failed.
+func wrapErr(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// getList fetches path, whose answer holds an array under key, and with
+// --json prints that array (printed is true), or else decodes it.
+func getList[T any](ctx context.Context, env *cmdEnv, c *apiClient, af *apiFlags, path, key string) (list []T, printed bool, err error) {
+	var out map[string]json.RawMessage
+	if _, err := c.get(ctx, path, &out); err != nil {
+		return nil, false, err
+	}
+	raw := out[key]
+	if len(raw) == 0 || string(raw) == "null" {
+		raw = json.RawMessage("[]")
+	}
+	if af.json {
+		return nil, true, printJSON(env, raw)
+	}
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, false, fmt.Errorf("the server's answer: %w", err)
+	}
+	return list, false, nil
+}
+
 func jsonArray[T any](v []T) json.RawMessage {
 	if v == nil {
 		v = []T{}

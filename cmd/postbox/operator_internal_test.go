@@ -21,6 +21,7 @@ import (
 	"github.com/postbox-events/postbox/client"
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/servertest"
+	"github.com/postbox-events/postbox/internal/testenv"
 )
 
 // cliResult is what one run of a command printed and its exit status.
@@ -258,7 +259,7 @@ func TestSubscriptionsAgainstServer(t *testing.T) {
 	}
 
 	// The consumer reads the 3 events the stream holds.
-	servertest.Eventually(t, 10*time.Second, "consumer planner to reach the high watermark", func() bool {
+	testenv.Eventually(t, 10*time.Second, "consumer planner to reach the high watermark", func() bool {
 		var consumers []map[string]any
 		cliJSON(t, &consumers, append([]string{"consumers", "--json"}, srv...)...)
 		for _, c := range consumers {
@@ -331,7 +332,7 @@ func TestInboxLeaseAckNack(t *testing.T) {
 	}
 
 	var items []map[string]any
-	servertest.Eventually(t, 10*time.Second, "5 pending items in inbox worker", func() bool {
+	testenv.Eventually(t, 10*time.Second, "5 pending items in inbox worker", func() bool {
 		cliJSON(t, &items, append([]string{"inbox", "list", "worker", "--state", "pending", "--json"}, srv...)...)
 		return len(items) >= 5
 	})

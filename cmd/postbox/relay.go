@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,13 +22,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
-	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/sasl/plain"
-	"github.com/twmb/franz-go/pkg/sasl/scram"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/client"
+	"github.com/postbox-events/postbox/internal/kafkaopt"
 	"github.com/postbox-events/postbox/internal/relaymetrics"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxkafka"
@@ -53,7 +49,8 @@ receiver's ACK, retries failures with backoff and parks a row that keeps failing
 it with postbox outbox). Wakes on LISTEN/NOTIFY and polls as well.
 
 --db    postgres://USER@HOST:5432/DB (the outbox table is created if missing), or the path of a
-        SQLite file written with outboxsqlite.Insert
+        SQLite file written with outboxsqlite.Insert or by postbox agent; every target but a
+        postbox server gets each event's payload, with its other fields beside it
 --to    redis://HOST:6379/0?stream=NAME[&maxlen=N][&idmp=auto|off|on&producer=ID]   (XADD)
         nats://HOST:4222?stream=NAME[&subject=PREFIX][&create=false]          (JetStream, Nats-Msg-Id)
         kafka://HOST:9092[,HOST:9092...]?topic=NAME[&key=correlation_id|tenant_id|event_id]
@@ -129,9 +126,6 @@ it with postbox outbox). Wakes on LISTEN/NOTIFY and polls as well.
 		return err
 	}
 	defer src.close()
-	if src.pg != nil && (strings.HasPrefix(*to, "ws://") || strings.HasPrefix(*to, "wss://")) {
-		pub = outbox.Envelopes(pub)
-	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -357,7 +351,7 @@ func relayTarget(ctx context.Context, to, token string, ackTimeout time.Duration
 }
 
 func redisTarget(ctx context.Context, u *url.URL, q url.Values, ackTimeout time.Duration) (outbox.Publisher, func(), error) {
-	cfg := outboxredis.PublisherConfig{Stream: q.Get("stream")}
+	cfg := outboxredis.Config{Stream: q.Get("stream")}
 	if cfg.Stream == "" {
 		return nil, nil, usagef("--to %s: name the stream: redis://HOST:6379/0?stream=NAME", redact(u.String()))
 	}
@@ -426,7 +420,7 @@ func redact(s string) string {
 }
 
 // setIDMP reads the idmp= and producer= options of a redis:// target.
-func setIDMP(cfg *outboxredis.PublisherConfig, mode, producer string) error {
+func setIDMP(cfg *outboxredis.Config, mode, producer string) error {
 	switch mode {
 	case "", "auto":
 		cfg.IDMP = outboxredis.IDMPAuto
@@ -442,7 +436,7 @@ func setIDMP(cfg *outboxredis.PublisherConfig, mode, producer string) error {
 }
 
 // kafkaOptions are the query options of a kafka:// target.
-var kafkaOptions = []string{"topic", "key", "client_id", "max_bytes", "tls", "tls_ca", "tls_cert", "tls_key", "sasl_mechanism"}
+var kafkaOptions = append([]string{"topic", "key", "client_id", "max_bytes"}, kafkaopt.Names...)
 
 // kafkaTarget returns the publisher of a kafka://HOST:PORT[,HOST:PORT]?topic=
 // target. Its usage errors name the option at fault and never the
@@ -458,18 +452,11 @@ func kafkaTarget(ctx context.Context, u *url.URL, q url.Values, ackTimeout time.
 	if cfg.Topic == "" {
 		return nil, nil, usagef("--to %s: name the topic: kafka://HOST:9092?topic=NAME", shown)
 	}
-	for b := range strings.SplitSeq(u.Host, ",") {
-		if b == "" {
-			return nil, nil, usagef("--to %s: an empty broker address", shown)
-		}
-		if !strings.Contains(b, ":") {
-			b += ":9092"
-		}
-		cfg.Brokers = append(cfg.Brokers, b)
+	brokers, err := kafkaopt.Brokers(u.Host)
+	if err != nil {
+		return nil, nil, usagef("--to %s: %v", shown, err)
 	}
-	if len(cfg.Brokers) == 0 {
-		return nil, nil, usagef("--to %s: name the brokers: kafka://HOST:9092[,HOST:9092]", shown)
-	}
+	cfg.Brokers = brokers
 	switch q.Get("key") {
 	case "", "correlation_id":
 		cfg.Key = outboxkafka.KeyCorrelationID
@@ -487,30 +474,8 @@ func kafkaTarget(ctx context.Context, u *url.URL, q url.Values, ackTimeout time.
 		}
 		cfg.MaxRecordBytes = n
 	}
-	tlsCfg, err := kafkaTLS(q)
-	if err != nil {
-		return nil, nil, err
-	}
-	if tlsCfg != nil {
-		cfg.Options = append(cfg.Options, kgo.DialTLSConfig(tlsCfg))
-	}
-	mech := q.Get("sasl_mechanism")
-	if u.User == nil && mech != "" {
-		return nil, nil, usagef("--to %s: sasl_mechanism=%s needs a user: kafka://USER:PASS@HOST:9092", shown, mech)
-	}
-	if u.User != nil {
-		user := u.User.Username()
-		pass, _ := u.User.Password()
-		switch strings.ToLower(mech) {
-		case "", "plain":
-			cfg.Options = append(cfg.Options, kgo.SASL(plain.Auth{User: user, Pass: pass}.AsMechanism()))
-		case "scram-sha-256":
-			cfg.Options = append(cfg.Options, kgo.SASL(scram.Auth{User: user, Pass: pass}.AsSha256Mechanism()))
-		case "scram-sha-512":
-			cfg.Options = append(cfg.Options, kgo.SASL(scram.Auth{User: user, Pass: pass}.AsSha512Mechanism()))
-		default:
-			return nil, nil, usagef("--to: sasl_mechanism=%q: use plain, scram-sha-256 or scram-sha-512", mech)
-		}
+	if cfg.Options, err = kafkaopt.Options(u, q); err != nil {
+		return nil, nil, usagef("--to: %v", err)
 	}
 	pub, err := outboxkafka.New(cfg)
 	if err != nil {
@@ -523,42 +488,4 @@ func kafkaTarget(ctx context.Context, u *url.URL, q url.Values, ackTimeout time.
 		return nil, nil, fmt.Errorf("--to %s: %w", shown, err)
 	}
 	return timeoutPublisher{pub, ackTimeout}, pub.Close, nil
-}
-
-// kafkaTLS reads the tls options: tls=1 for the system's roots, tls_ca
-// for a CA file, tls_cert and tls_key for a client certificate. Any of
-// them turns TLS on.
-func kafkaTLS(q url.Values) (*tls.Config, error) {
-	on := q.Get("tls")
-	switch on {
-	case "", "0", "1", "true", "false":
-	default:
-		return nil, usagef("--to: tls=%q: use 1 or 0", on)
-	}
-	ca, cert, key := q.Get("tls_ca"), q.Get("tls_cert"), q.Get("tls_key")
-	if on != "1" && on != "true" && ca == "" && cert == "" && key == "" {
-		return nil, nil
-	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if ca != "" {
-		pem, err := os.ReadFile(ca)
-		if err != nil {
-			return nil, usagef("--to: tls_ca: %v", err)
-		}
-		cfg.RootCAs = x509.NewCertPool()
-		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, usagef("--to: tls_ca=%s holds no PEM certificate", ca)
-		}
-	}
-	if (cert == "") != (key == "") {
-		return nil, usagef("--to: tls_cert and tls_key go together")
-	}
-	if cert != "" {
-		c, err := tls.LoadX509KeyPair(cert, key)
-		if err != nil {
-			return nil, usagef("--to: tls_cert/tls_key: %v", err)
-		}
-		cfg.Certificates = []tls.Certificate{c}
-	}
-	return cfg, nil
 }

@@ -26,10 +26,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/kafkatest"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/outbox/outboxkafka"
+	"github.com/postbox-events/postbox/outbox/outboxsqlite"
 )
 
 // The tests of postbox relay and postbox outbox emit|migrate|list|requeue
@@ -711,6 +713,55 @@ func TestRelayToKafka(t *testing.T) {
 	stopRelay(t, relay)
 }
 
+// TestRelayEdgeOutboxToKafka relays an edge agent's outbox file to Kafka:
+// like a transactional outbox's rows, each record holds the event's
+// payload, not its envelope, keyed by its session (the correlation id),
+// with its device as the tenant and its ts as the time it was created.
+func TestRelayEdgeOutboxToKafka(t *testing.T) {
+	kc := kafkatest.Start(t, 1, "orders")
+	path := filepath.Join(t.TempDir(), "outbox.db")
+	store, err := outboxsqlite.Open(path, outboxsqlite.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); store.Run(ctx) }()
+	envs := []postbox.Envelope{
+		{SchemaVersion: 1, EventID: "evt_edge_1", Type: "door.opened", TS: "2030-01-02T05:04:05.5+02:00", SessionID: "sess-1", DeviceID: "pi-01",
+			Payload: json.RawMessage(`{"door":1}`)},
+		{SchemaVersion: 1, EventID: "evt_edge_2", Type: "door.closed", TS: "2030-01-02T03:04:06Z", SessionID: "sess-1", DeviceID: "pi-01",
+			Payload: json.RawMessage(`{"door":1,"open_s":12}`)},
+	}
+	_, err = store.Insert(ctx, envs)
+	cancel()
+	<-done
+	store.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	listen := freePort(t)
+	relay := start(t, "relay", "--db", path, "--to", kc.URL()+"?topic=orders", "--listen", listen, "--poll", "100ms", "--log-level", "warn")
+	waitUntil(t, time.Minute, "the relay did not deliver the 2 events", func() bool {
+		m, err := scrape(listen)
+		return err == nil && m[mDelivered] == 2 && m[mPending] == 0
+	}, relay)
+	for i, r := range kc.Read("orders", 2) {
+		h := map[string]string{}
+		for _, kv := range r.Headers {
+			h[kv.Key] = string(kv.Value)
+		}
+		e := envs[i]
+		if string(r.Value) != string(e.Payload) || string(r.Key) != e.SessionID || h[outboxkafka.HeaderEventID] != e.EventID ||
+			h[outboxkafka.HeaderEventType] != e.Type || h[outboxkafka.HeaderCorrelationID] != e.SessionID || h[outboxkafka.HeaderTenantID] != e.DeviceID ||
+			h[outboxkafka.HeaderCreatedAt] != e.Time().UTC().Format(time.RFC3339Nano) {
+			t.Errorf("record %d: key %q value %s headers %v; want the payload and fields of %+v", r.Offset, r.Key, r.Value, h, e)
+		}
+	}
+	stopRelay(t, relay)
+}
+
 // TestRelayMetrics reads a relay's /metrics while its receiver is down
 // (a backlog, an oldest pending age, transport failures) and after it
 // came up (all delivered).
@@ -866,6 +917,6 @@ func TestRelayBadInvocations(t *testing.T) {
 		t.Errorf("outbox list --state pending (SQLite): %v", rows)
 	}
 	if out, code := runScrubbed(t, "outbox", "emit", "--db", lite, "--type", "order.created", "--payload", `[1]`); code == 0 {
-		t.Errorf("outbox emit of a payload that is not an object into a SQLite outbox (which stores envelopes): exit 0, %s", out)
+		t.Errorf("outbox emit of a payload that is not an object into a SQLite outbox (whose events must fit a postbox envelope): exit 0, %s", out)
 	}
 }

@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,9 +20,10 @@ import (
 	"github.com/postbox-events/postbox/internal/delivery/deliverypg"
 	"github.com/postbox-events/postbox/internal/groupcommit"
 	"github.com/postbox-events/postbox/internal/ingress"
+	"github.com/postbox-events/postbox/internal/kafkaopt"
 	"github.com/postbox-events/postbox/internal/server"
-	pbserver "github.com/postbox-events/postbox/server"
 	"github.com/postbox-events/postbox/stream"
+	"github.com/postbox-events/postbox/stream/streamkafka"
 	"github.com/postbox-events/postbox/stream/streamnats"
 	"github.com/postbox-events/postbox/stream/streampg"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
@@ -35,8 +38,8 @@ that POST items to targets with retries and dead letters, retention (the API of 
 SQLite: its transaction committed). At start, items a previous process left processing are
 pending again before /ready answers 200. Flags win over the environment variables named in
 brackets.`)
-	streams := fs.String("streams", "sqlite", "stream `backend`: sqlite (the file under --db), nats://host:4222[,host2...][?replicas=3] or postgres://…[?schema=postbox] [POSTBOX_STREAMS]")
-	store := fs.String("store", "sqlite", "delivery `store`: sqlite (the file under --db) or postgres://…[?schema=postbox], which several serve nodes share (then --streams must be nats:// or postgres://) [POSTBOX_STORE]")
+	streams := fs.String("streams", "sqlite", "stream `backend`: sqlite (the file under --db), nats://host:4222[,host2...][?replicas=3] or kafka://host:9092[,host2...][?replication_factor=3] or postgres://…[?schema=postbox] [POSTBOX_STREAMS]")
+	store := fs.String("store", "sqlite", "delivery `store`: sqlite (the file under --db) or postgres://…[?schema=postbox], which several serve nodes share (then --streams must be nats://, kafka:// or postgres://) [POSTBOX_STORE]")
 	node := fs.String("node", "", "this node's `name` in logs and in the leases of a shared store; defaults to the host name [POSTBOX_NODE]")
 	addr := fs.String("addr", "", "listen `address` (host:port); overrides --port; without it and --port, 127.0.0.1:8000 [POSTBOX_ADDR]")
 	port := positiveInt(8000)
@@ -75,7 +78,8 @@ brackets.`)
 	fs.Var(&wsBuffer, "ws-buffer-bytes", "memory for ingress frames being read and envelopes waiting for the writer queue, over all connections, in `bytes`; at least the 16 MiB frame limit [POSTBOX_WS_BUFFER_BYTES]")
 	wsFrameTimeout := positiveDuration(ingress.DefaultFrameTimeout)
 	fs.Var(&wsFrameTimeout, "ws-frame-timeout", "longest an ingress frame's body may take to arrive after its header (`duration`); the connection is then closed [POSTBOX_WS_FRAME_TIMEOUT]")
-	cert := fs.String("tls-cert", "", "TLS certificate file (PEM); serves HTTPS/WSS with --tls-key [POSTBOX_TLS_CERT]")
+	grpcAddr := fs.String("grpc-addr", "", "listen `address` (host:port) of the gRPC ingress, TLS with --tls-cert; off without it [POSTBOX_GRPC_ADDR]")
+	cert := fs.String("tls-cert", "", "TLS certificate file (PEM); serves HTTPS/WSS (and gRPC over TLS) with --tls-key [POSTBOX_TLS_CERT]")
 	key := fs.String("tls-key", "", "TLS private key file (PEM) [POSTBOX_TLS_KEY]")
 	workers := positiveInt(delivery.DefaultWorkers)
 	fs.Var(&workers, "workers", "`items` the workers handle at once, over every inbox with a target or handler [WORKER_COUNT]")
@@ -118,7 +122,7 @@ brackets.`)
 		"webhook-max-bytes": "POSTBOX_WEBHOOK_MAX_BYTES", "webhook-key-header": "POSTBOX_WEBHOOK_KEY_HEADER", "webhook-key-field": "POSTBOX_WEBHOOK_KEY_FIELD",
 		"webhook-type-header": "POSTBOX_WEBHOOK_TYPE_HEADER", "webhook-type-field": "POSTBOX_WEBHOOK_TYPE_FIELD",
 		"webhook-secret": "POSTBOX_WEBHOOK_SECRET",
-		"tls-cert":       "POSTBOX_TLS_CERT", "tls-key": "POSTBOX_TLS_KEY", "log-level": "LOG_LEVEL", "log-format": "LOG_FORMAT",
+		"grpc-addr":      "POSTBOX_GRPC_ADDR", "tls-cert": "POSTBOX_TLS_CERT", "tls-key": "POSTBOX_TLS_KEY", "log-level": "LOG_LEVEL", "log-format": "LOG_FORMAT",
 	}); err != nil {
 		return err
 	}
@@ -144,6 +148,7 @@ brackets.`)
 	}
 	cfg := server.Config{
 		Addr:               *addr,
+		GRPCAddr:           *grpcAddr,
 		DBPath:             *db,
 		Synchronous:        strings.ToUpper(*sync),
 		MaxBatch:           int(maxBatch),
@@ -181,9 +186,29 @@ brackets.`)
 	srv, err := server.New(cfg)
 	if err != nil {
 		closeBackends()
-		return err
+		return flagNamed(err)
 	}
-	return srv.Run(ctx) // closes the backends when it returns
+	return flagNamed(srv.Run(ctx)) // closes the backends when it returns
+}
+
+// configFlags names the Config fields of the server's errors as the
+// flags (and variables) of serve that set them.
+var configFlags = strings.NewReplacer(
+	"Config.Webhooks.Secrets", "--webhook-secret (POSTBOX_WEBHOOK_SECRET)",
+	"Config.InsecureNoAPIToken", "--insecure-no-api-token (POSTBOX_INSECURE_NO_API_TOKEN=true)",
+	"Config.APIToken", "--api-token TOKEN (POSTBOX_API_TOKEN)",
+	"Config.TLSCert", "--tls-cert",
+	"Config.TLSKey", "--tls-key",
+	"Config.Addr", "--addr",
+)
+
+// flagNamed rewrites a server.ConfigError to name serve's flags instead
+// of the Config fields they set; other errors are returned as they are.
+func flagNamed(err error) error {
+	if ce, ok := errors.AsType[*server.ConfigError](err); ok {
+		return errors.New(configFlags.Replace(ce.Msg))
+	}
+	return err
 }
 
 // openBackends opens the stream backend that spec (--streams) names and
@@ -204,10 +229,10 @@ func openBackends(cfg *server.Config, spec, storeSpec string, log *slog.Logger) 
 	}
 	if shared && kind == "sqlite" {
 		return nil, usagef("--store %s (POSTBOX_STORE) is shared by several nodes, but --streams sqlite is a file of this node alone: "+
-			"use --streams nats://… or postgres://… with it", redactURL(storeSpec))
+			"use --streams nats://…, kafka://… or postgres://… with it", redactURL(storeSpec))
 	}
 	if kind == "sqlite" {
-		db, err := pbserver.OpenSQLite(*cfg)
+		db, err := server.OpenSQLite(*cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -217,7 +242,7 @@ func openBackends(cfg *server.Config, spec, storeSpec string, log *slog.Logger) 
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	streams, where, err := openStreams(ctx, kind, spec)
+	streams, where, err := openStreams(ctx, kind, spec, kafkaIndex(cfg.DBPath, storeSpec, shared))
 	if err != nil {
 		return nil, err
 	}
@@ -239,7 +264,7 @@ func openBackends(cfg *server.Config, spec, storeSpec string, log *slog.Logger) 
 		store = pg
 		where = append(where, "store", "postgres", "store_database", redactURL(u), "store_schema", pg.Schema(), "node", cfg.Delivery.Node)
 	} else {
-		db, err := pbserver.OpenSQLite(*cfg)
+		db, err := server.OpenSQLite(*cfg)
 		if err != nil {
 			streams.Close()
 			return nil, err
@@ -280,11 +305,22 @@ func splitSchema(spec, flag string) (pgURL, schema string, _ error) {
 }
 
 // openStreams opens a stream backend other than sqlite: JetStream (nats)
-// from spec with its options, or PostgreSQL (postgres) in the schema of
-// ?schema= (default postbox). It returns the backend and, for the log,
-// where it is, passwords hidden.
-func openStreams(ctx context.Context, kind, spec string) (stream.Backend, []any, error) {
+// from spec with its options, Kafka (kafka) with its identity index where
+// spec's index= says or else at defaultIndex, or PostgreSQL (postgres) in
+// the schema of ?schema= (default postbox). It returns the backend and,
+// for the log, where it is, passwords hidden.
+func openStreams(ctx context.Context, kind, spec, defaultIndex string) (stream.Backend, []any, error) {
 	switch kind {
+	case "kafka":
+		kcfg, err := parseKafkaStreams(spec, defaultIndex)
+		if err != nil {
+			return nil, nil, err
+		}
+		kb, err := streamkafka.Open(ctx, kcfg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--streams %s: %w", redactURL(spec), err)
+		}
+		return kb, []any{"brokers", strings.Join(kcfg.Brokers, ","), "prefix", cmp.Or(kcfg.Prefix, streamkafka.DefaultPrefix), "index", redactURL(kcfg.Index)}, nil
 	case "nats":
 		ncfg, err := streamnats.ParseURL(spec)
 		if err != nil {
@@ -319,9 +355,83 @@ func streamsKind(spec string) (string, error) {
 	if u, err := url.Parse(spec); err == nil && (strings.EqualFold(u.Scheme, "postgres") || strings.EqualFold(u.Scheme, "postgresql")) {
 		return "postgres", nil
 	}
-	return "", usagef("--streams %q (POSTBOX_STREAMS): use sqlite (the SQLite file under --db), nats://host:4222[,host2:4222...][?replicas=3] "+
-		"or postgres://user@host:5432/db[?schema=postbox]",
+	if u, err := url.Parse(spec); err == nil && strings.EqualFold(u.Scheme, "kafka") && u.Host != "" {
+		return "kafka", nil
+	}
+	return "", usagef("--streams %q (POSTBOX_STREAMS): use sqlite (the SQLite file under --db), nats://host:4222[,host2:4222...][?replicas=3], "+
+		"kafka://host:9092[,host2:9092...][?replication_factor=3] or postgres://user@host:5432/db[?schema=postbox]",
 		redactURL(spec))
+}
+
+// kafkaStreamsOptions are the query options of a kafka:// --streams URL
+// besides kafkaopt's TLS and SASL ones.
+var kafkaStreamsOptions = []string{"prefix", "replication_factor", "client_id", "max_bytes", "claim_timeout", "index", "index_schema"}
+
+// parseKafkaStreams reads a --streams kafka://HOST:9092[,HOST:9092]?…
+// URL into a streamkafka.Config; the identity index is at index= or else
+// at defaultIndex. Its usage errors name the option at fault and never
+// the password.
+func parseKafkaStreams(spec, defaultIndex string) (streamkafka.Config, error) {
+	var cfg streamkafka.Config
+	shown := redactURL(spec)
+	u, err := url.Parse(spec)
+	if err != nil {
+		return cfg, usagef("--streams (POSTBOX_STREAMS): %v", err)
+	}
+	q := u.Query()
+	known := append(slices.Clone(kafkaStreamsOptions), kafkaopt.Names...)
+	for k := range q {
+		if !slices.Contains(known, k) {
+			return cfg, usagef("--streams %s: unknown option %q (%s)", shown, k, strings.Join(known, ", "))
+		}
+	}
+	if cfg.Brokers, err = kafkaopt.Brokers(u.Host); err != nil {
+		return cfg, usagef("--streams %s: %v", shown, err)
+	}
+	if cfg.Options, err = kafkaopt.Options(u, q); err != nil {
+		return cfg, usagef("--streams: %v", err)
+	}
+	cfg.Prefix, cfg.ClientID = q.Get("prefix"), q.Get("client_id")
+	cfg.Index, cfg.IndexSchema = cmp.Or(q.Get("index"), defaultIndex), q.Get("index_schema")
+	if v := q.Get("replication_factor"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 16)
+		if err != nil || (n < 1 && n != -1) {
+			return cfg, usagef("--streams: replication_factor=%q: use a whole number of replicas, e.g. 3 (or -1 for the brokers' default)", v)
+		}
+		cfg.ReplicationFactor = int16(n)
+	}
+	if v := q.Get("max_bytes"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return cfg, usagef("--streams: max_bytes=%q is not a positive whole number", v)
+		}
+		cfg.MaxRecordBytes = n
+	}
+	if v := q.Get("claim_timeout"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return cfg, usagef("--streams: claim_timeout=%q is not a positive duration such as 10s", v)
+		}
+		cfg.ClaimTimeout = d
+	}
+	if strings.HasPrefix(cfg.Index, "postgres://") || strings.HasPrefix(cfg.Index, "postgresql://") {
+		pgURL, schema, err := splitSchema(cfg.Index, "--streams index=")
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Index, cfg.IndexSchema = pgURL, cmp.Or(cfg.IndexSchema, schema)
+	}
+	return cfg, nil
+}
+
+// kafkaIndex is where Kafka streams keep their identity index unless the
+// --streams URL says: in the shared PostgreSQL store of a cluster, or else
+// in a SQLite file beside the database file dbPath.
+func kafkaIndex(dbPath, storeSpec string, shared bool) string {
+	if shared {
+		return storeSpec
+	}
+	return strings.TrimSuffix(dbPath, filepath.Ext(dbPath)) + "-kafka-index.db"
 }
 
 // redactURL hides the password of a URL for messages.

@@ -89,19 +89,9 @@ its next offset it has not yet looked at).`)
 	if err := noArgs(fs); err != nil {
 		return err
 	}
-	var out struct {
-		Consumers []json.RawMessage `json:"consumers"`
-	}
-	if _, err := c.get(ctx, "/v1/consumers", &out); err != nil {
-		return fmt.Errorf("consumers: %w", err)
-	}
-	raw := jsonArray(out.Consumers)
-	if af.json {
-		return printJSON(env, raw)
-	}
-	var consumers []consumerInfo
-	if err := json.Unmarshal(raw, &consumers); err != nil {
-		return fmt.Errorf("consumers: the server's answer: %w", err)
+	consumers, printed, err := getList[consumerInfo](ctx, env, c, af, "/v1/consumers", "consumers")
+	if err != nil || printed {
+		return wrapErr("consumers", err)
 	}
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SUBSCRIPTION\tSTREAM\tNEXT_OFFSET\tHIGH_WATERMARK\tLAG")

@@ -22,7 +22,12 @@ func TestServeStreamsBadInput(t *testing.T) {
 		code int
 		want []string
 	}{
-		{"kafka://broker:9092", 2, []string{"--streams", "sqlite", "nats://", "postgres://"}},
+		{"amqp://broker:5672", 2, []string{"--streams", "sqlite", "nats://", "kafka://", "postgres://"}},
+		{"kafka://127.0.0.1:9092?colour=blue", 2, []string{"--streams", "colour", "replication_factor"}},
+		{"kafka://127.0.0.1:9092?replication_factor=0", 2, []string{"--streams", "replication_factor"}},
+		{"kafka://127.0.0.1:9092?claim_timeout=soon", 2, []string{"--streams", "claim_timeout"}},
+		{"kafka://pat:hunter2@127.0.0.1:9092?sasl_mechanism=gssapi", 2, []string{"--streams", "sasl_mechanism"}},
+		{"kafka://a,,b", 2, []string{"--streams", "empty broker address"}},
 		{"nats://127.0.0.1:4222?replicas=2", 2, []string{"--streams", "replicas"}},
 		{"nats://127.0.0.1:4222?colour=blue", 2, []string{"--streams", "colour"}},
 		{"nats://pat:hunter2@127.0.0.1:1", 1, []string{"--streams", "127.0.0.1:1"}},

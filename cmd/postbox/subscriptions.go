@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -17,7 +20,8 @@ var subscriptionCommands = []subcommand{
 	{"create", "create a subscription (again with the same definition: a no-op)", runSubscriptionsCreate},
 	{"list", "list the subscriptions with their offset and lag", runSubscriptionsList},
 	{"get", "show one subscription", runSubscriptionsGet},
-	{"set-target", "change the URL the workers POST a subscription's items to, or remove it", runSubscriptionsSetTarget},
+	{"set-target", "change the URL the workers POST a subscription's items to, or its endpoint settings", runSubscriptionsSetTarget},
+	{"enable", "deliver again to an endpoint its circuit breaker paused or disabled", runSubscriptionsEnable},
 	{"delete", "delete a subscription and its consumer (its inbox items stay)", runSubscriptionsDelete},
 }
 
@@ -27,20 +31,68 @@ func runSubscriptions(ctx context.Context, env *cmdEnv, args []string) error {
 
 // subscription is a subscription as the API answers it.
 type subscription struct {
-	Name          string         `json:"name"`
-	Source        string         `json:"source"`
-	Stream        string         `json:"stream"`
-	Inbox         string         `json:"inbox"`
-	Types         []string       `json:"types"`
-	Metadata      map[string]any `json:"metadata"`
-	Start         string         `json:"start"`
-	StartOffset   int64          `json:"start_offset"`
-	StartTime     apiTime        `json:"start_time"`
-	Target        string         `json:"target"`
-	CreatedAt     apiTime        `json:"created_at"`
-	NextOffset    int64          `json:"next_offset"`
-	HighWatermark int64          `json:"high_watermark"`
-	Lag           int64          `json:"lag"`
+	Name        string         `json:"name"`
+	Source      string         `json:"source"`
+	Stream      string         `json:"stream"`
+	Inbox       string         `json:"inbox"`
+	Types       []string       `json:"types"`
+	Metadata    map[string]any `json:"metadata"`
+	Start       string         `json:"start"`
+	StartOffset int64          `json:"start_offset"`
+	StartTime   apiTime        `json:"start_time"`
+	Target      string         `json:"target"`
+	Secrets     []struct {
+		Fingerprint string  `json:"fingerprint"`
+		ExpiresAt   apiTime `json:"expires_at"`
+	} `json:"secrets"`
+	Headers         map[string]string `json:"headers"`
+	Timeout         string            `json:"timeout"`
+	RetrySchedule   string            `json:"retry_schedule"`
+	RetryBaseDelay  string            `json:"retry_base_delay"`
+	RetryMaxDelay   string            `json:"retry_max_delay"`
+	MaxAttempts     *int              `json:"max_attempts"`
+	Rate            string            `json:"rate"`
+	Concurrency     *int              `json:"concurrency"`
+	BreakerFailures *int              `json:"breaker_failures"`
+	BreakerProbe    string            `json:"breaker_probe"`
+	DisableAfter    string            `json:"disable_after"`
+	Breaker         *breakerState     `json:"breaker"`
+	CreatedAt       apiTime           `json:"created_at"`
+	NextOffset      int64             `json:"next_offset"`
+	HighWatermark   int64             `json:"high_watermark"`
+	Lag             int64             `json:"lag"`
+}
+
+// breakerState is the state of an endpoint's circuit breaker as the API
+// answers it.
+type breakerState struct {
+	State     string  `json:"state"`
+	Since     apiTime `json:"since"`
+	Failures  int     `json:"consecutive_failures"`
+	LastError string  `json:"last_error"`
+	NextProbe apiTime `json:"next_probe"`
+}
+
+// String is the state in one line: "open since T, 12 consecutive
+// failures, next probe at T: last error".
+func (b *breakerState) String() string {
+	if b == nil {
+		return "-"
+	}
+	out := b.State
+	if !b.Since.t.IsZero() {
+		out += " since " + b.Since.String()
+	}
+	if b.Failures > 0 {
+		out += fmt.Sprintf(", %d consecutive failures", b.Failures)
+	}
+	if !b.NextProbe.t.IsZero() {
+		out += ", next probe at " + b.NextProbe.String()
+	}
+	if b.LastError != "" {
+		out += ": " + b.LastError
+	}
+	return out
 }
 
 // startText is the start policy with its offset or time.
@@ -52,6 +104,235 @@ func (s subscription) startText() string {
 		return "at_time " + s.StartTime.String()
 	}
 	return orDash(s.Start)
+}
+
+// endpointFields are the lines of a subscription's endpoint settings, a
+// server default as "default".
+func (s subscription) endpointFields() [][2]string {
+	or := func(v string) string {
+		if v == "" {
+			return "default"
+		}
+		return v
+	}
+	secrets := make([]string, len(s.Secrets))
+	for i, sec := range s.Secrets {
+		secrets[i] = sec.Fingerprint
+		if !sec.ExpiresAt.t.IsZero() {
+			secrets[i] += " (signs until " + sec.ExpiresAt.String() + ")"
+		}
+	}
+	headers := make([]string, 0, len(s.Headers))
+	for k, v := range s.Headers {
+		headers = append(headers, k+": "+v)
+	}
+	slices.Sort(headers)
+	retry := "default"
+	switch {
+	case s.RetrySchedule != "":
+		retry = "schedule " + s.RetrySchedule
+	case s.RetryBaseDelay != "" || s.RetryMaxDelay != "":
+		retry = "backoff from " + or(s.RetryBaseDelay) + " up to " + or(s.RetryMaxDelay)
+	}
+	attempts := "default"
+	if s.MaxAttempts != nil {
+		attempts = strconv.Itoa(*s.MaxAttempts)
+	}
+	num := func(n *int, none string) string {
+		if n == nil {
+			return none
+		}
+		return strconv.Itoa(*n)
+	}
+	breaker := "after " + num(s.BreakerFailures, "10") + " consecutive failures, probe every " + orText(s.BreakerProbe, "30s") +
+		", disable after " + orText(s.DisableAfter, "24h")
+	if s.BreakerFailures != nil && *s.BreakerFailures == 0 {
+		breaker = "off"
+	}
+	return [][2]string{
+		{"secrets", orDash(strings.Join(secrets, ", "))}, {"headers", orDash(strings.Join(headers, "; "))},
+		{"timeout", or(s.Timeout)}, {"retry", retry}, {"max_attempts", attempts},
+		{"rate", orText(s.Rate, "none")}, {"concurrency", num(s.Concurrency, "none")}, {"breaker", breaker},
+		{"breaker_state", s.Breaker.String()},
+	}
+}
+
+// orText is v, or when empty def.
+func orText(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+// endpointFlags are the flags of a target's endpoint settings; set-target
+// adds those that remove one.
+type endpointFlags struct {
+	secret, secretFile, secretOverlap      string
+	timeout, schedule, baseDelay, maxDelay string
+	maxAttempts                            string
+	rate, concurrency, breakerFailures     string
+	breakerProbe, disableAfter             string
+	headers                                headerFlag
+	noSecret, noHeaders                    bool
+}
+
+// headerFlag is a repeatable "Name: value" flag.
+type headerFlag map[string]string
+
+func (h headerFlag) String() string { return "" }
+func (h headerFlag) Set(s string) error {
+	k, v, ok := strings.Cut(s, ":")
+	k = strings.TrimSpace(k)
+	if !ok || k == "" || strings.ContainsAny(k, " \t") {
+		return fmt.Errorf("want 'Name: value', e.g. 'X-Team: billing'")
+	}
+	h[k] = strings.TrimSpace(v)
+	return nil
+}
+
+// addEndpointFlags adds the endpoint flags to fs; update adds those that
+// reset or remove a setting.
+func addEndpointFlags(fs *flag.FlagSet, update bool) *endpointFlags {
+	f := &endpointFlags{headers: headerFlag{}}
+	def := func(what string) string { return "(default: " + what + ")" }
+	if update {
+		def = func(string) string { return `("default": the server's again)` }
+	}
+	fs.StringVar(&f.secret, "secret", "", "the signing `secret`, whsec_ and base64 (16 to 128 bytes): each request then carries Standard Webhooks "+
+		"webhook-id, webhook-timestamp and webhook-signature headers. Shown later only as a fingerprint")
+	fs.StringVar(&f.secretFile, "secret-file", "", "read the signing secret from this `file` (keeps it out of the command line)")
+	fs.Var(f.headers, "header", "send this header with every request, `'Name: value'` (repeatable; hop-by-hop and webhook-* headers are refused)")
+	fs.StringVar(&f.timeout, "timeout", "", "bound each attempt by this `duration` "+def("the server's --handler-timeout"))
+	fs.StringVar(&f.schedule, "retry-schedule", "", "wait these comma-separated `durations` after each failed attempt, e.g. 5s,5m,30m,2h; the last repeats "+
+		def("exponential backoff"))
+	fs.StringVar(&f.baseDelay, "retry-base-delay", "", "exponential backoff's first wait, a `duration` "+def("the server's"))
+	fs.StringVar(&f.maxDelay, "retry-max-delay", "", "exponential backoff's longest wait, and the longest a Retry-After waits, a `duration` "+def("the server's"))
+	fs.StringVar(&f.maxAttempts, "max-attempts", "", "`attempts` before an item is a dead letter; may exceed the schedule "+def("the server's"))
+	fs.StringVar(&f.rate, "rate", "", "start at most this many attempts per period in each server process, a `rate` such as 50/s, 600/m or 5/h "+
+		"(bursts of one second's worth) "+def("none"))
+	fs.StringVar(&f.concurrency, "concurrency", "", "keep at most this many `attempts` in flight at once in each server process "+def("none but the workers"))
+	fs.StringVar(&f.breakerFailures, "breaker-failures", "", "open the endpoint's circuit breaker after this many consecutive failed `attempts` "+
+		"(transport errors, timeouts, 5xx, 408, 429): its items wait, probed one at a time; 0 turns the breaker off "+def("10"))
+	fs.StringVar(&f.breakerProbe, "breaker-probe", "", "probe an open breaker every `duration` "+def("30s"))
+	fs.StringVar(&f.disableAfter, "disable-after", "", "disable the endpoint once its breaker has been open this `duration`, until "+
+		"'postbox subscriptions enable' "+def("24h"))
+	if update {
+		fs.StringVar(&f.secretOverlap, "secret-overlap", "", "with --secret: how long the replaced secret keeps signing beside the new one, a `duration` (default 24h)")
+		fs.BoolVar(&f.noSecret, "no-secret", false, "remove every signing secret: requests are no longer signed")
+		fs.BoolVar(&f.noHeaders, "no-headers", false, "send no headers of the endpoint's own")
+	}
+	return f
+}
+
+// fields returns the body fields of the flags given, checking them; with
+// update, "default" resets a setting (null).
+func (f *endpointFlags) fields(cmd string, given map[string]bool, update bool) (map[string]any, error) {
+	out := map[string]any{}
+	if given["secret"] && given["secret-file"] {
+		return nil, usagef("%s: --secret and --secret-file exclude each other", cmd)
+	}
+	if given["secret-file"] {
+		b, err := os.ReadFile(f.secretFile)
+		if err != nil {
+			return nil, usagef("%s: --secret-file: %v", cmd, err)
+		}
+		f.secret, given["secret"] = strings.TrimSpace(string(b)), true
+	}
+	if given["secret"] {
+		if !strings.HasPrefix(f.secret, "whsec_") {
+			return nil, usagef("%s: --secret must be whsec_ and base64", cmd)
+		}
+		if given["no-secret"] {
+			return nil, usagef("%s: --secret and --no-secret exclude each other", cmd)
+		}
+		out["secret"] = f.secret
+	}
+	if given["no-secret"] {
+		out["secret"] = nil
+	}
+	if given["secret-overlap"] {
+		if !given["secret"] {
+			return nil, usagef("%s: --secret-overlap goes with --secret", cmd)
+		}
+		if d, err := time.ParseDuration(f.secretOverlap); err != nil || d <= 0 {
+			return nil, usagef("%s: --secret-overlap %q is not a positive duration (e.g. 24h)", cmd, f.secretOverlap)
+		}
+		out["secret_overlap"] = f.secretOverlap
+	}
+	if given["header"] {
+		if given["no-headers"] {
+			return nil, usagef("%s: --header and --no-headers exclude each other", cmd)
+		}
+		out["headers"] = map[string]string(f.headers)
+	}
+	if given["no-headers"] {
+		out["headers"] = nil
+	}
+	for _, d := range []struct{ flag, field, v string }{
+		{"timeout", "timeout", f.timeout}, {"retry-base-delay", "retry_base_delay", f.baseDelay}, {"retry-max-delay", "retry_max_delay", f.maxDelay},
+		{"breaker-probe", "breaker_probe", f.breakerProbe}, {"disable-after", "disable_after", f.disableAfter},
+	} {
+		switch {
+		case !given[d.flag]:
+		case update && d.v == "default":
+			out[d.field] = nil
+		default:
+			if w, err := time.ParseDuration(d.v); err != nil || w <= 0 {
+				return nil, usagef("%s: --%s %q is not a positive duration (e.g. 10s)", cmd, d.flag, d.v)
+			}
+			out[d.field] = d.v
+		}
+	}
+	switch {
+	case !given["retry-schedule"]:
+	case update && f.schedule == "default":
+		out["retry_schedule"] = nil
+	default:
+		for part := range strings.SplitSeq(f.schedule, ",") {
+			if w, err := time.ParseDuration(strings.TrimSpace(part)); err != nil || w <= 0 {
+				return nil, usagef("%s: --retry-schedule %q: %q is not a positive duration (want e.g. 5s,1m,10m)", cmd, f.schedule, part)
+			}
+		}
+		out["retry_schedule"] = f.schedule
+	}
+	switch {
+	case !given["max-attempts"]:
+	case update && f.maxAttempts == "default":
+		out["max_attempts"] = nil
+	default:
+		n, err := strconv.Atoi(f.maxAttempts)
+		if err != nil || n <= 0 {
+			return nil, usagef("%s: --max-attempts %q is not a positive whole number", cmd, f.maxAttempts)
+		}
+		out["max_attempts"] = n
+	}
+	for _, c := range []struct {
+		flag, field, v string
+		least          int
+	}{{"concurrency", "concurrency", f.concurrency, 1}, {"breaker-failures", "breaker_failures", f.breakerFailures, 0}} {
+		switch {
+		case !given[c.flag]:
+		case update && c.v == "default":
+			out[c.field] = nil
+		default:
+			n, err := strconv.Atoi(c.v)
+			if err != nil || n < c.least {
+				return nil, usagef("%s: --%s %q is not a whole number of %d or more", cmd, c.flag, c.v, c.least)
+			}
+			out[c.field] = n
+		}
+	}
+	switch {
+	case !given["rate"]:
+	case update && f.rate == "default":
+		out["rate"] = nil
+	case !strings.Contains(f.rate, "/"):
+		return nil, usagef("%s: --rate %q: want attempts per period, such as 50/s, 600/m or 10/500ms", cmd, f.rate)
+	default:
+		out["rate"] = f.rate // the server checks the rest, naming the field
+	}
+	return out, nil
 }
 
 // createSubscription is the body of POST /v1/subscriptions.
@@ -144,6 +425,9 @@ event stored at or after --start-time). --start-offset alone implies at_offset, 
 With --target, the server's workers POST each item's payload to that URL: 2xx
 completes it, other answers are retried with backoff, and 410 Gone or the last failed
 attempt makes it a dead letter (postbox dlq). Without one, runtimes lease the inbox.
+The target's endpoint settings (--secret, --header, --timeout, --retry-schedule or
+--retry-base-delay/--retry-max-delay, --max-attempts) default to the server's; every
+attempt is logged (postbox inbox attempts).
 
 Creating it again with the same definition succeeds and prints "exists"; another
 definition under the same name is a conflict (exit status 1).`)
@@ -160,6 +444,7 @@ definition under the same name is a conflict (exit status 1).`)
 	inbox := fs.String("inbox", "", "the `inbox` its items go to (default: NAME)")
 	var target httpURL
 	fs.Var(&target, "target", "the http:// or https:// `URL` the server's workers POST each item to (default: none, runtimes lease the inbox)")
+	ef := addEndpointFlags(fs, false)
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
 		return err
@@ -182,6 +467,13 @@ definition under the same name is a conflict (exit status 1).`)
 		case given["start-time"]:
 			*start = "at_time"
 		}
+	}
+	settings, err := ef.fields("subscriptions create", given, false)
+	if err != nil {
+		return err
+	}
+	if len(settings) > 0 && target == "" {
+		return usagef("subscriptions create: endpoint settings (--secret, --header, --timeout, --retry-*, --max-attempts) need --target")
 	}
 	body := createSubscription{Name: name, Source: *source, Types: types, Inbox: *inbox, Start: *start, Target: string(target)}
 	if len(match) > 0 {
@@ -219,7 +511,7 @@ definition under the same name is a conflict (exit status 1).`)
 	}
 
 	var raw json.RawMessage
-	status, err := c.do(ctx, http.MethodPost, "/v1/subscriptions", body, &raw)
+	status, err := c.do(ctx, http.MethodPost, "/v1/subscriptions", withFields(body, settings), &raw)
 	if err != nil {
 		if isAPIError(err, "conflict") {
 			return fmt.Errorf("subscriptions create %s: %w (delete it first, or pick another name)", name, err)
@@ -255,19 +547,9 @@ func runSubscriptionsList(ctx context.Context, env *cmdEnv, args []string) error
 	if err := noArgs(fs); err != nil {
 		return err
 	}
-	var out struct {
-		Subscriptions []json.RawMessage `json:"subscriptions"`
-	}
-	if _, err := c.get(ctx, "/v1/subscriptions", &out); err != nil {
-		return fmt.Errorf("subscriptions list: %w", err)
-	}
-	raw := jsonArray(out.Subscriptions)
-	if af.json {
-		return printJSON(env, raw)
-	}
-	var subs []subscription
-	if err := json.Unmarshal(raw, &subs); err != nil {
-		return fmt.Errorf("subscriptions list: the server's answer: %w", err)
+	subs, printed, err := getList[subscription](ctx, env, c, af, "/v1/subscriptions", "subscriptions")
+	if err != nil || printed {
+		return wrapErr("subscriptions list", err)
 	}
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSOURCE\tINBOX\tTYPES\tMATCH\tSTART\tTARGET\tNEXT_OFFSET\tLAG\tCREATED")
@@ -304,25 +586,54 @@ func runSubscriptionsGet(ctx context.Context, env *cmdEnv, args []string) error 
 	if af.json {
 		return printJSON(env, raw)
 	}
-	return printFields(env, [][2]string{
+	fields := [][2]string{
 		{"name", s.Name}, {"source", s.Source}, {"stream", s.Stream}, {"inbox", s.Inbox},
 		{"types", typesText(s.Types)}, {"match", pairs(s.Metadata)}, {"start", s.startText()},
 		{"target", orDash(s.Target)},
+	}
+	if s.Target != "" {
+		fields = append(fields, s.endpointFields()...)
+	}
+	return printFields(env, append(fields, [][2]string{
 		{"created_at", s.CreatedAt.String()},
 		{"next_offset", strconv.FormatInt(s.NextOffset, 10)},
 		{"high_watermark", strconv.FormatInt(s.HighWatermark, 10)},
 		{"lag", strconv.FormatInt(s.Lag, 10)},
-	})
+	}...))
+}
+
+// withFields is the JSON object of v with fields added.
+func withFields(v any, fields map[string]any) any {
+	if len(fields) == 0 {
+		return v
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return v
+	}
+	out := map[string]any{}
+	if json.Unmarshal(b, &out) != nil {
+		return v
+	}
+	maps.Copy(out, fields)
+	return out
 }
 
 func runSubscriptionsSetTarget(ctx context.Context, env *cmdEnv, args []string) error {
-	fs := newFlags(env, "subscriptions set-target", "NAME (--target URL | --none) [flags]", `Changes the URL the server's workers POST the items of subscription NAME to (for
+	fs := newFlags(env, "subscriptions set-target", "NAME (--target URL | --none | endpoint flags) [flags]", `Changes the URL the server's workers POST the items of subscription NAME to (for
 instance after fixing a target, before replaying its dead letters), or removes it with
 --none: the items then wait in the inbox for a runtime that leases them. What the
-subscription reads does not change.`)
+subscription reads does not change.
+
+The endpoint flags change one setting each and leave the others; "default" gives one
+back to the server (--timeout default). --secret rotates the signing secret: the one
+it replaces keeps signing beside it for --secret-overlap (default 24h), so that
+receivers verifying with either accept; --no-secret stops signing. An inbox has one
+endpoint: its settings apply to every subscription filling the inbox with the target.`)
 	var target httpURL
 	fs.Var(&target, "target", "the new target `URL` (http:// or https://)")
 	none := fs.Bool("none", false, "remove the target")
+	ef := addEndpointFlags(fs, true)
 	af := addAPIFlags(fs, "print the subscription's JSON")
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
@@ -332,14 +643,21 @@ subscription reads does not change.`)
 	if err != nil {
 		return err
 	}
-	if (target == "") == !*none {
-		return usagef("subscriptions set-target: give --target URL or --none")
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	body, err := ef.fields("subscriptions set-target", given, true)
+	if err != nil {
+		return err
 	}
-	var body struct {
-		Target *string `json:"target"`
-	}
-	if target != "" {
-		body.Target = (*string)(&target)
+	switch {
+	case target != "" && *none:
+		return usagef("subscriptions set-target: --target and --none exclude each other")
+	case target != "":
+		body["target"] = string(target)
+	case *none:
+		body["target"] = nil
+	case len(body) == 0:
+		return usagef("subscriptions set-target: give --target URL, --none or an endpoint flag (--secret, --header, --timeout, --retry-schedule, --max-attempts, --rate, --concurrency, --breaker-failures, ...)")
 	}
 	var raw json.RawMessage
 	if _, err := c.do(ctx, http.MethodPatch, "/v1/subscriptions/"+url.PathEscape(name), body, &raw); err != nil {
@@ -353,6 +671,11 @@ subscription reads does not change.`)
 		return fmt.Errorf("subscriptions set-target %s: %w", name, err)
 	}
 	fmt.Fprintf(env.stdout, "subscription %s: target %s\n", name, orDash(s.Target))
+	if _, onlyTarget := body["target"]; s.Target != "" && (len(body) > 1 || !onlyTarget) {
+		for _, kv := range s.endpointFields() {
+			fmt.Fprintf(env.stdout, "  %s: %s\n", kv[0], kv[1])
+		}
+	}
 	return nil
 }
 
@@ -377,5 +700,34 @@ items stay in their inbox. The server answers with no body; --json prints
 		return printJSON(env, b)
 	}
 	fmt.Fprintf(env.stdout, "deleted subscription %s (its inbox items stay)\n", name)
+	return nil
+}
+
+func runSubscriptionsEnable(ctx context.Context, env *cmdEnv, args []string) error {
+	fs := newFlags(env, "subscriptions enable", "NAME [flags]", `Closes the circuit breaker of the endpoint of subscription NAME, open or disabled, so
+that the server delivers its waiting items again. An endpoint is disabled after its
+breaker has been open, failing every probe, for its --disable-after; it stays disabled
+until this command. Enabling a closed endpoint changes nothing.`)
+	af := addAPIFlags(fs, "print the subscription's JSON")
+	c, err := parseAPI(env, fs, af, args)
+	if err != nil {
+		return err
+	}
+	name, err := nameArg(fs)
+	if err != nil {
+		return err
+	}
+	var raw json.RawMessage
+	if _, err := c.do(ctx, http.MethodPost, "/v1/subscriptions/"+url.PathEscape(name)+"/enable", nil, &raw); err != nil {
+		return fmt.Errorf("subscriptions enable %s: %w", name, err)
+	}
+	if af.json {
+		return printJSON(env, raw)
+	}
+	var s subscription
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return fmt.Errorf("subscriptions enable %s: %w", name, err)
+	}
+	fmt.Fprintf(env.stdout, "subscription %s: endpoint %s, breaker %s\n", name, orDash(s.Target), s.Breaker)
 	return nil
 }

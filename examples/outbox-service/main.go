@@ -169,7 +169,7 @@ func run(ctx context.Context, cfg config) (summary, error) {
 	if err != nil {
 		return sum, err
 	}
-	pub, err := outboxredis.NewPublisher(rdb, outboxredis.PublisherConfig{Stream: cfg.Stream})
+	pub, err := outboxredis.NewPublisher(rdb, outboxredis.Config{Stream: cfg.Stream})
 	if err != nil {
 		return sum, err
 	}

@@ -29,15 +29,15 @@ import (
 
 // Config configures an Agent.
 type Config struct {
-	Server     string // the control plane's ingress: ws://host:port[/path]
+	Server     string // the control plane's ingress: ws://host:port[/path] or grpc://host:port (wss, grpcs for TLS)
 	OutboxPath string
 	DeviceID   string
 	SessionID  string // filled into events without one; defaults to a new sess_<ULID>
 	Listen     string // the intake's address; defaults to 127.0.0.1:8787
 	Token      string
 	// CACert is a PEM file of the certificate authorities (or the
-	// self-signed certificate) a wss:// server must present. Empty means
-	// the system's roots.
+	// self-signed certificate) a wss:// or grpcs:// server must present.
+	// Empty means the system's roots.
 	CACert      string
 	Synchronous string
 	Limits      postbox.Limits
@@ -79,11 +79,13 @@ func New(cfg Config) (*Agent, error) {
 	}
 	opts := client.Options{Token: cfg.Token}
 	if cfg.CACert != "" {
-		hc, err := trusting(cfg.CACert)
+		tc, err := trusting(cfg.CACert)
 		if err != nil {
 			return nil, err
 		}
-		opts.HTTPClient = hc
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = tc
+		opts.HTTPClient, opts.TLSConfig = &http.Client{Transport: tr}, tc
 	}
 	pub, err := client.NewPublisher(cfg.Server, opts, cfg.AckTimeout)
 	if err != nil {
@@ -182,9 +184,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	return g.Wait()
 }
 
-// trusting returns an HTTP client that trusts the certificates in the PEM
+// trusting returns a TLS configuration that trusts the certificates in the PEM
 // file at path.
-func trusting(path string) (*http.Client, error) {
+func trusting(path string) (*tls.Config, error) {
 	pem, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("agent: --ca-cert: %w", err)
@@ -193,7 +195,5 @@ func trusting(path string) (*http.Client, error) {
 	if !roots.AppendCertsFromPEM(pem) {
 		return nil, fmt.Errorf("agent: --ca-cert %s: no PEM certificate in the file", path)
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
-	return &http.Client{Transport: tr}, nil
+	return &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}, nil
 }

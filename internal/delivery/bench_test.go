@@ -76,8 +76,14 @@ func BenchmarkMaterialise(b *testing.B) {
 
 // BenchmarkWorkersHTTP measures the workers pushing a backlog of b.N
 // items to a local HTTP target that answers 204 at once: lease, POST,
-// ack, with the default 16 workers.
+// ack, with the default 16 workers; unsigned, and signed with a secret
+// (Standard Webhooks headers on every request).
 func BenchmarkWorkersHTTP(b *testing.B) {
+	b.Run("unsigned", func(b *testing.B) { benchmarkWorkersHTTP(b, "") })
+	b.Run("signed", func(b *testing.B) { benchmarkWorkersHTTP(b, secretA) })
+}
+
+func benchmarkWorkersHTTP(b *testing.B, secret string) {
 	var got atomic.Int64
 	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -100,7 +106,11 @@ func BenchmarkWorkersHTTP(b *testing.B) {
 	}
 	e.waitLag(b, "bench", 0)
 	b.ResetTimer()
-	if err := e.d.SetTarget(context.Background(), "bench", target.URL); err != nil {
+	change := delivery.Change{Target: &target.URL}
+	if secret != "" {
+		change.Secret = &secret
+	}
+	if _, err := e.d.Update(context.Background(), "bench", change); err != nil {
 		b.Fatal(err)
 	}
 	for got.Load() < int64(n) {

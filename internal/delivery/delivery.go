@@ -112,7 +112,8 @@ type Config struct {
 	// RetryBaseDelay and RetryMaxDelay shape the backoff of workers: the
 	// n-th retry of an item waits min(RetryBaseDelay·2^(n-1),
 	// RetryMaxDelay), less up to Jitter of it at random (RETRY_BASE_DELAY,
-	// RETRY_MAX_DELAY).
+	// RETRY_MAX_DELAY). RetryMaxDelay also bounds what a target's
+	// Retry-After or a handler's RetryAfter asks for.
 	RetryBaseDelay time.Duration
 	RetryMaxDelay  time.Duration
 	Jitter         float64
@@ -214,6 +215,7 @@ type Delivery struct {
 	held        map[string]bool    // subscriptions whose loop Reset has stopped
 	handlers    map[string]Handler // Go handlers by inbox
 	targets     map[string]string  // target URLs by inbox
+	endpoints   endpoints          // the endpoints of targets, cached
 	dispatchers map[string]*loop   // by inbox
 	replaced    []*loop            // dispatchers stopped for a new handler
 	stopped     bool
@@ -254,7 +256,8 @@ func New(ctx context.Context, streams stream.Backend, store Store, cfg Config) (
 }
 
 // Run runs every subscription's consumption loop, the workers of the
-// inboxes with a handler, the lease reaper and retention, until ctx ends.
+// inboxes with a handler, the lease reaper, retention and replay jobs,
+// until ctx ends.
 // Call Recover first.
 func (d *Delivery) Run(ctx context.Context) error {
 	d.mu.Lock()
@@ -289,6 +292,7 @@ func (d *Delivery) Run(ctx context.Context) error {
 	d.mu.Unlock()
 	d.log.Info("delivery: running", "subscriptions", len(subs), "workers", d.cfg.Workers, "inboxes_with_handler", dispatching)
 	workers.Go(func() { d.retain(ctx) })
+	workers.Go(func() { d.runReplays(ctx) })
 	if d.cluster != nil {
 		workers.Go(func() { d.cluster.run(ctx) })
 		workers.Go(func() {
@@ -360,7 +364,15 @@ type Subscription struct {
 	// Target, when set, is the URL the workers POST each item to (see
 	// Handler for what its answers mean); without one a runtime leases
 	// the inbox's items.
-	Target    string
+	Target string
+	// Endpoint is how the workers deliver to Target; its zero fields take
+	// the server's settings. An inbox has one endpoint: subscriptions
+	// filling one inbox with one target share their settings and secrets.
+	Endpoint Endpoint
+	// Secrets sign each request to Target (Standard Webhooks), current
+	// first; none: requests are not signed. Create takes at most one,
+	// the current one; Update rotates them.
+	Secrets   []Secret
 	CreatedAt time.Time
 }
 
@@ -402,6 +414,21 @@ func (s *Subscription) validate() error {
 	if err := validTarget(s.Target); err != nil {
 		return err
 	}
+	if err := s.Endpoint.validate(); err != nil {
+		return err
+	}
+	switch {
+	case len(s.Secrets) > 1:
+		return errorf(ErrInvalid, "secret: a new subscription has one")
+	case len(s.Secrets) == 1:
+		if err := validSecret(s.Secrets[0].Key); err != nil {
+			return err
+		}
+		s.Secrets[0].ExpiresAt = time.Time{}
+	}
+	if s.Target == "" && (len(s.Secrets) > 0 || !sameEndpoint(s.Endpoint, Endpoint{})) {
+		return errorf(ErrInvalid, "target: required with a secret or endpoint settings")
+	}
 	s.Stream = s.Source // one source, one stream
 	return nil
 }
@@ -421,7 +448,8 @@ func validTarget(target string) error {
 func sameDefinition(a, b Subscription) bool {
 	return a.Source == b.Source && a.Inbox == b.Inbox && slices.Equal(a.Types, b.Types) &&
 		fmt.Sprint(a.Metadata) == fmt.Sprint(b.Metadata) && a.Start.Policy == b.Start.Policy &&
-		a.Start.Offset == b.Start.Offset && a.Start.Time.Equal(b.Start.Time) && a.Target == b.Target
+		a.Start.Offset == b.Start.Offset && a.Start.Time.Equal(b.Start.Time) && a.Target == b.Target &&
+		sameEndpoint(a.Endpoint, b.Endpoint) && currentSecret(a.Secrets) == currentSecret(b.Secrets)
 }
 
 // Create stores s, creates its consumer at its start and starts its loop.
@@ -459,6 +487,9 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 	}
 	s.UID = "sub_" + ulid.Make().String()
 	s.CreatedAt = d.now().UTC().Truncate(time.Microsecond)
+	if len(s.Secrets) == 1 {
+		s.Secrets[0].CreatedAt = s.CreatedAt
+	}
 	types, _ := json.Marshal(s.Types)
 	meta, _ := json.Marshal(s.Metadata)
 	var startTime any
@@ -469,9 +500,10 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 	// between, the loop creates the consumer at the next start.
 	err := d.update(ctx, func(tx conn) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO subscriptions (subscription_id, subscription_uid, source_id, stream_id, inbox_id,
-			match_types_json, match_metadata_json, start_policy, start_offset, start_time, created_at, target_url)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, s.Name, s.UID, s.Source, s.Stream, s.Inbox, string(types), string(meta),
-			s.Start.Policy, s.Start.Offset, startTime, s.CreatedAt.Format(sqlitedb.Time), nullString(s.Target))
+			match_types_json, match_metadata_json, start_policy, start_offset, start_time, created_at, target_url, `+endpointColumns+`)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, `+endpointMarks+`)`, append([]any{s.Name, s.UID, s.Source, s.Stream, s.Inbox,
+			string(types), string(meta), s.Start.Policy, s.Start.Offset, startTime, s.CreatedAt.Format(sqlitedb.Time), nullString(s.Target)},
+			endpointValues(s.Endpoint, s.Secrets)...)...)
 		return err
 	})
 	if err != nil {
@@ -497,6 +529,7 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 	d.startLocked(s)
 	d.setTargetLocked(s.Inbox, s.Target)
 	d.mu.Unlock()
+	d.forgetEndpoint(s.Inbox)
 	d.broadcast(ctx, "subs")
 	d.log.Info("delivery: subscription created", "subscription", s.Name, "source", s.Source, "inbox", s.Inbox,
 		"types", s.Types, "start", s.Start.Policy, "target", s.Target)
@@ -543,7 +576,7 @@ func (d *Delivery) Delete(ctx context.Context, name string) error {
 }
 
 const subscriptionColumns = `subscription_id, subscription_uid, source_id, stream_id, inbox_id, match_types_json,
-	match_metadata_json, start_policy, start_offset, start_time, created_at, target_url`
+	match_metadata_json, start_policy, start_offset, start_time, created_at, target_url, ` + endpointColumns
 
 // Subscription returns the subscription name, or ErrNotFound.
 func (d *Delivery) Subscription(ctx context.Context, name string) (Subscription, error) {
@@ -558,6 +591,7 @@ func (d *Delivery) Subscription(ctx context.Context, name string) (Subscription,
 	if len(subs) == 0 {
 		return Subscription{}, errorf(ErrNotFound, "subscription %q: no such subscription", name)
 	}
+	subs[0].Secrets = live(subs[0].Secrets, d.now())
 	return subs[0], nil
 }
 
@@ -567,7 +601,11 @@ func (d *Delivery) Subscriptions(ctx context.Context) ([]Subscription, error) {
 	if err != nil {
 		return nil, err
 	}
-	return scanSubscriptions(rows)
+	subs, err := scanSubscriptions(rows)
+	for i := range subs {
+		subs[i].Secrets = live(subs[i].Secrets, d.now()) // expired ones stay stored until the next change
+	}
+	return subs, err
 }
 
 func scanSubscriptions(rows *sql.Rows) ([]Subscription, error) {
@@ -578,8 +616,9 @@ func scanSubscriptions(rows *sql.Rows) ([]Subscription, error) {
 		var types, meta, created string
 		var startOffset sql.NullInt64
 		var startTime, target sql.NullString
-		if err := rows.Scan(&s.Name, &s.UID, &s.Source, &s.Stream, &s.Inbox, &types, &meta, &s.Start.Policy,
-			&startOffset, &startTime, &created, &target); err != nil {
+		var ep endpointScan
+		if err := rows.Scan(append([]any{&s.Name, &s.UID, &s.Source, &s.Stream, &s.Inbox, &types, &meta, &s.Start.Policy,
+			&startOffset, &startTime, &created, &target}, ep.dest()...)...); err != nil {
 			return nil, fmt.Errorf("read subscriptions: %w", err)
 		}
 		if err := json.Unmarshal([]byte(types), &s.Types); err != nil {
@@ -594,6 +633,9 @@ func scanSubscriptions(rows *sql.Rows) ([]Subscription, error) {
 		}
 		s.CreatedAt, _ = sqlitedb.ParseTime(created)
 		s.Target = target.String
+		if err := ep.into(&s); err != nil {
+			return nil, fmt.Errorf("subscription %s: %w", s.Name, err)
+		}
 		subs = append(subs, s)
 	}
 	return subs, rows.Err()
@@ -607,9 +649,16 @@ func (d *Delivery) sharedInbox(ctx context.Context, s Subscription) error {
 		return err
 	}
 	for _, o := range subs {
-		if o.Inbox == s.Inbox && o.Name != s.Name && o.Target != s.Target {
+		if o.Inbox != s.Inbox || o.Name == s.Name {
+			continue
+		}
+		if o.Target != s.Target {
 			return errorf(ErrConflict, "inbox %q is filled by subscription %q with target %q: an inbox has one target (use another inbox)",
 				s.Inbox, o.Name, o.Target)
+		}
+		if s.Target != "" && (!sameEndpoint(o.Endpoint, s.Endpoint) || currentSecret(o.Secrets) != currentSecret(s.Secrets)) {
+			return errorf(ErrConflict, "inbox %q is filled by subscription %q with the same target and other endpoint settings or secret: an inbox has one endpoint (give the same settings, or use another inbox)",
+				s.Inbox, o.Name)
 		}
 	}
 	return nil
@@ -618,36 +667,108 @@ func (d *Delivery) sharedInbox(ctx context.Context, s Subscription) error {
 // SetTarget sets the target URL of subscription name ("" for none) and
 // restarts its inbox's workers with it.
 func (d *Delivery) SetTarget(ctx context.Context, name, target string) error {
+	_, err := d.Update(ctx, name, Change{Target: &target})
+	return err
+}
+
+// Change is a change of a subscription's target and endpoint: a nil
+// field leaves what it is.
+type Change struct {
+	Target   *string   // "" removes the target
+	Endpoint *Endpoint // every setting at once
+	// Secret, when not empty, becomes the signing secret; the one it
+	// replaces keeps signing beside it for SecretOverlap (defaults to
+	// DefaultSecretOverlap). "" removes every secret: requests are no
+	// longer signed.
+	Secret        *string
+	SecretOverlap time.Duration
+}
+
+// Update applies c to subscription name and to every subscription that
+// fills its inbox with its target (an inbox has one endpoint), then
+// restarts the inbox's workers with it. It returns the subscription as
+// changed.
+func (d *Delivery) Update(ctx context.Context, name string, c Change) (Subscription, error) {
 	s, err := d.Subscription(ctx, name)
 	if err != nil {
-		return err
+		return s, err
 	}
-	if err := validTarget(target); err != nil {
-		return err
+	old := s
+	if c.Target != nil {
+		if err := validTarget(*c.Target); err != nil {
+			return old, err
+		}
+		if err := d.cfg.targetPolicy().checkTarget(*c.Target); err != nil {
+			return old, err
+		}
+		s.Target = *c.Target
 	}
-	if err := d.cfg.targetPolicy().checkTarget(target); err != nil {
-		return err
+	if c.Endpoint != nil {
+		if err := c.Endpoint.validate(); err != nil {
+			return old, err
+		}
+		s.Endpoint = *c.Endpoint
 	}
-	if s.Target == target {
-		return nil
+	if c.SecretOverlap < 0 {
+		return old, errorf(ErrInvalid, "secret_overlap %s: want a positive duration", c.SecretOverlap)
 	}
-	s.Target = target
-	if err := d.sharedInbox(ctx, s); err != nil {
-		return err
+	now := d.now().UTC().Truncate(time.Microsecond)
+	if c.Secret != nil {
+		if *c.Secret != "" {
+			if err := validSecret(*c.Secret); err != nil {
+				return old, err
+			}
+		}
+		overlap := c.SecretOverlap
+		if overlap == 0 {
+			overlap = DefaultSecretOverlap
+		}
+		s.Secrets = rotate(s.Secrets, *c.Secret, overlap, now)
+	} else {
+		s.Secrets = live(s.Secrets, now)
+	}
+	// Settings stay when a target is removed, but are not set without one.
+	if s.Target == "" && (c.Secret != nil && *c.Secret != "" || c.Endpoint != nil && !sameEndpoint(*c.Endpoint, Endpoint{})) {
+		return old, errorf(ErrInvalid, "target: required with a secret or endpoint settings")
+	}
+	if s.Target == old.Target && sameEndpoint(s.Endpoint, old.Endpoint) && slices.Equal(s.Secrets, old.Secrets) {
+		return s, nil
+	}
+	if s.Target != old.Target {
+		if err := d.sharedInbox(ctx, s); err != nil {
+			return old, err
+		}
 	}
 	err = d.update(ctx, func(tx conn) error {
-		_, err := tx.ExecContext(ctx, `UPDATE subscriptions SET target_url = ? WHERE subscription_id = ?`, nullString(target), name)
+		args := append([]any{nullString(s.Target)}, endpointValues(s.Endpoint, s.Secrets)...)
+		_, err := tx.ExecContext(ctx, `UPDATE subscriptions SET target_url = ?, `+endpointSet+`
+			WHERE subscription_id = ?`, append(args, name)...)
+		if err != nil || s.Target == "" {
+			return err
+		}
+		// The others of its inbox and target share its endpoint.
+		_, err = tx.ExecContext(ctx, `UPDATE subscriptions SET `+endpointSet+`
+			WHERE inbox_id = ? AND target_url = ? AND subscription_id <> ?`, append(args[1:], s.Inbox, s.Target, name)...)
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("set target of %s: %w", name, err)
+		return old, fmt.Errorf("update subscription %s: %w", name, err)
 	}
+	d.forgetEndpoint(s.Inbox)
 	d.mu.Lock()
-	d.setTargetLocked(s.Inbox, target)
+	d.setTargetLocked(s.Inbox, s.Target)
 	d.mu.Unlock()
 	d.broadcast(ctx, "subs")
-	d.log.Info("delivery: subscription target set", "subscription", name, "inbox", s.Inbox, "target", target)
-	return nil
+	if s.Target != old.Target {
+		d.log.Info("delivery: subscription target set", "subscription", name, "inbox", s.Inbox, "target", s.Target)
+	}
+	if c.Secret != nil {
+		d.log.Info("delivery: subscription signing secret set", "subscription", name, "secrets", len(s.Secrets))
+	}
+	if c.Endpoint != nil && !sameEndpoint(s.Endpoint, old.Endpoint) {
+		d.log.Info("delivery: subscription endpoint settings set", "subscription", name, "inbox", s.Inbox)
+	}
+	return s, nil
 }
 
 // setTargetLocked records the target of inbox and restarts its workers.

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
-	"github.com/postbox-events/postbox/internal/servertest"
+	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -87,7 +87,7 @@ func testTwoSubscriptionsIndependent(t *testing.T, kind storeKind) {
 	e.create(t, delivery.Subscription{Name: "busy", Source: "devices"})
 	// Both loops run before ingest starts: each records its position as it
 	// starts (on a shared store, once it holds its lease).
-	servertest.Eventually(t, 10*time.Second, "both loops to start", func() bool {
+	testenv.Eventually(t, 10*time.Second, "both loops to start", func() bool {
 		return e.count(t, `SELECT count(*) FROM positions`) == 2
 	})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -135,7 +135,7 @@ func testTwoSubscriptionsIndependent(t *testing.T, kind storeKind) {
 	}
 	e.waitLag(t, "busy", 0)
 	e.waitLag(t, "stalled", 0)
-	servertest.Eventually(t, 30*time.Second, "busy's runtime to complete every item", func() bool { return completed.Load() == total })
+	testenv.Eventually(t, 30*time.Second, "busy's runtime to complete every item", func() bool { return completed.Load() == total })
 	cancel()
 	if err := <-runtimeDone; err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
@@ -172,7 +172,7 @@ func testLeaseExpires(t *testing.T, kind storeKind) {
 		t.Fatalf("before the timeout, a second lease got %d items, want the 2 never leased", len(l.Items))
 	}
 	e.clock.Advance(2 * time.Second) // the first lease expired; the second has 29s left
-	servertest.Eventually(t, 5*time.Second, "expired items to be pending again", func() bool {
+	testenv.Eventually(t, 5*time.Second, "expired items to be pending again", func() bool {
 		return e.count(t, `SELECT count(*) FROM inbox_items WHERE state = 'pending'`) == 3
 	})
 	second, err := e.d.Lease(ctx, "jobs", 10, 30*time.Second, 0)

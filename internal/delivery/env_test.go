@@ -16,7 +16,6 @@ import (
 
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/delivery/deliverypg"
-	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/stream"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
@@ -247,7 +246,7 @@ func (e *env) create(t testing.TB, s delivery.Subscription) delivery.Subscriptio
 
 func (e *env) waitLag(t testing.TB, sub string, want int64) {
 	t.Helper()
-	servertest.Eventually(t, 30*time.Second, sub+" to catch up", func() bool {
+	testenv.Eventually(t, 30*time.Second, sub+" to catch up", func() bool {
 		lag, err := e.d.Lag(context.Background(), sub)
 		return err == nil && lag.Events == want
 	})
@@ -256,7 +255,7 @@ func (e *env) waitLag(t testing.TB, sub string, want int64) {
 // waitConsumer waits until the stream consumer of sub is at next.
 func (e *env) waitConsumer(t testing.TB, sub string, next int64) {
 	t.Helper()
-	servertest.Eventually(t, 30*time.Second, sub+"'s stream consumer to follow its position", func() bool {
+	testenv.Eventually(t, 30*time.Second, sub+"'s stream consumer to follow its position", func() bool {
 		c, err := e.streams.Consumer(context.Background(), sub)
 		return err == nil && c.NextOffset == next
 	})

@@ -276,7 +276,7 @@ func (d *Delivery) Lease(ctx context.Context, inbox string, max int, visibility,
 	deadline := time.Now().Add(min(wait, MaxWait))
 	for {
 		changed := d.inboxes.channel(inbox) // before looking, so no wake-up is missed
-		l, err := d.lease(ctx, inbox, max, visibility)
+		l, err := d.lease(ctx, inbox, max, visibility, d.cfg.MaxAttempts)
 		if err != nil || len(l.Items) > 0 {
 			return l, err
 		}
@@ -298,7 +298,10 @@ func (d *Delivery) Lease(ctx context.Context, inbox string, max int, visibility,
 	}
 }
 
-func (d *Delivery) lease(ctx context.Context, inbox string, max int, visibility time.Duration) (Lease, error) {
+// lease leases up to max items of inbox for visibility; an item whose
+// lease expired is leased again only when it has had fewer than
+// maxAttempts attempts.
+func (d *Delivery) lease(ctx context.Context, inbox string, max int, visibility time.Duration, maxAttempts int) (Lease, error) {
 	now := d.now().UTC()
 	token := newToken()
 	l := Lease{Token: token, ExpiresAt: now.Add(visibility).Truncate(time.Microsecond)}
@@ -308,7 +311,7 @@ func (d *Delivery) lease(ctx context.Context, inbox string, max int, visibility 
 		query = leasePostgres
 	}
 	err := d.update(ctx, func(tx conn) error {
-		rows, err := tx.QueryContext(ctx, query, token, l.ExpiresAt.Format(sqlitedb.Time), nowText, inbox, max, d.cfg.MaxAttempts)
+		rows, err := tx.QueryContext(ctx, query, token, l.ExpiresAt.Format(sqlitedb.Time), nowText, inbox, max, maxAttempts)
 		if err != nil {
 			return err
 		}
@@ -380,7 +383,7 @@ func complete(ctx context.Context) func(tx conn, now string, moves []move) error
 // pending, due after delay, with reason as its last error, or, when it has
 // had Config.MaxAttempts attempts, to failed: a dead letter.
 func (d *Delivery) Nack(ctx context.Context, inbox string, ids []int64, lease string, delay time.Duration, reason string) ([]Result, error) {
-	return d.fail(ctx, inbox, ids, lease, failure{reason: reason, delay: func(int) time.Duration { return max(delay, 0) }})
+	return d.fail(ctx, inbox, ids, lease, failure{reason: reason, delay: func(int) time.Duration { return max(delay, 0) }, maxAttempts: d.cfg.MaxAttempts})
 }
 
 // failure is how a failed attempt ends.
@@ -390,6 +393,9 @@ type failure struct {
 	// attempts attempts.
 	delay func(attempts int) time.Duration
 	dead  bool // dead-letter at once, whatever the attempts
+	// maxAttempts dead-letters an item that has had that many.
+	maxAttempts int
+	log         []Attempt // recorded in the same transaction
 }
 
 // fail records a failed attempt of items of inbox (see Nack).
@@ -399,11 +405,12 @@ func (d *Delivery) fail(ctx context.Context, inbox string, ids []int64, lease st
 	if f.reason != "" {
 		reason = f.reason
 	}
-	res, err := d.settle(ctx, inbox, ids, lease, StatePending, func(tx conn, nowText string, moves []move) error {
+	st := &settlement{inbox: inbox, ids: ids, lease: lease, to: StatePending, log: f.log}
+	st.apply = func(tx conn, nowText string, moves []move) error {
 		var dead []move
 		for i := range moves {
 			m := &moves[i]
-			if f.dead || m.attempts >= d.cfg.MaxAttempts {
+			if f.dead || m.attempts >= f.maxAttempts {
 				m.to = StateFailed
 				dead = append(dead, *m)
 				continue
@@ -420,11 +427,12 @@ func (d *Delivery) fail(ctx context.Context, inbox string, ids []int64, lease st
 		}
 		return execIn(ctx, tx, `UPDATE inbox_items SET state = 'failed', lease_token = NULL, lease_expires_at = NULL,
 			failed_at = ?1, updated_at = ?1, last_error = coalesce(?2, last_error) WHERE item_id IN (%s)`, dead, nowText, reason)
-	})
-	if err == nil {
-		d.inboxes.notify(inbox)
 	}
-	return res, err
+	if err := d.settleAll(ctx, st); err != nil {
+		return nil, fmt.Errorf("settle items of %s: %w", inbox, err)
+	}
+	d.inboxes.notify(inbox)
+	return st.results, nil
 }
 
 // move is an item settle may move, and the state it goes to.
@@ -462,6 +470,7 @@ type settlement struct {
 	ids       []int64
 	lease, to string
 	apply     func(tx conn, now string, moves []move) error
+	log       []Attempt // attempts of these items to record with them
 
 	results []Result
 	moves   []move
@@ -479,6 +488,9 @@ func (d *Delivery) settleAll(ctx context.Context, sts ...*settlement) error {
 				if err := st.apply(tx, nowText, st.moves); err != nil {
 					return err
 				}
+			}
+			if err := st.record(ctx, tx); err != nil {
+				return err
 			}
 		}
 		return nil
@@ -583,9 +595,10 @@ func (d *Delivery) interrupt(ctx context.Context, where, reason string) (int, []
 	type key struct{ inbox, state string }
 	var counts map[key]int
 	err := d.update(ctx, func(tx conn) error {
+		// An inbox with a target gets its endpoint's max attempts.
 		rows, err := tx.QueryContext(ctx, `UPDATE inbox_items SET
-			state = CASE WHEN attempts >= ?2 THEN 'failed' ELSE 'pending' END,
-			failed_at = CASE WHEN attempts >= ?2 THEN ?1 END,
+			state = CASE WHEN attempts >= `+maxAttemptsOf+` THEN 'failed' ELSE 'pending' END,
+			failed_at = CASE WHEN attempts >= `+maxAttemptsOf+` THEN ?1 END,
 			lease_token = NULL, lease_expires_at = NULL, updated_at = ?1, next_attempt_at = ?1, last_error = ?3
 			WHERE state = 'processing' AND `+where+` RETURNING inbox_id, state`, now, d.cfg.MaxAttempts, reason)
 		if err != nil {
@@ -618,6 +631,11 @@ func (d *Delivery) interrupt(ctx context.Context, where, reason string) (int, []
 	}
 	return n, inboxes, nil
 }
+
+// maxAttemptsOf is the max attempts of the inbox of a row of inbox_items:
+// its endpoint's, else ?2.
+const maxAttemptsOf = `coalesce((SELECT max(s.max_attempts) FROM subscriptions s
+	WHERE s.inbox_id = inbox_items.inbox_id AND s.target_url IS NOT NULL), ?2)`
 
 // notifier wakes the waiters of an inbox when it may have items to lease.
 type notifier struct {

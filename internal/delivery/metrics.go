@@ -17,6 +17,8 @@ type Metrics struct {
 	replays  *prometheus.CounterVec
 	attempts *prometheus.HistogramVec
 	deleted  *prometheus.CounterVec
+	breakers *prometheus.GaugeVec
+	moves    *prometheus.CounterVec
 }
 
 // NewMetrics registers delivery's metrics with reg.
@@ -52,7 +54,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Rows retention deleted: completed and failed items, and stream events every consumer had read.",
 		}, []string{"kind"}),
 	}
-	reg.MustRegister(m.events, m.items, m.leases, m.settles, m.replays, m.attempts, m.deleted)
+	m.breakers = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "postbox_endpoint_state",
+		Help: "1 for the state of the circuit breaker of an inbox's endpoint (closed, open: paused and probed, disabled: until an operator enables it), 0 for the others, as this process sees it.",
+	}, []string{"inbox", "state"})
+	m.moves = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "postbox_endpoint_transitions_total",
+		Help: "Transitions of the circuit breaker of an inbox's endpoint this process made, by the state it went to.",
+	}, []string{"inbox", "state"})
+	reg.MustRegister(m.events, m.items, m.leases, m.settles, m.replays, m.attempts, m.deleted, m.breakers, m.moves)
 	return m
 }
 
@@ -90,6 +100,29 @@ func (m *Metrics) attempted(inbox, result string, took time.Duration) {
 		return
 	}
 	m.attempts.WithLabelValues(inbox, result).Observe(took.Seconds())
+}
+
+// breakerState sets the state of inbox's breaker.
+func (m *Metrics) breakerState(inbox, state string) {
+	if m == nil {
+		return
+	}
+	for _, s := range []string{BreakerClosed, BreakerOpen, BreakerDisabled} {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		m.breakers.WithLabelValues(inbox, s).Set(v)
+	}
+}
+
+// breakerMoved counts a transition of inbox's breaker to state.
+func (m *Metrics) breakerMoved(inbox, state string) {
+	if m == nil {
+		return
+	}
+	m.moves.WithLabelValues(inbox, state).Inc()
+	m.breakerState(inbox, state)
 }
 
 func (m *Metrics) cleaned(c Cleaned) {

@@ -20,7 +20,8 @@ type Cleaned struct {
 }
 
 // Cleanup deletes, in batches of 1000, the completed and failed items that
-// reached that state before cutoff (never pending or processing ones), and,
+// reached that state before cutoff (never pending or processing ones)
+// with their attempt log, and,
 // when the stream backend is a stream.Trimmer, the stream events stored
 // before cutoff that every consumer of their stream has read: no
 // subscription needs them any more, since items carry their own copy of
@@ -32,13 +33,30 @@ func (d *Delivery) Cleanup(ctx context.Context, cutoff time.Time) (Cleaned, erro
 	for {
 		var n int64
 		err := d.update(ctx, func(tx conn) error {
-			res, err := tx.ExecContext(ctx, `DELETE FROM inbox_items WHERE item_id IN (SELECT item_id FROM inbox_items
-				WHERE state IN ('completed', 'failed') AND updated_at < ? LIMIT ?)`, before, cleanupBatch)
+			rows, err := tx.QueryContext(ctx, `DELETE FROM inbox_items WHERE item_id IN (SELECT item_id FROM inbox_items
+				WHERE state IN ('completed', 'failed') AND updated_at < ? LIMIT ?) RETURNING item_id`, before, cleanupBatch)
 			if err != nil {
 				return err
 			}
-			n, err = res.RowsAffected()
-			return err
+			var gone []move
+			for rows.Next() {
+				var m move
+				if err := rows.Scan(&m.id); err != nil {
+					rows.Close()
+					return err
+				}
+				gone = append(gone, m)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			n = int64(len(gone))
+			if n == 0 {
+				return nil
+			}
+			// Their attempt log goes with them.
+			return execIn(ctx, tx, `DELETE FROM delivery_attempts WHERE item_id IN (%s)`, gone)
 		})
 		if err != nil {
 			return c, fmt.Errorf("retention: items: %w", err)

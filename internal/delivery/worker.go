@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -15,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/postbox-events/postbox/internal/stdwebhook"
 )
 
 // Handler handles one inbox item in the process (a worker calls it). A nil
@@ -41,7 +44,10 @@ func (e *handlerError) Unwrap() error { return e.err }
 func Dead(err error) error { return &handlerError{err: err, dead: true} }
 
 // RetryAfter makes the next attempt wait at least d (an HTTP target's
-// Retry-After).
+// Retry-After), but no longer than the longest retry wait of the inbox
+// (its endpoint's RetryMaxDelay or longest scheduled wait, else
+// Config.RetryMaxDelay): a longer d waits that maximum, so that no
+// answer can park an item for a year.
 func RetryAfter(err error, d time.Duration) error { return &handlerError{err: err, retryAfter: d} }
 
 // Handle registers h as the handler of inbox: the workers lease its items
@@ -58,16 +64,13 @@ func (d *Delivery) Handle(inbox string, h Handler) {
 	d.dispatchLocked(inbox)
 }
 
-// handler returns the handler of inbox: the registered one, else one that
-// posts to the target URL of its subscription, else nil.
-func (d *Delivery) handlerLocked(inbox string) Handler {
+// handlerLocked returns the handler of inbox: the registered one, else
+// the target URL of its subscription the workers post to, else neither.
+func (d *Delivery) handlerLocked(inbox string) (Handler, string) {
 	if h := d.handlers[inbox]; h != nil {
-		return h
+		return h, ""
 	}
-	if url := d.targets[inbox]; url != "" {
-		return d.post(url)
-	}
-	return nil
+	return nil, d.targets[inbox]
 }
 
 // dispatchLocked starts or stops the dispatcher of inbox after its
@@ -78,8 +81,8 @@ func (d *Delivery) dispatchLocked(inbox string) {
 		d.replaced = append(slices.DeleteFunc(d.replaced, (*loop).ended), l)
 		delete(d.dispatchers, inbox)
 	}
-	h := d.handlerLocked(inbox)
-	if h == nil || d.runCtx == nil || d.stopped {
+	h, target := d.handlerLocked(inbox)
+	if (h == nil && target == "") || d.runCtx == nil || d.stopped {
 		return
 	}
 	ctx, cancel := context.WithCancel(d.runCtx)
@@ -87,7 +90,7 @@ func (d *Delivery) dispatchLocked(inbox string) {
 	d.dispatchers[inbox] = l
 	go func() {
 		defer close(l.done)
-		d.dispatch(ctx, inbox, h)
+		d.dispatch(ctx, inbox, h, target)
 	}()
 }
 
@@ -101,26 +104,63 @@ func (l *loop) ended() bool {
 	}
 }
 
-// job is one leased item for a worker.
+// job is one leased item for a worker: for h, or for the endpoint ep.
 type job struct {
 	inbox, lease string
 	item         Item
 	h            Handler
+	ep           *endpoint
+	fl           *flow // ep's flow control; nil for h
+	probe        bool  // the probe of ep's open breaker
 }
 
 // dispatch leases the items of inbox as workers become free and hands them
-// to the workers, until ctx ends.
-func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler) {
-	// A leased item may wait briefly for a worker, and its handler may
-	// take HandlerTimeout: the lease outlasts both.
-	visibility := 2*d.cfg.HandlerTimeout + 10*time.Second
+// to the workers, for h or for the endpoint of target, until ctx ends.
+func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler, target string) {
 	for ctx.Err() == nil {
 		changed := d.inboxes.channel(inbox) // before looking, so no wake-up is missed
-		n := d.slots.acquire(ctx, d.cfg.Workers, cleanupBatch)
+		var ep *endpoint
+		var fl *flow
+		timeout, maxAttempts := d.cfg.HandlerTimeout, d.cfg.MaxAttempts
+		if target != "" {
+			var err error
+			if ep, err = d.endpoint(ctx, inbox, target); err != nil {
+				if ctx.Err() == nil {
+					d.log.Error("delivery: reading the endpoint failed; retrying", "inbox", inbox, "err", err)
+					sleep(ctx, retryDelay)
+				}
+				continue
+			}
+			timeout, maxAttempts = ep.timeout, ep.maxAttempts
+			fl = d.flow(inbox)
+		}
+		// A leased item may wait briefly for a worker, and its handler may
+		// take its timeout: the lease outlasts both.
+		visibility := 2*timeout + 10*time.Second
+		most, probe := cleanupBatch, false
+		if fl != nil {
+			allowed, p, wait := d.admit(ctx, inbox, ep, fl)
+			if allowed == 0 { // paused, or at a limit: wait for an attempt's end, a change or the time
+				t := time.NewTimer(min(wait, time.Second))
+				select {
+				case <-fl.freed:
+				case <-changed:
+				case <-t.C:
+				case <-ctx.Done():
+				}
+				t.Stop()
+				continue
+			}
+			if allowed > 0 {
+				most = min(most, allowed)
+			}
+			probe = p
+		}
+		n := d.slots.acquire(ctx, min(d.cfg.Workers, most), most)
 		if n == 0 {
 			return
 		}
-		l, err := d.lease(ctx, inbox, n, visibility)
+		l, err := d.lease(ctx, inbox, n, visibility, maxAttempts)
 		d.slots.release(n - len(l.Items))
 		if err != nil {
 			if ctx.Err() == nil {
@@ -129,11 +169,20 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler) {
 			}
 			continue
 		}
+		if fl != nil && len(l.Items) > 0 {
+			if probe && !d.claimProbe(ctx, inbox, ep, fl) { // another process probes
+				d.slots.release(len(l.Items))
+				d.handBack(inbox, l.Token, l.Items)
+				continue
+			}
+			fl.took(len(l.Items), ep)
+		}
 		for i, it := range l.Items {
 			select {
-			case d.jobs <- job{inbox: inbox, lease: l.Token, item: it, h: h}:
+			case d.jobs <- job{inbox: inbox, lease: l.Token, item: it, h: h, ep: ep, fl: fl, probe: probe}:
 			case <-ctx.Done(): // stopping: hand back what no worker took
 				d.slots.release(len(l.Items) - i)
+				fl.release(len(l.Items) - i)
 				d.handBack(inbox, l.Token, l.Items[i:])
 				return
 			}
@@ -207,41 +256,85 @@ func (d *Delivery) work(ctx context.Context) {
 		case j := <-d.jobs:
 			d.attempt(ctx, j)
 			d.slots.release(1)
+			j.fl.release(1)
 		}
 	}
 }
 
-// attempt runs one attempt of a job and settles its item.
+// attempt runs one attempt of a job and settles its item, recording the
+// attempt of an endpoint in the same transaction.
 func (d *Delivery) attempt(ctx context.Context, j job) {
 	d.log.Debug("delivery: processing", "inbox", j.inbox, "item", j.item.ID, "attempt", j.item.Attempts)
 	start := time.Now()
-	hctx, cancel := context.WithTimeout(ctx, d.cfg.HandlerTimeout)
-	err := call(hctx, j.h, &j.item)
+	timeout, limit, maxAttempts := d.cfg.HandlerTimeout, d.cfg.RetryMaxDelay, d.cfg.MaxAttempts
+	if j.ep != nil {
+		timeout, limit, maxAttempts = j.ep.timeout, j.ep.most, j.ep.maxAttempts
+	}
+	hctx, cancel := context.WithTimeout(ctx, timeout)
+	var rec *Attempt
+	var err error
+	if j.ep != nil {
+		rec, err = d.send(hctx, j.ep, &j.item)
+	} else {
+		err = call(hctx, j.h, &j.item)
+	}
 	cancel()
 	took := time.Since(start)
 	if err != nil && ctx.Err() != nil { // stopping: not the handler's failure
 		d.handBack(j.inbox, j.lease, []Item{j.item})
 		return
 	}
+	if j.fl != nil {
+		d.observe(ctx, j, rec, err)
+	}
+	if rec != nil {
+		rec.Latency = took
+		if err != nil {
+			rec.Error = truncate(err.Error(), 1000)
+		}
+	}
 	if err == nil && d.pg { // the acker batches acks; SQLite's writer batches them anyway
-		d.completions <- completion{inbox: j.inbox, lease: j.lease, id: j.item.ID, attempts: j.item.Attempts, took: took}
+		d.completions <- completion{inbox: j.inbox, lease: j.lease, id: j.item.ID, attempts: j.item.Attempts, took: took, rec: rec}
 		return
 	}
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer scancel()
 	if err == nil {
-		res, serr := d.Ack(sctx, j.inbox, []int64{j.item.ID}, j.lease)
-		d.attempted(j, res, serr, nil, took)
+		st := &settlement{inbox: j.inbox, ids: []int64{j.item.ID}, lease: j.lease, to: StateCompleted, apply: complete(sctx), log: recs(rec)}
+		serr := d.settleAll(sctx, st)
+		if serr != nil {
+			serr = fmt.Errorf("settle items of %s: %w", j.inbox, serr)
+		}
+		d.attempted(j, st.results, serr, nil, took)
 		return
 	}
 	var he *handlerError
 	errors.As(err, &he)
-	f := failure{reason: truncate(err.Error(), 1000), delay: d.backoff(0)}
+	f := failure{reason: truncate(err.Error(), 1000), maxAttempts: maxAttempts, log: recs(rec)}
+	wait := time.Duration(0)
 	if he != nil {
-		f.dead, f.delay = he.dead, d.backoff(he.retryAfter)
+		wait = he.retryAfter
+		if wait > limit {
+			d.log.Debug("delivery: Retry-After beyond the retry max delay; waiting the max", "inbox", j.inbox, "item", j.item.ID,
+				"retry_after", wait, "max", limit)
+			wait = limit
+		}
+		f.dead = he.dead
+	}
+	if j.ep != nil {
+		f.delay = d.delay(j.ep, wait)
+	} else {
+		f.delay = d.backoff(d.cfg.RetryBaseDelay, limit, wait)
 	}
 	res, serr := d.fail(sctx, j.inbox, []int64{j.item.ID}, j.lease, f)
 	d.attempted(j, res, serr, err, took)
+}
+
+func recs(rec *Attempt) []Attempt {
+	if rec == nil {
+		return nil
+	}
+	return []Attempt{*rec}
 }
 
 // attempted records the outcome of an attempt once its item is settled.
@@ -272,6 +365,7 @@ type completion struct {
 	id           int64
 	attempts     int
 	took         time.Duration
+	rec          *Attempt // the endpoint's attempt to record; nil: none
 }
 
 // ackQueue is how many completions per worker may wait for the acker.
@@ -310,10 +404,14 @@ func (d *Delivery) ack(completions <-chan completion) {
 		var waiting [][]completion
 		for g, cs := range groups {
 			ids := make([]int64, len(cs))
+			var log []Attempt
 			for i, c := range cs {
 				ids[i] = c.id
+				if c.rec != nil {
+					log = append(log, *c.rec)
+				}
 			}
-			sts = append(sts, &settlement{inbox: g.inbox, ids: ids, lease: g.lease, to: StateCompleted, apply: complete(ctx)})
+			sts = append(sts, &settlement{inbox: g.inbox, ids: ids, lease: g.lease, to: StateCompleted, apply: complete(ctx), log: log})
 			waiting = append(waiting, cs)
 		}
 		err := d.settleAll(ctx, sts...)
@@ -361,13 +459,15 @@ func (d *Delivery) handBack(inbox, lease string, items []Item) {
 }
 
 // backoff returns the wait before the next attempt of an item that has
-// had attempts attempts: the n-th retry waits min(RetryBaseDelay·2^(n-1),
-// RetryMaxDelay), less up to Jitter of it at random, and at least atLeast.
-func (d *Delivery) backoff(atLeast time.Duration) func(attempts int) time.Duration {
+// had attempts attempts: the n-th retry waits min(base·2^(n-1),
+// maxDelay), less up to Jitter of it at random, and at least atLeast.
+// maxDelay (an endpoint's, else Config.RetryMaxDelay) also bounds a
+// Retry-After before it comes here.
+func (d *Delivery) backoff(base, maxDelay, atLeast time.Duration) func(attempts int) time.Duration {
 	return func(attempts int) time.Duration {
-		wait := d.cfg.RetryMaxDelay
-		if n := max(attempts-1, 0); n < 62 && d.cfg.RetryBaseDelay <= d.cfg.RetryMaxDelay>>n {
-			wait = d.cfg.RetryBaseDelay << n
+		wait := maxDelay
+		if n := max(attempts-1, 0); n < 62 && base <= maxDelay>>n {
+			wait = base << n
 		}
 		wait -= time.Duration(rand.Float64() * min(d.cfg.Jitter, 1) * float64(wait))
 		return max(wait, atLeast)
@@ -432,76 +532,108 @@ func idempotencyKey(device, eventID string) string {
 	return url.PathEscape(device) + "/" + eventID
 }
 
-// post returns a Handler that POSTs an item's payload to url: 2xx
-// completes it; any other status, a timeout or a refused connection is a
-// failed attempt; 410 Gone dead-letters it; Retry-After is honoured. The
-// request carries the event's identity in headers (Idempotency-Key: the
-// source's id of the event, so the target can skip what it has done) and
-// the headers a webhook arrived with.
-func (d *Delivery) post(url string) Handler {
-	return func(ctx context.Context, it *Item) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(it.Payload))
-		if err != nil {
-			return Dead(fmt.Errorf("target %s: %w", url, err))
-		}
-		var meta struct {
-			Headers  map[string]string `json:"headers"`
-			DeviceID string            `json:"device_id"`
-		}
-		if json.Unmarshal(it.Metadata, &meta) == nil {
-			for name, value := range meta.Headers {
-				if ForwardedHeader(name) {
-					req.Header.Set(name, value)
-				}
-			}
-		}
-		h := req.Header
-		h.Set("Content-Type", "application/json")
-		h.Set("User-Agent", "postbox")
-		h.Set("Idempotency-Key", idempotencyKey(meta.DeviceID, it.EventID))
-		h.Set("X-Event-Type", it.Type)
-		h.Set("X-Postbox-Event", it.StreamEventID)
-		h.Set("X-Postbox-Subscription", it.Subscription)
-		h.Set("X-Postbox-Item", strconv.FormatInt(it.ID, 10))
-		h.Set("X-Postbox-Attempt", strconv.Itoa(it.Attempts))
-		resp, err := d.cfg.HTTPClient.Do(req)
-		var refused *refusedError
-		if errors.As(err, &refused) { // the target address policy
-			if host := req.URL.Hostname(); host != refused.addr.String() {
-				return fmt.Errorf("%s: %w", host, refused)
-			}
-			return refused
-		}
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20)) // so the connection is reused
-		if resp.StatusCode >= 200 && resp.StatusCode < 300 {
-			return nil
-		}
-		err = fmt.Errorf("%s answered %s", url, resp.Status)
-		if b := strings.TrimSpace(string(body)); b != "" {
-			err = fmt.Errorf("%w: %s", err, b)
-		}
-		if resp.StatusCode == http.StatusGone {
-			return Dead(err)
-		}
-		if wait := retryAfter(resp.Header.Get("Retry-After"), d.now()); wait > 0 {
-			return RetryAfter(err, wait)
-		}
-		return err
+// excerptSize is how much of a target's answer an attempt records.
+const excerptSize = 1024
+
+// send POSTs an item's payload to ep's URL and returns the attempt to
+// record: 2xx completes the item; any other status, a timeout or a
+// refused connection is a failed attempt; 410 Gone dead-letters it;
+// Retry-After is honoured up to the endpoint's retry max delay (see
+// RetryAfter). The request carries the event's identity in headers
+// (Idempotency-Key: the source's id of the event, so the target can skip
+// what it has done), the headers a webhook arrived with, the endpoint's
+// headers and, when it has secrets, a Standard Webhooks signature:
+// webhook-id (item_ID, the same at every attempt), webhook-timestamp (this
+// attempt's) and webhook-signature (one per live secret).
+func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, error) {
+	now := d.now()
+	rec := &Attempt{Item: it.ID, Number: it.Attempts, At: now.UTC().Truncate(time.Microsecond), URL: ep.url}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.url, bytes.NewReader(it.Payload))
+	if err != nil {
+		return rec, Dead(fmt.Errorf("target %s: %w", ep.url, err))
 	}
+	var meta struct {
+		Headers  map[string]string `json:"headers"`
+		DeviceID string            `json:"device_id"`
+	}
+	if json.Unmarshal(it.Metadata, &meta) == nil {
+		for name, value := range meta.Headers {
+			if ForwardedHeader(name) {
+				req.Header.Set(name, value)
+			}
+		}
+	}
+	h := req.Header
+	for name, values := range ep.headers {
+		h[name] = values
+	}
+	h.Set("Content-Type", "application/json")
+	h.Set("User-Agent", "postbox")
+	h.Set("Idempotency-Key", idempotencyKey(meta.DeviceID, it.EventID))
+	h.Set("X-Event-Type", it.Type)
+	h.Set("X-Postbox-Event", it.StreamEventID)
+	h.Set("X-Postbox-Subscription", it.Subscription)
+	h.Set("X-Postbox-Item", strconv.FormatInt(it.ID, 10))
+	h.Set("X-Postbox-Attempt", strconv.Itoa(it.Attempts))
+	if len(ep.keys) > 0 {
+		id := "item_" + strconv.FormatInt(it.ID, 10)
+		sigs := make([]string, len(ep.keys))
+		for i, key := range ep.keys {
+			sigs[i] = stdwebhook.Sign(key, id, now, it.Payload)
+		}
+		h.Set("webhook-id", id)
+		h.Set("webhook-timestamp", strconv.FormatInt(now.Unix(), 10))
+		h.Set("webhook-signature", strings.Join(sigs, " "))
+	}
+	resp, err := d.cfg.HTTPClient.Do(req)
+	var refused *refusedError
+	if errors.As(err, &refused) { // the target address policy
+		if host := req.URL.Hostname(); host != refused.addr.String() {
+			return rec, fmt.Errorf("%s: %w", host, refused)
+		}
+		return rec, refused
+	}
+	if err != nil {
+		return rec, err
+	}
+	defer resp.Body.Close()
+	rec.Status = resp.StatusCode
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, excerptSize))
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20)) // so the connection is reused
+	if len(body) > 0 {
+		rec.Excerpt = strings.ReplaceAll(strings.ToValidUTF8(string(body), "\uFFFD"), "\x00", "\uFFFD")
+	}
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		return rec, nil
+	}
+	err = fmt.Errorf("%s answered %s", ep.url, resp.Status)
+	if b := strings.TrimSpace(truncate(string(body), 300)); b != "" {
+		err = fmt.Errorf("%w: %s", err, b)
+	}
+	if resp.StatusCode == http.StatusGone {
+		return rec, Dead(err)
+	}
+	if wait := retryAfter(resp.Header.Get("Retry-After"), now); wait > 0 {
+		return rec, RetryAfter(err, wait)
+	}
+	return rec, err
 }
 
-// retryAfter parses a Retry-After header: seconds or an HTTP date.
+// retryAfter parses a Retry-After header: seconds or an HTTP date. More
+// seconds than a Duration holds are the longest Duration (the worker
+// bounds the wait anyway).
 func retryAfter(v string, now time.Time) time.Duration {
 	if v == "" {
 		return 0
 	}
-	if s, err := strconv.Atoi(v); err == nil {
-		return time.Duration(max(s, 0)) * time.Second
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) { // out of range: ±MaxInt64
+		switch {
+		case s <= 0:
+			return 0
+		case s > int64(math.MaxInt64/time.Second):
+			return math.MaxInt64
+		}
+		return time.Duration(s) * time.Second
 	}
 	if t, err := http.ParseTime(v); err == nil {
 		return t.Sub(now)

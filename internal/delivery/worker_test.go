@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
-	"github.com/postbox-events/postbox/internal/servertest"
+	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -59,7 +59,7 @@ func (tg *target) calls() int {
 func (e *env) waitItem(t *testing.T, inbox, state string, attempts int) delivery.Item {
 	t.Helper()
 	var it delivery.Item
-	servertest.Eventually(t, 10*time.Second, inbox+" item "+state, func() bool {
+	testenv.Eventually(t, 10*time.Second, inbox+" item "+state, func() bool {
 		items, err := e.d.List(context.Background(), inbox, "", 0, 10)
 		if err != nil || len(items) != 1 {
 			return false
@@ -134,7 +134,7 @@ func testTargetAlwaysFails(t *testing.T, kind storeKind) {
 	// dead letter among them were it retried: once the new item has had
 	// its attempt, the dead letter would have had one too.
 	e.appendEvents(t, "later", "t", 1)
-	servertest.Eventually(t, 10*time.Second, "the new item's first attempt", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the new item's first attempt", func() bool {
 		items, err := e.d.List(context.Background(), "hook", delivery.StatePending, 0, 10)
 		return err == nil && len(items) == 1 && items[0].Attempts == 1
 	})

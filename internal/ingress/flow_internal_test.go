@@ -15,6 +15,7 @@ import (
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/client"
+	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -178,7 +179,7 @@ func TestFloodIsBounded(t *testing.T) {
 	}
 	// Every frame is either decoded and waiting for the queue, or waiting
 	// for room in the buffer before it is read.
-	eventually(t, 30*time.Second, "every connection to wait for the queue or the buffer", func() bool {
+	testenv.Eventually(t, 30*time.Second, "every connection to wait for the queue or the buffer", func() bool {
 		return st.waiters()+int(in.budget.waiting.Load()) == conns
 	})
 	grew := int64(liveHeap()) - int64(heap0)
@@ -224,19 +225,6 @@ func rss() int64 {
 		}
 	}
 	return 0
-}
-
-// eventually polls cond until it holds, failing the test after timeout.
-// (servertest.Eventually imports this package.)
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // TestRefusalsOfTheServerAreOutages: what the server NACKs for its own

@@ -17,7 +17,7 @@ import (
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/client"
 	"github.com/postbox-events/postbox/internal/ingress"
-	"github.com/postbox-events/postbox/internal/servertest"
+	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -133,7 +133,7 @@ func TestFullQueueKeepsHealthyConnections(t *testing.T) {
 			results <- sent{rs, err}
 		}()
 	}
-	servertest.Eventually(t, 10*time.Second, "the store's queue to be full", func() bool { return st.waiters() > 0 })
+	testenv.Eventually(t, 10*time.Second, "the store's queue to be full", func() bool { return st.waiters() > 0 })
 	// The stall itself is what is tested: it lasts many ping timeouts.
 	stall := time.After(6 * (ping + timeout))
 	for waiting := true; waiting; {
@@ -203,7 +203,7 @@ func TestConnectionLimit(t *testing.T) {
 		t.Errorf("refused connections counted %v, want 2", got)
 	}
 	conns[0].Close()
-	servertest.Eventually(t, 10*time.Second, "a closed connection to make room", func() bool {
+	testenv.Eventually(t, 10*time.Second, "a closed connection to make room", func() bool {
 		c, err := client.Dial(ctx, url, client.Options{})
 		if err != nil {
 			return false
@@ -261,7 +261,7 @@ func TestNewConnectionReplacesTheDevicesOld(t *testing.T) {
 		_, err := other.Send(ctx, msgs(t, "other", "pi-b", 3))
 		otherSent <- err
 	}()
-	servertest.Eventually(t, 10*time.Second, "both connections' envelopes to wait for the queue", func() bool { return st.waiters() == 2 })
+	testenv.Eventually(t, 10*time.Second, "both connections' envelopes to wait for the queue", func() bool { return st.waiters() == 2 })
 
 	fresh, err := client.Dial(ctx, url, client.Options{Token: "tok-a", PingInterval: -1})
 	if err != nil {

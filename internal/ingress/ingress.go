@@ -69,9 +69,10 @@ type Config struct {
 	// been answered for; the connection is not read while it is reached.
 	// Defaults to 8192.
 	MaxInFlight int
-	// MaxConnections bounds the open WebSocket connections; one more is
-	// refused before the upgrade with 503 and Retry-After, except a
-	// device's new connection that replaces its old one. Defaults to
+	// MaxConnections bounds the open connections, WebSockets and gRPC
+	// streams together; one more is refused (before the WebSocket upgrade
+	// with 503 and Retry-After, a gRPC stream with ResourceExhausted),
+	// except a device's new connection that replaces its old one. Defaults to
 	// DefaultMaxConnections; negative means no bound.
 	MaxConnections int
 	// MaxBufferedBytes bounds the memory of frames read and not yet queued
@@ -118,8 +119,8 @@ type Ingress struct {
 	budget *budget // MaxBufferedBytes
 
 	mu      sync.Mutex
-	open    int                   // connections admitted
-	devices map[string]*wsSession // the connection of each token's device
+	open    int                 // connections admitted
+	devices map[string]*session // the connection of each token's device
 
 	// Test hooks (nil outside white-box tests): afterRead runs when a
 	// frame was read and counted, before it is decoded; drainWaits when a
@@ -202,7 +203,7 @@ func New(store Appender, cfg Config) (*Ingress, error) {
 		cfg.Metrics = NewMetrics(nil)
 	}
 	return &Ingress{store: store, cfg: cfg, log: cfg.Logger, m: cfg.Metrics, drain: make(chan struct{}),
-		budget: newBudget(cfg.MaxBufferedBytes, cfg.MaxFrameBytes, cfg.Metrics.buffered), devices: map[string]*wsSession{}}, nil
+		budget: newBudget(cfg.MaxBufferedBytes, cfg.MaxFrameBytes, cfg.Metrics.buffered), devices: map[string]*session{}}, nil
 }
 
 // decoded is one frame turned into events to append and replies to send at

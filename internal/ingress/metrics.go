@@ -22,19 +22,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"source", "result"}),
 		connections: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "postbox_ingress_connections",
-			Help: "Open ingress connections.",
+			Help: "Open ingress connections (WebSockets and gRPC streams).",
 		}),
 		frames: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "postbox_ingress_frames_total",
-			Help: "Frames read by the WebSocket ingress.",
+			Help: "Frames read by the ingress (WebSocket messages and gRPC frames).",
 		}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "postbox_ingress_connections_refused_total",
-			Help: "WebSocket connections refused because the connection limit was reached.",
+			Help: "Ingress connections (WebSockets and gRPC streams) refused because the connection limit was reached.",
 		}),
 		replaced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "postbox_ingress_connections_replaced_total",
-			Help: "WebSocket connections closed because their device opened a new one.",
+			Help: "Ingress connections (WebSockets and gRPC streams) closed because their device opened a new one.",
 		}),
 		buffered: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "postbox_ingress_buffered_bytes",

@@ -18,7 +18,7 @@ import (
 
 	"github.com/postbox-events/postbox/client"
 	"github.com/postbox-events/postbox/internal/ingress"
-	"github.com/postbox-events/postbox/internal/servertest"
+	"github.com/postbox-events/postbox/internal/testenv"
 )
 
 // rawConn is a WebSocket connection written by hand, so that a test can
@@ -106,7 +106,7 @@ func TestSlowFramesDoNotStallOthers(t *testing.T) {
 			}
 		}()
 	}
-	servertest.Eventually(t, 30*time.Second, "every slow frame to be read and buffered", func() bool {
+	testenv.Eventually(t, 30*time.Second, "every slow frame to be read and buffered", func() bool {
 		return metric(t, reg, "postbox_ingress_frames_total") == slow && metric(t, reg, "postbox_ingress_buffered_bytes") > 0
 	})
 
@@ -155,7 +155,7 @@ func TestFrameTimeoutClosesTheConnection(t *testing.T) {
 	if !slow.closed(30 * time.Second) {
 		t.Fatal("the connection of a frame whose body did not arrive is still open")
 	}
-	servertest.Eventually(t, 10*time.Second, "the closed connection's buffer to be freed", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the closed connection's buffer to be freed", func() bool {
 		return metric(t, reg, "postbox_ingress_buffered_bytes") == 0
 	})
 	if got := metric(t, reg, "postbox_ingress_frames_total"); got != 1 {

@@ -85,7 +85,7 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer in.sessions.Done()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	s := &wsSession{in: in, c: c, cancel: cancel, wake: make(chan struct{}, 1), queued: make(chan struct{}, 1), room: make(chan struct{})}
+	s := &session{in: in, c: c, send: wsSend(c), cancel: cancel, wake: make(chan struct{}, 1), queued: make(chan struct{}, 1), room: make(chan struct{})}
 	defer s.giveBack()
 	if device != "" {
 		in.claim(device, s)
@@ -152,6 +152,24 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// wsSend writes replies as one WebSocket message: a reply object, or an
+// array of them.
+func wsSend(c *websocket.Conn) func(context.Context, []postbox.Reply) error {
+	return func(ctx context.Context, replies []postbox.Reply) error {
+		var data []byte
+		var err error
+		if len(replies) == 1 {
+			data, err = json.Marshal(replies[0])
+		} else {
+			data, err = json.Marshal(replies)
+		}
+		if err != nil {
+			return err
+		}
+		return c.Write(ctx, websocket.MessageText, data)
+	}
+}
+
 // writeError answers a refused connection with the server's JSON error.
 func writeError(w http.ResponseWriter, status int, code, message string) {
 	w.Header().Set("Content-Type", "application/json")
@@ -178,7 +196,7 @@ func (in *Ingress) leave() {
 }
 
 // claim makes s device's connection, closing the one it replaces.
-func (in *Ingress) claim(device string, s *wsSession) {
+func (in *Ingress) claim(device string, s *session) {
 	in.mu.Lock()
 	old := in.devices[device]
 	in.devices[device] = s
@@ -190,7 +208,7 @@ func (in *Ingress) claim(device string, s *wsSession) {
 	}
 }
 
-func (in *Ingress) unclaim(device string, s *wsSession) {
+func (in *Ingress) unclaim(device string, s *session) {
 	in.mu.Lock()
 	if in.devices[device] == s {
 		delete(in.devices, device)
@@ -198,11 +216,12 @@ func (in *Ingress) unclaim(device string, s *wsSession) {
 	in.mu.Unlock()
 }
 
-// wsSession is one connection's state shared by its reader, its enqueuer,
+// session is one connection's state shared by its reader, its enqueuer,
 // its writer and the store's commit callbacks.
-type wsSession struct {
+type session struct {
 	in       *Ingress
-	c        *websocket.Conn
+	c        *websocket.Conn                              // nil on gRPC
+	send     func(context.Context, []postbox.Reply) error // writes replies to the peer, one writer at a time
 	cancel   context.CancelFunc
 	stalls   wsping.Stalls // when the reader waits for this side, not the peer
 	replaced atomic.Bool   // closed because its device connected again
@@ -226,7 +245,7 @@ type chunk struct {
 	bytes  int64 // budget they hold
 }
 
-func (s *wsSession) readLoop(ctx context.Context, device string) error {
+func (s *session) readLoop(ctx context.Context, device string) error {
 	limit := s.in.cfg.MaxFrameBytes
 	for {
 		if err := s.waitRoom(ctx); err != nil {
@@ -251,33 +270,39 @@ func (s *wsSession) readLoop(ctx context.Context, device string) error {
 			s.in.budget.done(s)
 			return err
 		}
-		if s.in.afterRead != nil {
-			s.in.afterRead()
-		}
-		d := s.in.decodeFrame(frame, device)
-		frame = nil
-		if draining {
-			for _, id := range d.ids {
-				d.refused = append(d.refused, postbox.Nack(id, errShuttingDown))
-			}
-			d.ids, d.events = nil, nil
-		}
-		s.in.countRefused(d.refused)
-		// The frame's budget is traded for what its events hold; a
-		// frame decodes to no more than the budget it held.
-		var chunks []chunk
-		var held int64
-		for len(d.events) > 0 {
-			n := min(len(d.events), appendChunk)
-			c := chunk{ids: d.ids[:n], events: d.events[:n], bytes: min(eventBytes(d.events[:n]), frameHeld-held)}
-			held += c.bytes
-			chunks = append(chunks, c)
-			d.ids, d.events = d.ids[n:], d.events[n:]
-		}
-		s.in.budget.give(frameHeld - held)
-		s.in.budget.done(s)
-		s.read(d.refused, chunks, held)
+		s.frameRead(frame, frameHeld, device, draining)
 	}
+}
+
+// frameRead decodes a frame counted by begin that holds frameHeld of the
+// budget, and hands its refusals to the writer and its events to the
+// enqueuer (as refusals when it was read after a drain began).
+func (s *session) frameRead(frame []byte, frameHeld int64, device string, draining bool) {
+	if s.in.afterRead != nil {
+		s.in.afterRead()
+	}
+	d := s.in.decodeFrame(frame, device)
+	if draining {
+		for _, id := range d.ids {
+			d.refused = append(d.refused, postbox.Nack(id, errShuttingDown))
+		}
+		d.ids, d.events = nil, nil
+	}
+	s.in.countRefused(d.refused)
+	// The frame's budget is traded for what its events hold; a frame
+	// decodes to no more than the budget it held.
+	var chunks []chunk
+	var held int64
+	for len(d.events) > 0 {
+		n := min(len(d.events), appendChunk)
+		c := chunk{ids: d.ids[:n], events: d.events[:n], bytes: min(eventBytes(d.events[:n]), frameHeld-held)}
+		held += c.bytes
+		chunks = append(chunks, c)
+		d.ids, d.events = d.ids[n:], d.events[n:]
+	}
+	s.in.budget.give(frameHeld - held)
+	s.in.budget.done(s)
+	s.read(d.refused, chunks, held)
 }
 
 // eventBytes estimates the memory events hold.
@@ -307,7 +332,7 @@ const (
 // FrameTimeout, waits for room included, closes the connection: a slow
 // sender cannot hold its share for long, and connections that each hold
 // part of a frame and wait for room cannot wait on each other forever.
-func (s *wsSession) readFrame(ctx context.Context, r io.Reader, limit int64) (frame []byte, held int64, err error) {
+func (s *session) readFrame(ctx context.Context, r io.Reader, limit int64) (frame []byte, held int64, err error) {
 	timer := time.AfterFunc(s.in.cfg.FrameTimeout, func() {
 		s.cancel() // ends a wait for room
 		s.c.CloseNow()
@@ -392,7 +417,7 @@ func isClosed(ch <-chan struct{}) bool {
 
 // begin counts a frame being read as in flight, unless a drain already
 // found the connection idle and closes it.
-func (s *wsSession) begin() bool {
+func (s *session) begin() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing {
@@ -404,7 +429,7 @@ func (s *wsSession) begin() bool {
 
 // read replaces the frame counted by begin with its refusals, to be
 // written, and its events, to be queued.
-func (s *wsSession) read(refused []postbox.Reply, chunks []chunk, held int64) {
+func (s *session) read(refused []postbox.Reply, chunks []chunk, held int64) {
 	s.mu.Lock()
 	s.out = append(s.out, refused...)
 	s.pending = append(s.pending, chunks...)
@@ -431,14 +456,14 @@ func signal(ch chan struct{}) {
 }
 
 // signalRoom wakes the reader and a drain, whichever waits. s.mu is held.
-func (s *wsSession) signalRoom() {
+func (s *session) signalRoom() {
 	close(s.room)
 	s.room = make(chan struct{})
 }
 
 // enqueueLoop queues pending events for the store's writer, waiting for
 // room in its queue; it returns when ctx ends or the store refuses.
-func (s *wsSession) enqueueLoop(ctx context.Context) error {
+func (s *session) enqueueLoop(ctx context.Context) error {
 	for {
 		s.mu.Lock()
 		var c chunk
@@ -476,7 +501,7 @@ func (s *wsSession) enqueueLoop(ctx context.Context) error {
 
 // giveBack returns the budget of events never queued, when the connection
 // ends.
-func (s *wsSession) giveBack() {
+func (s *session) giveBack() {
 	s.mu.Lock()
 	held := s.held
 	s.held, s.pending = 0, nil
@@ -486,7 +511,7 @@ func (s *wsSession) giveBack() {
 
 // waitAnswered blocks until every envelope read has been answered on the
 // wire, and marks the connection closing, or until ctx ends (false).
-func (s *wsSession) waitAnswered(ctx context.Context) bool {
+func (s *session) waitAnswered(ctx context.Context) bool {
 	for {
 		s.mu.Lock()
 		if s.inFlight <= 0 {
@@ -510,7 +535,7 @@ func (s *wsSession) waitAnswered(ctx context.Context) bool {
 // waitRoom blocks while MaxInFlight envelopes are unanswered, or while the
 // connection holds MaxFrameBytes of events waiting for the store's queue
 // (a stall of this side: the peer's pings are not held against it).
-func (s *wsSession) waitRoom(ctx context.Context) error {
+func (s *session) waitRoom(ctx context.Context) error {
 	stalled := false
 	defer func() {
 		if stalled {
@@ -548,14 +573,14 @@ type commit struct {
 // store's writer goroutine, so it only queues: the replies are built and
 // encoded by the connection's own writer loop, off the store's critical
 // path.
-func (s *wsSession) committed(c commit) {
+func (s *session) committed(c commit) {
 	s.mu.Lock()
 	s.commits = append(s.commits, c)
 	s.mu.Unlock()
 	signal(s.wake)
 }
 
-func (s *wsSession) writeLoop(ctx context.Context) error {
+func (s *session) writeLoop(ctx context.Context) error {
 	var buf []postbox.Reply
 	var commits []commit
 	for {
@@ -575,17 +600,7 @@ func (s *wsSession) writeLoop(ctx context.Context) error {
 		if len(buf) == 0 {
 			continue
 		}
-		var data []byte
-		var err error
-		if len(buf) == 1 {
-			data, err = json.Marshal(buf[0])
-		} else {
-			data, err = json.Marshal(buf)
-		}
-		if err != nil {
-			return err
-		}
-		if err := s.c.Write(ctx, websocket.MessageText, data); err != nil {
+		if err := s.send(ctx, buf); err != nil {
 			return err
 		}
 		s.mu.Lock()

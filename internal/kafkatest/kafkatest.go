@@ -8,7 +8,9 @@ package kafkatest
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +23,7 @@ type Cluster struct {
 	t     testing.TB
 	dir   string
 	ports []int
+	conns conns
 	*kfake.Cluster
 }
 
@@ -30,7 +33,7 @@ type Cluster struct {
 func Start(t testing.TB, brokers int, topics ...string) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t, dir: t.TempDir()}
-	opts := []kfake.Opt{kfake.NumBrokers(max(brokers, 1)), kfake.DataDir(c.dir)}
+	opts := []kfake.Opt{kfake.NumBrokers(max(brokers, 1)), kfake.DataDir(c.dir), kfake.ListenFn(c.conns.listen)}
 	if len(topics) > 0 {
 		opts = append(opts, kfake.SeedTopics(1, topics...))
 	}
@@ -71,7 +74,7 @@ func (c *Cluster) Stop() { c.Cluster.Close() }
 // had when it stopped.
 func (c *Cluster) Restart() {
 	c.t.Helper()
-	kc, err := kfake.NewCluster(kfake.NumBrokers(len(c.ports)), kfake.Ports(c.ports...), kfake.DataDir(c.dir))
+	kc, err := kfake.NewCluster(kfake.NumBrokers(len(c.ports)), kfake.Ports(c.ports...), kfake.DataDir(c.dir), kfake.ListenFn(c.conns.listen))
 	if err != nil {
 		c.t.Fatalf("kafkatest: restart the cluster: %v", err)
 	}
@@ -127,4 +130,87 @@ func (c *Cluster) Count(topic string) int64 {
 		n += end
 	}
 	return n
+}
+
+// RemoveBroker takes broker node (0 to brokers-1) out of the cluster, as
+// if it stopped: its listener and every connection to it close, and the
+// partitions it led get new leaders among the others. The data stays
+// with the cluster. (kfake's RemoveNode alone leaves open connections
+// served by the removed broker, which answers NOT_LEADER for ever.)
+func (c *Cluster) RemoveBroker(node int32) {
+	c.t.Helper()
+	if err := c.Cluster.RemoveNode(node); err != nil {
+		c.t.Fatalf("kafkatest: remove broker %d: %v", node, err)
+	}
+	c.conns.closePort(c.ports[node])
+}
+
+// AddBroker brings broker node back on the port it had, after
+// RemoveBroker; partitions get new leaders across the brokers.
+func (c *Cluster) AddBroker(node int32) {
+	c.t.Helper()
+	if _, _, err := c.Cluster.AddNode(node, c.ports[node]); err != nil {
+		c.t.Fatalf("kafkatest: add broker %d on port %d: %v", node, c.ports[node], err)
+	}
+}
+
+// conns tracks the connections the brokers accepted, by the port they
+// listen on, so that RemoveBroker can close them.
+type conns struct {
+	mu     sync.Mutex
+	byPort map[int]map[net.Conn]bool
+}
+
+// listen is kfake's ListenFn: a TCP listener whose connections are
+// tracked.
+func (cs *conns) listen(network, address string) (net.Listener, error) {
+	ln, err := net.Listen(network, address)
+	if err != nil {
+		return nil, err
+	}
+	return &trackedListener{Listener: ln, cs: cs, port: ln.Addr().(*net.TCPAddr).Port}, nil
+}
+
+func (cs *conns) closePort(port int) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for conn := range cs.byPort[port] {
+		conn.Close()
+	}
+	delete(cs.byPort, port)
+}
+
+type trackedListener struct {
+	net.Listener
+	cs   *conns
+	port int
+}
+
+func (l *trackedListener) Accept() (net.Conn, error) {
+	conn, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.cs.mu.Lock()
+	if l.cs.byPort == nil {
+		l.cs.byPort = map[int]map[net.Conn]bool{}
+	}
+	if l.cs.byPort[l.port] == nil {
+		l.cs.byPort[l.port] = map[net.Conn]bool{}
+	}
+	l.cs.byPort[l.port][conn] = true
+	l.cs.mu.Unlock()
+	return &trackedConn{Conn: conn, l: l}, nil
+}
+
+type trackedConn struct {
+	net.Conn
+	l *trackedListener
+}
+
+func (c *trackedConn) Close() error {
+	c.l.cs.mu.Lock()
+	delete(c.l.cs.byPort[c.l.port], c.Conn)
+	c.l.cs.mu.Unlock()
+	return c.Conn.Close()
 }

@@ -2,9 +2,12 @@ package pgmigrate_test
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,7 +27,9 @@ func TestApplyOnceAndAllOrNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	schema := "pgmigrate_" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "_"))
+	// A schema of this run's own: another test run on the same database
+	// drops and creates its own, not this one.
+	schema := fmt.Sprintf("pgmigrate_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
 	drop := func() {
 		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
 			t.Errorf("drop schema %s: %v", schema, err)

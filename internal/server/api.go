@@ -28,27 +28,38 @@ const maxAPIBody = 1 << 20
 
 func (s *Server) routeAPI() {
 	for pattern, h := range map[string]http.HandlerFunc{
-		"POST /v1/subscriptions":             s.createSubscription,
-		"GET /v1/subscriptions":              s.listSubscriptions,
-		"GET /v1/subscriptions/{name}":       s.getSubscription,
-		"DELETE /v1/subscriptions/{name}":    s.deleteSubscription,
-		"PATCH /v1/subscriptions/{name}":     s.patchSubscription,
-		"GET /v1/streams":                    s.listStreams,
-		"GET /v1/streams/{stream}":           s.getStream,
-		"GET /v1/consumers":                  s.listConsumers,
-		"GET /v1/inboxes":                    s.listInboxes,
-		"GET /v1/inboxes/{inbox}/items":      s.listItems,
-		"GET /v1/inboxes/{inbox}/items/{id}": s.getItem,
-		"POST /v1/inboxes/{inbox}/lease":     s.leaseItems,
-		"POST /v1/inboxes/{inbox}/ack":       s.ackItems,
-		"POST /v1/inboxes/{inbox}/nack":      s.nackItems,
-		"GET /v1/dead-letters":               s.listDeadLetters,
-		"GET /v1/dead-letters/{id}":          s.getDeadLetter,
-		"POST /v1/dead-letters/{id}/replay":  s.replayDeadLetter,
-		"POST /v1/dead-letters/replay":       s.replayDeadLetters,
+		"POST /v1/subscriptions":                      s.createSubscription,
+		"GET /v1/subscriptions":                       s.listSubscriptions,
+		"GET /v1/subscriptions/{name}":                s.getSubscription,
+		"DELETE /v1/subscriptions/{name}":             s.deleteSubscription,
+		"PATCH /v1/subscriptions/{name}":              s.patchSubscription,
+		"POST /v1/subscriptions/{name}/enable":        s.enableSubscription,
+		"GET /v1/streams":                             s.listStreams,
+		"GET /v1/streams/{stream}":                    s.getStream,
+		"GET /v1/streams/{stream}/events":             s.streamEvents,
+		"GET /v1/consumers":                           s.listConsumers,
+		"GET /v1/inboxes":                             s.listInboxes,
+		"GET /v1/inboxes/{inbox}/items":               s.listItems,
+		"GET /v1/inboxes/{inbox}/items/{id}":          s.getItem,
+		"GET /v1/inboxes/{inbox}/items/{id}/attempts": s.listAttempts,
+		"POST /v1/inboxes/{inbox}/lease":              s.leaseItems,
+		"POST /v1/inboxes/{inbox}/ack":                s.ackItems,
+		"POST /v1/inboxes/{inbox}/nack":               s.nackItems,
+		"GET /v1/dead-letters":                        s.listDeadLetters,
+		"GET /v1/dead-letters/{id}":                   s.getDeadLetter,
+		"POST /v1/dead-letters/{id}/replay":           s.replayDeadLetter,
+		"POST /v1/dead-letters/replay":                s.replayDeadLetters,
+		"POST /v1/subscriptions/{name}/replay":        s.replaySubscription,
+		"GET /v1/replays":                             s.listReplays,
+		"GET /v1/replays/{id}":                        s.getReplay,
+		"POST /v1/sources":                            s.createSource,
+		"GET /v1/sources":                             s.listSources,
+		"GET /v1/sources/{name}":                      s.getSource,
+		"DELETE /v1/sources/{name}":                   s.deleteSource,
 	} {
 		s.handle(pattern, s.requireToken(h))
 	}
+	s.handle("POST /webhooks/{source}", http.HandlerFunc(s.postSourceWebhook)) // sent by providers: no API token
 }
 
 // requireToken answers 401 unless the request carries the API token (when
@@ -255,26 +266,27 @@ func durationField(w http.ResponseWriter, name string, v *string, def, lo, hi ti
 
 // subscriptionJSON is a subscription in the API.
 type subscriptionJSON struct {
-	Name          string            `json:"name"`
-	Source        string            `json:"source"`
-	Stream        string            `json:"stream"`
-	Inbox         string            `json:"inbox"`
-	Types         []string          `json:"types"`
-	Metadata      map[string]string `json:"metadata"`
-	Start         string            `json:"start"`
-	StartOffset   int64             `json:"start_offset"`
-	StartTime     *time.Time        `json:"start_time"`
-	Target        *string           `json:"target"`
-	CreatedAt     time.Time         `json:"created_at"`
-	NextOffset    int64             `json:"next_offset"`
-	HighWatermark int64             `json:"high_watermark"`
-	Lag           int64             `json:"lag"`
+	Name        string            `json:"name"`
+	Source      string            `json:"source"`
+	Stream      string            `json:"stream"`
+	Inbox       string            `json:"inbox"`
+	Types       []string          `json:"types"`
+	Metadata    map[string]string `json:"metadata"`
+	Start       string            `json:"start"`
+	StartOffset int64             `json:"start_offset"`
+	StartTime   *time.Time        `json:"start_time"`
+	Target      *string           `json:"target"`
+	endpointJSON
+	CreatedAt     time.Time `json:"created_at"`
+	NextOffset    int64     `json:"next_offset"`
+	HighWatermark int64     `json:"high_watermark"`
+	Lag           int64     `json:"lag"`
 }
 
 func (s *Server) subscriptionJSON(r *http.Request, sub delivery.Subscription) subscriptionJSON {
 	j := subscriptionJSON{
 		Name: sub.Name, Source: sub.Source, Stream: sub.Stream, Inbox: sub.Inbox, Types: sub.Types, Metadata: sub.Metadata,
-		Start: sub.Start.Policy, StartOffset: sub.Start.Offset, CreatedAt: sub.CreatedAt,
+		Start: sub.Start.Policy, StartOffset: sub.Start.Offset, CreatedAt: sub.CreatedAt, endpointJSON: newEndpointJSON(sub),
 	}
 	if !sub.Start.Time.IsZero() {
 		t := sub.Start.Time
@@ -282,6 +294,7 @@ func (s *Server) subscriptionJSON(r *http.Request, sub delivery.Subscription) su
 	}
 	if sub.Target != "" {
 		j.Target = &sub.Target
+		j.Breaker = s.breakerJSON(r, sub.Inbox)
 	}
 	if lag, err := s.delivery.Lag(r.Context(), sub.Name); err == nil {
 		j.NextOffset, j.HighWatermark, j.Lag = lag.NextOffset, lag.HighWatermark, lag.Events
@@ -300,8 +313,14 @@ func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
 		StartOffset int64             `json:"start_offset"`
 		StartTime   string            `json:"start_time"`
 		Target      string            `json:"target"`
+		endpointRequest
 	}
 	if !decodeBody(w, r, &req, false) {
+		return
+	}
+	var ep delivery.Endpoint
+	secret, _, ok := req.endpointRequest.apply(w, &ep)
+	if !ok {
 		return
 	}
 	switch {
@@ -336,7 +355,10 @@ func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	sub := delivery.Subscription{Name: *req.Name, Source: *req.Source, Types: req.Types, Metadata: req.Metadata, Inbox: req.Inbox,
-		Start: stream.Start{Policy: req.Start, Offset: req.StartOffset}, Target: req.Target}
+		Start: stream.Start{Policy: req.Start, Offset: req.StartOffset}, Target: req.Target, Endpoint: ep}
+	if secret != nil && *secret != "" {
+		sub.Secrets = []delivery.Secret{{Key: *secret}}
+	}
 	if req.StartTime != "" {
 		t, err := time.Parse(time.RFC3339Nano, req.StartTime)
 		if err != nil {
@@ -391,29 +413,49 @@ func (s *Server) getSubscription(w http.ResponseWriter, r *http.Request) {
 }
 
 // patchSubscription changes what may change of a subscription: its
-// target ("target": URL, or null for none). The rest defines what it reads
+// target ("target": URL, or null for none) and its endpoint's settings
+// (each absent one stays, null resets it). The rest defines what it reads
 // and is fixed: create another subscription for another definition.
 func (s *Server) patchSubscription(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Target json.RawMessage `json:"target"` // null stays "null": absent is empty
+		endpointRequest
 	}
 	if !checkName(w, "subscription", r.PathValue("name")) || !decodeBody(w, r, &req, false) {
 		return
 	}
-	if len(req.Target) == 0 {
-		writeError(w, http.StatusBadRequest, "missing_field", "target: required (a URL, or null for none)")
+	if len(req.Target) == 0 && !req.endpointRequest.any() {
+		writeError(w, http.StatusBadRequest, "missing_field", "target: required (a URL, or null for none), or an endpoint setting (docs/API.md)")
 		return
 	}
-	var target *string
-	if err := json.Unmarshal(req.Target, &target); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_json", "field \"target\": want a string or null")
-		return
-	}
-	if target != nil && !checkAPIText(w, "target", *target, maxTargetLen, true) {
-		return
+	var change delivery.Change
+	if len(req.Target) > 0 {
+		var target *string
+		if err := json.Unmarshal(req.Target, &target); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_json", "field \"target\": want a string or null")
+			return
+		}
+		if target != nil && !checkAPIText(w, "target", *target, maxTargetLen, true) {
+			return
+		}
+		t := ptrValue(target)
+		change.Target = &t
 	}
 	name := r.PathValue("name")
-	if err := s.delivery.SetTarget(r.Context(), name, ptrValue(target)); err != nil {
+	if req.endpointRequest.any() {
+		sub, err := s.delivery.Subscription(r.Context(), name)
+		if err != nil {
+			s.writeErr(w, err)
+			return
+		}
+		ep := sub.Endpoint
+		secret, overlap, ok := req.endpointRequest.apply(w, &ep)
+		if !ok {
+			return
+		}
+		change.Endpoint, change.Secret, change.SecretOverlap = &ep, secret, overlap
+	}
+	if _, err := s.delivery.Update(r.Context(), name, change); err != nil {
 		s.writeErr(w, err)
 		return
 	}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/postbox-events/postbox/client"
 	"github.com/postbox-events/postbox/internal/server"
-	pbserver "github.com/postbox-events/postbox/server"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -35,7 +34,7 @@ func (p plain) Close() error { return errors.Join(p.stop(), p.Backend.Close()) }
 func startPlain(t *testing.T, cfg server.Config) (*testServer, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "streams.db")
-	db, err := pbserver.OpenSQLite(server.Config{DBPath: path})
+	db, err := server.OpenSQLite(server.Config{DBPath: path})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox/internal/server"
-	pbserver "github.com/postbox-events/postbox/server"
 )
 
 // metric reads one sample of the server's metrics in-process (without a
@@ -224,15 +223,15 @@ func TestOpenOperatorAPIRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := pbserver.New(server.Config{DBPath: filepath.Join(t.TempDir(), "p.db"), Listener: ln})
+	srv, err := server.NewDefault(server.Config{DBPath: filepath.Join(t.TempDir(), "p.db"), Listener: ln})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err = srv.Run(ctx)
-	if err == nil || !strings.Contains(err.Error(), "--api-token") || !strings.Contains(err.Error(), "--insecure-no-api-token") {
-		t.Fatalf("Run on %s without an API token: %v, want a refusal naming --api-token and --insecure-no-api-token", ln.Addr(), err)
+	if err == nil || !strings.Contains(err.Error(), "Config.APIToken") || !strings.Contains(err.Error(), "Config.InsecureNoAPIToken") {
+		t.Fatalf("Run on %s without an API token: %v, want a refusal naming Config.APIToken and Config.InsecureNoAPIToken", ln.Addr(), err)
 	}
 	if _, err := net.Dial("tcp", ln.Addr().String()); err == nil {
 		t.Errorf("the refused server still listens on %s", ln.Addr())

@@ -26,7 +26,7 @@ import (
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/server"
-	pbserver "github.com/postbox-events/postbox/server"
+	"github.com/postbox-events/postbox/internal/webhooksig"
 )
 
 // The tests here keep docs/openapi.json true: it describes every route the
@@ -251,7 +251,7 @@ func (s *openAPI) schemas() map[string]any {
 // schemas use only keywords the validator of these tests checks.
 func TestOpenAPIRoutes(t *testing.T) {
 	spec := loadOpenAPI(t)
-	srv, err := pbserver.New(server.Config{DBPath: filepath.Join(t.TempDir(), "postbox.db")})
+	srv, err := server.NewDefault(server.Config{DBPath: filepath.Join(t.TempDir(), "postbox.db")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -458,10 +458,14 @@ func jget(v any, keys ...any) any {
 // or "" when one must.
 func unexercised(op, status string) string {
 	switch {
-	case status == "503" && op != "GET /ready" && op != "POST /webhooks":
+	case status == "503" && op != "GET /ready" && op != "POST /webhooks" && op != "POST /webhooks/{source}":
 		return "only when the store fails"
+	case op == "POST /webhooks/{source}" && status == "429":
+		return "as POST /webhooks, whose writer queue it shares"
 	case op == "GET /metrics" && status == "500":
 		return "only when gathering a metric fails"
+	case op == "POST /v1/subscriptions/{name}/replay" && status == "409":
+		return "only while a replay of the subscription runs"
 	}
 	return ""
 }
@@ -530,6 +534,31 @@ func TestOpenAPIAnswers(t *testing.T) {
 	want(201, subs, "/v1/subscriptions", `{"name": "audit-too", "source": "devices", "inbox": "audit", "types": ["never.*"]}`, nil)
 	want(409, patch, "/v1/subscriptions/from-1", `{"target": "http://127.0.0.1:9/audit"}`, nil)
 	want(413, patch, "/v1/subscriptions/hooked", big, nil)
+	// An endpoint: a secret, headers, a timeout, a schedule; then rotated.
+	want(201, subs, "/v1/subscriptions", `{"name": "signed", "source": "devices", "types": ["never.*"], "target": "http://127.0.0.1:9/s",
+		"secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "headers": {"X-Team": "billing"}, "timeout": "10s", "retry_schedule": "5s,1m", "max_attempts": 8}`, nil)
+	want(400, subs, "/v1/subscriptions", `{"name": "x", "source": "devices", "target": "http://127.0.0.1:9/", "secret": "not-whsec"}`, nil)
+	want(200, patch, "/v1/subscriptions/signed", `{"secret": "whsec_dGhpcyBpcyBhIHRlc3Qgc2VjcmV0IG9mIDMyIGJ5dGVzIQ==", "secret_overlap": "1h",
+		"retry_schedule": null, "retry_base_delay": "1s", "retry_max_delay": "1m", "headers": null, "timeout": null, "max_attempts": null}`, nil)
+	want(400, patch, "/v1/subscriptions/signed", `{"retry_schedule": "5s,later"}`, nil)
+	// Flow settings, and enabling an endpoint's breaker.
+	want(200, patch, "/v1/subscriptions/signed", `{"rate": "50/s", "concurrency": 4, "breaker_failures": 0, "breaker_probe": "10s",
+		"disable_after": "1h"}`, nil)
+	want(400, patch, "/v1/subscriptions/signed", `{"rate": "fast"}`, nil)
+	const enable = "POST /v1/subscriptions/{name}/enable"
+	want(200, enable, "/v1/subscriptions/signed/enable", "", nil)
+	want(400, enable, "/v1/subscriptions/planner/enable", "", nil)
+	want(404, enable, "/v1/subscriptions/nope/enable", "", nil)
+	// A replay of a time range, and its job.
+	const rangeReplay = "POST /v1/subscriptions/{name}/replay"
+	job, _ := want(202, rangeReplay, "/v1/subscriptions/hooked/replay", `{"since": "2026-01-01T00:00:00Z"}`, nil).(map[string]any)
+	want(400, rangeReplay, "/v1/subscriptions/hooked/replay", `{"since": "yesterday"}`, nil)
+	want(404, rangeReplay, "/v1/subscriptions/nope/replay", `{"since": "2026-01-01T00:00:00Z"}`, nil)
+	want(413, rangeReplay, "/v1/subscriptions/hooked/replay", big, nil)
+	want(200, "GET /v1/replays", "/v1/replays?subscription=hooked", "", nil)
+	want(400, "GET /v1/replays", "/v1/replays?subscription=no%20such", "", nil)
+	want(200, "GET /v1/replays/{id}", fmt.Sprintf("/v1/replays/%v", job["id"]), "", nil)
+	want(404, "GET /v1/replays/{id}", "/v1/replays/no-such-job", "", nil)
 	want(200, "GET /v1/streams", "/v1/streams", "", nil)
 	want(200, "GET /v1/streams/{stream}", "/v1/streams/devices", "", nil)
 	want(404, "GET /v1/streams/{stream}", "/v1/streams/nope", "", nil)
@@ -546,8 +575,44 @@ func TestOpenAPIAnswers(t *testing.T) {
 	want(409, hook, "/webhooks", `{"amount": 43}`, key1)
 	want(202, hook, "/webhooks", `{"amount": 7}`, map[string]string{"Idempotency-Key": "oa-2"})
 	want(400, hook, "/webhooks", `{"amount": 1}`, nil)
+	const feedOp = "GET /v1/streams/{stream}/events"
+	want(200, feedOp, "/v1/streams/webhooks/events?after=0&limit=2", "", nil)
+	want(400, feedOp, "/v1/streams/webhooks/events?after=-1", "", nil)
+	want(404, feedOp, "/v1/streams/nowhere/events", "", nil)
 	want(413, hook, "/webhooks", `{"pad": "`+strings.Repeat("x", 5000)+`"}`, map[string]string{"Idempotency-Key": "oa-3"})
 	want(415, hook, "/webhooks", `{}`, map[string]string{"Idempotency-Key": "oa-4", "Content-Type": "text/plain"})
+
+	// Sources, and webhooks to one of them.
+	const srcs, src, srcHook = "POST /v1/sources", "GET /v1/sources/{name}", "POST /webhooks/{source}"
+	gh := `{"name": "gh", "kind": "webhook", "settings": {"preset": "github", "secrets": ["oa-secret"]}}`
+	want(201, srcs, "/v1/sources", gh, nil)
+	want(200, srcs, "/v1/sources", gh, nil)
+	want(409, srcs, "/v1/sources", `{"name": "gh", "kind": "webhook"}`, nil)
+	want(400, srcs, "/v1/sources", `{"name": "x", "kind": "webhook", "settings": {"preset": "github"}}`, nil)
+	want(413, srcs, "/v1/sources", big, nil)
+	want(200, "GET /v1/sources", "/v1/sources", "", nil)
+	want(200, src, "/v1/sources/gh", "", nil)
+	want(200, src, "/v1/sources/devices", "", nil)
+	want(404, src, "/v1/sources/nowhere", "", nil)
+	ghBody := `{"action": "opened"}`
+	ghHdr := map[string]string{"X-GitHub-Delivery": "oa-gh-1", "X-GitHub-Event": "issues", "X-Hub-Signature-256": webhooksig.SignGitHub("oa-secret", []byte(ghBody))}
+	want(202, srcHook, "/webhooks/gh", ghBody, ghHdr)
+	want(200, srcHook, "/webhooks/gh", ghBody, ghHdr)
+	ghHdr["X-GitHub-Delivery"], ghHdr["X-Hub-Signature-256"] = "oa-gh-2", webhooksig.SignGitHub("oa-secret", []byte(`{}`))
+	want(202, srcHook, "/webhooks/gh", `{}`, ghHdr)
+	ghHdr["X-Hub-Signature-256"] = webhooksig.SignGitHub("oa-secret", []byte(`{"x": 1}`))
+	want(409, srcHook, "/webhooks/gh", `{"x": 1}`, ghHdr)
+	want(401, srcHook, "/webhooks/gh", ghBody, map[string]string{"X-GitHub-Delivery": "oa-gh-3"})
+	want(404, srcHook, "/webhooks/nowhere", `{}`, nil)
+	want(400, srcHook, "/webhooks/devices", `{}`, nil)
+	want(413, srcHook, "/webhooks/gh", `{"pad": "`+strings.Repeat("x", 5000)+`"}`, ghHdr)
+	want(415, srcHook, "/webhooks/gh", `{}`, map[string]string{"Content-Type": "text/plain"})
+	const delSrc = "DELETE /v1/sources/{name}"
+	want(201, subs, "/v1/subscriptions", `{"name": "gh-reader", "source": "gh"}`, nil)
+	want(409, delSrc, "/v1/sources/gh", "", nil)
+	want(204, "DELETE /v1/subscriptions/{name}", "/v1/subscriptions/gh-reader", "", nil)
+	want(204, delSrc, "/v1/sources/gh", "", nil)
+	want(404, delSrc, "/v1/sources/gh", "", nil)
 
 	// Inboxes: wait for the items, then page, lease, ack and nack them.
 	const items = "GET /v1/inboxes/{inbox}/items"
@@ -572,6 +637,10 @@ func TestOpenAPIAnswers(t *testing.T) {
 	want(200, item, fmt.Sprint("/v1/inboxes/webhooks/items/", first), "", nil)
 	want(400, item, "/v1/inboxes/webhooks/items/first", "", nil)
 	want(404, item, "/v1/inboxes/webhooks/items/999999", "", nil)
+	const attempts = "GET /v1/inboxes/{inbox}/items/{id}/attempts"
+	want(200, attempts, fmt.Sprint("/v1/inboxes/webhooks/items/", first, "/attempts"), "", nil)
+	want(400, attempts, "/v1/inboxes/webhooks/items/first/attempts", "", nil)
+	want(404, attempts, "/v1/inboxes/webhooks/items/999999/attempts", "", nil)
 
 	const lease = "POST /v1/inboxes/{inbox}/lease"
 	l := want(200, lease, "/v1/inboxes/webhooks/lease", `{"max": 1, "visibility_timeout": "30s", "wait": "0s"}`, nil)
@@ -669,7 +738,7 @@ func TestOpenAPIAnswers(t *testing.T) {
 	}
 
 	// A server that is not running yet: not ready, takes no webhook.
-	srv, err := pbserver.New(server.Config{DBPath: filepath.Join(t.TempDir(), "postbox.db")})
+	srv, err := server.NewDefault(server.Config{DBPath: filepath.Join(t.TempDir(), "postbox.db")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -687,6 +756,9 @@ func TestOpenAPIAnswers(t *testing.T) {
 	}
 	if status, v := c.do(t, http.DefaultClient, base, hook, "/webhooks", `{}`, map[string]string{"Idempotency-Key": "k"}); status != 503 {
 		t.Errorf("a webhook before Run: %d %v", status, v)
+	}
+	if status, v := c.do(t, http.DefaultClient, base, "POST /webhooks/{source}", "/webhooks/webhooks", `{}`, map[string]string{"Idempotency-Key": "k"}); status != 503 {
+		t.Errorf("a webhook to a source before Run: %d %v", status, v)
 	}
 
 	// A full writer queue: 429 with Retry-After.

@@ -28,11 +28,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/appendq"
+	"github.com/postbox-events/postbox/internal/buildinfo"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/ingress"
+	"github.com/postbox-events/postbox/internal/ingresspb"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -99,6 +103,11 @@ type Config struct {
 	WSFrameTimeout   time.Duration
 	// Listener, when set, is served instead of listening on Addr.
 	Listener net.Listener
+	// GRPCAddr, when set, is the listen address of the gRPC ingress
+	// (with TLSCert and TLSKey, over TLS); GRPCListener, when set, is
+	// served instead. Without either there is no gRPC ingress.
+	GRPCAddr     string
+	GRPCListener net.Listener
 	// InsecureNoAPIToken lets Run serve the operator API without an
 	// APIToken on an address beyond loopback. Without it Run refuses to
 	// start there: whoever reaches the address could point subscriptions
@@ -173,6 +182,7 @@ type Server struct {
 	metrics  *ingress.Metrics
 	// webhookKeys are the decoded Webhooks.Secrets.
 	webhookKeys [][]byte
+	sources     sourceCache // webhook sources read recently (sources.go)
 	ingress     *ingress.Ingress
 	reg         *prometheus.Registry
 	ln          net.Listener
@@ -193,7 +203,7 @@ type Server struct {
 // When New fails, closing them is left to the caller.
 func New(cfg Config) (*Server, error) {
 	if cfg.Streams == nil || cfg.Store == nil {
-		return nil, errors.New("server: Config.Streams and Config.Store are required (postbox's public server package opens the SQLite default)")
+		return nil, configErrorf("Config.Streams and Config.Store are required (NewDefault opens the SQLite default)")
 	}
 	if cfg.Addr == "" {
 		cfg.Addr = ":8000"
@@ -226,12 +236,12 @@ func New(cfg Config) (*Server, error) {
 	for _, secret := range cfg.Webhooks.Secrets {
 		key, err := stdwebhook.ParseSecret(secret)
 		if err != nil {
-			return nil, err
+			return nil, configErrorf("Config.Webhooks.Secrets: %v", err)
 		}
 		webhookKeys = append(webhookKeys, key)
 	}
 	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
-		return nil, errors.New("--tls-cert and --tls-key go together")
+		return nil, configErrorf("Config.TLSCert and Config.TLSKey go together: set both or neither")
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -324,7 +334,7 @@ func New(cfg Config) (*Server, error) {
 	for inbox, h := range cfg.Handlers {
 		dl.Handle(inbox, h)
 	}
-	reg.MustRegister(dl.LagCollector(), dl.InboxCollector(), dl.NodeCollector())
+	reg.MustRegister(dl.LagCollector(), dl.InboxCollector(), dl.NodeCollector(), buildInfoGauge())
 	s := &Server{cfg: cfg, log: cfg.Logger, streams: cfg.Streams, store: store, writer: writer, delivery: dl, metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg,
 		mux: http.NewServeMux(), conns: newConnLimit(reg, cfg.MaxConnections), storeHealth: health}
 	s.routeAPI()
@@ -333,7 +343,7 @@ func New(cfg Config) (*Server, error) {
 	s.handle("GET /webhooks", s.requireToken(s.findWebhook))
 	s.handle("GET "+ingress.WSPath, in)
 	s.handle("GET /health", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": buildinfo.Get().Version})
 	}))
 	s.handle("GET /ready", http.HandlerFunc(s.handleReady))
 	// /metrics names subscriptions and inboxes: it takes the API token
@@ -417,6 +427,11 @@ func (s *Server) Run(ctx context.Context) error {
 		s.ln.Close()
 		return err
 	}
+	grpcSrv, grpcLn, grpcAddr, err := s.newGRPC()
+	if err != nil {
+		s.ln.Close()
+		return err
+	}
 	if _, err := s.streams.EnsureStream(ctx, DeviceSource); err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped before it started
@@ -475,6 +490,9 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		return err
 	})
+	if grpcSrv != nil {
+		g.Go(func() error { return grpcSrv.Serve(grpcLn) })
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		s.setReady(false) // /ready says 503 while draining
@@ -486,8 +504,17 @@ func (s *Server) Run(ctx context.Context) error {
 		if err := srv.Shutdown(shut); err != nil {
 			srv.Close()
 		}
+		grpcStopped := stopGRPC(grpcSrv) // stops accepting; streams go on until drained
 		if err := s.ingress.Drain(shut); err != nil {
 			s.log.Warn("postbox serve: connections still busy at shutdown; closing them", "timeout", ShutdownTimeout)
+		}
+		select {
+		case <-grpcStopped:
+		case <-shut.Done():
+			if grpcSrv != nil { // without one grpcStopped is closed, but select may pick this case
+				grpcSrv.Stop()
+			}
+			<-grpcStopped
 		}
 		stopConns()
 		stopDelivery() // its loops write through the store: stop them first
@@ -519,7 +546,7 @@ func (s *Server) Run(ctx context.Context) error {
 		where = []any{"store", "postgres", "node", s.delivery.Node()}
 	}
 	s.log.Info("postbox serve: listening", append(append([]any{"addr", addr.String(), "ingress", scheme + "://" + addr.String() + ingress.WSPath},
-		where...), "writer", s.writerKind(), "auth", s.cfg.Tokens != nil)...)
+		where...), "writer", s.writerKind(), "auth", s.cfg.Tokens != nil, "grpc", grpcAddr)...)
 	err = g.Wait()
 	s.setReady(false)
 	s.log.Info("postbox serve: stopped", "err", err)
@@ -567,9 +594,9 @@ func (s *Server) checkOpen(addr net.Addr) error {
 	}
 	if s.cfg.APIToken == "" {
 		if !s.cfg.InsecureNoAPIToken {
-			return fmt.Errorf("postbox serve listens on %s, beyond loopback, without an API token: anyone who can reach it "+
-				"could point subscriptions at any target and read every inbox. Pass --api-token TOKEN (POSTBOX_API_TOKEN), "+
-				"listen on loopback (--addr 127.0.0.1:PORT), or pass --insecure-no-api-token (POSTBOX_INSECURE_NO_API_TOKEN=true) "+
+			return configErrorf("serving on %s, beyond loopback, without an API token: anyone who can reach it "+
+				"could point subscriptions at any target and read every inbox. Set Config.APIToken, "+
+				"listen on loopback (Config.Addr 127.0.0.1:PORT), or set Config.InsecureNoAPIToken "+
 				"to serve the operator API open anyway", addr)
 		}
 		s.log.Warn("!!! postbox serve listens beyond loopback WITHOUT an API token (--insecure-no-api-token): anyone who can reach " +
@@ -715,4 +742,56 @@ func (s *Server) probe(ctx context.Context) error {
 	}
 	_, err := s.streams.Stats(ctx, DeviceSource)
 	return err
+}
+
+// newGRPC returns the gRPC server of the ingress and its listener on
+// GRPCAddr (or GRPCListener), and the URL it serves; nil and empty
+// without either.
+func (s *Server) newGRPC() (*grpc.Server, net.Listener, string, error) {
+	ln := s.cfg.GRPCListener
+	if ln == nil {
+		if s.cfg.GRPCAddr == "" {
+			return nil, nil, "", nil
+		}
+		var err error
+		if ln, err = net.Listen("tcp", s.cfg.GRPCAddr); err != nil {
+			return nil, nil, "", fmt.Errorf("listen %s (gRPC): %w", s.cfg.GRPCAddr, err)
+		}
+	}
+	opts := s.ingress.ServerOptions()
+	scheme := "grpc"
+	if s.cfg.TLSCert != "" {
+		creds, err := credentials.NewServerTLSFromFile(s.cfg.TLSCert, s.cfg.TLSKey)
+		if err != nil {
+			ln.Close()
+			return nil, nil, "", fmt.Errorf("gRPC TLS: %w", err)
+		}
+		opts, scheme = append(opts, grpc.Creds(creds)), "grpcs"
+	}
+	gs := grpc.NewServer(opts...)
+	ingresspb.RegisterIngressServer(gs, s.ingress.GRPC())
+	return gs, ln, scheme + "://" + ln.Addr().String(), nil
+}
+
+// stopGRPC stops gs accepting and returns a channel closed once its
+// streams ended (all of them at once with gs.Stop); nil gs is stopped.
+func stopGRPC(gs *grpc.Server) <-chan struct{} {
+	done := make(chan struct{})
+	if gs == nil {
+		close(done)
+		return done
+	}
+	go func() { gs.GracefulStop(); close(done) }()
+	return done
+}
+
+// buildInfoGauge is postbox_build_info: 1, labelled with which postbox
+// this is, so that dashboards can show (and join on) the version.
+func buildInfoGauge() prometheus.Collector {
+	bi := buildinfo.Get()
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "postbox_build_info",
+		Help:        "Always 1; its labels say which postbox runs: version, commit and Go version.",
+		ConstLabels: prometheus.Labels{"version": bi.Version, "commit": bi.Commit, "go_version": bi.GoVersion},
+	}, func() float64 { return 1 })
 }

@@ -27,10 +27,11 @@ import (
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/client"
+	"github.com/postbox-events/postbox/internal/buildinfo"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/servertest"
-	pbserver "github.com/postbox-events/postbox/server"
+	"github.com/postbox-events/postbox/internal/testenv"
 )
 
 // testServer is a server running in-process for one test.
@@ -43,7 +44,7 @@ func start(t *testing.T, cfg server.Config, hc *http.Client) *testServer {
 }
 
 // waitFor polls cond until it holds, failing the test after timeout.
-var waitFor = servertest.Eventually
+var waitFor = testenv.Eventually
 
 func testCtx(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
@@ -1089,7 +1090,7 @@ func TestHTTPEndpoints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := pbserver.New(server.Config{Listener: ln, DBPath: filepath.Join(t.TempDir(), "postbox.db")})
+	srv, err := server.NewDefault(server.Config{Listener: ln, DBPath: filepath.Join(t.TempDir(), "postbox.db")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1138,7 +1139,7 @@ func TestHTTPEndpoints(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
-	if code, body := httpGet("/health"); code != http.StatusOK || !strings.Contains(body, `"ok"`) {
+	if code, body := httpGet("/health"); code != http.StatusOK || !strings.Contains(body, `"ok"`) || !strings.Contains(body, `"version":"`+buildinfo.Get().Version+`"`) {
 		t.Errorf("/health: %d %s", code, body)
 	}
 	if code, body := httpGet("/ready"); code != http.StatusOK || !strings.Contains(body, `"queue_capacity"`) {
@@ -1162,6 +1163,7 @@ func TestHTTPEndpoints(t *testing.T) {
 		"postbox_writer_queue_capacity 10000",
 		"postbox_ingress_connections 1",
 		"postbox_writer_batch_events_count",
+		`postbox_build_info{commit="` + buildinfo.Get().Commit + `",go_version="` + runtime.Version() + `",version="` + buildinfo.Get().Version + `"} 1`,
 	} {
 		if !strings.Contains(body, want+"\n") && !strings.Contains(body, want+" ") {
 			t.Errorf("/metrics lacks %q", want)

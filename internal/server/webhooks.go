@@ -18,7 +18,6 @@ import (
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/groupcommit"
-	"github.com/postbox-events/postbox/internal/stdwebhook"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -82,13 +81,34 @@ type webhookJSON struct {
 
 func webhookID(offset int64) string { return "wh_" + strconv.FormatInt(offset, 10) }
 
+// postWebhook takes a webhook for the default source, WebhookSource.
 func (s *Server) postWebhook(w http.ResponseWriter, r *http.Request) {
+	s.receiveWebhook(w, r, WebhookSource)
+}
+
+// postSourceWebhook takes a webhook for the source of kind webhook named
+// in the path.
+func (s *Server) postSourceWebhook(w http.ResponseWriter, r *http.Request) {
+	s.receiveWebhook(w, r, r.PathValue("source"))
+}
+
+// receiveWebhook stores a webhook for source under its idempotency key
+// with its body exactly as received, the bytes a provider signed and a
+// target is sent. A redelivery is recognised on the body's compact form:
+// the stream compares payload bytes, so a payload conflict is checked
+// again against the stored event, and one that differs in whitespace
+// alone is answered as the duplicate it is.
+func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source string) {
 	if !s.isReady() {
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "not ready yet (starting or shutting down): send it again")
 		return
 	}
-	cfg := s.cfg.Webhooks
+	in, ok := s.webhookIntake(w, r, source)
+	if !ok {
+		return
+	}
+	cfg := in.cfg
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
 		writeError(w, http.StatusUnsupportedMediaType, "unsupported_media_type", "Content-Type %q: send application/json", r.Header.Get("Content-Type"))
 		return
@@ -107,26 +127,21 @@ func (s *Server) postWebhook(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid_json", "the body is not valid JSON")
 		return
 	}
-	if len(s.webhookKeys) > 0 {
-		err := stdwebhook.Verify(s.webhookKeys, r.Header.Get("Webhook-Id"), r.Header.Get("Webhook-Timestamp"),
-			r.Header.Get("Webhook-Signature"), body, time.Now())
-		if err != nil {
-			s.metrics.Count(WebhookSource, "unauthorized", 1)
-			writeError(w, http.StatusUnauthorized, "invalid_signature", "Standard Webhooks signature: %v", err)
-			return
-		}
+	if err := in.verify(r, body, time.Now()); err != nil {
+		s.metrics.Count(source, "unauthorized", 1)
+		writeError(w, http.StatusUnauthorized, "invalid_signature", "%v", err)
+		return
 	}
-	signed := len(s.webhookKeys) > 0
-	fields := bodyFields(body, cfg, signed)
-	key, err := webhookKey(r, fields, cfg, signed)
+	fields := bodyFields(body, cfg, in.from)
+	key, err := webhookKey(r, fields, cfg, in.from)
 	if err == nil && key == "" { // a signed webhook has a webhook-id
-		writeError(w, http.StatusBadRequest, "missing_field", "idempotency key: send an Idempotency-Key or webhook-id header%s", keyHint(cfg))
+		writeError(w, http.StatusBadRequest, "missing_field", "idempotency key: %s", keyHint(cfg, in.from))
 		return
 	}
 	var typ string
 	var meta json.RawMessage
 	if err == nil {
-		typ, err = webhookType(r, fields, cfg, signed, s.maxTypeBytes())
+		typ, err = webhookType(r, fields, cfg, in.from, s.maxTypeBytes())
 	}
 	if err == nil {
 		meta, err = webhookMetadata(r, cfg)
@@ -140,17 +155,17 @@ func (s *Server) postWebhook(w http.ResponseWriter, r *http.Request) {
 		Type:       typ,
 		OccurredAt: time.Now(),
 		Metadata:   meta,
-		Payload:    postbox.AppendCompact(nil, body), // whitespace alone does not make a conflict
+		Payload:    body, // the bytes as received: what a provider signed, and what a target gets
 	}
 	type outcome struct {
 		res []stream.AppendResult
 		err error
 	}
 	done := make(chan outcome, 1)
-	err = s.writer.TryAppendAsync(WebhookSource, []stream.Event{ev}, func(res []stream.AppendResult, err error) { done <- outcome{res, err} })
+	err = s.writer.TryAppendAsync(source, []stream.Event{ev}, func(res []stream.AppendResult, err error) { done <- outcome{res, err} })
 	switch {
 	case errors.Is(err, groupcommit.ErrFull):
-		s.metrics.Count(WebhookSource, "throttled", 1)
+		s.metrics.Count(source, "throttled", 1)
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusTooManyRequests, "queue_full", "the write queue is full: send it again after Retry-After")
 		return
@@ -166,48 +181,86 @@ func (s *Server) postWebhook(w http.ResponseWriter, r *http.Request) {
 		return // the sender left; it will send again and get 200 if it was stored
 	}
 	if o.err != nil {
-		s.metrics.Count(WebhookSource, "unavailable", 1)
+		s.metrics.Count(source, "unavailable", 1)
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "not stored (%v): send it again", o.err)
 		return
 	}
-	res := o.res[0]
+	res, stored := o.res[0], stream.StoredEvent{Event: ev, Offset: o.res[0].Offset, StoredAt: o.res[0].StoredAt}
+	if c, ok := errors.AsType[*stream.ConflictError](res.Err); ok && c.Field == stream.FieldPayload {
+		// The backend compares bytes; whitespace alone does not make a
+		// conflict. A stored event never changes, so reading it now is
+		// as good as comparing inside the append.
+		prev, err := s.streams.Lookup(r.Context(), source, key, "")
+		switch {
+		case err == nil && bytes.Equal(postbox.AppendCompact(nil, prev.Payload), postbox.AppendCompact(nil, body)):
+			res, stored = stream.AppendResult{Offset: prev.Offset, StoredAt: prev.StoredAt, Duplicate: true}, prev
+		case err == nil: // another payload: the conflict it is
+		case r.Context().Err() != nil:
+			return // the sender left
+		default: // ErrNotFound: trimmed since; sent again, it is stored anew
+			s.metrics.Count(source, "unavailable", 1)
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, "unavailable", "idempotency key %q: reading the stored webhook to compare: %v; send it again", key, err)
+			return
+		}
+	}
 	switch {
 	case errors.Is(res.Err, stream.ErrConflict):
-		s.metrics.Count(WebhookSource, "conflict", 1)
+		s.metrics.Count(source, "conflict", 1)
 		field := stream.FieldPayload
 		if c, ok := errors.AsType[*stream.ConflictError](res.Err); ok {
 			field = c.Field
 		}
 		writeError(w, http.StatusConflict, "conflict", "idempotency key %q was stored with a different %s; nothing was changed", key, field)
 	case res.Err != nil: // stream.ErrTooLarge: the backend cannot store it, ever
-		s.metrics.Count(WebhookSource, "rejected", 1)
+		s.metrics.Count(source, "rejected", 1)
 		writeError(w, http.StatusRequestEntityTooLarge, "too_large", "%v; nothing was stored", res.Err)
 	case res.Duplicate:
-		s.metrics.Count(WebhookSource, "duplicate", 1)
-		j := s.webhookJSON(r.Context(), stream.StoredEvent{Event: ev, Offset: res.Offset, StoredAt: res.StoredAt})
+		s.metrics.Count(source, "duplicate", 1)
+		j := s.webhookJSON(r.Context(), source, stored)
 		j.Type, j.UpdatedAt, j.Attempts, j.LastError = "", nil, nil, nil // the same shape as 202
 		writeJSON(w, http.StatusOK, j)
 	default:
-		s.metrics.Count(WebhookSource, "stored", 1)
+		s.metrics.Count(source, "stored", 1)
 		writeJSON(w, http.StatusAccepted, webhookJSON{ID: webhookID(res.Offset), IdempotencyKey: key, Status: delivery.StatePending, CreatedAt: res.StoredAt})
 	}
 }
+
+// identityFrom says where a webhook's key and type may come from.
+type identityFrom int
+
+const (
+	// fromAny: an unsigned webhook; the key from Idempotency-Key,
+	// webhook-id, the key header or field; the type from X-Event-Type, the
+	// type header or field.
+	fromAny identityFrom = iota
+	// fromSigned: a Standard Webhooks signature; only what it covers, the
+	// body's key field or the signed webhook-id, and the body's type field
+	// (by default "type").
+	fromSigned
+	// fromProvider: a provider's preset (GitHub, Stripe); only where the
+	// provider puts them, the source's key and type headers and fields.
+	fromProvider
+)
 
 // webhookKey returns the idempotency key of a webhook: "" when there is
 // none (whitespace alone is none), an error naming where it came from when
 // it is not valid. A signed webhook's key comes only from what the
 // signature covers: the body's KeyField when one is configured, else its
 // webhook-id.
-func webhookKey(r *http.Request, fields map[string]json.RawMessage, cfg WebhookConfig, signed bool) (string, error) {
+func webhookKey(r *http.Request, fields map[string]json.RawMessage, cfg WebhookConfig, from identityFrom) (string, error) {
 	headers := []string{"Idempotency-Key", "Webhook-Id", cfg.KeyHeader}
-	if signed {
+	switch from {
+	case fromSigned:
 		if cfg.KeyField != "" {
 			if v, err := fieldText(fields, cfg.KeyField, maxKeyLength); v != "" || err != nil {
 				return v, err
 			}
 		}
 		headers = []string{"Webhook-Id"}
+	case fromProvider:
+		headers = []string{cfg.KeyHeader}
 	}
 	for _, h := range headers {
 		if h != "" {
@@ -216,7 +269,7 @@ func webhookKey(r *http.Request, fields map[string]json.RawMessage, cfg WebhookC
 			}
 		}
 	}
-	if cfg.KeyField != "" && !signed {
+	if cfg.KeyField != "" && from != fromSigned {
 		return fieldText(fields, cfg.KeyField, maxKeyLength)
 	}
 	return "", nil
@@ -259,35 +312,44 @@ func checkText(from, v string, max int) error {
 	return nil
 }
 
-func keyHint(cfg WebhookConfig) string {
-	var also []string
-	if cfg.KeyHeader != "" {
-		also = append(also, "a "+cfg.KeyHeader+" header")
+// keyHint says where a webhook's idempotency key is looked for.
+func keyHint(cfg WebhookConfig, from identityFrom) string {
+	var where []string
+	switch from {
+	case fromAny:
+		where = append(where, "an Idempotency-Key or webhook-id header")
+	case fromSigned:
+		where = append(where, "a webhook-id header")
+	}
+	if cfg.KeyHeader != "" && from != fromSigned {
+		where = append(where, "a "+cfg.KeyHeader+" header")
 	}
 	if cfg.KeyField != "" {
-		also = append(also, "a string or number field "+strconv.Quote(cfg.KeyField)+" in the body")
+		where = append(where, "a string or number field "+strconv.Quote(cfg.KeyField)+" in the body")
 	}
-	if len(also) == 0 {
-		return ""
-	}
-	return ", or " + strings.Join(also, " or ")
+	return "send " + strings.Join(where, ", or ")
 }
 
 // webhookType returns the type of a webhook, or an error naming where an
 // invalid one came from. A signed webhook's type comes only from its body
-// (TypeField, by default "type"), which the signature covers.
-func webhookType(r *http.Request, fields map[string]json.RawMessage, cfg WebhookConfig, signed bool, max int) (string, error) {
+// (TypeField, by default "type"), which the signature covers; a
+// provider's only from its type header or field.
+func webhookType(r *http.Request, fields map[string]json.RawMessage, cfg WebhookConfig, from identityFrom, max int) (string, error) {
 	field := cfg.TypeField
-	if signed {
+	headers := []string{"X-Event-Type", cfg.TypeHeader}
+	switch from {
+	case fromSigned:
 		if field == "" {
 			field = "type"
 		}
-	} else {
-		for _, h := range []string{"X-Event-Type", cfg.TypeHeader} {
-			if h != "" {
-				if v := strings.TrimSpace(r.Header.Get(h)); v != "" {
-					return v, checkText(h+" header", v, max)
-				}
+		headers = nil
+	case fromProvider:
+		headers = []string{cfg.TypeHeader}
+	}
+	for _, h := range headers {
+		if h != "" {
+			if v := strings.TrimSpace(r.Header.Get(h)); v != "" {
+				return v, checkText(h+" header", v, max)
 			}
 		}
 	}
@@ -301,8 +363,8 @@ func webhookType(r *http.Request, fields map[string]json.RawMessage, cfg Webhook
 
 // bodyFields returns the top-level fields of a JSON object body, parsed
 // only when the source takes its key or type from one.
-func bodyFields(body []byte, cfg WebhookConfig, signed bool) map[string]json.RawMessage {
-	if cfg.KeyField == "" && cfg.TypeField == "" && !signed {
+func bodyFields(body []byte, cfg WebhookConfig, from identityFrom) map[string]json.RawMessage {
+	if cfg.KeyField == "" && cfg.TypeField == "" && from != fromSigned {
 		return nil
 	}
 	var fields map[string]json.RawMessage
@@ -374,13 +436,18 @@ func webhookMetadata(r *http.Request, cfg WebhookConfig) (json.RawMessage, error
 	return meta, nil
 }
 
-// webhookJSON describes a stored webhook with the state of its item in the
-// default webhook subscription (pending until it is materialised).
-func (s *Server) webhookJSON(ctx context.Context, ev stream.StoredEvent) webhookJSON {
+// webhookJSON describes a stored webhook of source with the state of its
+// item in the subscription of the source's name when that reads the
+// source, as the default subscription webhooks does (pending until it is
+// materialised, or without such a subscription).
+func (s *Server) webhookJSON(ctx context.Context, source string, ev stream.StoredEvent) webhookJSON {
 	j := webhookJSON{ID: webhookID(ev.Offset), IdempotencyKey: ev.NativeID, Type: ev.Type, Status: delivery.StatePending, CreatedAt: ev.StoredAt}
 	updated, attempts := ev.StoredAt, 0
 	j.UpdatedAt, j.Attempts = &updated, &attempts
-	if it, err := s.delivery.ItemOf(ctx, WebhookSource, ev.Offset); err == nil {
+	if sub, err := s.delivery.Subscription(ctx, source); err != nil || sub.Source != source {
+		return j
+	}
+	if it, err := s.delivery.ItemOf(ctx, source, ev.Offset); err == nil {
 		j.Status, j.LastError = it.State, it.LastError
 		*j.UpdatedAt, *j.Attempts = it.UpdatedAt, it.Attempts
 	}
@@ -403,7 +470,7 @@ func (s *Server) getWebhook(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.webhookJSON(r.Context(), ev))
+	writeJSON(w, http.StatusOK, s.webhookJSON(r.Context(), WebhookSource, ev))
 }
 
 func (s *Server) findWebhook(w http.ResponseWriter, r *http.Request) {
@@ -421,31 +488,68 @@ func (s *Server) findWebhook(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.webhookJSON(r.Context(), ev))
+	writeJSON(w, http.StatusOK, s.webhookJSON(r.Context(), WebhookSource, ev))
 }
 
-// ensureWebhooks creates the webhook stream and its default subscription,
-// which puts every webhook into the inbox "webhooks" from the first one
-// on. A default subscription an operator redefined is left as it is.
+// Markers of the defaults the store creates once (delivery.Once): what an
+// operator deletes afterwards is not created again at the next start.
+const (
+	markerDeviceSource        = "default-source:" + DeviceSource
+	markerWebhookSource       = "default-source:" + WebhookSource
+	markerWebhookSubscription = "default-subscription:" + WebhookSource
+)
+
+// ensureWebhooks creates, once in the store's life, the default sources
+// devices and webhooks (whose settings are serve's --webhook-* flags) and
+// the default subscription webhooks, which puts every webhook into the
+// inbox "webhooks" from the first one on. What an operator deleted since
+// stays deleted. A default subscription an operator redefined is left as
+// it is, but its target follows the configuration (--webhook-target).
 func (s *Server) ensureWebhooks(ctx context.Context) error {
 	if c := s.cfg.Webhooks; len(s.webhookKeys) > 0 && (c.KeyHeader != "" || c.TypeHeader != "") {
 		s.log.Warn("webhooks: with a signing secret the key is the signed webhook-id and the type the signed body's field; the key and type headers are ignored",
 			"key_header", c.KeyHeader, "type_header", c.TypeHeader)
 	}
-	if _, err := s.streams.EnsureStream(ctx, WebhookSource); err != nil {
-		return err
-	}
-	sub, _, err := s.delivery.Create(ctx, delivery.Subscription{Name: WebhookSource, Source: WebhookSource,
-		Start: stream.Start{Policy: stream.StartEarliest}, Target: s.cfg.Webhooks.Target})
-	if errors.Is(err, delivery.ErrConflict) {
-		if sub.Target == s.cfg.Webhooks.Target {
-			s.log.Info("webhooks: the default subscription was redefined; keeping it", "subscription", WebhookSource)
-			return nil
+	for _, d := range []struct{ marker, name, kind, settings string }{
+		{markerDeviceSource, DeviceSource, delivery.KindDevice, `{}`},
+		{markerWebhookSource, WebhookSource, delivery.KindWebhook, `{"serve_flags":true}`},
+	} {
+		err := s.delivery.Once(ctx, d.marker, func(ctx context.Context) error {
+			_, _, err := s.delivery.CreateSource(ctx, delivery.Source{Name: d.name, Kind: d.kind, Settings: json.RawMessage(d.settings)})
+			if errors.Is(err, delivery.ErrConflict) {
+				return nil // created by an operator first: theirs
+			}
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("default source %s: %w", d.name, err)
 		}
-		// The target follows the configuration (--webhook-target).
-		return s.delivery.SetTarget(ctx, WebhookSource, s.cfg.Webhooks.Target)
 	}
-	return err
+	err := s.delivery.Once(ctx, markerWebhookSubscription, func(ctx context.Context) error {
+		_, _, err := s.delivery.Create(ctx, delivery.Subscription{Name: WebhookSource, Source: WebhookSource,
+			Start: stream.Start{Policy: stream.StartEarliest}, Target: s.cfg.Webhooks.Target})
+		if errors.Is(err, delivery.ErrConflict) || errors.Is(err, delivery.ErrNotFound) {
+			return nil // redefined, or its source deleted: the operator's choice
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("default subscription %s: %w", WebhookSource, err)
+	}
+	sub, err := s.delivery.Subscription(ctx, WebhookSource)
+	switch {
+	case errors.Is(err, delivery.ErrNotFound):
+		if s.cfg.Webhooks.Target != "" {
+			s.log.Warn("webhooks: the default subscription was deleted; --webhook-target is not used", "subscription", WebhookSource)
+		}
+		return nil
+	case err != nil:
+		return err
+	case sub.Target == s.cfg.Webhooks.Target:
+		return nil
+	}
+	// The target follows the configuration (--webhook-target).
+	return s.delivery.SetTarget(ctx, WebhookSource, s.cfg.Webhooks.Target)
 }
 
 func (s *Server) isReady() bool {

@@ -13,7 +13,6 @@ import (
 
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
-	pbserver "github.com/postbox-events/postbox/server"
 )
 
 // post sends a webhook with headers and returns the status, the decoded
@@ -242,7 +241,7 @@ func TestWebhookSignatures(t *testing.T) {
 			t.Errorf("%s: %d %v, want 401 invalid_signature mentioning %q", name, status, got, c.mentions)
 		}
 	}
-	if _, err := pbserver.New(server.Config{DBPath: filepath.Join(t.TempDir(), "p.db"), Webhooks: server.WebhookConfig{Secrets: []string{"whsec_%%%"}}}); err == nil || !strings.Contains(err.Error(), "whsec") {
+	if _, err := server.NewDefault(server.Config{DBPath: filepath.Join(t.TempDir(), "p.db"), Webhooks: server.WebhookConfig{Secrets: []string{"whsec_%%%"}}}); err == nil || !strings.Contains(err.Error(), "whsec") {
 		t.Error("a secret that is not base64 was accepted at startup")
 	}
 }

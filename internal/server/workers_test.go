@@ -78,7 +78,7 @@ func TestWebhookTarget(t *testing.T) {
 		t.Fatalf("the target got %d requests, want 2", tg.calls())
 	}
 	r := tg.got[1]
-	if r.URL.Path != "/hooks" || tg.bodies[1] != `{"action":"opened"}` || r.Header.Get("Idempotency-Key") != "gh-1" ||
+	if r.URL.Path != "/hooks" || tg.bodies[1] != `{"action": "opened"}` || r.Header.Get("Idempotency-Key") != "gh-1" ||
 		r.Header.Get("X-Event-Type") != "pull_request" || r.Header.Get("X-Github-Event") != "pull_request" ||
 		r.Header.Get("Authorization") != "" || r.Header.Get("X-Postbox-Attempt") != "2" {
 		t.Fatalf("the target got %s %v %s", r.URL.Path, r.Header, tg.bodies[1])

@@ -24,7 +24,7 @@ import (
 
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/server"
-	pbserver "github.com/postbox-events/postbox/server"
+	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
 )
 
@@ -72,7 +72,7 @@ func Start(t testing.TB, cfg server.Config, hc *http.Client) *Server {
 	}
 	var sqlite *streamsqlite.Backend
 	if cfg.Streams == nil || cfg.Store == nil {
-		db, err := pbserver.OpenSQLite(cfg)
+		db, err := server.OpenSQLite(cfg)
 		if err != nil {
 			cfg.Listener.Close()
 			t.Fatal(err)
@@ -118,7 +118,7 @@ func Start(t testing.TB, cfg server.Config, hc *http.Client) *Server {
 		})
 	}
 	t.Cleanup(s.stop)
-	Eventually(t, 10*time.Second, "/ready to answer 200", func() bool {
+	testenv.Eventually(t, 10*time.Second, "/ready to answer 200", func() bool {
 		resp, err := hc.Get(s.Base + "/ready")
 		if err != nil {
 			return false
@@ -131,20 +131,6 @@ func Start(t testing.TB, cfg server.Config, hc *http.Client) *Server {
 
 // Stop stops the server and waits for Run to return.
 func (s *Server) Stop() { s.stop() }
-
-// Eventually polls cond until it holds, failing the test after timeout.
-func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
-}
 
 // SelfSignedCert writes a certificate and key for 127.0.0.1 into dir and
 // returns their paths and the certificate.

@@ -87,3 +87,17 @@ func DropSchema(t testing.TB, url, schema string) {
 		t.Errorf("drop schema %s: %v", schema, err)
 	}
 }
+
+// Eventually polls cond until it holds, failing the test after timeout.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		<-tick.C
+	}
+}

@@ -353,7 +353,8 @@ func (s *Store) DeleteDelivered(ctx context.Context, before time.Time) (int64, e
 // for Claim (FOR UPDATE SKIP LOCKED), in seq order. A row is due by the
 // later of now and the database's clock, so that rows inserted with the
 // database's now() are due at once to a relay whose clock lags behind it.
-// Each message's Lease is the claim's end as stored.
+// Each message's Lease is the claim's end as stored, and its CreatedAt the
+// row's created_at in UTC.
 func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) ([]outbox.Message, error) {
 	rows, err := s.pool.Query(ctx, `UPDATE outbox o SET next_attempt_at = greatest($2, now()) + $3::bigint * interval '1 microsecond'
 		FROM (SELECT id FROM outbox
@@ -368,6 +369,7 @@ func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) 
 	msgs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Message, error) {
 		var m outbox.Message
 		err := r.Scan(&m.Seq, &m.EventID, &m.Type, &m.Body, &m.CorrelationID, &m.TenantID, &m.Attempts, &m.CreatedAt, &m.Lease)
+		m.CreatedAt = m.CreatedAt.UTC() // sent in the envelope's ts as it is: in UTC, not the relay's zone
 		return m, err
 	})
 	if err != nil {

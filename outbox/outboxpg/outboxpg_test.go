@@ -16,7 +16,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/postbox-events/postbox"
-	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxpg"
@@ -225,7 +224,7 @@ func runRelay(t *testing.T, s outbox.Store, pub outbox.Publisher, cfg outbox.Rel
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	servertest.Eventually(t, 15*time.Second, what, cond)
+	testenv.Eventually(t, 15*time.Second, what, cond)
 }
 
 // insertEvents inserts events in one committed transaction.

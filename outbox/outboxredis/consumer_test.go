@@ -13,7 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/postbox-events/postbox/internal/servertest"
+	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/outbox/outboxredis"
 )
 
@@ -60,13 +60,13 @@ func TestConsumerHandlesAndAcknowledgesEveryEntry(t *testing.T) {
 	stream := newStream(t, c)
 	msgs := messages("evt", 250)
 	msgs[3].TenantID = "tenant-3"
-	publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), msgs)
+	publish(t, newPublisher(t, c, outboxredis.Config{Stream: stream}), msgs)
 
 	var rec recorder
 	con := newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Batch: 32, Handler: rec.handle})
 	runConsumer(t, con)
-	servertest.Eventually(t, 10*time.Second, "every event handled", func() bool { return rec.distinct() == len(msgs) })
-	servertest.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+	testenv.Eventually(t, 10*time.Second, "every event handled", func() bool { return rec.distinct() == len(msgs) })
+	testenv.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
 
 	seen := rec.messages()
 	if len(seen) != len(msgs) {
@@ -86,7 +86,7 @@ func TestConsumerRetriesAfterMinIdle(t *testing.T) {
 	c := newClient(t)
 	stream := newStream(t, c)
 	msgs := messages("evt", 3)
-	publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), msgs)
+	publish(t, newPublisher(t, c, outboxredis.Config{Stream: stream}), msgs)
 
 	rec := recorder{fail: func(m outboxredis.Message, calls int) error {
 		switch {
@@ -100,10 +100,10 @@ func TestConsumerRetriesAfterMinIdle(t *testing.T) {
 	con := newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: 100 * time.Millisecond, Handler: rec.handle})
 	started := time.Now()
 	runConsumer(t, con)
-	servertest.Eventually(t, 10*time.Second, "the failed events handled again", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the failed events handled again", func() bool {
 		return rec.calls(msgs[0].EventID) == 2 && rec.calls(msgs[1].EventID) == 2
 	})
-	servertest.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+	testenv.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
 	if elapsed := time.Since(started); elapsed < 100*time.Millisecond {
 		t.Errorf("retried after %s, before MinIdle", elapsed)
 	}
@@ -131,7 +131,7 @@ func TestConsumerTakesOverPendingEntries(t *testing.T) {
 			c := newClient(t)
 			stream := newStream(t, c)
 			msgs := messages("evt", 20)
-			publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), msgs)
+			publish(t, newPublisher(t, c, outboxredis.Config{Stream: stream}), msgs)
 
 			// The first consumer dies while handling its first entry: the
 			// whole batch it read stays pending under its name.
@@ -170,8 +170,8 @@ func TestConsumerTakesOverPendingEntries(t *testing.T) {
 				cfg.Consumer, cfg.MinIdle = "first", time.Hour // its own pending list, before any claim
 			}
 			runConsumer(t, newConsumer(t, c, cfg))
-			servertest.Eventually(t, 10*time.Second, "the pending entries handled", func() bool { return rec.distinct() == len(msgs) })
-			servertest.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+			testenv.Eventually(t, 10*time.Second, "the pending entries handled", func() bool { return rec.distinct() == len(msgs) })
+			testenv.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
 			for _, m := range rec.messages() {
 				if m.Deliveries != 2 {
 					t.Errorf("%s: Deliveries %d, want 2 (one to first, one now)", m.EventID, m.Deliveries)
@@ -188,7 +188,7 @@ func TestConsumerDeadLettersAfterMaxDeliveries(t *testing.T) {
 	c := newClient(t)
 	stream := newStream(t, c)
 	msgs := messages("evt", 2)
-	publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), msgs)
+	publish(t, newPublisher(t, c, outboxredis.Config{Stream: stream}), msgs)
 	poison := msgs[0].EventID
 
 	rec := recorder{fail: func(m outboxredis.Message, calls int) error {
@@ -209,12 +209,12 @@ func TestConsumerDeadLettersAfterMaxDeliveries(t *testing.T) {
 		t.Fatal(err)
 	}
 	for calls := 1; calls < 3; calls++ {
-		servertest.Eventually(t, 10*time.Second, fmt.Sprintf("failed call %d", calls), func() bool { return rec.calls(poison) == calls })
+		testenv.Eventually(t, 10*time.Second, fmt.Sprintf("failed call %d", calls), func() bool { return rec.calls(poison) == calls })
 		backdate(t, c, stream, "g", con.Name(), src[0].ID)
 	}
 	dead := stream + outboxredis.DeadStreamSuffix
-	servertest.Eventually(t, 10*time.Second, "a dead letter", func() bool { n, _ := c.XLen(context.Background(), dead).Result(); return n == 1 })
-	servertest.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+	testenv.Eventually(t, 10*time.Second, "a dead letter", func() bool { n, _ := c.XLen(context.Background(), dead).Result(); return n == 1 })
+	testenv.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
 
 	if n := rec.calls(poison); n != 3 {
 		t.Errorf("poison event handled %d times, want MaxDeliveries (3)", n)
@@ -251,7 +251,7 @@ func TestConsumerDeadLettersEntryWhoseConsumersKeptDying(t *testing.T) {
 	c := newClient(t)
 	stream := newStream(t, c)
 	ctx := context.Background()
-	publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), messages("evt", 1))
+	publish(t, newPublisher(t, c, outboxredis.Config{Stream: stream}), messages("evt", 1))
 	if err := c.XGroupCreate(ctx, stream, "g", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -275,8 +275,8 @@ func TestConsumerDeadLettersEntryWhoseConsumersKeptDying(t *testing.T) {
 	var rec recorder
 	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: time.Minute, MaxDeliveries: 3, Handler: rec.handle}))
 	dead := stream + outboxredis.DeadStreamSuffix
-	servertest.Eventually(t, 10*time.Second, "a dead letter", func() bool { n, _ := c.XLen(ctx, dead).Result(); return n == 1 })
-	servertest.Eventually(t, 5*time.Second, "the entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+	testenv.Eventually(t, 10*time.Second, "a dead letter", func() bool { n, _ := c.XLen(ctx, dead).Result(); return n == 1 })
+	testenv.Eventually(t, 5*time.Second, "the entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
 	if len(rec.messages()) != 0 {
 		t.Errorf("handler called %d times", len(rec.messages()))
 	}
@@ -302,8 +302,8 @@ func TestConsumerDeadLettersMalformedEntries(t *testing.T) {
 	var rec recorder
 	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Handler: rec.handle}))
 	dead := stream + outboxredis.DeadStreamSuffix
-	servertest.Eventually(t, 10*time.Second, "two dead letters", func() bool { n, _ := c.XLen(ctx, dead).Result(); return n == 2 })
-	servertest.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+	testenv.Eventually(t, 10*time.Second, "two dead letters", func() bool { n, _ := c.XLen(ctx, dead).Result(); return n == 2 })
+	testenv.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
 	if seen := rec.messages(); len(seen) != 1 || seen[0].EventID != "evt-good" {
 		t.Fatalf("handler saw %+v, want only evt-good", seen)
 	}
@@ -325,7 +325,7 @@ func TestConsumerDropsPendingEntriesDeletedFromTheStream(t *testing.T) {
 			c := newClient(t)
 			stream := newStream(t, c)
 			ctx := context.Background()
-			publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), messages("evt", 2))
+			publish(t, newPublisher(t, c, outboxredis.Config{Stream: stream}), messages("evt", 2))
 			if err := c.XGroupCreate(ctx, stream, "g", "0").Err(); err != nil {
 				t.Fatal(err)
 			}
@@ -339,7 +339,7 @@ func TestConsumerDropsPendingEntriesDeletedFromTheStream(t *testing.T) {
 			}
 			var rec recorder
 			runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Consumer: consumer, MinIdle: time.Minute, Handler: rec.handle}))
-			servertest.Eventually(t, 10*time.Second, "nothing pending", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+			testenv.Eventually(t, 10*time.Second, "nothing pending", func() bool { return pendingCount(t, c, stream, "g") == 0 })
 			if seen := rec.messages(); len(seen) != 1 || seen[0].EventID != "evt-0001" {
 				t.Fatalf("handler saw %+v, want evt-0001 only", seen)
 			}
@@ -355,7 +355,7 @@ func TestConsumerRunReturnsWhenContextEnds(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- con.Run(ctx) }()
-	servertest.Eventually(t, 5*time.Second, "the group created", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the group created", func() bool {
 		g, _ := c.XInfoGroups(context.Background(), stream).Result()
 		return len(g) == 1
 	})
@@ -404,7 +404,7 @@ func TestConsumerRenewsItsClaimOnASlowBatch(t *testing.T) {
 	c := newClient(t)
 	stream := newStream(t, c)
 	const n, minIdle, work = 12, 400 * time.Millisecond, 50 * time.Millisecond // the batch takes 1.5 MinIdle
-	publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), messages("evt", n))
+	publish(t, newPublisher(t, c, outboxredis.Config{Stream: stream}), messages("evt", n))
 
 	var mu sync.Mutex
 	handledBy := map[string][]string{}
@@ -428,7 +428,7 @@ func TestConsumerRenewsItsClaimOnASlowBatch(t *testing.T) {
 	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Consumer: "slow", Batch: n, MinIdle: minIdle, Handler: handler("slow")}))
 	<-started // slow holds the whole batch
 	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Consumer: "eager", MinIdle: minIdle, ClaimInterval: 10 * time.Millisecond, Handler: handler("eager")}))
-	servertest.Eventually(t, 10*time.Second, "every entry acknowledged", func() bool {
+	testenv.Eventually(t, 10*time.Second, "every entry acknowledged", func() bool {
 		mu.Lock()
 		all := len(handledBy) == n
 		mu.Unlock()
@@ -449,14 +449,14 @@ func TestConsumerDefaultStartHandlesEntriesAppendedBefore(t *testing.T) {
 	c := newClient(t)
 	stream := newStream(t, c)
 	msgs := messages("early", 3)
-	publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), msgs)
+	publish(t, newPublisher(t, c, outboxredis.Config{Stream: stream}), msgs)
 	var rec recorder
 	con, err := outboxredis.NewConsumer(c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Block: 50 * time.Millisecond, Handler: rec.handle})
 	if err != nil {
 		t.Fatal(err)
 	}
 	runConsumer(t, con)
-	servertest.Eventually(t, 10*time.Second, "the events appended before the group was created", func() bool { return rec.distinct() == len(msgs) })
+	testenv.Eventually(t, 10*time.Second, "the events appended before the group was created", func() bool { return rec.distinct() == len(msgs) })
 }
 
 // A stream deleted (or evicted) and created again by a relay's XADD has
@@ -470,13 +470,13 @@ func TestConsumerCreatesALostGroupAgainAtTheStart(t *testing.T) {
 	var rec recorder
 	var logs logRecorder
 	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", Start: "$", Handler: rec.handle, Logger: slog.New(&logs)}))
-	servertest.Eventually(t, 5*time.Second, "the group created", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the group created", func() bool {
 		g, _ := c.XInfoGroups(ctx, stream).Result()
 		return len(g) == 1
 	})
-	pub := newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream})
+	pub := newPublisher(t, c, outboxredis.Config{Stream: stream})
 	publish(t, pub, messages("before", 2))
-	servertest.Eventually(t, 10*time.Second, "the first events handled", func() bool { return rec.distinct() == 2 })
+	testenv.Eventually(t, 10*time.Second, "the first events handled", func() bool { return rec.distinct() == 2 })
 
 	// The key goes, and comes back with new entries, before the consumer
 	// reads again.
@@ -490,13 +490,13 @@ func TestConsumerCreatesALostGroupAgainAtTheStart(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	servertest.Eventually(t, 10*time.Second, "the events appended while the group was gone", func() bool { return rec.distinct() == 2+len(after) })
-	servertest.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
+	testenv.Eventually(t, 10*time.Second, "the events appended while the group was gone", func() bool { return rec.distinct() == 2+len(after) })
+	testenv.Eventually(t, 5*time.Second, "every entry acknowledged", func() bool { return pendingCount(t, c, stream, "g") == 0 })
 	if len(logs.find(slog.LevelError, "consumer group is gone")) == 0 {
 		t.Error("the lost group was not logged as an error")
 	}
 	publish(t, pub, messages("later", 1)) // and it goes on
-	servertest.Eventually(t, 10*time.Second, "a later event handled", func() bool { return rec.distinct() == 3+len(after) })
+	testenv.Eventually(t, 10*time.Second, "a later event handled", func() bool { return rec.distinct() == 3+len(after) })
 }
 
 // A poison entry that crashes its consumer every time it is handled is
@@ -511,7 +511,7 @@ func TestConsumerCrashLoopChargesOnlyTheEntryThatCausesIt(t *testing.T) {
 			stream := newStream(t, c)
 			dead := stream + outboxredis.DeadStreamSuffix
 			msgs := messages("evt", 6)
-			publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), msgs)
+			publish(t, newPublisher(t, c, outboxredis.Config{Stream: stream}), msgs)
 			poison := msgs[2].EventID
 			const maxDeliveries = 3
 
@@ -551,7 +551,7 @@ func TestConsumerCrashLoopChargesOnlyTheEntryThatCausesIt(t *testing.T) {
 				}
 				stop := runConsumer(t, newConsumer(t, client, cfg))
 				done := false
-				servertest.Eventually(t, 10*time.Second, "a crash, or every entry settled", func() bool {
+				testenv.Eventually(t, 10*time.Second, "a crash, or every entry settled", func() bool {
 					select {
 					case <-crashed:
 						return true
@@ -598,7 +598,7 @@ func TestConsumerBacksOffWhileTheHandlerFails(t *testing.T) {
 	c := newClient(t)
 	stream := newStream(t, c)
 	msgs := messages("evt", 4)
-	publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), msgs)
+	publish(t, newPublisher(t, c, outboxredis.Config{Stream: stream}), msgs)
 
 	var down atomic.Bool
 	down.Store(true)
@@ -612,7 +612,7 @@ func TestConsumerBacksOffWhileTheHandlerFails(t *testing.T) {
 	var logs logRecorder
 	runConsumer(t, newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MinIdle: 10 * time.Millisecond, MaxDeliveries: 4, Handler: rec.handle, Logger: slog.New(&logs)}))
 	// The last pause of the outage may last a few seconds.
-	servertest.Eventually(t, 60*time.Second, "every entry acknowledged", func() bool {
+	testenv.Eventually(t, 60*time.Second, "every entry acknowledged", func() bool {
 		return rec.distinct() == len(msgs) && pendingCount(t, c, stream, "g") == 0
 	})
 	if n, _ := c.XLen(context.Background(), stream+outboxredis.DeadStreamSuffix).Result(); n != 0 {
@@ -631,7 +631,7 @@ func TestConsumerTransientErrorsDoNotCount(t *testing.T) {
 	c := newClient(t)
 	stream := newStream(t, c)
 	msgs := messages("evt", 2)
-	publish(t, newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream}), msgs)
+	publish(t, newPublisher(t, c, outboxredis.Config{Stream: stream}), msgs)
 	const maxDeliveries, outage = 2, 5 // calls
 	rec := recorder{fail: func(m outboxredis.Message, calls int) error {
 		if m.EventID == msgs[0].EventID && calls <= outage {
@@ -652,7 +652,7 @@ func TestConsumerTransientErrorsDoNotCount(t *testing.T) {
 	}
 	id := entries[0].ID
 	for calls := 1; calls <= outage; calls++ {
-		servertest.Eventually(t, 30*time.Second, fmt.Sprintf("failed delivery %d set back", calls), func() bool {
+		testenv.Eventually(t, 30*time.Second, fmt.Sprintf("failed delivery %d set back", calls), func() bool {
 			if rec.calls(msgs[0].EventID) != calls {
 				return false
 			}
@@ -664,7 +664,7 @@ func TestConsumerTransientErrorsDoNotCount(t *testing.T) {
 		})
 		backdate(t, c, stream, "g", con.Name(), id)
 	}
-	servertest.Eventually(t, 30*time.Second, "the entry handled after the outage", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the entry handled after the outage", func() bool {
 		if n, _ := c.XLen(context.Background(), stream+outboxredis.DeadStreamSuffix).Result(); n != 0 {
 			t.Fatalf("%d entries dead-lettered after transient errors", n)
 		}

@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/postbox-events/postbox/dedup"
-	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/outbox/outboxredis"
@@ -86,7 +85,7 @@ func TestConsumersWithDedupApplyEachEventOnce(t *testing.T) {
 
 			const n = 200
 			msgs := messages("credit", n)
-			p := newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream})
+			p := newPublisher(t, c, outboxredis.Config{Stream: stream})
 			publish(t, p, msgs[:120]) // sent, ACK lost,
 			publish(t, p, msgs[:120]) // sent again,
 			publish(t, p, msgs[120:]) // and so on
@@ -135,7 +134,7 @@ func TestConsumersWithDedupApplyEachEventOnce(t *testing.T) {
 			// pending. (Entries may be handled more than once: a handler
 			// slowed by SQLite's locking can run past MinIdle, and another
 			// consumer claims its entry. That is what dedup is for.)
-			servertest.Eventually(t, 30*time.Second, "every entry handled and acknowledged", func() bool {
+			testenv.Eventually(t, 30*time.Second, "every entry handled and acknowledged", func() bool {
 				groups, err := c.XInfoGroups(ctx, stream).Result()
 				if err != nil {
 					t.Fatal(err)

@@ -27,5 +27,5 @@
 // records its event ID in the same transaction as its effect (package
 // dedup); see the Consumer example. On Redis 8.6 and later the Publisher
 // also asks Redis to drop resent events itself (XADD IDMP), which narrows
-// but does not close the window: see PublisherConfig.IDMP.
+// but does not close the window: see Config.IDMP.
 package outboxredis

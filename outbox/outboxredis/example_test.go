@@ -23,7 +23,7 @@ func ExamplePublisher() {
 
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 	defer rdb.Close()
-	pub, err := outboxredis.NewPublisher(rdb, outboxredis.PublisherConfig{Stream: "orders", MaxLen: 1_000_000})
+	pub, err := outboxredis.NewPublisher(rdb, outboxredis.Config{Stream: "orders", MaxLen: 1_000_000})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -165,7 +165,7 @@ func TestPublishUsesIDMPFromRedis86(t *testing.T) {
 			f := startFakeRedis(t, version)
 			c := redis.NewClient(&redis.Options{Addr: f.ln.Addr().String(), Protocol: 2, DisableIdentity: true, MaxRetries: -1})
 			defer c.Close()
-			p := newPublisher(t, c, outboxredis.PublisherConfig{Stream: "orders", ProducerID: "relay", MaxLen: 50})
+			p := newPublisher(t, c, outboxredis.Config{Stream: "orders", ProducerID: "relay", MaxLen: 50})
 			msgs := messages("evt", 4)
 			var wg sync.WaitGroup
 			for i := range 2 { // concurrent first publishes read the version once
@@ -237,7 +237,7 @@ func TestPublishServerThatTakesNoWritesIsAnOutage(t *testing.T) {
 		f.fail("XADD", msg)
 		c := redis.NewClient(&redis.Options{Addr: f.ln.Addr().String(), MaxRetries: -1})
 		defer c.Close()
-		p, err := outboxredis.NewPublisher(c, outboxredis.PublisherConfig{Stream: "s", IDMP: outboxredis.IDMPOff})
+		p, err := outboxredis.NewPublisher(c, outboxredis.Config{Stream: "s", IDMP: outboxredis.IDMPOff})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -260,7 +260,7 @@ func TestPublishRefusalsAreNacks(t *testing.T) {
 		f.fail("XADD", msg)
 		c := redis.NewClient(&redis.Options{Addr: f.ln.Addr().String(), MaxRetries: -1})
 		defer c.Close()
-		p := newPublisher(t, c, outboxredis.PublisherConfig{Stream: "s", IDMP: outboxredis.IDMPOff})
+		p := newPublisher(t, c, outboxredis.Config{Stream: "s", IDMP: outboxredis.IDMPOff})
 		replies, err := p.Publish(context.Background(), messages("refused", 2))
 		if err != nil || len(replies) != 2 {
 			t.Fatalf("%s: Publish = %v, %v; want two NACKs", msg, replies, err)
@@ -282,7 +282,7 @@ func TestPublishReadsTheVersionAgainAfterAnOutage(t *testing.T) {
 		f.fail("INFO", msg)
 		c := redis.NewClient(&redis.Options{Addr: f.ln.Addr().String(), MaxRetries: -1})
 		defer c.Close()
-		p := newPublisher(t, c, outboxredis.PublisherConfig{Stream: "s"})
+		p := newPublisher(t, c, outboxredis.Config{Stream: "s"})
 		replies, err := p.Publish(context.Background(), messages("during", 2))
 		if err == nil || replies != nil || !strings.Contains(err.Error(), msg) {
 			t.Fatalf("INFO answered %q: Publish = %v, %v; want an error naming it and no replies", msg, replies, err)
@@ -306,7 +306,7 @@ func TestPublishReadsTheVersionAgainAfterAnOutage(t *testing.T) {
 	f.fail("INFO", "ERR unknown command 'INFO', with args beginning with: 'server' ")
 	c := redis.NewClient(&redis.Options{Addr: f.ln.Addr().String(), MaxRetries: -1})
 	defer c.Close()
-	p := newPublisher(t, c, outboxredis.PublisherConfig{Stream: "s"})
+	p := newPublisher(t, c, outboxredis.Config{Stream: "s"})
 	publish(t, p, messages("one", 2))
 	publish(t, p, messages("two", 2))
 	if n := len(f.commands("INFO")); n != 1 {

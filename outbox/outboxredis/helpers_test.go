@@ -59,7 +59,7 @@ func messages(prefix string, n int) []outbox.Message {
 	return out
 }
 
-func newPublisher(t testing.TB, c redis.UniversalClient, cfg outboxredis.PublisherConfig) *outboxredis.Publisher {
+func newPublisher(t testing.TB, c redis.UniversalClient, cfg outboxredis.Config) *outboxredis.Publisher {
 	t.Helper()
 	p, err := outboxredis.NewPublisher(c, cfg)
 	if err != nil {

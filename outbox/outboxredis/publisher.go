@@ -35,8 +35,10 @@ const (
 	IDMPOn
 )
 
-// PublisherConfig configures a Publisher.
-type PublisherConfig struct {
+// Config configures a Publisher, as outboxnats.Config and
+// outboxkafka.Config configure theirs; ConsumerConfig configures a
+// Consumer.
+type Config struct {
 	// Stream is the key of the stream events are appended to. Required.
 	Stream string
 	// MaxLen, when positive, trims the stream on every XADD to about
@@ -80,6 +82,11 @@ type PublisherConfig struct {
 	Now func() time.Time
 }
 
+// PublisherConfig is the former name of Config.
+//
+// Deprecated: use Config.
+type PublisherConfig = Config
+
 // Publisher is an outbox.Publisher that appends each message to a Redis
 // stream: one pipeline of one XADD per message, in order. Concurrent
 // Publish calls use the client's connection pool.
@@ -95,7 +102,7 @@ type PublisherConfig struct {
 // message again, and outages do not count towards MaxAttempts.
 type Publisher struct {
 	client redis.UniversalClient
-	cfg    PublisherConfig
+	cfg    Config
 	log    *slog.Logger
 
 	mu       sync.Mutex
@@ -106,7 +113,7 @@ type Publisher struct {
 var _ outbox.Publisher = (*Publisher)(nil)
 
 // NewPublisher returns a Publisher appending to cfg.Stream through client.
-func NewPublisher(client redis.UniversalClient, cfg PublisherConfig) (*Publisher, error) {
+func NewPublisher(client redis.UniversalClient, cfg Config) (*Publisher, error) {
 	if client == nil {
 		return nil, errors.New("outboxredis: publisher needs a client")
 	}

@@ -36,15 +36,15 @@ func TestXAddArgs(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		cfg  PublisherConfig
+		cfg  Config
 		idmp bool
 		want []any
 	}{
-		{"plain", PublisherConfig{Stream: "s"}, false, append([]any{"xadd", "s", "*"}, fields...)},
-		{"maxlen", PublisherConfig{Stream: "s", MaxLen: 1000}, false, append([]any{"xadd", "s", "maxlen", "~", int64(1000), "*"}, fields...)},
+		{"plain", Config{Stream: "s"}, false, append([]any{"xadd", "s", "*"}, fields...)},
+		{"maxlen", Config{Stream: "s", MaxLen: 1000}, false, append([]any{"xadd", "s", "maxlen", "~", int64(1000), "*"}, fields...)},
 		// XADD key [IDMPAUTO pid | IDMP pid iid] [MAXLEN|MINID [=|~] threshold] <* | id> field value ...
-		{"idmp", PublisherConfig{Stream: "s"}, true, append([]any{"xadd", "s", "idmp", DefaultProducerID, "evt_1", "*"}, fields...)},
-		{"idmp maxlen producer", PublisherConfig{Stream: "s", MaxLen: 10, ProducerID: "relay-a"}, true,
+		{"idmp", Config{Stream: "s"}, true, append([]any{"xadd", "s", "idmp", DefaultProducerID, "evt_1", "*"}, fields...)},
+		{"idmp maxlen producer", Config{Stream: "s", MaxLen: 10, ProducerID: "relay-a"}, true,
 			append([]any{"xadd", "s", "idmp", "relay-a", "evt_1", "maxlen", "~", int64(10), "*"}, fields...)},
 	} {
 		p, err := NewPublisher(unused, tc.cfg)
@@ -58,7 +58,7 @@ func TestXAddArgs(t *testing.T) {
 	}
 	// Without a tenant the field is left out.
 	m.TenantID = ""
-	p, _ := NewPublisher(unused, PublisherConfig{Stream: "s"})
+	p, _ := NewPublisher(unused, Config{Stream: "s"})
 	if got := wireArgs(t, p, m, false); slices.Contains(got, any("tenant_id")) {
 		t.Errorf("no tenant: %v", got)
 	}
@@ -103,7 +103,7 @@ func TestDetectsVersionOfRealServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	version := infoField(info, "redis_version")
-	p, _ := NewPublisher(c, PublisherConfig{Stream: "s"})
+	p, _ := NewPublisher(c, Config{Stream: "s"})
 	idmp, err := p.useIDMP(context.Background())
 	if err != nil {
 		t.Fatal(err)

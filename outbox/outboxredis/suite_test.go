@@ -16,7 +16,7 @@ func TestSuite(t *testing.T) {
 	outboxtest.RunPublisher(t, outboxtest.PublisherFeatures{}, func(t *testing.T) outboxtest.Target {
 		c := newClient(t)
 		stream := newStream(t, c)
-		p := newPublisher(t, c, outboxredis.PublisherConfig{Stream: stream})
+		p := newPublisher(t, c, outboxredis.Config{Stream: stream})
 		return outboxtest.Target{Publisher: p, ReadBack: func(t *testing.T) []outboxtest.Received {
 			entries, err := c.XRange(context.Background(), stream, "-", "+").Result()
 			if err != nil {

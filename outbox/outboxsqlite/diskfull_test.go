@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox"
-	"github.com/postbox-events/postbox/internal/servertest"
+	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/outbox"
 )
 
@@ -131,7 +131,7 @@ func TestFullDiskKeepsAckedRowsUntilTheDeleteSucceeds(t *testing.T) {
 
 	// Every row sent and ACKed, and the deletes refused over and over:
 	// the relay has swept the outbox many times meanwhile.
-	servertest.Eventually(t, 30*time.Second, "every row sent and 20 refused settles", func() bool {
+	testenv.Eventually(t, 30*time.Second, "every row sent and 20 refused settles", func() bool {
 		d, _ := sent()
 		return d == n && fc.failed.Load() >= 20
 	})
@@ -139,12 +139,12 @@ func TestFullDiskKeepsAckedRowsUntilTheDeleteSucceeds(t *testing.T) {
 		t.Fatalf("while the deletes failed, %d rows were sent %d times: ACKed rows were sent again", d, total)
 	}
 	wantCounts(t, s, n, 0)
-	servertest.Eventually(t, 10*time.Second, "the write-ahead log truncated after the writes that failed for space", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the write-ahead log truncated after the writes that failed for space", func() bool {
 		return walSize(t, path) == 0
 	})
 
 	room()
-	servertest.Eventually(t, 30*time.Second, "the ACKed rows deleted once space returned", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the ACKed rows deleted once space returned", func() bool {
 		p, r, err := s.Counts(context.Background())
 		return err == nil && p == 0 && r == 0
 	})
@@ -162,7 +162,7 @@ func TestIdleWALIsTruncated(t *testing.T) {
 	if walSize(t, path) == 0 {
 		t.Fatal("the inserts left an empty write-ahead log; the test wants one to truncate")
 	}
-	servertest.Eventually(t, 10*time.Second, "the idle store to truncate its write-ahead log", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the idle store to truncate its write-ahead log", func() bool {
 		return walSize(t, path) == 0
 	})
 	wantCounts(t, s, 2, 0)

@@ -1,6 +1,13 @@
 // Package outboxsqlite is the edge agent's outbox: a SQLite file (WAL,
 // synchronous=FULL) of events not yet acknowledged by the control plane.
 //
+// A row keeps the event's fields, not its envelope: Due hands out the
+// payload as Message.Body and the envelope's other fields (ts, session_id,
+// device_id, seq) as the Message's, like every outbox.Store, and only a
+// publisher to a postbox server builds the envelope again. An outbox file
+// written by an older postbox, whose rows held whole envelopes, is
+// converted when it is opened (migration 0002).
+//
 // Inserts are group-committed: concurrent Insert calls share one
 // transaction and one fsync, and each returns only after its commit. A row
 // is deleted only when its ACK arrives; a row the receiver refused for
@@ -80,7 +87,7 @@ var (
 
 type insert struct {
 	env       postbox.Envelope
-	body      []byte
+	payload   []byte // env.Payload, compacted
 	duplicate bool
 	err       error
 }
@@ -94,9 +101,10 @@ func Migrate(ctx context.Context, db *sql.DB) error {
 }
 
 // Insert writes events to the outbox inside the caller's transaction tx,
-// so they are committed with the business write or not at all. Each event
-// is stored as the envelope a relay sends (outbox.Message.Envelope). An
-// event whose id is queued already is not written and makes InsertTx
+// so they are committed with the business write or not at all. An event
+// must fit in a postbox envelope (outbox.Message.Envelope), so that any
+// relay can send it; it is due with CreatedAt the time of the insert. An
+// event whose id is queued already is not written and makes Insert
 // return an error wrapping outbox.ErrDuplicate; tx stays usable. A relay
 // on another connection sees the rows within its poll interval.
 func Insert(ctx context.Context, tx *sql.Tx, events ...outbox.Event) error {
@@ -112,11 +120,8 @@ func Insert(ctx context.Context, tx *sql.Tx, events ...outbox.Event) error {
 		if err := env.Validate(postbox.Limits{}); err != nil {
 			return fmt.Errorf("%w: %s: %v", outbox.ErrInvalidEvent, e.ID, err)
 		}
-		body, err := json.Marshal(env)
-		if err != nil {
-			return fmt.Errorf("outbox insert %s: %w", e.ID, err)
-		}
-		r, err := tx.ExecContext(ctx, qInsert, e.ID, e.Type, string(body), ts, ts)
+		r, err := tx.ExecContext(ctx, qInsert, e.ID, e.Type, string(postbox.AppendCompact(nil, e.Payload)), ts, ts,
+			env.TS, e.CorrelationID, e.TenantID, nil)
 		if err != nil {
 			return fmt.Errorf("outbox insert %s: %w", e.ID, err)
 		}
@@ -225,8 +230,9 @@ func (s *Store) Notify() <-chan struct{} { return s.notify }
 
 // The statements of the insert and settle paths.
 const (
-	qInsert = `INSERT INTO outbox (event_id, event_type, payload_json, created_at, next_attempt_at)
-		VALUES (?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`
+	qInsert = `INSERT INTO outbox (event_id, event_type, payload_json, created_at, next_attempt_at,
+			occurred_at, correlation_id, tenant_id, source_seq)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`
 	qStored     = `SELECT payload_json FROM outbox WHERE event_id = ?`
 	qDelivered  = `DELETE FROM outbox WHERE event_id = ?`
 	qRejected   = `UPDATE outbox SET state = 'rejected', rejected_at = ?, last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ?`
@@ -234,37 +240,34 @@ const (
 	qUnanswered = `UPDATE outbox SET last_error = ? WHERE event_id = ?`
 )
 
-// samePayload reports whether the stored envelope has payload, compared
-// as compact JSON. Like the control plane, the outbox judges a redelivery
-// by its payload alone: a producer that resends an event id without ts
+// samePayload reports whether the stored payload is payload, compared as
+// compact JSON. Like the control plane, the outbox judges a redelivery by
+// its payload alone: a producer that resends an event id without ts
 // (filled in anew) sends the same event.
 func samePayload(stored string, payload json.RawMessage) bool {
-	env, err := postbox.ParseEnvelope([]byte(stored), postbox.Limits{MaxEnvelopeBytes: len(stored) + 1})
-	if err != nil {
-		return false
-	}
-	return bytes.Equal(postbox.AppendCompact(nil, env.Payload), postbox.AppendCompact(nil, payload))
+	return bytes.Equal(postbox.AppendCompact(nil, []byte(stored)), postbox.AppendCompact(nil, payload))
 }
 
 // Result is the outcome of inserting one envelope.
 type Result struct {
 	EventID   string
-	Duplicate bool  // already queued with the same envelope
+	Duplicate bool  // already queued with the same payload
 	Err       error // ErrConflict, or nil
 }
 
 // Insert queues envelopes and returns after their commit. Envelopes must
-// be valid. An envelope whose event_id is queued already is a duplicate
-// when its payload is the same and ErrConflict otherwise; either way the
-// queued row is unchanged.
+// be valid. Each is stored as its fields: the payload (compacted), type,
+// ts exactly as given, session_id, device_id and seq; schema_version is
+// the one Validate accepts. An envelope whose event_id is queued already
+// is a duplicate when its payload is the same and ErrConflict otherwise;
+// either way the queued row is unchanged.
 func (s *Store) Insert(ctx context.Context, envs []postbox.Envelope) ([]Result, error) {
 	items := make([]*insert, len(envs))
 	for i, env := range envs {
-		body, err := json.Marshal(env)
-		if err != nil {
-			return nil, fmt.Errorf("outbox: encode %s: %w", env.EventID, err)
+		if !json.Valid(env.Payload) {
+			return nil, fmt.Errorf("outbox: insert %s: the payload is not valid JSON", env.EventID)
 		}
-		items[i] = &insert{env: env, body: body}
+		items[i] = &insert{env: env, payload: postbox.AppendCompact(nil, env.Payload)}
 	}
 	if err := s.writer.Do(ctx, items); err != nil {
 		return nil, err
@@ -290,7 +293,13 @@ func (s *Store) flush(ctx context.Context, batch []*insert) (err error) {
 	}
 	defer tx.Rollback()
 	for _, it := range batch {
-		r, err := tx.StmtContext(ctx, s.stmts[qInsert]).ExecContext(ctx, it.env.EventID, it.env.Type, string(it.body), now, now)
+		e := &it.env
+		var seq any
+		if e.Seq != nil {
+			seq = *e.Seq
+		}
+		r, err := tx.StmtContext(ctx, s.stmts[qInsert]).ExecContext(ctx, e.EventID, e.Type, string(it.payload), now, now,
+			e.TS, e.SessionID, e.DeviceID, seq)
 		if err != nil {
 			return fmt.Errorf("outbox insert %s: %w", it.env.EventID, err)
 		}
@@ -301,7 +310,7 @@ func (s *Store) flush(ctx context.Context, batch []*insert) (err error) {
 		if err := tx.StmtContext(ctx, s.stmts[qStored]).QueryRowContext(ctx, it.env.EventID).Scan(&body); err != nil {
 			return fmt.Errorf("outbox insert %s: %w", it.env.EventID, err)
 		}
-		if samePayload(body, it.env.Payload) {
+		if samePayload(body, it.payload) {
 			it.duplicate = true
 		} else {
 			it.err = ErrConflict
@@ -313,9 +322,12 @@ func (s *Store) flush(ctx context.Context, batch []*insert) (err error) {
 	return nil
 }
 
-// Due implements outbox.Store.
+// Due implements outbox.Store. A message's CreatedAt is the event's ts,
+// with the offset its producer gave (or, were the stored ts not RFC 3339,
+// the time the row was queued); CorrelationID its session_id, TenantID its
+// device_id and SourceSeq its seq.
 func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) ([]outbox.Message, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT seq, event_id, event_type, payload_json, attempt_count, created_at
+	rows, err := s.db.QueryContext(ctx, `SELECT seq, event_id, event_type, payload_json, occurred_at, created_at, correlation_id, tenant_id, source_seq, attempt_count
 		FROM outbox WHERE state = 'pending' AND seq > ? AND next_attempt_at <= ? ORDER BY seq LIMIT ?`,
 		after, now.UTC().Format(sqlitedb.Time), limit)
 	if err != nil {
@@ -325,12 +337,19 @@ func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) 
 	var out []outbox.Message
 	for rows.Next() {
 		var m outbox.Message
-		var body, created string
-		if err := rows.Scan(&m.Seq, &m.EventID, &m.Type, &body, &m.Attempts, &created); err != nil {
+		var body, occurred, created string
+		var seq sql.NullInt64
+		if err := rows.Scan(&m.Seq, &m.EventID, &m.Type, &body, &occurred, &created, &m.CorrelationID, &m.TenantID, &seq, &m.Attempts); err != nil {
 			return nil, fmt.Errorf("outbox due: %w", err)
 		}
 		m.Body = []byte(body)
-		m.CreatedAt, _ = time.Parse(sqlitedb.Time, created)
+		var err error
+		if m.CreatedAt, err = time.Parse(time.RFC3339Nano, occurred); err != nil {
+			m.CreatedAt, _ = time.Parse(sqlitedb.Time, created)
+		}
+		if seq.Valid {
+			m.SourceSeq = &seq.Int64
+		}
 		out = append(out, m)
 	}
 	return out, rows.Err()
@@ -374,7 +393,7 @@ type Row = outbox.Row
 
 // List returns up to limit rows in state ("" for all), oldest first.
 func (s *Store) List(ctx context.Context, state string, limit int) ([]Row, error) {
-	q := `SELECT event_id, event_type, state, created_at, next_attempt_at, attempt_count, coalesce(last_error, ''), payload_json FROM outbox`
+	q := `SELECT event_id, event_type, state, created_at, next_attempt_at, attempt_count, coalesce(last_error, ''), payload_json, correlation_id, tenant_id FROM outbox`
 	args := []any{}
 	if state != "" {
 		q += ` WHERE state = ?`
@@ -390,10 +409,11 @@ func (s *Store) List(ctx context.Context, state string, limit int) ([]Row, error
 	var out []Row
 	for rows.Next() {
 		var r Row
-		var created, next string
-		if err := rows.Scan(&r.EventID, &r.Type, &r.State, &created, &next, &r.Attempts, &r.LastError, &r.Envelope); err != nil {
+		var created, next, payload string
+		if err := rows.Scan(&r.EventID, &r.Type, &r.State, &created, &next, &r.Attempts, &r.LastError, &payload, &r.CorrelationID, &r.TenantID); err != nil {
 			return nil, fmt.Errorf("outbox list: %w", err)
 		}
+		r.Payload = json.RawMessage(payload)
 		r.CreatedAt, _ = time.Parse(sqlitedb.Time, created)
 		r.NextAttemptAt, _ = time.Parse(sqlitedb.Time, next)
 		out = append(out, r)

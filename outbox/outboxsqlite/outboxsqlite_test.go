@@ -172,16 +172,14 @@ func TestInsertDuplicateAndConflict(t *testing.T) {
 	if len(rows) != 3 {
 		t.Fatalf("rows: %v, want evt-1..3", rows)
 	}
-	want, _ := json.Marshal(first)
-	if r := rows["evt-1"]; r.Envelope != string(want) || r.Type != "test.event" || r.Attempts != 0 || r.State != StatePending {
-		t.Fatalf("evt-1 after the conflict: %+v; want the first envelope unchanged", r)
+	if r := rows["evt-1"]; string(r.Payload) != `{"a":1}` || r.Type != "test.event" || r.CorrelationID != "sess-1" || r.TenantID != "dev-1" || r.Attempts != 0 || r.State != StatePending {
+		t.Fatalf("evt-1 after the conflict: %+v; want the first event unchanged", r)
 	}
 }
 
 func TestDueOrderAndCursor(t *testing.T) {
 	clk := newClock()
 	s, _ := open(t, "", Config{Now: clk.Now})
-	created := clk.Now()
 	insertOK(t, s, "evt-c", "evt-a", "evt-e", "evt-b", "evt-d") // insert order, not id order
 
 	ids, msgs := dueIDs(t, s, clk.Now(), 0, 100)
@@ -192,9 +190,9 @@ func TestDueOrderAndCursor(t *testing.T) {
 		if i > 0 && m.Seq <= msgs[i-1].Seq {
 			t.Fatalf("Seq not growing: %+v", msgs)
 		}
-		var got postbox.Envelope
-		if err := json.Unmarshal(m.Body, &got); err != nil || got.EventID != m.EventID || m.Type != "test.event" || m.Attempts != 0 || !m.CreatedAt.Equal(created) {
-			t.Fatalf("message %d: %+v (body %s, %v)", i, m, m.Body, err)
+		if string(m.Body) != `{"n":1}` || m.Type != "test.event" || m.Attempts != 0 || m.CorrelationID != "sess-1" || m.TenantID != "dev-1" ||
+			m.SourceSeq != nil || m.CreatedAt.Format(time.RFC3339Nano) != "2030-01-02T03:04:05Z" {
+			t.Fatalf("message %d: %+v (body %s); want the payload and the envelope's fields", i, m, m.Body)
 		}
 	}
 	if ids, _ := dueIDs(t, s, clk.Now(), msgs[1].Seq, 2); !reflect.DeepEqual(ids, []string{"evt-e", "evt-b"}) {
@@ -388,8 +386,12 @@ func TestInsertSamePayloadOtherTSIsDuplicate(t *testing.T) {
 			t.Fatalf("insert %d: %+v %v", i, res, err)
 		}
 	}
-	if rows := list(t, s, ""); rows["evt_ts"].Envelope == "" || !strings.Contains(rows["evt_ts"].Envelope, first.TS) {
-		t.Fatalf("the queued row changed: %+v", rows["evt_ts"])
+	msgs, err := s.Due(context.Background(), time.Now(), 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != 1 || msgs[0].CreatedAt.Format(time.RFC3339Nano) != first.TS || msgs[0].CorrelationID != first.SessionID || string(msgs[0].Body) != `{"a":1}` {
+		t.Fatalf("the queued row changed: %+v", msgs)
 	}
 }
 
@@ -453,8 +455,15 @@ func TestInsertTxInTheCallersTransaction(t *testing.T) {
 	if len(msgs) != 1 || msgs[0].EventID != "order-committed" {
 		t.Fatalf("due rows: %+v, want the committed event only", msgs)
 	}
-	env, err := postbox.DecodeEnvelope(msgs[0].Body, postbox.Limits{})
-	if err != nil || env.DeviceID != "acme" || env.SessionID != "order-committed" || string(env.Payload) != `{"id":"order-committed"}` {
-		t.Fatalf("relayed envelope %s: %+v, %v", msgs[0].Body, env, err)
+	m := msgs[0]
+	if m.TenantID != "acme" || m.CorrelationID != "order-committed" || string(m.Body) != `{"id":"order-committed"}` || m.Type != "order.created" {
+		t.Fatalf("due message %s: %+v; want the event's payload and fields", m.Body, m)
+	}
+	if d := time.Since(m.CreatedAt); d < 0 || d > time.Minute {
+		t.Fatalf("due message: CreatedAt %v, want the insert's time", m.CreatedAt)
+	}
+	env := m.Envelope()
+	if err := env.Validate(postbox.Limits{}); err != nil || env.DeviceID != "acme" || env.SessionID != "order-committed" {
+		t.Fatalf("its envelope %+v: %v", env, err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/outbox"
@@ -12,9 +13,10 @@ import (
 )
 
 // TestSuite runs the outbox store suite on the edge outbox, filled the
-// way the agent fills it: envelopes through Store.Insert.
+// way the agent fills it: envelopes through Store.Insert. Due hands out
+// the payload and the envelope's fields, as every store does.
 func TestSuite(t *testing.T) {
-	outboxtest.RunStore(t, outboxtest.StoreFeatures{BodyIsEnvelope: true}, func(t *testing.T) outboxtest.Store {
+	outboxtest.RunStore(t, outboxtest.StoreFeatures{}, func(t *testing.T) outboxtest.Store {
 		s, err := outboxsqlite.Open(filepath.Join(t.TempDir(), "outbox.db"), outboxsqlite.Config{})
 		if err != nil {
 			t.Fatal(err)
@@ -36,7 +38,7 @@ func TestSuite(t *testing.T) {
 				if err := e.Prepare(); err != nil {
 					t.Fatal(err)
 				}
-				m := outbox.Message{EventID: e.ID, Type: e.Type, Body: e.Payload, CorrelationID: e.CorrelationID, TenantID: e.TenantID}
+				m := outbox.Message{EventID: e.ID, Type: e.Type, Body: e.Payload, CorrelationID: e.CorrelationID, TenantID: e.TenantID, CreatedAt: time.Now()}
 				envs[i] = m.Envelope()
 			}
 			res, err := s.Insert(context.Background(), envs)

@@ -2,7 +2,6 @@ package outboxtest_test
 
 import (
 	"context"
-	"encoding/json"
 	"slices"
 	"sync"
 	"testing"
@@ -40,8 +39,7 @@ const claim = 30 * time.Second
 
 type row struct {
 	outbox.Row
-	seq  int64
-	body json.RawMessage
+	seq int64
 }
 
 type memory struct {
@@ -71,7 +69,8 @@ func (m *memory) insert(t *testing.T, events ...outbox.Event) {
 	now := time.Now()
 	for _, e := range events {
 		m.seq++
-		m.rows = append(m.rows, &row{Row: outbox.Row{EventID: e.ID, Type: e.Type, State: outbox.StatePending, CreatedAt: now, NextAttemptAt: now}, seq: m.seq, body: e.Payload})
+		m.rows = append(m.rows, &row{Row: outbox.Row{EventID: e.ID, Type: e.Type, State: outbox.StatePending, CreatedAt: now, NextAttemptAt: now,
+			Payload: e.Payload, CorrelationID: e.CorrelationID, TenantID: e.TenantID}, seq: m.seq})
 	}
 	m.wake()
 }
@@ -91,7 +90,8 @@ func (m *memory) Due(ctx context.Context, now time.Time, after int64, limit int)
 			continue
 		}
 		r.NextAttemptAt = now.Add(claim)
-		out = append(out, outbox.Message{Seq: r.seq, EventID: r.EventID, Type: r.Type, Body: r.body, Attempts: r.Attempts, CreatedAt: r.CreatedAt, Lease: r.NextAttemptAt})
+		out = append(out, outbox.Message{Seq: r.seq, EventID: r.EventID, Type: r.Type, Body: r.Payload,
+			CorrelationID: r.CorrelationID, TenantID: r.TenantID, Attempts: r.Attempts, CreatedAt: r.CreatedAt, Lease: r.NextAttemptAt})
 	}
 	return out, nil
 }

@@ -35,7 +35,8 @@ type Target struct {
 }
 
 // NewTarget opens a Target for one check, and closes it when t ends. The
-// publisher takes transactional outbox messages (Body is the payload).
+// publisher takes messages as every outbox.Store hands them out (Body is
+// the event's payload).
 type NewTarget func(t *testing.T) Target
 
 // RunPublisher runs the publisher suite as subtests of t.

@@ -10,18 +10,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/outbox"
 )
 
 // StoreFeatures declares where a store differs from the others; the zero
-// value is a store that deletes delivered rows and hands out the event's
-// payload as Body.
+// value is a store that deletes delivered rows. Every store hands out the
+// same Message: the event's payload as Body and its other fields beside
+// it.
 type StoreFeatures struct {
-	// BodyIsEnvelope: Due's Message.Body is the envelope JSON that is
-	// sent (the edge outbox stores envelopes as its agent received them),
-	// not the event's payload as a transactional outbox keeps it.
-	BodyIsEnvelope bool
 	// KeepsDelivered: an ACKed row stays, listed as outbox.StateDelivered
 	// until retention deletes it (the transactional outbox, so that an
 	// operator can look a delivered event up), instead of being deleted.
@@ -153,28 +149,25 @@ func (h *storeHarness) wantIDs(what string, got []string, want ...string) {
 	}
 }
 
-// checkMessage checks that m carries e.
+// checkMessage checks that m carries e: the payload as Body (the same
+// JSON value; a layout of the store's own is allowed), the other fields
+// as the Message's, and a CreatedAt near now.
 func (h *storeHarness) checkMessage(m outbox.Message, e outbox.Event) {
 	h.Helper()
 	if m.EventID != e.ID || m.Type != e.Type {
 		h.Fatalf("message %q of type %q, want %q of type %q", m.EventID, m.Type, e.ID, e.Type)
 	}
-	payload := json.RawMessage(m.Body)
-	if h.f.BodyIsEnvelope {
-		env, err := postbox.ParseEnvelope(m.Body, postbox.Limits{})
-		if err != nil {
-			h.Fatalf("message %s: body is not an envelope (StoreFeatures.BodyIsEnvelope): %v", m.EventID, err)
-		}
-		if env.EventID != e.ID || env.Type != e.Type {
-			h.Fatalf("message %s: envelope of %q type %q", m.EventID, env.EventID, env.Type)
-		}
-		payload = env.Payload
+	if !sameJSON(m.Body, e.Payload) {
+		h.Fatalf("message %s: Body %s, want the event's payload %s", m.EventID, m.Body, e.Payload)
 	}
-	if !sameJSON(payload, e.Payload) {
-		h.Fatalf("message %s: payload %s, want %s", m.EventID, payload, e.Payload)
+	if m.CorrelationID != e.CorrelationID || m.TenantID != e.TenantID {
+		h.Fatalf("message %s: correlation id %q, tenant id %q; want %q, %q", m.EventID, m.CorrelationID, m.TenantID, e.CorrelationID, e.TenantID)
 	}
-	if m.CreatedAt.IsZero() {
-		h.Fatalf("message %s: no CreatedAt", m.EventID)
+	if m.SourceSeq != nil {
+		h.Fatalf("message %s: source seq %d, but the event has none", m.EventID, *m.SourceSeq)
+	}
+	if d := time.Since(m.CreatedAt); d < -time.Minute || d > time.Minute {
+		h.Fatalf("message %s: CreatedAt %v, inserted just now", m.EventID, m.CreatedAt)
 	}
 }
 
@@ -214,7 +207,15 @@ func testDueOrder(h *storeHarness) {
 		h.Fatalf("Due after the last row: %q", msgIDs(none))
 	}
 	h.wantCounts(5, 0)
-	h.wantIDs("List(pending)", rowIDs(h.list(outbox.StatePending)), evs[0].ID, evs[1].ID, evs[2].ID, evs[3].ID, evs[4].ID)
+	rows := h.list(outbox.StatePending)
+	h.wantIDs("List(pending)", rowIDs(rows), evs[0].ID, evs[1].ID, evs[2].ID, evs[3].ID, evs[4].ID)
+	for i, r := range rows {
+		e := evs[i]
+		if !sameJSON(r.Payload, e.Payload) || r.CorrelationID != e.CorrelationID || r.TenantID != e.TenantID {
+			h.Fatalf("listed row %s: payload %s, correlation id %q, tenant id %q; want %s, %q, %q",
+				r.EventID, r.Payload, r.CorrelationID, r.TenantID, e.Payload, e.CorrelationID, e.TenantID)
+		}
+	}
 }
 
 func testAck(h *storeHarness) {

@@ -14,45 +14,19 @@ import (
 
 // consumerRecord is a consumer as its KV entry holds it.
 type consumerRecord struct {
-	ID         string      `json:"id"`
-	Stream     string      `json:"stream"`
-	NextOffset int64       `json:"next_offset"`
-	Start      startRecord `json:"start"`
-	CreatedAt  time.Time   `json:"created_at"`
-	UpdatedAt  time.Time   `json:"updated_at"`
-}
-
-type startRecord struct {
-	Policy string     `json:"policy"`
-	Offset int64      `json:"offset,omitempty"`
-	Time   *time.Time `json:"time,omitempty"`
+	ID         string       `json:"id"`
+	Stream     string       `json:"stream"`
+	NextOffset int64        `json:"next_offset"`
+	Start      stream.Start `json:"start"`
+	CreatedAt  time.Time    `json:"created_at"`
+	UpdatedAt  time.Time    `json:"updated_at"`
 }
 
 func (r *consumerRecord) consumer() stream.Consumer {
-	c := stream.Consumer{
+	return stream.Consumer{
 		ID: r.ID, StreamID: r.Stream, Key: r.Stream + "/" + r.ID, NextOffset: r.NextOffset,
-		Start:     stream.Start{Policy: r.Start.Policy, Offset: r.Start.Offset},
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+		Start: r.Start, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
 	}
-	if r.Start.Time != nil {
-		c.Start.Time = *r.Start.Time
-	}
-	return c
-}
-
-func toStartRecord(s stream.Start) startRecord {
-	r := startRecord{Policy: s.Policy}
-	if r.Policy == "" {
-		r.Policy = stream.StartLatest
-	}
-	switch r.Policy {
-	case stream.StartAtOffset:
-		r.Offset = s.Offset
-	case stream.StartAtTime:
-		t := s.Time.UTC()
-		r.Time = &t
-	}
-	return r
 }
 
 // BucketName returns the name of the consumer bucket under prefix.
@@ -138,7 +112,7 @@ func (b *Backend) EnsureConsumer(ctx context.Context, cfg stream.ConsumerConfig)
 			return stream.Consumer{}, fmt.Errorf("ensure consumer %s: %w", cfg.ID, err)
 		}
 		now := time.Now().UTC()
-		r = &consumerRecord{ID: cfg.ID, Stream: cfg.StreamID, NextOffset: next, Start: toStartRecord(cfg.Start), CreatedAt: now, UpdatedAt: now}
+		r = &consumerRecord{ID: cfg.ID, Stream: cfg.StreamID, NextOffset: next, Start: cfg.Start.Canonical(), CreatedAt: now, UpdatedAt: now}
 		data, _ := json.Marshal(r)
 		_, err = b.kv.Create(ctx, encodeName(cfg.ID), data)
 		if errors.Is(err, jetstream.ErrKeyExists) {
@@ -210,7 +184,7 @@ func (b *Backend) Reset(ctx context.Context, consumerID string, start stream.Sta
 		if err != nil {
 			return err
 		}
-		r.NextOffset, r.Start = next, toStartRecord(start)
+		r.NextOffset, r.Start = next, start.Canonical()
 		return nil
 	})
 }

@@ -501,3 +501,31 @@ func (b *Backend) Trim(ctx context.Context, streamID string, t time.Time, limit 
 	}
 	return int(resp.Purged), nil
 }
+
+// ReadFrom implements stream.Scanner on an ordered consumer of its own,
+// stopped before it returns: an ephemeral JetStream consumer that no
+// consumer list shows and that holds nothing back.
+func (b *Backend) ReadFrom(ctx context.Context, streamID string, from int64, limit int) ([]stream.StoredEvent, error) {
+	if from < 1 {
+		return nil, fmt.Errorf("%w: read from %d", stream.ErrOffsetOutOfRange, from)
+	}
+	if limit <= 0 {
+		limit = DefaultReadLimit
+	}
+	limit = min(limit, MaxReadLimit)
+	st, err := b.stream(ctx, streamID)
+	if err != nil {
+		return nil, err
+	}
+	s, err := b.state(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	start := max(uint64(from), firstSeq(s))
+	if start > s.LastSeq {
+		return []stream.StoredEvent{}, nil
+	}
+	r := &reader{}
+	defer r.stop()
+	return b.readFrom(ctx, r, st, start, s.LastSeq, limit)
+}

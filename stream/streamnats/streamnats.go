@@ -129,6 +129,7 @@ var (
 	_ stream.Backend = (*Backend)(nil)
 	_ stream.Waiter  = (*Backend)(nil)
 	_ stream.Trimmer = (*Backend)(nil)
+	_ stream.Scanner = (*Backend)(nil)
 )
 
 // BackendName is what Stream.Backend says.

@@ -33,6 +33,14 @@ func scanEvent(row pgx.Row, streamID, sourceID string) (stream.StoredEvent, erro
 	return e, nil
 }
 
+// ReadFrom implements stream.Scanner: ReadStream.
+func (b *Backend) ReadFrom(ctx context.Context, streamID string, from int64, limit int) ([]stream.StoredEvent, error) {
+	if from < 1 {
+		return nil, fmt.Errorf("%w: read from %d", stream.ErrOffsetOutOfRange, from)
+	}
+	return b.ReadStream(ctx, streamID, from, limit)
+}
+
 // ReadStream returns up to limit events of streamID at or after offset
 // from, in offset order: Read without a consumer.
 func (b *Backend) ReadStream(ctx context.Context, streamID string, from int64, limit int) ([]stream.StoredEvent, error) {

@@ -108,6 +108,7 @@ var (
 	_ stream.Backend = (*Backend)(nil)
 	_ stream.Waiter  = (*Backend)(nil)
 	_ stream.Trimmer = (*Backend)(nil)
+	_ stream.Scanner = (*Backend)(nil)
 )
 
 var schemaName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)

@@ -15,6 +15,7 @@ import (
 
 var _ stream.Backend = (*Backend)(nil)
 var _ stream.Waiter = (*Backend)(nil)
+var _ stream.Scanner = (*Backend)(nil)
 
 // DefaultReadLimit is the limit of a Read asked for 0 events; MaxReadLimit
 // bounds every Read.
@@ -54,6 +55,18 @@ func (b *Backend) Read(ctx context.Context, consumerID string, from int64, limit
 		batch.HighWatermark = max(batch.HighWatermark, events[n-1].Offset)
 	}
 	return batch, nil
+}
+
+// ReadFrom implements stream.Scanner on the readers' connections: at
+// most MaxReadLimit events, DefaultReadLimit for a limit ≤ 0.
+func (b *Backend) ReadFrom(ctx context.Context, streamID string, from int64, limit int) ([]stream.StoredEvent, error) {
+	if from < 1 {
+		return nil, fmt.Errorf("%w: read from %d", stream.ErrOffsetOutOfRange, from)
+	}
+	if limit <= 0 {
+		limit = DefaultReadLimit
+	}
+	return b.ReadStream(ctx, streamID, from, min(limit, MaxReadLimit), nil)
 }
 
 // ReadStream appends to dst up to limit events of streamID at or after

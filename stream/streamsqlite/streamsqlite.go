@@ -88,8 +88,9 @@ type Backend struct {
 
 	commits atomic.Int64 // for the checkpointer: has anything been written?
 
-	mu      sync.RWMutex
-	streams map[string]*streamState
+	mu       sync.RWMutex
+	streams  map[string]*streamState
+	createMu sync.Mutex // EnsureStream's creators, one at a time
 }
 
 // streamState is what the backend keeps in memory of one stream.
@@ -316,9 +317,13 @@ func (b *Backend) EnsureStream(ctx context.Context, sourceID string) (stream.Str
 	if sourceID == "" {
 		return stream.Stream{}, errors.New("ensure stream: empty source id")
 	}
-	b.mu.Lock() // one creator at a time, so the map and the table agree
-	defer b.mu.Unlock()
-	if st, ok := b.streams[sourceID]; ok {
+	// Not under b.mu: the writer goroutine holds the write connection
+	// while it looks streams up (b.stream takes b.mu), so waiting for
+	// that connection under b.mu would deadlock with it. The insert is
+	// idempotent, and the row read back is the one every creator stores.
+	b.createMu.Lock() // one creator at a time
+	defer b.createMu.Unlock()
+	if st, err := b.stream(sourceID); err == nil {
 		return st.Stream, nil
 	}
 	now := b.now().UTC()
@@ -332,7 +337,9 @@ func (b *Backend) EnsureStream(ctx context.Context, sourceID string) (stream.Str
 	if err != nil {
 		return stream.Stream{}, fmt.Errorf("ensure stream %s: %w", sourceID, err)
 	}
+	b.mu.Lock()
 	b.streams[st.ID] = st
+	b.mu.Unlock()
 	return st.Stream, nil
 }
 

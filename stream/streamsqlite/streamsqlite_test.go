@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
+	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/stream"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
 )
@@ -293,10 +293,10 @@ func TestOneBatchManyStreams(t *testing.T) {
 	// functions between appends.
 	appendAsync("a", event("1", `{}`), event("2", `{}`), event("1", `{}`))
 	update(true)
-	servertest.Eventually(t, 5*time.Second, "4 items queued", func() bool { return b.QueueLen() == 4 })
+	testenv.Eventually(t, 5*time.Second, "4 items queued", func() bool { return b.QueueLen() == 4 })
 	appendAsync("b", event("1", `{}`), event("x", `{}`), event("x", `{"other":1}`), event("y", `{}`), event("z", `{}`))
 	update(false)
-	servertest.Eventually(t, 5*time.Second, "10 items queued", func() bool { return b.QueueLen() == 10 })
+	testenv.Eventually(t, 5*time.Second, "10 items queued", func() bool { return b.QueueLen() == 10 })
 	appendAsync("a", event("3", `{}`))
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -394,4 +394,39 @@ func BenchmarkLag(b *testing.B) {
 			b.Fatalf("lag %+v %v", lag, err)
 		}
 	}
+}
+
+// TestEnsureStreamWhileWriting creates streams while the writer is busy
+// appending and committing: EnsureStream must not wait for the write
+// connection while it holds what the writer needs to look a stream up
+// (a deadlock that hung the first source created at run time).
+func TestEnsureStreamWhileWriting(t *testing.T) {
+	b := start(t, filepath.Join(t.TempDir(), "p.db"), streamsqlite.Config{})
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := b.EnsureStream(ctx, "busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.EnsureConsumer(ctx, stream.ConsumerConfig{ID: "c", StreamID: s.ID, Start: stream.Start{Policy: stream.StartEarliest}}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ctx.Err() == nil; i++ {
+			if _, err := b.Append(ctx, s.ID, []stream.Event{event(fmt.Sprint("e", i), `{}`)}); err != nil {
+				return
+			}
+			b.Commit(ctx, "c", int64(i+1))
+		}
+	}()
+	for i := range 200 {
+		if _, err := b.EnsureStream(ctx, fmt.Sprint("new-", i)); err != nil {
+			t.Fatalf("EnsureStream %d while the writer works: %v", i, err)
+		}
+	}
+	cancel()
+	<-done
 }

@@ -154,6 +154,10 @@ var groups = []group{
 	{"Reopen", []check{
 		{name: "everything_survives_close", run: testReopen, persistent: true},
 	}},
+	{"ReadFrom", []check{
+		{name: "scanner_reads_like_a_consumer", run: testScannerReads},
+		{name: "fallback_reads_like_a_consumer", run: testReadFromFallback},
+	}},
 	{"Wait", []check{
 		{name: "returns_at_once_when_ahead", run: testWaitAhead},
 		{name: "blocks_until_append", run: testWaitBlocks},
@@ -1594,4 +1598,59 @@ func testLookupByIdentity(h *harness) {
 	h.wantErr(err, stream.ErrNotFound, "Lookup of an id never stored")
 	_, err = h.b.Lookup(h.ctx, "no-such-stream", "a", "")
 	h.wantErr(err, stream.ErrStreamNotFound, "Lookup in an unknown stream")
+}
+
+func (h *harness) scanner() stream.Scanner {
+	h.Helper()
+	sc, ok := h.b.(stream.Scanner)
+	if !ok {
+		h.Skip("the backend does not implement stream.Scanner")
+	}
+	return sc
+}
+
+// backendOnly hides every optional interface of a backend, so that
+// stream.ReadFrom takes its fallback.
+type backendOnly struct{ stream.Backend }
+
+func testScannerReads(h *harness) {
+	sc := h.scanner()
+	checkReadFrom(h, "Scanner.ReadFrom", sc.ReadFrom)
+}
+
+func testReadFromFallback(h *harness) {
+	b := backendOnly{h.b}
+	checkReadFrom(h, "stream.ReadFrom without a Scanner", func(ctx context.Context, streamID string, from int64, limit int) ([]stream.StoredEvent, error) {
+		return stream.ReadFrom(ctx, b, streamID, from, limit)
+	})
+}
+
+// checkReadFrom checks that read returns what a consumer's Read returns,
+// by offset and limit.
+func checkReadFrom(h *harness, what string, read func(ctx context.Context, streamID string, from int64, limit int) ([]stream.StoredEvent, error)) {
+	s, other := h.stream("source"), h.stream("other")
+	h.fill(s.ID, 5)
+	h.fill(other.ID, 2)
+	h.ensureConsumer("reader", s.ID, earliest())
+	want := h.read("reader", 1, 100).Events
+	for _, c := range []struct {
+		from  int64
+		limit int
+		want  []int64
+	}{{1, 100, span(1, 5)}, {3, 2, span(3, 4)}, {5, 1, span(5, 5)}, {6, 10, span(1, 0)}, {100, 10, span(1, 0)}} {
+		got, err := read(h.ctx, s.ID, c.from, c.limit)
+		if err != nil {
+			h.Fatalf("%s(from %d, limit %d): %v", what, c.from, c.limit, err)
+		}
+		h.wantOffsets(fmt.Sprintf("%s(from %d, limit %d)", what, c.from, c.limit), offsetsOf(got), c.want)
+		for _, e := range got {
+			if w := want[e.Offset-1]; !reflect.DeepEqual(e, w) {
+				h.Errorf("%s: offset %d is\n%+v\nwhere Read gives\n%+v", what, e.Offset, e, w)
+			}
+		}
+	}
+	_, err := read(h.ctx, "nowhere", 1, 10)
+	h.wantErr(err, stream.ErrStreamNotFound, what+" of an unknown stream")
+	_, err = read(h.ctx, s.ID, 0, 10)
+	h.wantErr(err, stream.ErrOffsetOutOfRange, what+" from 0")
 }

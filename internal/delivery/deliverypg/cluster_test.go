@@ -19,7 +19,6 @@ import (
 
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/delivery/deliverypg"
-	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/stream"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
@@ -277,7 +276,7 @@ func (c *cluster) waitOnce(sub string, n int) {
 // of 1..n, and checks that none is doubled.
 func (c *cluster) waitItems(sub string, n int) {
 	c.t.Helper()
-	servertest.Eventually(c.t, 20*time.Second, fmt.Sprintf("%s to hold %d items", sub, n), func() bool {
+	testenv.Eventually(c.t, 20*time.Second, fmt.Sprintf("%s to hold %d items", sub, n), func() bool {
 		return c.count(`SELECT count(*) FROM inbox_items WHERE subscription_id = $1`, sub) >= n
 	})
 	if got := c.count(`SELECT count(*) FROM inbox_items WHERE subscription_id = $1`, sub); got != n {
@@ -499,7 +498,7 @@ func TestDeadProcessHandsOver(t *testing.T) {
 		c.waitOnce(s, 100) // its loops made their items before it died
 	}
 	dead.store.Close() // every query of the process fails from now on
-	servertest.Eventually(t, 10*time.Second, "the dead process to stop its loops", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the dead process to stop its loops", func() bool {
 		running, _ := dead.loops(t)
 		return len(running) == 0
 	})
@@ -550,7 +549,7 @@ func TestChangesReachTheLoop(t *testing.T) {
 	if err := other.d.SetTarget(ctx, "s", tg.URL); err != nil {
 		t.Fatal(err)
 	}
-	servertest.Eventually(t, 20*time.Second, "the target to get every item", func() bool {
+	testenv.Eventually(t, 20*time.Second, "the target to get every item", func() bool {
 		return c.count(`SELECT count(*) FROM inbox_items WHERE state = 'completed'`) == 20
 	})
 	if calls.Load() != 20 {
@@ -561,7 +560,7 @@ func TestChangesReachTheLoop(t *testing.T) {
 	if err := other.d.Delete(ctx, "s"); err != nil {
 		t.Fatal(err)
 	}
-	servertest.Eventually(t, 10*time.Second, "the loop to stop", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the loop to stop", func() bool {
 		ra, _ := a.loops(t)
 		rb, _ := b.loops(t)
 		return len(ra) == 0 && len(rb) == 0 && c.count(`SELECT count(*) FROM delivery_leases WHERE name LIKE 'sub:%'`) == 0
@@ -571,7 +570,10 @@ func TestChangesReachTheLoop(t *testing.T) {
 // TestRetentionOnTheLeader: retention runs on the leader only.
 func TestRetentionOnTheLeader(t *testing.T) {
 	c := newCluster(t)
-	cfg := delivery.Config{Retention: time.Hour, CleanupInterval: 50 * time.Millisecond, LeaseTTL: 3 * time.Second}
+	// A long lease: the leader keeps it for the whole test even when a
+	// loaded machine delays a renewal, so the node that ran retention is
+	// the one that leads at the end.
+	cfg := delivery.Config{Retention: time.Hour, CleanupInterval: 50 * time.Millisecond, LeaseTTL: 30 * time.Second}
 	a, b := c.start("a", cfg), c.start("b", cfg)
 	create(t, a, delivery.Subscription{Name: "s", Source: "devices"})
 	c.appendEvents("e", 50)
@@ -585,7 +587,7 @@ func TestRetentionOnTheLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.clock.Advance(2 * time.Hour)
-	servertest.Eventually(t, 10*time.Second, "retention to delete the completed items", func() bool {
+	testenv.Eventually(t, 10*time.Second, "retention to delete the completed items", func() bool {
 		return c.count(`SELECT count(*) FROM inbox_items`) == 0
 	})
 	leader, follower := a, b

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -37,14 +38,19 @@ func newBenchNATS(spec, run string) (*benchNATS, error) {
 	bn := &benchNATS{spec: spec, cfg: cfg, prefix: cfg.Prefix}
 	if bn.prefix == "" {
 		bn.prefix, bn.owned = "BENCH_"+run+"_", true
-		sep := "?"
-		if strings.Contains(spec, "?") {
-			sep = "&"
-		}
-		bn.spec = spec + sep + "prefix=" + bn.prefix
+		bn.spec = withPrefix(spec, bn.prefix)
 		bn.cfg.Prefix = bn.prefix
 	}
 	return bn, nil
+}
+
+// withPrefix adds the query option prefix=prefix to the URL spec.
+func withPrefix(spec, prefix string) string {
+	sep := "?"
+	if strings.Contains(spec, "?") {
+		sep = "&"
+	}
+	return spec + sep + "prefix=" + prefix
 }
 
 // drop deletes the JetStream streams and the consumer bucket the run made
@@ -114,8 +120,8 @@ func countThroughBackend(ctx context.Context, b stream.Backend, streamID, prefix
 	return int64(len(seen)), dups, nil
 }
 
-// rawBench is a raw JetStream baseline run: the bench's events published
-// straight to a stream made as streamnats makes them.
+// rawBench is a raw JetStream or Kafka baseline run: the bench's events
+// published straight to a stream or topic made as the backend makes them.
 type rawBench struct {
 	devices, events, frame, window int
 	payload                        []byte
@@ -129,10 +135,10 @@ type rawBench struct {
 // window events unacknowledged, and counts what the stream holds after.
 // No postbox server, no WebSocket and no Nats-Expected-Last-Subject-Sequence
 // header: the ceiling postbox on JetStream is measured against.
-func runRawJetStream(ctx context.Context, env *cmdEnv, bn *benchNATS, rb rawBench, res *benchResult) error {
+func runRawJetStream(ctx context.Context, progress io.Writer, bn *benchNATS, rb rawBench, res *IngestResult) error {
 	be, err := streamnats.Open(ctx, bn.cfg)
 	if err != nil {
-		return fmt.Errorf("--streams %s: %w", redactURL(bn.spec), err)
+		return fmt.Errorf("--streams %s: %w", redact(bn.spec), err)
 	}
 	defer be.Close()
 	if _, err := be.EnsureStream(ctx, server.DeviceSource); err != nil {
@@ -156,7 +162,7 @@ func runRawJetStream(ctx context.Context, env *cmdEnv, bn *benchNATS, rb rawBenc
 	lat := &latencies{}
 	start := time.Now()
 	progressDone := make(chan struct{})
-	go benchProgress(env, &acked, int64(rb.events), start, progressDone)
+	go ackProgress(progress, &acked, int64(rb.events), start, progressDone)
 	load, lctx := errgroup.WithContext(ctx)
 	for d := 0; d < rb.devices; d++ {
 		n := rb.events / rb.devices
@@ -197,7 +203,7 @@ func rawProducer(ctx context.Context, js jetstream.JetStream, subjectPrefix stri
 	g, gctx := errgroup.WithContext(ctx)
 	ts := time.Now().UTC().Format(time.RFC3339Nano)
 	for sent := 0; sent < n; sent += rb.frame {
-		msgs := benchFrame(rb.idPrefix, device, ts, rb.payload, min(rb.frame, n-sent))
+		msgs := deviceFrame(rb.idPrefix, device, ts, rb.payload, min(rb.frame, n-sent))
 		select {
 		case slots <- struct{}{}:
 		case <-gctx.Done():

@@ -1,0 +1,51 @@
+package client_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/client"
+	"github.com/postbox-events/postbox/internal/server"
+	"github.com/postbox-events/postbox/internal/servertest"
+	"github.com/postbox-events/postbox/internal/testenv"
+	"github.com/postbox-events/postbox/outbox"
+)
+
+// A message whose envelope cannot be encoded is refused for good in its
+// place, and the others of the batch are sent.
+func TestPublisherRefusesABodyThatIsNotJSON(t *testing.T) {
+	s := servertest.Start(t, server.Config{}, nil)
+	p, err := client.NewPublisher(s.WS, client.Options{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		p.Close()
+		testenv.Eventually(t, 10*time.Second, "the connection to close", func() bool { return connections(t, s) == 0 })
+	}()
+	created := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	msgs := []outbox.Message{
+		{EventID: "evt-ok-1", Type: "t", Body: []byte(`{"n":1}`), TenantID: "dev-1", CreatedAt: created},
+		{EventID: "evt-broken", Type: "t", Body: []byte(`{"n":`), TenantID: "dev-1", CreatedAt: created},
+		{EventID: "evt-ok-2", Type: "t", Body: []byte(`{"n":2}`), TenantID: "dev-1", CreatedAt: created},
+	}
+	replies, err := p.Publish(context.Background(), msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(replies) != 3 || !replies[0].OK() || !replies[2].OK() || replies[0].EventID != "evt-ok-1" || replies[2].EventID != "evt-ok-2" {
+		t.Fatalf("replies %+v: want the first and last ACKed", replies)
+	}
+	if r := replies[1]; r.OK() || r.EventID != "evt-broken" || r.Code != postbox.CodeInvalidJSON || r.Field != "payload" || r.Retryable {
+		t.Fatalf("reply to the broken body: %+v; want a non-retryable invalid_json NACK naming the payload", r)
+	}
+	var n int
+	if err := s.Store().ReadDB().QueryRow(`SELECT count(*) FROM stream_events`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Fatalf("the server holds %d events, want 2", n)
+	}
+}

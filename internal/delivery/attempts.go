@@ -1,0 +1,120 @@
+package delivery
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/postbox-events/postbox/internal/sqlitedb"
+)
+
+// Attempt is one attempt of the workers to deliver an item to its
+// target, as the attempt log keeps it.
+type Attempt struct {
+	ID      int64
+	Item    int64
+	Inbox   string
+	Number  int // the item's attempt number, from 1
+	At      time.Time
+	URL     string        // the endpoint's
+	Status  int           // the answer's status code; 0 when none came (a transport error or timeout)
+	Latency time.Duration // from the request to the end of the answer (or the error)
+	Error   string        // why the attempt failed; "" when it succeeded
+	Excerpt string        // the first 1 KiB of the answer's body, as text
+}
+
+// record inserts st.log, the attempts of st's items that exist, in tx:
+// the attempt log is written with the settlement, in its transaction. On
+// PostgreSQL one statement of arrays takes every row, so that its text,
+// and its prepared form, are the same whatever their number.
+func (st *settlement) record(ctx context.Context, tx conn) error {
+	if len(st.log) == 0 {
+		return nil
+	}
+	n := 0
+	for _, a := range st.log {
+		if st.exists(a.Item) {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	if tx.pg {
+		items, numbers, statuses, latencies := make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n)
+		ats, urls, errs, excerpts := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+		for _, a := range st.log {
+			if !st.exists(a.Item) {
+				continue
+			}
+			items, numbers, statuses = append(items, a.Item), append(numbers, int64(a.Number)), append(statuses, int64(a.Status))
+			latencies, ats = append(latencies, a.Latency.Microseconds()), append(ats, a.At.UTC().Format(sqlitedb.Time))
+			urls, errs, excerpts = append(urls, a.URL), append(errs, a.Error), append(excerpts, a.Excerpt)
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO delivery_attempts (item_id, inbox_id, attempt, attempted_at, endpoint_url,
+			status_code, latency_us, error, response_excerpt)
+			SELECT i, ?, n, at, u, s, l, NULLIF(e, ''), NULLIF(x, '')
+			FROM unnest(?::bigint[], ?::bigint[], ?::text[], ?::text[], ?::bigint[], ?::bigint[], ?::text[], ?::text[]) AS a(i, n, at, u, s, l, e, x)`,
+			st.inbox, items, numbers, ats, urls, statuses, latencies, errs, excerpts)
+		return err
+	}
+	var b strings.Builder
+	b.WriteString(`INSERT INTO delivery_attempts (item_id, inbox_id, attempt, attempted_at, endpoint_url, status_code, latency_us,
+		error, response_excerpt) VALUES `)
+	args := make([]any, 0, 9*n)
+	for _, a := range st.log {
+		if !st.exists(a.Item) {
+			continue
+		}
+		if len(args) > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`(?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+		args = append(args, a.Item, st.inbox, a.Number, a.At.UTC().Format(sqlitedb.Time), a.URL, a.Status,
+			a.Latency.Microseconds(), nullString(a.Error), nullString(a.Excerpt))
+	}
+	_, err := tx.ExecContext(ctx, b.String(), args...)
+	return err
+}
+
+// exists reports whether check found item id.
+func (st *settlement) exists(id int64) bool {
+	for _, r := range st.results {
+		if r.ID == id {
+			return !errors.Is(r.Err, ErrNotFound)
+		}
+	}
+	return false
+}
+
+// Attempts returns the attempt log of item id of inbox, oldest first, or
+// ErrNotFound when the inbox has no such item.
+func (d *Delivery) Attempts(ctx context.Context, inbox string, id int64) ([]Attempt, error) {
+	if _, err := d.Item(ctx, inbox, id); err != nil {
+		return nil, err
+	}
+	rows, err := d.db.QueryContext(ctx, `SELECT attempt_id, item_id, inbox_id, attempt, attempted_at, endpoint_url, status_code,
+		latency_us, error, response_excerpt FROM delivery_attempts WHERE item_id = ? AND inbox_id = ? ORDER BY attempt_id`, id, inbox)
+	if err != nil {
+		return nil, fmt.Errorf("attempts of item %d: %w", id, err)
+	}
+	defer rows.Close()
+	out := []Attempt{}
+	for rows.Next() {
+		var a Attempt
+		var at string
+		var latency int64
+		var errText, excerpt sql.NullString
+		if err := rows.Scan(&a.ID, &a.Item, &a.Inbox, &a.Number, &at, &a.URL, &a.Status, &latency, &errText, &excerpt); err != nil {
+			return nil, fmt.Errorf("attempts of item %d: %w", id, err)
+		}
+		a.At, _ = sqlitedb.ParseTime(at)
+		a.Latency = time.Duration(latency) * time.Microsecond
+		a.Error, a.Excerpt = errText.String, excerpt.String
+		out = append(out, a)
+	}
+	return out, rows.Err()
+}

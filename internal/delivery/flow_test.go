@@ -1,0 +1,368 @@
+package delivery_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/internal/testenv"
+)
+
+// waitCompleted waits until inbox holds n completed items.
+func (e *env) waitCompleted(t *testing.T, inbox string, n int, within time.Duration) {
+	t.Helper()
+	testenv.Eventually(t, within, inbox+" to complete its items", func() bool {
+		return e.count(t, `SELECT count(*) FROM inbox_items WHERE inbox_id = ? AND state = 'completed'`, inbox) == n
+	})
+}
+
+// waitBreaker waits until the breaker of inbox is in state, and returns
+// it.
+func (e *env) waitBreaker(t *testing.T, inbox, state string, within time.Duration) delivery.Breaker {
+	t.Helper()
+	var b delivery.Breaker
+	testenv.Eventually(t, within, "the breaker of "+inbox+" to be "+state, func() bool {
+		var err error
+		b, err = e.d.Breaker(context.Background(), inbox)
+		return err == nil && b.State == state
+	})
+	return b
+}
+
+// TestEndpointRate: an endpoint's rate bounds how many requests start in
+// any stretch of time to its burst (one second's worth) and the rate.
+func TestEndpointRate(t *testing.T) { eachStore(t, testEndpointRate) }
+
+func testEndpointRate(t *testing.T, kind storeKind) {
+	e := setup(t, kind, delivery.Config{})
+	var mu sync.Mutex
+	var at []time.Time
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		at = append(at, time.Now())
+		mu.Unlock()
+	}))
+	t.Cleanup(srv.Close)
+	const n, rate = 50, 20.0
+	e.create(t, delivery.Subscription{Name: "hook", Source: "devices", Target: srv.URL,
+		Endpoint: delivery.Endpoint{Rate: delivery.Rate{N: 20, Per: time.Second}}})
+	e.appendEvents(t, "r", "t", n)
+	e.waitCompleted(t, "hook", n, 30*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	// Between the i-th and j-th request, j-i+1 requests started: at most
+	// the burst (20) and what the rate adds, with one of slack.
+	for i := range at {
+		for j := i; j < len(at); j++ {
+			if allowed := 20 + rate*at[j].Sub(at[i]).Seconds() + 1; float64(j-i+1) > allowed {
+				t.Fatalf("%d requests in %v, want at most %.1f (rate 20/s, burst 20)", j-i+1, at[j].Sub(at[i]), allowed)
+			}
+		}
+	}
+}
+
+// TestEndpointConcurrency: a target counting the requests in flight never
+// sees more than the endpoint's concurrency, of the server's 16 workers.
+func TestEndpointConcurrency(t *testing.T) { eachStore(t, testEndpointConcurrency) }
+
+func testEndpointConcurrency(t *testing.T, kind storeKind) {
+	e := setup(t, kind, delivery.Config{Workers: 16})
+	var inflight, most atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		now := inflight.Add(1)
+		for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+		}
+		time.Sleep(10 * time.Millisecond) // the work of a slow target
+		inflight.Add(-1)
+	}))
+	t.Cleanup(srv.Close)
+	const n = 90
+	e.create(t, delivery.Subscription{Name: "hook", Source: "devices", Target: srv.URL, Endpoint: delivery.Endpoint{Concurrency: 3}})
+	e.appendEvents(t, "c", "t", n)
+	e.waitCompleted(t, "hook", n, 30*time.Second)
+	if got := most.Load(); got > 3 || got < 2 {
+		t.Fatalf("the target saw %d requests at once, want 3 at most (and more than 1)", got)
+	}
+}
+
+// switchable is a target that fails (500), hangs until the request's
+// context ends, or answers 200, as set.
+type switchable struct {
+	*httptest.Server
+	mode  atomic.Value // "fail", "hang" or "ok"
+	calls atomic.Int64
+}
+
+func newSwitchable(t *testing.T, mode string) *switchable {
+	s := &switchable{}
+	s.mode.Store(mode)
+	done := make(chan struct{})
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.calls.Add(1)
+		switch s.mode.Load().(string) {
+		case "fail":
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case "hang":
+			select {
+			case <-r.Context().Done():
+			case <-done:
+			}
+		}
+	}))
+	t.Cleanup(func() { close(done); s.Close() })
+	return s
+}
+
+// TestBreaker: after 3 consecutive failures the breaker opens: items wait
+// pending without counting attempts, one probe goes per probe interval
+// (measured on the injected clock), and a probe's success closes it.
+// Failing on, it is disabled after disable_after: nothing is delivered,
+// whatever the time, until an operator enables it. Transitions show in
+// the metrics, and the state survives a restart.
+func TestBreaker(t *testing.T) { eachStore(t, testBreaker) }
+
+func testBreaker(t *testing.T, kind storeKind) {
+	reg := prometheus.NewRegistry()
+	metrics := delivery.NewMetrics(reg)
+	path := filepath.Join(t.TempDir(), "p.db")
+	e := open(t, kind, openOptions{streams: path, cfg: delivery.Config{Metrics: metrics}})
+	tg := newSwitchable(t, "fail")
+	e.create(t, delivery.Subscription{Name: "hook", Source: "devices", Target: tg.URL,
+		Endpoint: delivery.Endpoint{BreakerFailures: 3, BreakerProbe: time.Minute, DisableAfter: 3 * time.Minute,
+			RetrySchedule: []time.Duration{time.Second}, MaxAttempts: 100}})
+	e.appendEvents(t, "b", "t", 1)
+	// One item fails at each attempt: the third opens the breaker.
+	for attempt := 1; attempt <= 3; attempt++ {
+		e.waitItem(t, "hook", delivery.StatePending, attempt)
+		if b, _ := e.d.Breaker(context.Background(), "hook"); attempt < 3 && (b.State != delivery.BreakerClosed || b.Failures != attempt) {
+			t.Fatalf("after %d failures the breaker is %+v, want closed, counting them", attempt, b)
+		}
+		e.clock.Advance(time.Second)
+	}
+	b := e.waitBreaker(t, "hook", delivery.BreakerOpen, 10*time.Second)
+	opened := e.clock.Now().Add(-time.Second)
+	if !b.Since.Equal(opened) || b.Failures != 3 || b.LastError == "" || !b.NextProbe.Equal(opened.Add(time.Minute)) {
+		t.Fatalf("open breaker %+v, want since %v, 3 failures, an error, next probe a minute after", b, opened)
+	}
+	if got := metricValue(t, reg, "postbox_endpoint_state", "hook", delivery.BreakerOpen); got != 1 {
+		t.Fatalf("postbox_endpoint_state{state=open} = %v", got)
+	}
+	// More items come; the item's retry is due: none is attempted before
+	// the probe's time.
+	e.appendEvents(t, "b2", "t", 4)
+	testenv.Eventually(t, 10*time.Second, "the new items", func() bool {
+		return e.count(t, `SELECT count(*) FROM inbox_items WHERE inbox_id = 'hook'`) == 5
+	})
+	e.clock.Advance(50 * time.Second)
+	time.Sleep(1500 * time.Millisecond) // two rounds of the dispatcher: it must lease nothing
+	if got := tg.calls.Load(); got != 3 {
+		t.Fatalf("%d calls while open before the probe's time, want 3", got)
+	}
+	if got := e.count(t, `SELECT coalesce(sum(attempts), 0) FROM inbox_items WHERE inbox_id = 'hook'`); got != 3 {
+		t.Fatalf("items counted %d attempts while paused, want 3", got)
+	}
+	// Each probe interval, one probe; it fails: the breaker stays open.
+	for probe := 1; probe <= 2; probe++ {
+		e.clock.Advance(time.Minute)
+		testenv.Eventually(t, 10*time.Second, "a probe", func() bool { return tg.calls.Load() == int64(3+probe) })
+		testenv.Eventually(t, 10*time.Second, "the failed probe recorded", func() bool {
+			b, _ := e.d.Breaker(context.Background(), "hook")
+			return b.State == delivery.BreakerOpen && b.Failures == 3+probe
+		})
+		time.Sleep(1200 * time.Millisecond)
+		if got := tg.calls.Load(); got != int64(3+probe) {
+			t.Fatalf("%d calls after probe %d, want %d: one probe per interval", got, probe, 3+probe)
+		}
+	}
+	// The target recovers: the next probe closes the breaker, every item
+	// is delivered.
+	tg.mode.Store("ok")
+	e.clock.Advance(time.Minute)
+	e.waitBreaker(t, "hook", delivery.BreakerClosed, 10*time.Second)
+	e.waitCompleted(t, "hook", 5, 10*time.Second)
+
+	// It fails again, past disable_after: disabled after a failed probe.
+	tg.mode.Store("fail")
+	e.appendEvents(t, "b3", "t", 3)
+	b = e.waitBreaker(t, "hook", delivery.BreakerOpen, 10*time.Second)
+	for i := 0; i < 3; i++ {
+		e.clock.Advance(time.Minute)
+		calls := tg.calls.Load()
+		testenv.Eventually(t, 10*time.Second, "a probe", func() bool { return tg.calls.Load() > calls })
+		if b, _ = e.d.Breaker(context.Background(), "hook"); b.State == delivery.BreakerDisabled {
+			break
+		}
+	}
+	b = e.waitBreaker(t, "hook", delivery.BreakerDisabled, 10*time.Second)
+	if e.clock.Now().Sub(b.Since) < 3*time.Minute {
+		t.Fatalf("disabled %v after opening, want 3m or more", e.clock.Now().Sub(b.Since))
+	}
+	if got := metricValue(t, reg, "postbox_endpoint_state", "hook", delivery.BreakerDisabled); got != 1 {
+		t.Fatalf("postbox_endpoint_state{state=disabled} = %v", got)
+	}
+	// Disabled survives a restart; no time brings it back.
+	now := e.clock.Now()
+	e.stop()
+	e = open(t, kind, openOptions{streams: path, state: e.stateAt, cfg: delivery.Config{Metrics: metrics}})
+	e.clock.ns.Store(now.UnixNano())
+	tg.mode.Store("ok")
+	e.clock.Advance(24 * time.Hour)
+	calls := tg.calls.Load()
+	time.Sleep(1500 * time.Millisecond)
+	if got := tg.calls.Load(); got != calls {
+		t.Fatalf("%d calls while disabled", got-calls)
+	}
+	if b, _ := e.d.Breaker(context.Background(), "hook"); b.State != delivery.BreakerDisabled {
+		t.Fatalf("after a restart the breaker is %+v, want disabled", b)
+	}
+	was, err := e.d.Enable(context.Background(), "hook")
+	if err != nil || was.State != delivery.BreakerDisabled {
+		t.Fatalf("enable: was %+v, %v", was, err)
+	}
+	e.waitCompleted(t, "hook", 8, 10*time.Second)
+	if b, _ := e.d.Breaker(context.Background(), "hook"); b.State != delivery.BreakerClosed {
+		t.Fatalf("after enable the breaker is %+v", b)
+	}
+	for state, want := range map[string]float64{delivery.BreakerOpen: 2, delivery.BreakerClosed: 2, delivery.BreakerDisabled: 1} {
+		if got := metricValue(t, reg, "postbox_endpoint_transitions_total", "hook", state); got != want {
+			t.Errorf("postbox_endpoint_transitions_total{state=%s} = %v, want %v", state, got, want)
+		}
+	}
+}
+
+// metricValue returns the value of the metric name of reg with the labels
+// inbox and state, 0 when it has none.
+func metricValue(t *testing.T, reg *prometheus.Registry, name, inbox, state string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["inbox"] == inbox && labels["state"] == state {
+				if g := m.GetGauge(); g != nil {
+					return g.GetValue()
+				}
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// TestBreakerFourHundreds: 4xx answers other than 408 and 429 are the
+// item's fault: they do not open the breaker.
+func TestBreakerFourHundreds(t *testing.T) { eachStore(t, testBreakerFourHundreds) }
+
+func testBreakerFourHundreds(t *testing.T, kind storeKind) {
+	e := setup(t, kind, delivery.Config{})
+	tg := newTarget(t, 400, 422, 404, 400, 200)
+	e.create(t, delivery.Subscription{Name: "hook", Source: "devices", Target: tg.URL,
+		Endpoint: delivery.Endpoint{BreakerFailures: 2, MaxAttempts: 1}})
+	e.appendEvents(t, "f", "t", 5)
+	testenv.Eventually(t, 10*time.Second, "every item attempted", func() bool {
+		return e.count(t, `SELECT count(*) FROM inbox_items WHERE inbox_id = 'hook' AND state IN ('completed', 'failed')`) == 5
+	})
+	if b, _ := e.d.Breaker(context.Background(), "hook"); b.State != delivery.BreakerClosed {
+		t.Fatalf("breaker %+v after 4xx answers, want closed", b)
+	}
+}
+
+// TestSharedWorkers: an endpoint that hangs (cut by its timeout) shares
+// the workers with a healthy one; with its concurrency bounded, the
+// healthy one keeps at least 0.8 of the throughput it has alone. Then the
+// hanging endpoint's breaker opens, is probed, and closes when it
+// recovers.
+func TestSharedWorkers(t *testing.T) { eachStore(t, testSharedWorkers) }
+
+func testSharedWorkers(t *testing.T, kind storeKind) {
+	e := setup(t, kind, delivery.Config{Workers: 16, Now: time.Now})
+	ctx := context.Background()
+	healthy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	t.Cleanup(healthy.Close)
+	n := 2000
+	if kind == sqliteStore { // slower under the race detector
+		n = 600
+	}
+	// measure creates a subscription of type typ's items, lets it
+	// materialise them, then gives it the healthy target and times their
+	// delivery.
+	measure := func(name string) time.Duration {
+		e.create(t, delivery.Subscription{Name: name, Source: "devices", Types: []string{name}})
+		e.appendEvents(t, name, name, n)
+		testenv.Eventually(t, 30*time.Second, name+"'s items", func() bool {
+			return e.count(t, `SELECT count(*) FROM inbox_items WHERE inbox_id = ?`, name) == n
+		})
+		start := time.Now()
+		if err := e.d.SetTarget(ctx, name, healthy.URL); err != nil {
+			t.Fatal(err)
+		}
+		e.waitCompleted(t, name, n, 60*time.Second)
+		return time.Since(start)
+	}
+	tg := newSwitchable(t, "hang")
+	e.create(t, delivery.Subscription{Name: "slow", Source: "devices", Types: []string{"slow"}, Target: tg.URL,
+		Endpoint: delivery.Endpoint{Timeout: time.Second, Concurrency: 2, BreakerFailures: delivery.BreakerOff,
+			RetrySchedule: []time.Duration{10 * time.Millisecond}, MaxAttempts: 1000}})
+	e.appendEvents(t, "slow", "slow", 200)
+	// Alone and beside the hanging endpoint in turn, twice, the best of
+	// each: what the store gains in rows, and what else the machine runs,
+	// weigh on both sides.
+	var alone, together time.Duration
+	for round := range 2 {
+		if err := e.d.SetTarget(ctx, "slow", ""); err != nil {
+			t.Fatal(err)
+		}
+		if d := measure(fmt.Sprintf("alone%d", round)); alone == 0 || d < alone {
+			alone = d
+		}
+		calls := tg.calls.Load()
+		if err := e.d.SetTarget(ctx, "slow", tg.URL); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 10*time.Second, "the hanging endpoint to be attempted", func() bool { return tg.calls.Load() >= calls+2 })
+		if d := measure(fmt.Sprintf("together%d", round)); together == 0 || d < together {
+			together = d
+		}
+	}
+	ratio := alone.Seconds() / together.Seconds()
+	t.Logf("%d items to a healthy endpoint: %v alone, %v beside a hanging one (%.2f×)", n, alone, together, ratio)
+	if ratio < 0.8 {
+		t.Fatalf("beside a hanging endpoint the healthy one has %.2f× its throughput alone, want ≥ 0.8×", ratio)
+	}
+
+	// The breaker of the hanging endpoint opens, is probed, and closes
+	// once it answers.
+	sub, err := e.d.Subscription(ctx, "slow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := sub.Endpoint
+	ep.BreakerFailures, ep.BreakerProbe = 3, 200*time.Millisecond
+	if _, err := e.d.Update(ctx, "slow", delivery.Change{Endpoint: &ep}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitBreaker(t, "slow", delivery.BreakerOpen, 10*time.Second)
+	calls := tg.calls.Load()
+	testenv.Eventually(t, 10*time.Second, "probes", func() bool { return tg.calls.Load() >= calls+2 })
+	tg.mode.Store("ok")
+	e.waitBreaker(t, "slow", delivery.BreakerClosed, 10*time.Second)
+	e.waitCompleted(t, "slow", 200, 30*time.Second)
+}

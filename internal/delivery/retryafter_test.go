@@ -1,0 +1,92 @@
+package delivery_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/postbox-events/postbox/internal/delivery"
+)
+
+// syncBuffer is a bytes.Buffer a logger and a test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestRetryAfterBounded: a Retry-After longer than RetryMaxDelay, in
+// seconds (a year, or more seconds than a Duration holds) or as an HTTP
+// date a year ahead, and a Go handler's RetryAfter of a year make the
+// next attempt wait RetryMaxDelay, logged at debug; a Retry-After below
+// it is honoured as it is.
+func TestRetryAfterBounded(t *testing.T) { eachStore(t, testRetryAfterBounded) }
+
+func testRetryAfterBounded(t *testing.T, kind storeKind) {
+	const maxDelay = time.Minute
+	var logs syncBuffer
+	e := setup(t, kind, delivery.Config{RetryMaxDelay: maxDelay,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	yearAhead := e.clock.Now().Add(365 * 24 * time.Hour).Format(http.TimeFormat)
+	for name, retryAfter := range map[string]string{
+		"year": "31536000", "overflow": "99999999999999999999", "date": yearAhead, "small": "45",
+	} {
+		tg := newTarget(t, http.StatusServiceUnavailable)
+		tg.header.Set("Retry-After", retryAfter)
+		e.create(t, delivery.Subscription{Name: name, Source: "devices", Target: tg.URL, Types: []string{name}})
+	}
+	e.d.Handle("go-year", func(ctx context.Context, it *delivery.Item) error {
+		return delivery.RetryAfter(errors.New("come back next year"), 365*24*time.Hour)
+	})
+	e.create(t, delivery.Subscription{Name: "go-year", Source: "devices", Types: []string{"go-year"}})
+	e.d.Handle("go-small", func(ctx context.Context, it *delivery.Item) error {
+		return delivery.RetryAfter(errors.New("come back in 45s"), 45*time.Second)
+	})
+	e.create(t, delivery.Subscription{Name: "go-small", Source: "devices", Types: []string{"go-small"}})
+	for _, typ := range []string{"year", "overflow", "date", "small", "go-year", "go-small"} {
+		e.appendEvents(t, typ, typ, 1)
+	}
+
+	now := e.clock.Now()
+	for inbox, want := range map[string]time.Duration{
+		"year": maxDelay, "overflow": maxDelay, "date": maxDelay, "go-year": maxDelay,
+		"small": 45 * time.Second, "go-small": 45 * time.Second,
+	} {
+		it := e.waitItem(t, inbox, delivery.StatePending, 1)
+		if got := it.NextAttemptAt.Sub(now); got != want {
+			t.Errorf("%s: the next attempt is %v later, want %v", inbox, got, want)
+		}
+	}
+	cut := map[string]bool{}
+	for line := range strings.Lines(logs.String()) {
+		if strings.Contains(line, "level=DEBUG") && strings.Contains(line, "Retry-After beyond the retry max delay") {
+			for f := range strings.FieldsSeq(line) {
+				if inbox, ok := strings.CutPrefix(f, "inbox="); ok {
+					cut[inbox] = true
+				}
+			}
+		}
+	}
+	for inbox, want := range map[string]bool{"year": true, "overflow": true, "date": true, "go-year": true, "small": false, "go-small": false} {
+		if cut[inbox] != want {
+			t.Errorf("%s: logged a Retry-After cut: %v, want %v; logs:\n%s", inbox, cut[inbox], want, logs.String())
+		}
+	}
+}

@@ -1,0 +1,361 @@
+package feed
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/postbox-events/postbox/stream"
+)
+
+// Defaults of Config.
+const (
+	DefaultBatchSize    = 500
+	DefaultMinBackoff   = 200 * time.Millisecond
+	DefaultMaxBackoff   = 30 * time.Second
+	DefaultIdleTimeout  = 3 * DefaultHeartbeat
+	DefaultMaxLineBytes = 16 << 20
+)
+
+// Writer is the append path the follower stores events through: the
+// server's writer (server.Writer), shared with the ingress.
+type Writer interface {
+	// AppendAsync queues events and calls done after they are stored,
+	// or with an error; it blocks while the queue is full.
+	AppendAsync(ctx context.Context, streamID string, events []stream.Event, done func([]stream.AppendResult, error)) error
+}
+
+// Checkpoints keeps, per follower, the last remote offset it stored.
+type Checkpoints interface {
+	// Load returns the checkpoint of name: 0 when it has none.
+	Load(ctx context.Context, name string) (int64, error)
+	// Save records offset as name's checkpoint, durably, before it
+	// returns.
+	Save(ctx context.Context, name string, offset int64) error
+}
+
+// Config configures a Follower.
+type Config struct {
+	// URL is the remote stream: http(s)://HOST:PORT/v1/streams/NAME. The
+	// follower reads URL/events?after=CHECKPOINT. Required.
+	URL string
+	// Token is the remote operator API's token, sent as a bearer token;
+	// empty sends none.
+	Token string
+	// Stream is the local stream events are appended to. Required; it
+	// must exist.
+	Stream string
+	// Name keys the checkpoint and labels the metrics and logs. Defaults
+	// to Stream.
+	Name        string
+	Writer      Writer      // required
+	Checkpoints Checkpoints // required
+	// Client sends the requests. Defaults to a client without an overall
+	// timeout (a feed does not end) that gives up connecting after 10 s.
+	Client *http.Client
+	// BatchSize bounds the events appended at once (and so the events
+	// the follower holds). Defaults to DefaultBatchSize.
+	BatchSize int
+	// MinBackoff and MaxBackoff bound the wait before reconnecting after
+	// an error, doubled after each failure, with jitter. Default to
+	// DefaultMinBackoff and DefaultMaxBackoff.
+	MinBackoff time.Duration
+	MaxBackoff time.Duration
+	// IdleTimeout ends a connection that delivers no line (not even a
+	// heartbeat) for this long, and reconnects. Defaults to
+	// DefaultIdleTimeout, three heartbeats.
+	IdleTimeout time.Duration
+	// MaxLineBytes bounds one line. Defaults to DefaultMaxLineBytes.
+	MaxLineBytes int
+	Metrics      *Metrics // nil: none
+	Logger       *slog.Logger
+}
+
+// Follower follows one remote feed into a local stream.
+type Follower struct {
+	cfg        Config
+	log        *slog.Logger
+	checkpoint atomic.Int64
+	remoteHW   atomic.Int64
+}
+
+// New returns a follower of cfg.URL; Run runs it.
+func New(cfg Config) (*Follower, error) {
+	u, err := url.Parse(cfg.URL)
+	switch {
+	case cfg.URL == "":
+		return nil, errors.New("feed: Config.URL is required")
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+		return nil, fmt.Errorf("feed: URL %q: want http(s)://HOST:PORT/v1/streams/NAME", cfg.URL)
+	case cfg.Stream == "":
+		return nil, errors.New("feed: Config.Stream is required")
+	case cfg.Writer == nil || cfg.Checkpoints == nil:
+		return nil, errors.New("feed: Config.Writer and Config.Checkpoints are required")
+	}
+	cfg.URL = strings.TrimSuffix(strings.TrimSuffix(cfg.URL, "/"), "/events")
+	if cfg.Name == "" {
+		cfg.Name = cfg.Stream
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{Transport: &http.Transport{
+			Proxy:               http.ProxyFromEnvironment,
+			DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			TLSHandshakeTimeout: 10 * time.Second,
+		}}
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = DefaultBatchSize
+	}
+	if cfg.MinBackoff <= 0 {
+		cfg.MinBackoff = DefaultMinBackoff
+	}
+	if cfg.MaxBackoff <= 0 {
+		cfg.MaxBackoff = DefaultMaxBackoff
+	}
+	cfg.MaxBackoff = max(cfg.MaxBackoff, cfg.MinBackoff)
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.MaxLineBytes <= 0 {
+		cfg.MaxLineBytes = DefaultMaxLineBytes
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Follower{cfg: cfg, log: cfg.Logger.With("feed", cfg.Name)}, nil
+}
+
+// Checkpoint returns the last remote offset stored (as loaded at Run's
+// start and saved since).
+func (f *Follower) Checkpoint() int64 { return f.checkpoint.Load() }
+
+// Lag returns how many events the remote stream held, when last heard
+// of, after the checkpoint.
+func (f *Follower) Lag() int64 { return max(0, f.remoteHW.Load()-f.checkpoint.Load()) }
+
+// Run follows the feed until ctx ends, reconnecting after errors with
+// backoff and jitter from the checkpoint; it returns nil then. It returns
+// an error only when the checkpoint cannot be loaded.
+func (f *Follower) Run(ctx context.Context) error {
+	cp, err := f.cfg.Checkpoints.Load(ctx, f.cfg.Name)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("feed %s: load checkpoint: %w", f.cfg.Name, err)
+	}
+	f.checkpoint.Store(cp)
+	f.remoteHW.Store(cp)
+	f.observe()
+	backoff := f.cfg.MinBackoff
+	for {
+		before := f.checkpoint.Load()
+		err := f.follow(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if f.checkpoint.Load() > before {
+			backoff = f.cfg.MinBackoff // it made progress: the next failure starts over
+		}
+		f.cfg.Metrics.fail(f.cfg.Name, reasonOf(err))
+		// Full jitter on the upper half: followers of one feed that fail
+		// together do not come back together.
+		wait := backoff/2 + rand.N(backoff/2+1)
+		f.log.Warn("feed: following failed; reconnecting", "err", err, "after", wait, "checkpoint", f.checkpoint.Load())
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		backoff = min(2*backoff, f.cfg.MaxBackoff)
+	}
+}
+
+// followError is an error of one connection, with the reason it is
+// counted under.
+type followError struct {
+	reason string
+	err    error
+}
+
+func (e *followError) Error() string { return e.err.Error() }
+func (e *followError) Unwrap() error { return e.err }
+
+func failed(reason string, format string, args ...any) error {
+	return &followError{reason: reason, err: fmt.Errorf(format, args...)}
+}
+
+func reasonOf(err error) string {
+	if fe, ok := errors.AsType[*followError](err); ok {
+		return fe.reason
+	}
+	return "read"
+}
+
+// follow reads one connection of the feed until it fails or ctx ends.
+func (f *Follower) follow(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	after := f.checkpoint.Load()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, f.cfg.URL+"/events?after="+strconv.FormatInt(after, 10), nil)
+	if err != nil {
+		return failed("connect", "feed request: %w", err)
+	}
+	if f.cfg.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+f.cfg.Token)
+	}
+	req.Header.Set("Accept", ContentType)
+	// No line for IdleTimeout: the peer or the path to it is gone.
+	idle := time.AfterFunc(f.cfg.IdleTimeout, cancel)
+	defer idle.Stop()
+	resp, err := f.cfg.Client.Do(req)
+	if err != nil {
+		return failed("connect", "connect to %s: %w", f.cfg.URL, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return failed("status", "%s answered %s: %s", f.cfg.URL, resp.Status, bytes.TrimSpace(body))
+	}
+	if hw, err := strconv.ParseInt(resp.Header.Get(HeaderHighWatermark), 10, 64); err == nil {
+		f.seen(hw)
+	}
+	f.log.Info("feed: following", "url", f.cfg.URL, "after", after)
+	br := bufio.NewReaderSize(resp.Body, 64<<10)
+	var batch []stream.Event
+	var last int64 // the offset of batch's last event
+	for {
+		line, err := readLine(br, f.cfg.MaxLineBytes)
+		if err != nil {
+			if ctx.Err() != nil && !idle.Stop() {
+				return failed("idle", "no line from %s for %s", f.cfg.URL, f.cfg.IdleTimeout)
+			}
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF // a feed does not end
+			}
+			return failed("read", "read %s: %w", f.cfg.URL, err)
+		}
+		idle.Reset(f.cfg.IdleTimeout)
+		l, err := ParseLine(line)
+		if err != nil {
+			return failed("decode", "%s after offset %d: %w", f.cfg.URL, max(last, after), err)
+		}
+		if l.Heartbeat != nil {
+			f.seen(l.Heartbeat.HighWatermark)
+		} else {
+			if l.Offset <= max(last, f.checkpoint.Load()) {
+				return failed("decode", "%s sent offset %d after %d: offsets must grow", f.cfg.URL, l.Offset, max(last, after))
+			}
+			batch = append(batch, l.Event())
+			last = l.Offset
+			f.seen(last)
+		}
+		// Store what was read when the batch is full or nothing more is
+		// waiting: batches grow with the feed's rate.
+		if len(batch) > 0 && (len(batch) >= f.cfg.BatchSize || br.Buffered() == 0) {
+			if err := f.store(ctx, batch, last); err != nil {
+				return err
+			}
+			batch = nil // the writer may hold the last one until it returns
+		}
+	}
+}
+
+// store appends batch, whose last event has the remote offset last, and
+// then saves the checkpoint.
+func (f *Follower) store(ctx context.Context, batch []stream.Event, last int64) error {
+	type outcome struct {
+		res []stream.AppendResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	if err := f.cfg.Writer.AppendAsync(ctx, f.cfg.Stream, batch, func(res []stream.AppendResult, err error) {
+		done <- outcome{res, err}
+	}); err != nil {
+		return failed("append", "append to %s: %w", f.cfg.Stream, err)
+	}
+	var o outcome
+	select {
+	case o = <-done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if o.err != nil {
+		return failed("append", "append to %s: %w", f.cfg.Stream, o.err)
+	}
+	var stored, dups int
+	for i, r := range o.res {
+		switch {
+		case r.Err != nil:
+			// Another event holds this identity here, or the backend
+			// cannot hold this one: appending again changes nothing.
+			// It is counted and logged, and the feed goes on.
+			f.cfg.Metrics.fail(f.cfg.Name, "refused")
+			f.log.Error("feed: event refused by the local stream; skipped", "native_id", batch[i].NativeID, "variant", batch[i].Variant, "err", r.Err)
+		case r.Duplicate:
+			dups++
+		default:
+			stored++
+		}
+	}
+	f.cfg.Metrics.events(f.cfg.Name, stored, dups)
+	if err := f.cfg.Checkpoints.Save(ctx, f.cfg.Name, last); err != nil {
+		return failed("checkpoint", "save checkpoint %d: %w", last, err)
+	}
+	f.checkpoint.Store(last)
+	f.observe()
+	return nil
+}
+
+// seen records a remote high watermark.
+func (f *Follower) seen(hw int64) {
+	for {
+		old := f.remoteHW.Load()
+		if hw <= old || f.remoteHW.CompareAndSwap(old, hw) {
+			break
+		}
+	}
+	f.observe()
+}
+
+func (f *Follower) observe() {
+	f.cfg.Metrics.position(f.cfg.Name, f.checkpoint.Load(), f.Lag())
+}
+
+// readLine returns the next line without its newline; the slice is valid
+// until the next call.
+func readLine(br *bufio.Reader, maxBytes int) ([]byte, error) {
+	line, err := br.ReadSlice('\n')
+	if err == nil {
+		return line[:len(line)-1], nil
+	}
+	if !errors.Is(err, bufio.ErrBufferFull) {
+		return nil, err
+	}
+	long := append([]byte(nil), line...)
+	for {
+		line, err = br.ReadSlice('\n')
+		long = append(long, line...)
+		if len(long) > maxBytes {
+			return nil, fmt.Errorf("a line longer than %d bytes", maxBytes)
+		}
+		if err == nil {
+			return long[:len(long)-1], nil
+		}
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return nil, err
+		}
+	}
+}

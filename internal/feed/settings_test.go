@@ -1,0 +1,36 @@
+package feed_test
+
+import (
+	"testing"
+
+	"github.com/postbox-events/postbox/internal/feed"
+)
+
+func TestSettings(t *testing.T) {
+	for _, s := range []feed.Settings{
+		{URL: "http://edge:8000/v1/streams/devices"},
+		{URL: "https://edge/v1/streams/devices/events", Token: "env:EDGE_TOKEN"},
+	} {
+		if err := s.Validate(); err != nil {
+			t.Errorf("%+v: %v", s, err)
+		}
+	}
+	for _, s := range []feed.Settings{
+		{}, {URL: "ftp://edge/v1/streams/devices"}, {URL: "http://edge:8000/"}, {URL: "http:///v1/streams/x"},
+		{URL: "http://edge/v1/streams/devices", Token: "env:"},
+	} {
+		if err := s.Validate(); err == nil {
+			t.Errorf("%+v: taken", s)
+		}
+	}
+	t.Setenv("FEED_TEST_TOKEN", "s3cret")
+	if tok, err := (feed.Settings{Token: "env:FEED_TEST_TOKEN"}).ResolveToken(); err != nil || tok != "s3cret" {
+		t.Errorf("env token: %q %v", tok, err)
+	}
+	if _, err := (feed.Settings{Token: "env:FEED_TEST_UNSET"}).ResolveToken(); err == nil {
+		t.Error("an unset variable resolved")
+	}
+	if tok, _ := (feed.Settings{Token: "plain"}).ResolveToken(); tok != "plain" {
+		t.Errorf("plain token: %q", tok)
+	}
+}

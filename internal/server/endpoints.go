@@ -1,0 +1,350 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/postbox-events/postbox/internal/delivery"
+)
+
+// The endpoint settings of a subscription's target, in the API
+// (docs/API.md#endpoints), and the attempt log of an item.
+
+// endpointRequest is the part of a subscription's create or patch body
+// that sets its endpoint. Each field is raw, so that a patch tells absent
+// (unchanged) from null (the server's setting; for secret: no signing).
+type endpointRequest struct {
+	Secret          json.RawMessage `json:"secret"`
+	SecretOverlap   json.RawMessage `json:"secret_overlap"`
+	Headers         json.RawMessage `json:"headers"`
+	Timeout         json.RawMessage `json:"timeout"`
+	RetrySchedule   json.RawMessage `json:"retry_schedule"`
+	RetryBaseDelay  json.RawMessage `json:"retry_base_delay"`
+	RetryMaxDelay   json.RawMessage `json:"retry_max_delay"`
+	MaxAttempts     json.RawMessage `json:"max_attempts"`
+	Rate            json.RawMessage `json:"rate"`
+	Concurrency     json.RawMessage `json:"concurrency"`
+	BreakerFailures json.RawMessage `json:"breaker_failures"`
+	BreakerProbe    json.RawMessage `json:"breaker_probe"`
+	DisableAfter    json.RawMessage `json:"disable_after"`
+}
+
+// given reports whether raw holds a value (null too).
+func given(raw json.RawMessage) bool { return len(raw) > 0 }
+
+// isNull reports whether raw is JSON null.
+func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
+
+// any reports whether r sets anything.
+func (r *endpointRequest) any() bool {
+	return given(r.Secret) || given(r.SecretOverlap) || given(r.Headers) || given(r.Timeout) || given(r.RetrySchedule) ||
+		given(r.RetryBaseDelay) || given(r.RetryMaxDelay) || given(r.MaxAttempts) || given(r.Rate) || given(r.Concurrency) ||
+		given(r.BreakerFailures) || given(r.BreakerProbe) || given(r.DisableAfter)
+}
+
+// apply sets the fields r gives on ep (null resets one to the server's),
+// and returns the change of secret, or answers 400 naming the field.
+func (r *endpointRequest) apply(w http.ResponseWriter, ep *delivery.Endpoint) (secret *string, overlap time.Duration, ok bool) {
+	str := func(name string, raw json.RawMessage) (string, bool) {
+		var v *string
+		if err := json.Unmarshal(raw, &v); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_json", "field %q: want a string or null", name)
+			return "", false
+		}
+		if v == nil {
+			return "", true
+		}
+		if *v == "" {
+			writeError(w, http.StatusBadRequest, "invalid_field", "%s: empty (null resets it)", name)
+			return "", false
+		}
+		return *v, true
+	}
+	duration := func(name string, raw json.RawMessage, into *time.Duration) bool {
+		if !given(raw) {
+			return true
+		}
+		v, ok := str(name, raw)
+		if !ok {
+			return false
+		}
+		if v == "" {
+			*into = 0
+			return true
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			writeError(w, http.StatusBadRequest, "invalid_field", "%s %q: want a positive duration such as \"30s\"", name, v)
+			return false
+		}
+		*into = d
+		return true
+	}
+	if given(r.Secret) {
+		v, ok := str("secret", r.Secret)
+		if !ok {
+			return nil, 0, false
+		}
+		secret = &v
+	}
+	if !duration("secret_overlap", r.SecretOverlap, &overlap) || !duration("timeout", r.Timeout, &ep.Timeout) ||
+		!duration("retry_base_delay", r.RetryBaseDelay, &ep.RetryBaseDelay) || !duration("retry_max_delay", r.RetryMaxDelay, &ep.RetryMaxDelay) {
+		return nil, 0, false
+	}
+	if given(r.SecretOverlap) && secret == nil {
+		writeError(w, http.StatusBadRequest, "invalid_field", "secret_overlap: goes with a new secret")
+		return nil, 0, false
+	}
+	if given(r.Headers) {
+		var h map[string]string
+		if err := json.Unmarshal(r.Headers, &h); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_json", "field \"headers\": want an object of strings or null")
+			return nil, 0, false
+		}
+		for k, v := range h {
+			if !checkAPIText(w, "headers "+strconv.Quote(k), v, 4096, true) {
+				return nil, 0, false
+			}
+		}
+		ep.Headers = h
+	}
+	if given(r.RetrySchedule) {
+		v, ok := str("retry_schedule", r.RetrySchedule)
+		if !ok {
+			return nil, 0, false
+		}
+		ep.RetrySchedule = nil
+		if v != "" {
+			sched, err := delivery.ParseSchedule(v)
+			if err != nil {
+				writeError(w, http.StatusBadRequest, "invalid_field", "%v", err)
+				return nil, 0, false
+			}
+			ep.RetrySchedule = sched
+		}
+	}
+	// count reads a whole number or null (0) into into; least is the
+	// smallest number allowed.
+	count := func(name string, raw json.RawMessage, least int, into *int) bool {
+		if !given(raw) {
+			return true
+		}
+		var n *int
+		if err := json.Unmarshal(raw, &n); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_json", "field %q: want a whole number or null", name)
+			return false
+		}
+		*into = 0
+		if n != nil {
+			if *n < least {
+				writeError(w, http.StatusBadRequest, "invalid_field", "%s %d: want %d or more", name, *n, least)
+				return false
+			}
+			*into = *n
+		}
+		return true
+	}
+	if !count("max_attempts", r.MaxAttempts, 1, &ep.MaxAttempts) || !count("concurrency", r.Concurrency, 1, &ep.Concurrency) {
+		return nil, 0, false
+	}
+	if given(r.BreakerFailures) { // 0 turns the breaker off
+		if !count("breaker_failures", r.BreakerFailures, 0, &ep.BreakerFailures) {
+			return nil, 0, false
+		}
+		if !isNull(r.BreakerFailures) && ep.BreakerFailures == 0 {
+			ep.BreakerFailures = delivery.BreakerOff
+		}
+	}
+	if !duration("breaker_probe", r.BreakerProbe, &ep.BreakerProbe) || !duration("disable_after", r.DisableAfter, &ep.DisableAfter) {
+		return nil, 0, false
+	}
+	if given(r.Rate) {
+		v, ok := str("rate", r.Rate)
+		if !ok {
+			return nil, 0, false
+		}
+		ep.Rate = delivery.Rate{}
+		if v != "" {
+			rate, err := delivery.ParseRate(v)
+			if err != nil {
+				writeError(w, http.StatusBadRequest, "invalid_field", "%v", err)
+				return nil, 0, false
+			}
+			ep.Rate = rate
+		}
+	}
+	return secret, overlap, true
+}
+
+// secretJSON is a signing secret in the API: never the secret itself.
+type secretJSON struct {
+	Fingerprint string     `json:"fingerprint"`
+	CreatedAt   time.Time  `json:"created_at"`
+	ExpiresAt   *time.Time `json:"expires_at"` // null: the current one
+}
+
+// endpointJSON is the endpoint of a subscription in the API; null
+// settings are the server's.
+type endpointJSON struct {
+	Secrets         []secretJSON      `json:"secrets"`
+	Headers         map[string]string `json:"headers"`
+	Timeout         *string           `json:"timeout"`
+	RetrySchedule   *string           `json:"retry_schedule"`
+	RetryBaseDelay  *string           `json:"retry_base_delay"`
+	RetryMaxDelay   *string           `json:"retry_max_delay"`
+	MaxAttempts     *int              `json:"max_attempts"`
+	Rate            *string           `json:"rate"`
+	Concurrency     *int              `json:"concurrency"`
+	BreakerFailures *int              `json:"breaker_failures"` // 0: no breaker
+	BreakerProbe    *string           `json:"breaker_probe"`
+	DisableAfter    *string           `json:"disable_after"`
+	Breaker         *breakerJSON      `json:"breaker,omitempty"` // with a target
+}
+
+// breakerJSON is the state of an endpoint's circuit breaker in the API.
+type breakerJSON struct {
+	State     string     `json:"state"` // closed, open or disabled
+	Since     *time.Time `json:"since"` // when it opened; null when closed
+	Failures  int        `json:"consecutive_failures"`
+	LastError *string    `json:"last_error"`
+	NextProbe *time.Time `json:"next_probe"` // open: when the next probe may go
+}
+
+// credentialHeader matches the names of headers that carry credentials:
+// their values are not answered whole, as secrets are not.
+var credentialHeader = regexp.MustCompile(`(?i)^(proxy-)?authorization$|^cookie$|token|secret|password|api-?key|signature`)
+
+// shownHeader is what the API answers for an endpoint's header: the value,
+// or for a credential its length and last four characters, enough to tell
+// which one is set.
+func shownHeader(name, value string) string {
+	if !credentialHeader.MatchString(name) {
+		return value
+	}
+	if len(value) <= 8 {
+		return fmt.Sprintf("(hidden, %d bytes)", len(value))
+	}
+	return fmt.Sprintf("(hidden, %d bytes, ends %s)", len(value), value[len(value)-4:])
+}
+
+func newEndpointJSON(sub delivery.Subscription) endpointJSON {
+	ep := sub.Endpoint
+	j := endpointJSON{Secrets: []secretJSON{}, Headers: make(map[string]string, len(ep.Headers))}
+	for name, value := range ep.Headers {
+		j.Headers[name] = shownHeader(name, value)
+	}
+	for _, s := range sub.Secrets {
+		sj := secretJSON{Fingerprint: s.Fingerprint(), CreatedAt: s.CreatedAt}
+		if !s.ExpiresAt.IsZero() {
+			t := s.ExpiresAt
+			sj.ExpiresAt = &t
+		}
+		j.Secrets = append(j.Secrets, sj)
+	}
+	dur := func(d time.Duration) *string {
+		if d == 0 {
+			return nil
+		}
+		s := delivery.FormatSchedule([]time.Duration{d})
+		return &s
+	}
+	j.Timeout, j.RetryBaseDelay, j.RetryMaxDelay = dur(ep.Timeout), dur(ep.RetryBaseDelay), dur(ep.RetryMaxDelay)
+	if len(ep.RetrySchedule) > 0 {
+		s := delivery.FormatSchedule(ep.RetrySchedule)
+		j.RetrySchedule = &s
+	}
+	num := func(n int) *int {
+		if n == 0 {
+			return nil
+		}
+		return &n
+	}
+	j.MaxAttempts, j.Concurrency, j.BreakerFailures = num(ep.MaxAttempts), num(ep.Concurrency), num(ep.BreakerFailures)
+	if ep.BreakerFailures == delivery.BreakerOff {
+		off := 0
+		j.BreakerFailures = &off
+	}
+	j.BreakerProbe, j.DisableAfter = dur(ep.BreakerProbe), dur(ep.DisableAfter)
+	if !ep.Rate.IsZero() {
+		r := ep.Rate.String()
+		j.Rate = &r
+	}
+	return j
+}
+
+// breakerJSON returns the state of the breaker of inbox's endpoint, nil
+// when it cannot be read.
+func (s *Server) breakerJSON(r *http.Request, inbox string) *breakerJSON {
+	b, err := s.delivery.Breaker(r.Context(), inbox)
+	if err != nil {
+		return nil
+	}
+	j := &breakerJSON{State: b.State, Failures: b.Failures}
+	if !b.Since.IsZero() {
+		j.Since = &b.Since
+	}
+	if b.LastError != "" {
+		j.LastError = &b.LastError
+	}
+	if !b.NextProbe.IsZero() {
+		j.NextProbe = &b.NextProbe
+	}
+	return j
+}
+
+// enableSubscription closes the breaker of a subscription's endpoint,
+// open or disabled, and answers the subscription.
+func (s *Server) enableSubscription(w http.ResponseWriter, r *http.Request) {
+	if !checkName(w, "subscription", r.PathValue("name")) {
+		return
+	}
+	if _, err := s.delivery.Enable(r.Context(), r.PathValue("name")); err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	s.getSubscription(w, r)
+}
+
+// attemptJSON is one attempt of the attempt log in the API.
+type attemptJSON struct {
+	Attempt         int       `json:"attempt"`
+	AttemptedAt     time.Time `json:"attempted_at"`
+	EndpointURL     string    `json:"endpoint_url"`
+	StatusCode      int       `json:"status_code"` // 0: no answer
+	LatencyMS       float64   `json:"latency_ms"`
+	Error           *string   `json:"error"`
+	ResponseExcerpt *string   `json:"response_excerpt"`
+}
+
+func (s *Server) listAttempts(w http.ResponseWriter, r *http.Request) {
+	if !checkName(w, "inbox", r.PathValue("inbox")) {
+		return
+	}
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id < 1 {
+		writeError(w, http.StatusBadRequest, "invalid_field", "item id %q: want a positive whole number", r.PathValue("id"))
+		return
+	}
+	log, err := s.delivery.Attempts(r.Context(), r.PathValue("inbox"), id)
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	out := make([]attemptJSON, len(log))
+	for i, a := range log {
+		out[i] = attemptJSON{Attempt: a.Number, AttemptedAt: a.At, EndpointURL: a.URL, StatusCode: a.Status,
+			LatencyMS: float64(a.Latency.Microseconds()) / 1000}
+		if a.Error != "" {
+			out[i].Error = &log[i].Error
+		}
+		if a.Excerpt != "" {
+			out[i].ResponseExcerpt = &log[i].Excerpt
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"attempts": out})
+}

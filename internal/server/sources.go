@@ -1,0 +1,488 @@
+package server
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/internal/stdwebhook"
+	"github.com/postbox-events/postbox/internal/webhooksig"
+)
+
+// The HTTP API of sources (docs/API.md#sources) and the settings of
+// webhook sources.
+
+// Webhook presets: the providers whose identity headers and signature
+// scheme a webhook source can take by name.
+const (
+	PresetGitHub = "github"
+	PresetStripe = "stripe"
+)
+
+// Bounds of a webhook source's settings.
+const (
+	maxSourceSecrets   = 10   // secrets at once, while rotating
+	maxSourceSecretLen = 1024 // bytes of one
+	maxIdentityNameLen = 128  // bytes of a key or type header or field name
+)
+
+// webhookSettings are the settings of a source of kind webhook, stored as
+// its JSON settings. The zero value takes unsigned webhooks with the
+// default identity (Idempotency-Key or webhook-id, X-Event-Type).
+type webhookSettings struct {
+	// Preset names a provider (PresetGitHub, PresetStripe): its key and
+	// type come from where the provider puts them (unless the fields
+	// below say otherwise), and every webhook must carry the provider's
+	// signature by one of Secrets.
+	Preset string `json:"preset,omitempty"`
+	// Secrets verify each webhook: with a preset, the provider's secrets
+	// as written at the provider; without one, Standard Webhooks secrets
+	// ("whsec_…"). None: webhooks are not verified (no preset only).
+	Secrets    []string `json:"secrets,omitempty"`
+	KeyHeader  string   `json:"key_header,omitempty"`
+	KeyField   string   `json:"key_field,omitempty"`
+	TypeHeader string   `json:"type_header,omitempty"`
+	TypeField  string   `json:"type_field,omitempty"`
+	// ServeFlags, the default source's, takes every setting from serve's
+	// flags (Config.Webhooks) and holds no other.
+	ServeFlags bool `json:"serve_flags,omitempty"`
+}
+
+// effective returns the settings with the preset's identity filled in
+// where the source does not say otherwise.
+func (ws webhookSettings) effective() webhookSettings {
+	switch ws.Preset {
+	case PresetGitHub:
+		if ws.KeyHeader == "" && ws.KeyField == "" {
+			ws.KeyHeader = "X-GitHub-Delivery"
+		}
+		if ws.TypeHeader == "" && ws.TypeField == "" {
+			ws.TypeHeader = "X-GitHub-Event"
+		}
+	case PresetStripe:
+		if ws.KeyHeader == "" && ws.KeyField == "" {
+			ws.KeyField = "id"
+		}
+		if ws.TypeHeader == "" && ws.TypeField == "" {
+			ws.TypeField = "type"
+		}
+	}
+	return ws
+}
+
+// validate checks the settings a request gives a webhook source, naming
+// the field of what is wrong.
+func (ws webhookSettings) validate() error {
+	if ws.ServeFlags {
+		if ws.Preset != "" || len(ws.Secrets) > 0 || ws.KeyHeader != "" || ws.KeyField != "" || ws.TypeHeader != "" || ws.TypeField != "" {
+			return errors.New("settings.serve_flags: takes every setting from serve's --webhook-* flags; give no other")
+		}
+		return nil
+	}
+	switch ws.Preset {
+	case "":
+	case PresetGitHub, PresetStripe:
+		if len(ws.Secrets) == 0 {
+			return fmt.Errorf("settings.secrets: the %s preset verifies every webhook's signature: give the secret set at %s", ws.Preset, ws.Preset)
+		}
+	default:
+		return fmt.Errorf("settings.preset %q: use github or stripe, or none", ws.Preset)
+	}
+	if len(ws.Secrets) > maxSourceSecrets {
+		return fmt.Errorf("settings.secrets: %d secrets, at most %d", len(ws.Secrets), maxSourceSecrets)
+	}
+	for i, sec := range ws.Secrets {
+		if sec == "" || strings.TrimSpace(sec) != sec || len(sec) > maxSourceSecretLen {
+			return fmt.Errorf("settings.secrets[%d]: want 1 to %d bytes without surrounding space", i, maxSourceSecretLen)
+		}
+		if ws.Preset == "" {
+			if _, err := stdwebhook.ParseSecret(sec); err != nil || !strings.HasPrefix(sec, "whsec_") {
+				return fmt.Errorf("settings.secrets[%d]: a Standard Webhooks secret is whsec_ and base64 (or give a preset)", i)
+			}
+		}
+	}
+	for _, f := range []struct{ name, v string }{
+		{"key_header", ws.KeyHeader}, {"type_header", ws.TypeHeader},
+	} {
+		if f.v != "" && !validHeaderName(f.v) {
+			return fmt.Errorf("settings.%s %q: not a header name", f.name, f.v)
+		}
+	}
+	for _, f := range []struct{ name, v string }{
+		{"key_field", ws.KeyField}, {"type_field", ws.TypeField},
+	} {
+		if f.v != "" {
+			if err := checkText("settings."+f.name, f.v, maxIdentityNameLen); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// validHeaderName reports whether v is an HTTP header name (a token) of
+// at most maxIdentityNameLen bytes.
+func validHeaderName(v string) bool {
+	if v == "" || len(v) > maxIdentityNameLen {
+		return false
+	}
+	for _, c := range []byte(v) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// intake is how a webhook source takes webhooks: the identity and size
+// settings, and the signature check.
+type intake struct {
+	cfg  WebhookConfig // MaxBytes, key and type headers and fields
+	from identityFrom
+	// verify checks a webhook's signature; its error names the header.
+	verify func(r *http.Request, body []byte, now time.Time) error
+}
+
+// sourceCacheTTL is how long a webhook source read from the store is used
+// without reading it again. This process forgets a source at once when it
+// creates or deletes it; other processes sharing the store see the change
+// within sourceCacheTTL.
+const sourceCacheTTL = time.Second
+
+// sourceCache holds the webhook sources read in the last sourceCacheTTL,
+// so that a webhook does not read its source from the store each time.
+type sourceCache struct {
+	mu sync.Mutex
+	m  map[string]cachedSource
+}
+
+type cachedSource struct {
+	kind string
+	in   intake
+	at   time.Time
+}
+
+func (c *sourceCache) get(name string, now time.Time) (cachedSource, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[name]
+	if ok && now.Sub(e.at) >= sourceCacheTTL {
+		delete(c.m, name)
+		return cachedSource{}, false
+	}
+	return e, ok
+}
+
+func (c *sourceCache) put(name string, e cachedSource) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]cachedSource{}
+	}
+	c.m[name] = e
+}
+
+func (c *sourceCache) forget(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, name)
+}
+
+// webhookIntake returns the intake of source, or answers 404 when there
+// is no such source and 400 when it is not of kind webhook.
+func (s *Server) webhookIntake(w http.ResponseWriter, r *http.Request, source string) (intake, bool) {
+	if !namePattern.MatchString(source) {
+		writeError(w, http.StatusNotFound, "not_found", "no source %q", source)
+		return intake{}, false
+	}
+	now := time.Now()
+	e, ok := s.sources.get(source, now)
+	if !ok {
+		src, err := s.delivery.Source(r.Context(), source)
+		if errors.Is(err, delivery.ErrNotFound) {
+			writeError(w, http.StatusNotFound, "not_found", "no source %q: create it with postbox sources create %s --kind webhook", source, source)
+			return intake{}, false
+		}
+		if err != nil {
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, "unavailable", "reading source %q: %v; send it again", source, err)
+			return intake{}, false
+		}
+		e = cachedSource{kind: src.Kind, at: now}
+		if src.Kind == delivery.KindWebhook {
+			var ws webhookSettings
+			if err := json.Unmarshal(src.Settings, &ws); err != nil {
+				s.log.Error("webhooks: a source's settings do not decode", "source", source, "err", err)
+				writeError(w, http.StatusServiceUnavailable, "unavailable", "source %q: its settings do not decode", source)
+				return intake{}, false
+			}
+			e.in = s.intakeOf(ws)
+		}
+		s.sources.put(source, e)
+	}
+	if e.kind != delivery.KindWebhook {
+		writeError(w, http.StatusBadRequest, "invalid_source", "source %q is of kind %s, not webhook: it takes no webhooks", source, e.kind)
+		return intake{}, false
+	}
+	return e.in, true
+}
+
+// intakeOf returns the intake of a webhook source's settings.
+func (s *Server) intakeOf(ws webhookSettings) intake {
+	none := func(*http.Request, []byte, time.Time) error { return nil }
+	if ws.ServeFlags {
+		in := intake{cfg: s.cfg.Webhooks, verify: none}
+		if keys := s.webhookKeys; len(keys) > 0 {
+			in.from, in.verify = fromSigned, standardVerifier(keys)
+		}
+		return in
+	}
+	ws = ws.effective()
+	in := intake{cfg: WebhookConfig{MaxBytes: s.cfg.Webhooks.MaxBytes, KeyHeader: ws.KeyHeader, KeyField: ws.KeyField,
+		TypeHeader: ws.TypeHeader, TypeField: ws.TypeField}, verify: none}
+	secrets := ws.Secrets
+	switch ws.Preset {
+	case PresetGitHub:
+		in.from = fromProvider
+		in.verify = func(r *http.Request, body []byte, _ time.Time) error {
+			if err := webhooksig.GitHub(secrets, r.Header.Get(webhooksig.GitHubHeader), body); err != nil {
+				return fmt.Errorf("%s: %w", webhooksig.GitHubHeader, err)
+			}
+			return nil
+		}
+	case PresetStripe:
+		in.from = fromProvider
+		in.verify = func(r *http.Request, body []byte, now time.Time) error {
+			if err := webhooksig.Stripe(secrets, r.Header.Get(webhooksig.StripeHeader), body, now); err != nil {
+				return fmt.Errorf("%s: %w", webhooksig.StripeHeader, err)
+			}
+			return nil
+		}
+	default:
+		if len(secrets) > 0 {
+			keys := make([][]byte, 0, len(secrets))
+			for _, sec := range secrets {
+				if k, err := stdwebhook.ParseSecret(sec); err == nil { // validated when created
+					keys = append(keys, k)
+				}
+			}
+			in.from, in.verify = fromSigned, standardVerifier(keys)
+		}
+	}
+	return in
+}
+
+// standardVerifier checks a Standard Webhooks signature by one of keys.
+func standardVerifier(keys [][]byte) func(*http.Request, []byte, time.Time) error {
+	return func(r *http.Request, body []byte, now time.Time) error {
+		err := stdwebhook.Verify(keys, r.Header.Get("Webhook-Id"), r.Header.Get("Webhook-Timestamp"), r.Header.Get("Webhook-Signature"), body, now)
+		if err != nil {
+			return fmt.Errorf("Standard Webhooks signature (webhook-id, webhook-timestamp, webhook-signature): %w", err)
+		}
+		return nil
+	}
+}
+
+// sourceJSON is a source in the API.
+type sourceJSON struct {
+	Name     string `json:"name"`
+	Kind     string `json:"kind"`
+	Stream   string `json:"stream"`
+	Settings any    `json:"settings"`
+	// Path is where a webhook source takes its webhooks.
+	Path       string         `json:"path,omitempty"`
+	Checkpoint checkpointJSON `json:"checkpoint"`
+	CreatedAt  time.Time      `json:"created_at"`
+}
+
+// checkpointJSON is a source's checkpoint: {} for a source that is sent
+// to.
+type checkpointJSON struct {
+	Cursor      string     `json:"cursor,omitempty"`
+	LastEventAt *time.Time `json:"last_event_at,omitempty"`
+	LastError   string     `json:"last_error,omitempty"`
+	LastPollAt  *time.Time `json:"last_poll_at,omitempty"`
+	UpdatedAt   *time.Time `json:"updated_at,omitempty"`
+}
+
+// webhookSettingsJSON are a webhook source's effective settings in the
+// API, its secrets as fingerprints.
+type webhookSettingsJSON struct {
+	Preset     string             `json:"preset,omitempty"`
+	Secrets    []sourceSecretJSON `json:"secrets"`
+	KeyHeader  string             `json:"key_header,omitempty"`
+	KeyField   string             `json:"key_field,omitempty"`
+	TypeHeader string             `json:"type_header,omitempty"`
+	TypeField  string             `json:"type_field,omitempty"`
+	ServeFlags bool               `json:"serve_flags,omitempty"`
+	Signature  string             `json:"signature"` // the scheme checked: standard-webhooks, github, stripe or none
+}
+
+type sourceSecretJSON struct {
+	Fingerprint string `json:"fingerprint"`
+}
+
+// secretFingerprint identifies a source's secret without revealing any
+// of it: the first hex digits of its SHA-256.
+func secretFingerprint(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return "sha256:" + hex.EncodeToString(sum[:6])
+}
+
+func (s *Server) sourceJSON(src delivery.Source) sourceJSON {
+	j := sourceJSON{Name: src.Name, Kind: src.Kind, Stream: src.Stream, Settings: src.Settings, CreatedAt: src.CreatedAt}
+	c := src.Checkpoint
+	j.Checkpoint = checkpointJSON{Cursor: c.Cursor, LastError: c.LastError}
+	for _, t := range []struct {
+		v  time.Time
+		to **time.Time
+	}{{c.LastEventAt, &j.Checkpoint.LastEventAt}, {c.LastPollAt, &j.Checkpoint.LastPollAt}, {c.UpdatedAt, &j.Checkpoint.UpdatedAt}} {
+		if !t.v.IsZero() {
+			v := t.v
+			*t.to = &v
+		}
+	}
+	if src.Kind != delivery.KindWebhook {
+		return j
+	}
+	var ws webhookSettings
+	json.Unmarshal(src.Settings, &ws)
+	j.Path = "/webhooks/" + src.Name
+	secrets := ws.Secrets
+	if ws.ServeFlags {
+		c := s.cfg.Webhooks
+		ws = webhookSettings{ServeFlags: true, KeyHeader: c.KeyHeader, KeyField: c.KeyField, TypeHeader: c.TypeHeader, TypeField: c.TypeField}
+		secrets = c.Secrets
+		if src.Name == WebhookSource {
+			j.Path = "/webhooks"
+		}
+	}
+	ws = ws.effective()
+	sj := webhookSettingsJSON{Preset: ws.Preset, Secrets: []sourceSecretJSON{}, KeyHeader: ws.KeyHeader, KeyField: ws.KeyField,
+		TypeHeader: ws.TypeHeader, TypeField: ws.TypeField, ServeFlags: ws.ServeFlags, Signature: "none"}
+	for _, sec := range secrets {
+		sj.Secrets = append(sj.Secrets, sourceSecretJSON{secretFingerprint(sec)})
+	}
+	switch {
+	case ws.Preset != "":
+		sj.Signature = ws.Preset
+	case len(secrets) > 0:
+		sj.Signature = "standard-webhooks"
+	}
+	j.Settings = sj
+	return j
+}
+
+func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Name     *string         `json:"name"`
+		Kind     *string         `json:"kind"`
+		Settings json.RawMessage `json:"settings"`
+	}
+	if !decodeBody(w, r, &req, false) {
+		return
+	}
+	switch {
+	case req.Name == nil:
+		writeError(w, http.StatusBadRequest, "missing_field", "name: required")
+		return
+	case req.Kind == nil:
+		writeError(w, http.StatusBadRequest, "missing_field", "kind: required (webhook, or device for the source devices)")
+		return
+	}
+	if !checkName(w, "name", *req.Name) {
+		return
+	}
+	settings := bytes.TrimSpace(req.Settings)
+	if bytes.Equal(settings, []byte("null")) {
+		settings = nil
+	}
+	src := delivery.Source{Name: *req.Name, Kind: *req.Kind}
+	switch *req.Kind {
+	case delivery.KindWebhook:
+		var ws webhookSettings
+		if len(settings) > 0 {
+			dec := json.NewDecoder(bytes.NewReader(settings))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&ws); err != nil {
+				_, msg := jsonError(err)
+				writeError(w, http.StatusBadRequest, "invalid_field", "settings: %s", msg)
+				return
+			}
+		}
+		if err := ws.validate(); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_field", "%v", err)
+			return
+		}
+		src.Settings, _ = json.Marshal(ws)
+	case delivery.KindDevice:
+		if *req.Name != DeviceSource {
+			writeError(w, http.StatusBadRequest, "invalid_field", "kind device: the WebSocket ingress stores every device's events in the source %s; create that one, or a webhook source", DeviceSource)
+			return
+		}
+		if len(settings) > 0 && !bytes.Equal(settings, []byte("{}")) {
+			writeError(w, http.StatusBadRequest, "invalid_field", "settings: a device source has none")
+			return
+		}
+	default:
+		writeError(w, http.StatusBadRequest, "invalid_field", "kind %q: use webhook, or device for the source %s", *req.Kind, DeviceSource)
+		return
+	}
+	got, created, err := s.delivery.CreateSource(r.Context(), src)
+	s.sources.forget(src.Name)
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, s.sourceJSON(got))
+}
+
+func (s *Server) listSources(w http.ResponseWriter, r *http.Request) {
+	srcs, err := s.delivery.Sources(r.Context())
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	out := make([]sourceJSON, 0, len(srcs))
+	for _, src := range srcs {
+		out = append(out, s.sourceJSON(src))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sources": out})
+}
+
+func (s *Server) getSource(w http.ResponseWriter, r *http.Request) {
+	if !checkName(w, "source", r.PathValue("name")) {
+		return
+	}
+	src, err := s.delivery.Source(r.Context(), r.PathValue("name"))
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.sourceJSON(src))
+}
+
+func (s *Server) deleteSource(w http.ResponseWriter, r *http.Request) {
+	if !checkName(w, "source", r.PathValue("name")) {
+		return
+	}
+	err := s.delivery.DeleteSource(r.Context(), r.PathValue("name"))
+	s.sources.forget(r.PathValue("name"))
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

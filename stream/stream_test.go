@@ -1,0 +1,34 @@
+package stream_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/postbox-events/postbox/stream"
+)
+
+// TestStartJSON: a Start is stored as the JSON that JetStream's consumer
+// records and Kafka's commit metadata have always held, canonical, and
+// reads back the same.
+func TestStartJSON(t *testing.T) {
+	at := time.Date(2026, 11, 24, 10, 0, 0, 5, time.FixedZone("CET", 3600))
+	for _, c := range []struct {
+		start stream.Start
+		json  string
+	}{
+		{stream.Start{}, `{"policy":"latest"}`},
+		{stream.Start{Policy: stream.StartEarliest, Offset: 9}, `{"policy":"earliest"}`},
+		{stream.Start{Policy: stream.StartAtOffset, Offset: 5}, `{"policy":"at_offset","offset":5}`},
+		{stream.Start{Policy: stream.StartAtTime, Time: at}, `{"policy":"at_time","time":"2026-11-24T09:00:00.000000005Z"}`},
+	} {
+		b, err := json.Marshal(c.start)
+		if err != nil || string(b) != c.json {
+			t.Errorf("Marshal(%+v) = %s, %v; want %s", c.start, b, err, c.json)
+		}
+		var back stream.Start
+		if err := json.Unmarshal(b, &back); err != nil || back != c.start.Canonical() {
+			t.Errorf("Unmarshal(%s) = %+v, %v; want %+v", b, back, err, c.start.Canonical())
+		}
+	}
+}
