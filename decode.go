@@ -477,6 +477,8 @@ const (
 	fieldTS
 	fieldSessionID
 	fieldDeviceID
+	fieldTraceParent
+	fieldTraceState
 	fieldSeq
 	fieldPayload
 )
@@ -488,6 +490,8 @@ var fieldNames = [...]string{
 	fieldTS:            "ts",
 	fieldSessionID:     "session_id",
 	fieldDeviceID:      "device_id",
+	fieldTraceParent:   "traceparent",
+	fieldTraceState:    "tracestate",
 	fieldSeq:           "seq",
 	fieldPayload:       "payload",
 }
@@ -509,6 +513,10 @@ func lookupField(key []byte) int {
 		return fieldSessionID
 	case "device_id":
 		return fieldDeviceID
+	case "traceparent":
+		return fieldTraceParent
+	case "tracestate":
+		return fieldTraceState
 	case "seq":
 		return fieldSeq
 	case "payload":
@@ -590,7 +598,7 @@ func (s *scanner) envelope(i int, env *Envelope) (int, *FieldError) {
 	var keyBuf []byte
 	// strs holds the string fields' values until the end, to make them
 	// strings at once.
-	var strs [fieldDeviceID + 1][]byte
+	var strs [fieldTraceState + 1][]byte
 	// seen has bit f set once field f was given.
 	var seen uint32
 	idTwice := false
@@ -638,7 +646,7 @@ func (s *scanner) envelope(i int, env *Envelope) (int, *FieldError) {
 		}
 		c := data[i]
 		switch f {
-		case fieldEventID, fieldType, fieldTS, fieldSessionID, fieldDeviceID:
+		case fieldEventID, fieldType, fieldTS, fieldSessionID, fieldDeviceID, fieldTraceParent, fieldTraceState:
 			if c == '"' {
 				var ok bool
 				if strs[f], i, ok = s.textValue(i); !ok && i >= 0 {
@@ -756,7 +764,7 @@ func notText(field string) *FieldError {
 }
 
 // setStrings sets env's string fields to strs, in one allocation.
-func setStrings(env *Envelope, strs *[fieldDeviceID + 1][]byte) {
+func setStrings(env *Envelope, strs *[fieldTraceState + 1][]byte) {
 	n := 0
 	for _, b := range strs {
 		n += len(b)
@@ -770,7 +778,8 @@ func setStrings(env *Envelope, strs *[fieldDeviceID + 1][]byte) {
 		sb.Write(b)
 	}
 	all := sb.String()
-	for f, dst := range [...]*string{fieldEventID: &env.EventID, fieldType: &env.Type, fieldTS: &env.TS, fieldSessionID: &env.SessionID, fieldDeviceID: &env.DeviceID} {
+	for f, dst := range [...]*string{fieldEventID: &env.EventID, fieldType: &env.Type, fieldTS: &env.TS, fieldSessionID: &env.SessionID, fieldDeviceID: &env.DeviceID,
+		fieldTraceParent: &env.TraceParent, fieldTraceState: &env.TraceState} {
 		if dst != nil {
 			*dst, all = all[:len(strs[f])], all[len(strs[f]):]
 		}

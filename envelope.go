@@ -15,7 +15,10 @@ import (
 // Payload holds the event's JSON object exactly as the producer wrote it.
 // Seq is optional: a producer that numbers its events may send that number,
 // and the receiver stores it as the source sequence, but never uses it for
-// identity.
+// identity. TraceParent and TraceState are optional too: the W3C trace
+// context (https://www.w3.org/TR/trace-context/) the event travels with,
+// stored with it and sent on with its deliveries; they are not part of its
+// identity either.
 type Envelope struct {
 	SchemaVersion int             `json:"schema_version"`
 	EventID       string          `json:"event_id"`
@@ -23,6 +26,8 @@ type Envelope struct {
 	TS            string          `json:"ts"`
 	SessionID     string          `json:"session_id"`
 	DeviceID      string          `json:"device_id"`
+	TraceParent   string          `json:"traceparent,omitempty"`
+	TraceState    string          `json:"tracestate,omitempty"`
 	Seq           *int64          `json:"seq,omitempty"`
 	Payload       json.RawMessage `json:"payload"`
 }
@@ -132,6 +137,67 @@ func (e *Envelope) Validate(lim Limits) error {
 	}
 	if e.Seq != nil && *e.Seq < 0 {
 		return &FieldError{Field: "seq", Code: CodeInvalidField, Message: "seq: must not be negative"}
+	}
+	if e.TraceParent != "" {
+		if err := CheckTraceParent(e.TraceParent); err != nil {
+			return &FieldError{Field: "traceparent", Code: CodeInvalidField, Message: "traceparent: " + err.Error()}
+		}
+	} else if e.TraceState != "" {
+		return &FieldError{Field: "tracestate", Code: CodeInvalidField, Message: "tracestate: given without a traceparent"}
+	}
+	if err := CheckTraceState(e.TraceState); err != nil {
+		return &FieldError{Field: "tracestate", Code: CodeInvalidField, Message: "tracestate: " + err.Error()}
+	}
+	return nil
+}
+
+// MaxTraceStateBytes bounds a tracestate, as W3C Trace Context's 32
+// list members of at most 256 characters would not; receivers may drop
+// longer ones anyway (the specification asks them to keep 512).
+const MaxTraceStateBytes = 512
+
+// CheckTraceParent returns an error saying what is wrong with a W3C
+// traceparent ("00-" 32 hex digits "-" 16 hex digits "-" 2 hex digits, in
+// lower case, with a trace id and a parent id that are not all zeros), or
+// nil. A version after 00 may carry more fields after a dash.
+func CheckTraceParent(v string) error {
+	if len(v) < 55 || (len(v) > 55 && (v[:2] == "00" || v[55] != '-')) {
+		return fmt.Errorf("%q is not a W3C traceparent (version-traceid-parentid-flags, 55 characters)", v)
+	}
+	for i := 0; i < 55; i++ {
+		c := v[i]
+		if i == 2 || i == 35 || i == 52 {
+			if c != '-' {
+				return fmt.Errorf("%q is not a W3C traceparent (version-traceid-parentid-flags, 55 characters)", v)
+			}
+			continue
+		}
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return fmt.Errorf("%q: %q is not a lower-case hex digit", v, c)
+		}
+	}
+	switch {
+	case v[:2] == "ff":
+		return fmt.Errorf("%q: version ff is invalid", v)
+	case v[3:35] == strings.Repeat("0", 32):
+		return fmt.Errorf("%q: the trace id is all zeros", v)
+	case v[36:52] == strings.Repeat("0", 16):
+		return fmt.Errorf("%q: the parent id is all zeros", v)
+	}
+	return nil
+}
+
+// CheckTraceState returns an error when a tracestate is longer than
+// MaxTraceStateBytes or holds characters it may not (it is printable
+// ASCII), or nil.
+func CheckTraceState(v string) error {
+	if len(v) > MaxTraceStateBytes {
+		return fmt.Errorf("%d bytes, over the limit of %d", len(v), MaxTraceStateBytes)
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < 0x20 || c > 0x7e {
+			return fmt.Errorf("holds the byte %#02x: it is printable ASCII", c)
+		}
 	}
 	return nil
 }
