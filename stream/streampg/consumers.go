@@ -82,21 +82,64 @@ func (b *Backend) EnsureConsumer(ctx context.Context, cfg stream.ConsumerConfig)
 	return c, nil
 }
 
-// DeleteConsumer implements stream.Backend.
+// DeleteConsumer implements stream.Backend. The consumer's moves in
+// consumer_commits go with it.
 func (b *Backend) DeleteConsumer(ctx context.Context, id string) error {
-	ct, err := b.pool.Exec(ctx, b.q(`DELETE FROM {s}.consumers WHERE consumer_id = $1`), id)
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("delete consumer %s: %w", id, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	ct, err := tx.Exec(ctx, b.q(`DELETE FROM {s}.consumers WHERE consumer_id = $1`), id)
 	if err != nil {
 		return fmt.Errorf("delete consumer %s: %w", id, err)
 	}
 	if ct.RowsAffected() == 0 {
 		return fmt.Errorf("%w: %s", stream.ErrConsumerNotFound, id)
 	}
+	if _, err := tx.Exec(ctx, b.q(`DELETE FROM {s}.consumer_commits WHERE consumer_id = $1`), id); err != nil {
+		return fmt.Errorf("delete consumer %s: audit: %w", id, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("delete consumer %s: commit: %w", id, err)
+	}
 	return nil
+}
+
+// Moves implements stream.Auditor: the newest moves of consumerID from
+// consumer_commits, which keeps about the newest 1000 per consumer.
+func (b *Backend) Moves(ctx context.Context, consumerID string, limit int) ([]stream.Move, error) {
+	if _, err := b.Consumer(ctx, consumerID); err != nil {
+		return nil, err
+	}
+	rows, err := b.pool.Query(ctx, b.q(`SELECT consumer_id, stream_id, kind, committed_offset, start_json, committed_at
+		FROM {s}.consumer_commits WHERE consumer_id = $1 ORDER BY commit_id DESC LIMIT $2`), consumerID, max(limit, 1))
+	if err != nil {
+		return nil, fmt.Errorf("moves of %s: %w", consumerID, err)
+	}
+	defer rows.Close()
+	var out []stream.Move
+	for rows.Next() {
+		var m stream.Move
+		var start *string
+		if err := rows.Scan(&m.ConsumerID, &m.StreamID, &m.Kind, &m.Offset, &start, &m.At); err != nil {
+			return nil, fmt.Errorf("moves of %s: %w", consumerID, err)
+		}
+		if start != nil {
+			m.Start = new(stream.Start)
+			if err := m.Start.UnmarshalJSON([]byte(*start)); err != nil {
+				return nil, fmt.Errorf("moves of %s: start %q: %w", consumerID, *start, err)
+			}
+		}
+		m.At = m.At.UTC()
+		out = append(out, m)
+	}
+	return out, rows.Err()
 }
 
 // Commit implements stream.Backend.
 func (b *Backend) Commit(ctx context.Context, consumerID string, offset int64) (stream.Consumer, error) {
-	return b.moveConsumer(ctx, consumerID, func(tx pgx.Tx, c stream.Consumer) (int64, string, []any, error) {
+	return b.moveConsumer(ctx, consumerID, nil, func(tx pgx.Tx, c stream.Consumer) (int64, string, []any, error) {
 		switch {
 		case offset == c.NextOffset-1:
 			return 0, "", nil, errUnchanged // committed already
@@ -119,7 +162,7 @@ func (b *Backend) Reset(ctx context.Context, consumerID string, start stream.Sta
 	if err := start.Validate(); err != nil {
 		return stream.Consumer{}, fmt.Errorf("reset %s: %w", consumerID, err)
 	}
-	return b.moveConsumer(ctx, consumerID, func(tx pgx.Tx, c stream.Consumer) (int64, string, []any, error) {
+	return b.moveConsumer(ctx, consumerID, &start, func(tx pgx.Tx, c stream.Consumer) (int64, string, []any, error) {
 		next, err := b.startOffset(ctx, tx, c.StreamID, start)
 		if err != nil {
 			return 0, "", nil, fmt.Errorf("reset %s: %w", consumerID, err)
@@ -131,9 +174,14 @@ func (b *Backend) Reset(ctx context.Context, consumerID string, start stream.Sta
 
 var errUnchanged = errors.New("unchanged")
 
+// auditKept is how many moves per consumer consumer_commits keeps.
+const auditKept = 1000
+
 // moveConsumer locks consumerID and sets its next offset (and the columns
-// in set, "column = $3, ...", with their args) to what decide returns.
-func (b *Backend) moveConsumer(ctx context.Context, consumerID string,
+// in set, "column = $3, ...", with their args) to what decide returns, and
+// records the move in consumer_commits: a reset to start, or a commit when
+// start is nil.
+func (b *Backend) moveConsumer(ctx context.Context, consumerID string, start *stream.Start,
 	decide func(tx pgx.Tx, c stream.Consumer) (next int64, set string, args []any, err error)) (stream.Consumer, error) {
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
@@ -155,6 +203,25 @@ func (b *Backend) moveConsumer(ctx context.Context, consumerID string,
 		WHERE consumer_id = $1 RETURNING `+consumerColumns), append([]any{consumerID, next}, args...)...), consumerID)
 	if err != nil {
 		return c, err
+	}
+	kind, startJSON := stream.MoveCommit, (*string)(nil)
+	if start != nil {
+		j, err := start.MarshalJSON()
+		if err != nil {
+			return c, fmt.Errorf("reset %s: %w", consumerID, err)
+		}
+		kind, startJSON = stream.MoveReset, new(string(j))
+	}
+	if _, err := tx.Exec(ctx, b.q(`INSERT INTO {s}.consumer_commits (consumer_id, stream_id, committed_offset, kind, start_json)
+		VALUES ($1, $2, $3, $4, $5)`), consumerID, c.StreamID, next-1, kind, startJSON); err != nil {
+		return c, fmt.Errorf("consumer %s: audit: %w", consumerID, err)
+	}
+	if b.moves.Add(1)%256 == 0 {
+		if _, err := tx.Exec(ctx, b.q(`DELETE FROM {s}.consumer_commits WHERE consumer_id = $1 AND commit_id <
+			(SELECT commit_id FROM {s}.consumer_commits WHERE consumer_id = $1 ORDER BY commit_id DESC OFFSET $2 LIMIT 1)`),
+			consumerID, auditKept-1); err != nil {
+			return c, fmt.Errorf("consumer %s: prune audit: %w", consumerID, err)
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return c, fmt.Errorf("consumer %s: commit: %w", consumerID, err)

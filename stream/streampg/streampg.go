@@ -47,6 +47,7 @@ import (
 	"io/fs"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -102,6 +103,7 @@ type Backend struct {
 	ownPool  bool
 	schema   string
 	listener *listener
+	moves    atomic.Int64 // consumer moves recorded, for pruning consumer_commits
 }
 
 var (
@@ -109,6 +111,7 @@ var (
 	_ stream.Waiter  = (*Backend)(nil)
 	_ stream.Trimmer = (*Backend)(nil)
 	_ stream.Scanner = (*Backend)(nil)
+	_ stream.Auditor = (*Backend)(nil)
 )
 
 var schemaName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)

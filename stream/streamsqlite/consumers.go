@@ -119,7 +119,7 @@ func (b *Backend) Reset(ctx context.Context, consumerID string, start stream.Sta
 			return err
 		}
 		policy, startOffset, startTime := startColumns(start)
-		if err := b.moveConsumer(ctx, tx, c, next, `start_policy = ?, start_offset = ?, start_time = ?,`, policy, startOffset, startTime); err != nil {
+		if err := b.moveConsumer(ctx, tx, c, next, &start, `start_policy = ?, start_offset = ?, start_time = ?,`, policy, startOffset, startTime); err != nil {
 			return err
 		}
 		c, err = b.consumerTx(ctx, tx, consumerID)
@@ -146,7 +146,7 @@ func (b *Backend) commitTx(ctx context.Context, tx *sql.Tx, consumerID string, o
 	case offset > st.last:
 		return c, fmt.Errorf("%w: commit of %d past the high watermark %d of %s", stream.ErrOffsetOutOfRange, offset, st.last, st.ID)
 	}
-	if err := b.moveConsumer(ctx, tx, c, offset+1, ""); err != nil {
+	if err := b.moveConsumer(ctx, tx, c, offset+1, nil, ""); err != nil {
 		return c, err
 	}
 	return b.consumerTx(ctx, tx, consumerID)
@@ -156,15 +156,24 @@ func (b *Backend) commitTx(ctx context.Context, tx *sql.Tx, consumerID string, o
 const auditKept = 1000
 
 // moveConsumer sets c's next offset (and the columns in set, a list of
-// "column = ?," with their args) and records it in the audit table.
-func (b *Backend) moveConsumer(ctx context.Context, tx *sql.Tx, c stream.Consumer, next int64, set string, args ...any) error {
+// "column = ?," with their args) and records it in the audit table: as a
+// reset to start, or as a commit when start is nil.
+func (b *Backend) moveConsumer(ctx context.Context, tx *sql.Tx, c stream.Consumer, next int64, start *stream.Start, set string, args ...any) error {
 	now := b.now().UTC().Format(sqlitedb.Time)
 	args = append(args, next, now, c.ID)
 	if _, err := tx.ExecContext(ctx, `UPDATE consumers SET `+set+` next_offset = ?, updated_at = ? WHERE consumer_id = ?`, args...); err != nil {
 		return fmt.Errorf("commit %s: %w", c.ID, err)
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO consumer_commits (commit_id, consumer_id, stream_id, committed_offset, committed_at)
-		VALUES (?, ?, ?, ?, ?)`, "cc_"+ulid.Make().String(), c.ID, c.StreamID, next-1, now); err != nil {
+	kind, startJSON := stream.MoveCommit, any(nil)
+	if start != nil {
+		j, err := start.MarshalJSON()
+		if err != nil {
+			return fmt.Errorf("reset %s: %w", c.ID, err)
+		}
+		kind, startJSON = stream.MoveReset, string(j)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO consumer_commits (commit_id, consumer_id, stream_id, committed_offset, committed_at, kind, start_json)
+		VALUES (?, ?, ?, ?, ?, ?, ?)`, "cc_"+ulid.Make().String(), c.ID, c.StreamID, next-1, now, kind, startJSON); err != nil {
 		return fmt.Errorf("commit %s: audit: %w", c.ID, err)
 	}
 	if b.commitCount++; b.commitCount%256 == 0 {
@@ -175,6 +184,38 @@ func (b *Backend) moveConsumer(ctx context.Context, tx *sql.Tx, c stream.Consume
 		}
 	}
 	return nil
+}
+
+// Moves implements stream.Auditor: the newest moves of consumerID from
+// consumer_commits, which keeps about the newest 1000 per consumer.
+func (b *Backend) Moves(ctx context.Context, consumerID string, limit int) ([]stream.Move, error) {
+	if _, err := b.Consumer(ctx, consumerID); err != nil {
+		return nil, err
+	}
+	rows, err := b.read.QueryContext(ctx, `SELECT consumer_id, stream_id, kind, committed_offset, start_json, committed_at
+		FROM consumer_commits WHERE consumer_id = ? ORDER BY commit_id DESC LIMIT ?`, consumerID, max(limit, 1))
+	if err != nil {
+		return nil, fmt.Errorf("moves of %s: %w", consumerID, err)
+	}
+	defer rows.Close()
+	var out []stream.Move
+	for rows.Next() {
+		var m stream.Move
+		var start sql.NullString
+		var at string
+		if err := rows.Scan(&m.ConsumerID, &m.StreamID, &m.Kind, &m.Offset, &start, &at); err != nil {
+			return nil, fmt.Errorf("moves of %s: %w", consumerID, err)
+		}
+		if start.Valid {
+			m.Start = new(stream.Start)
+			if err := m.Start.UnmarshalJSON([]byte(start.String)); err != nil {
+				return nil, fmt.Errorf("moves of %s: start %q: %w", consumerID, start.String, err)
+			}
+		}
+		m.At, _ = sqlitedb.ParseTime(at)
+		out = append(out, m)
+	}
+	return out, rows.Err()
 }
 
 // startOffset returns the next offset of a consumer of st starting at

@@ -16,6 +16,7 @@ import (
 var _ stream.Backend = (*Backend)(nil)
 var _ stream.Waiter = (*Backend)(nil)
 var _ stream.Scanner = (*Backend)(nil)
+var _ stream.Auditor = (*Backend)(nil)
 
 // DefaultReadLimit is the limit of a Read asked for 0 events; MaxReadLimit
 // bounds every Read.

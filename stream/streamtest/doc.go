@@ -4,7 +4,8 @@
 // duplicates and conflicts, reads that move no offset, consumers that start
 // at a policy and only move forwards through Commit, Reset, stats and lag,
 // appends with no consumer, concurrent appenders, durability across close
-// and reopen, and stream.Waiter when the backend has it).
+// and reopen, and stream.Waiter and stream.Auditor when the backend has
+// them).
 //
 // A backend's test calls Run with the features it lacks and a function
 // that opens a store by name. The name must map to the same data when it

@@ -158,6 +158,11 @@ var groups = []group{
 		{name: "scanner_reads_like_a_consumer", run: testScannerReads},
 		{name: "fallback_reads_like_a_consumer", run: testReadFromFallback},
 	}},
+	{"Audit", []check{
+		{name: "commits_and_resets_newest_first", run: testAuditMoves},
+		{name: "unknown_consumer", run: testAuditUnknownConsumer},
+		{name: "deleted_with_the_consumer", run: testAuditDeleted},
+	}},
 	{"Wait", []check{
 		{name: "returns_at_once_when_ahead", run: testWaitAhead},
 		{name: "blocks_until_append", run: testWaitBlocks},
@@ -1653,4 +1658,94 @@ func checkReadFrom(h *harness, what string, read func(ctx context.Context, strea
 	h.wantErr(err, stream.ErrStreamNotFound, what+" of an unknown stream")
 	_, err = read(h.ctx, s.ID, 0, 10)
 	h.wantErr(err, stream.ErrOffsetOutOfRange, what+" from 0")
+}
+
+func (h *harness) auditor() stream.Auditor {
+	h.Helper()
+	a, ok := h.b.(stream.Auditor)
+	if !ok {
+		h.Skip("the backend does not implement stream.Auditor")
+	}
+	return a
+}
+
+func (h *harness) moves(a stream.Auditor, id string, limit int) []stream.Move {
+	h.Helper()
+	ms, err := a.Moves(h.ctx, id, limit)
+	if err != nil {
+		h.Fatalf("Moves(%q, %d): %v", id, limit, err)
+	}
+	return ms
+}
+
+func testAuditMoves(h *harness) {
+	a := h.auditor()
+	s := h.stream("source")
+	h.fill(s.ID, 5)
+	h.ensureConsumer("sub", s.ID, earliest())
+	h.ensureConsumer("other", s.ID, earliest())
+	if ms := h.moves(a, "sub", 10); len(ms) != 0 {
+		h.Errorf("Moves of a new consumer = %+v, want none (creating one is no move)", ms)
+	}
+	h.commit("sub", 2)
+	h.commit("sub", 2) // changes nothing: no move
+	h.commit("other", 1)
+	h.commit("sub", 4)
+	h.reset("sub", atOffset(2), 2)
+	h.commit("sub", 5)
+	ms := h.moves(a, "sub", 10)
+	type got struct {
+		kind   string
+		offset int64
+		start  string
+	}
+	var gots []got
+	for _, m := range ms {
+		g := got{kind: m.Kind, offset: m.Offset}
+		if m.Start != nil {
+			g.start = fmt.Sprintf("%s@%d", m.Start.Policy, m.Start.Offset)
+		}
+		if m.ConsumerID != "sub" || m.StreamID != s.ID || m.At.IsZero() {
+			h.Errorf("Moves: %+v, want consumer sub of stream %s and a time", m, s.ID)
+		}
+		gots = append(gots, g)
+	}
+	want := []got{{stream.MoveCommit, 5, ""}, {stream.MoveReset, 1, "at_offset@2"}, {stream.MoveCommit, 4, ""}, {stream.MoveCommit, 2, ""}}
+	if !reflect.DeepEqual(gots, want) {
+		h.Errorf("Moves(sub) = %+v, want %+v (newest first; a reset carries its start)", gots, want)
+	}
+	for i := 1; i < len(ms); i++ {
+		if ms[i].At.After(ms[i-1].At) {
+			h.Errorf("Moves(sub)[%d] at %v is after [%d] at %v: want newest first", i, ms[i].At, i-1, ms[i-1].At)
+		}
+	}
+	if ms := h.moves(a, "sub", 2); len(ms) != 2 || ms[0].Offset != 5 || ms[1].Kind != stream.MoveReset {
+		h.Errorf("Moves(sub, limit 2) = %+v, want the newest 2", ms)
+	}
+	if ms := h.moves(a, "other", 10); len(ms) != 1 || ms[0].Offset != 1 {
+		h.Errorf("Moves(other) = %+v, want its one commit", ms)
+	}
+}
+
+func testAuditUnknownConsumer(h *harness) {
+	a := h.auditor()
+	_, err := a.Moves(h.ctx, "nobody", 10)
+	h.wantErr(err, stream.ErrConsumerNotFound, "Moves(unknown)")
+}
+
+func testAuditDeleted(h *harness) {
+	a := h.auditor()
+	s := h.stream("source")
+	h.fill(s.ID, 3)
+	h.ensureConsumer("sub", s.ID, earliest())
+	h.commit("sub", 3)
+	if err := h.b.DeleteConsumer(h.ctx, "sub"); err != nil {
+		h.Fatalf("DeleteConsumer: %v", err)
+	}
+	_, err := a.Moves(h.ctx, "sub", 10)
+	h.wantErr(err, stream.ErrConsumerNotFound, "Moves(deleted)")
+	h.ensureConsumer("sub", s.ID, earliest())
+	if ms := h.moves(a, "sub", 10); len(ms) != 0 {
+		h.Errorf("Moves of a consumer made again under a deleted one's id = %+v, want none (the old moves went with it)", ms)
+	}
 }
