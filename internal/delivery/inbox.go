@@ -33,7 +33,10 @@ type Item struct {
 	StreamEventID  string
 	EventID        string // the source's id of the event
 	Type           string
-	OccurredAt     time.Time
+	OccurredAt     time.Time // the source's time of the event
+	// SourceSequence is the source's own sequence number of the event
+	// (an envelope's sequence), nil when it sent none.
+	SourceSequence *int64
 	StoredAt       time.Time
 	Metadata       json.RawMessage
 	Payload        json.RawMessage
@@ -52,7 +55,7 @@ type Item struct {
 
 const itemColumns = `item_id, inbox_id, subscription_id, stream_id, "offset", source_native_id, event_type,
 	occurred_at, stored_at, metadata_json, payload_json, delivery_handle_json, state, attempts, next_attempt_at,
-	lease_expires_at, last_error, created_at, updated_at, failed_at, replayed_at, replays`
+	lease_expires_at, last_error, created_at, updated_at, failed_at, replayed_at, replays, source_sequence`
 
 const itemSelect = `SELECT ` + itemColumns + ` FROM inbox_items`
 
@@ -66,12 +69,16 @@ func scanItems(rows *sql.Rows) ([]Item, error) {
 		var occurred, stored, next, created, updated string
 		var lease, lastErr, failed, replayed sql.NullString
 		var handle []byte
+		var seq sql.NullInt64
 		if err := rows.Scan(&it.ID, &it.Inbox, &it.Subscription, &it.Stream, &it.Offset, &it.EventID, &it.Type,
 			&occurred, &stored, (*[]byte)(&it.Metadata), (*[]byte)(&it.Payload), &handle, &it.State, &it.Attempts, &next,
-			&lease, &lastErr, &created, &updated, &failed, &replayed, &it.Replays); err != nil {
+			&lease, &lastErr, &created, &updated, &failed, &replayed, &it.Replays, &seq); err != nil {
 			return nil, fmt.Errorf("read items: %w", err)
 		}
 		it.StreamEventID = fmt.Sprintf("%s/%d", it.Stream, it.Offset)
+		if seq.Valid {
+			it.SourceSequence = &seq.Int64
+		}
 		it.OccurredAt, _ = sqlitedb.ParseTime(occurred)
 		it.StoredAt, _ = sqlitedb.ParseTime(stored)
 		it.NextAttemptAt, _ = sqlitedb.ParseTime(next)
@@ -379,6 +386,29 @@ func complete(ctx context.Context) func(tx conn, now string, moves []move) error
 	}
 }
 
+// Extend moves the lease end of items of inbox that hold lease to now +
+// visibility (a runtime's heartbeat for a job that runs long), and returns
+// that end. Only a live lease moves: an item whose lease expired, or that
+// another lease, an ack or a nack took since, gets ErrLeaseLost (the
+// runtime lost it and must not complete it). It counts no attempt.
+func (d *Delivery) Extend(ctx context.Context, inbox string, ids []int64, lease string, visibility time.Duration) ([]Result, time.Time, error) {
+	if lease == "" {
+		return nil, time.Time{}, errorf(ErrInvalid, "extend: a lease token is required")
+	}
+	if visibility <= 0 {
+		visibility = DefaultVisibilityTimeout
+	}
+	expires := d.now().UTC().Add(visibility).Truncate(time.Microsecond)
+	res, err := d.settle(ctx, inbox, ids, lease, StateProcessing, func(tx conn, now string, moves []move) error {
+		return execIn(ctx, tx, `UPDATE inbox_items SET lease_expires_at = ?1, updated_at = ?2 WHERE item_id IN (%s)`,
+			moves, expires.Format(sqlitedb.Time), now)
+	})
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	return res, expires, nil
+}
+
 // Nack records a failed attempt of items of inbox: each goes back to
 // pending, due after delay, with reason as its last error, or, when it has
 // had Config.MaxAttempts attempts, to failed: a dead letter.
@@ -511,7 +541,9 @@ func (d *Delivery) settleAll(ctx context.Context, sts ...*settlement) error {
 			}
 		}
 		for _, m := range st.moves {
-			d.cfg.Metrics.settled(st.inbox, m.to, 1)
+			if m.to != StateProcessing { // an extended lease settles nothing
+				d.cfg.Metrics.settled(st.inbox, m.to, 1)
+			}
 		}
 	}
 	return nil
