@@ -282,9 +282,9 @@ const itemChunk = 4
 
 const itemInsert = `INSERT INTO inbox_items (inbox_id, subscription_id, subscription_uid, stream_id, "offset",
 	source_native_id, event_type, occurred_at, stored_at, metadata_json, payload_json, delivery_handle_json,
-	next_attempt_at, created_at, updated_at) VALUES `
+	next_attempt_at, created_at, updated_at, source_sequence) VALUES `
 
-const itemRow = `(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`
+const itemRow = `(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`
 
 // materialise writes items and their activation inside tx, and returns
 // how many items it added. An item that exists already (its event was read
@@ -296,7 +296,7 @@ func (d *Delivery) materialise(ctx context.Context, tx conn, s Subscription, ite
 	}
 	now := d.now().UTC().Format(sqlitedb.Time)
 	var full *sql.Stmt
-	args := make([]any, 0, itemChunk*15)
+	args := make([]any, 0, itemChunk*16)
 	firstID, added := int64(0), 0
 	for rest := items; len(rest) > 0; {
 		part := rest[:min(itemChunk, len(rest))]
@@ -310,7 +310,7 @@ func (d *Delivery) materialise(ctx context.Context, tx conn, s Subscription, ite
 			}
 			args = append(args, s.Inbox, s.Name, s.UID, ev.StreamID, ev.Offset, ev.NativeID, ev.Type,
 				ev.OccurredAt.UTC().Format(sqlitedb.Time), ev.StoredAt.UTC().Format(sqlitedb.Time),
-				string(ev.Metadata), string(ev.Payload), handle, now, now, now)
+				string(ev.Metadata), string(ev.Payload), handle, now, now, now, ev.Sequence)
 		}
 		var stmt *sql.Stmt
 		var err error
