@@ -106,8 +106,14 @@ func TestAgentsDrainThroughAFlakyLink(t *testing.T) {
 	if px.cuts.Load() == 0 {
 		t.Fatal("the proxy cut no connection; the test wants a flaky link")
 	}
-	if most > 50 {
-		t.Errorf("an event was delivered %d times; want a few at most", most)
+	// An event is sent again on each connection that ends before its ACK
+	// arrives, so how often depends on how the server's commit latency
+	// compares with the connections' 100-300 ms lives: on a loaded machine
+	// the head of an outbox can miss many in a row. What must not happen is
+	// an agent sending an event on most of its connections, as one that
+	// ignored ACKs or restarted from its oldest event would.
+	if limit := max(50, px.cuts.Load()/int64(agents)/2); most > limit {
+		t.Errorf("an event was delivered %d times, more than %d (half the connections an agent had); want a few at most", most, limit)
 	}
 	t.Logf("drained %d events from %d agents in %s through %d cut connections; %d deliveries (%d redeliveries), at most %d for one event",
 		agents*n, agents, drained.Round(time.Millisecond), px.cuts.Load(), deliveries, deliveries-total, most)
