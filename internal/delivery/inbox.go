@@ -25,15 +25,15 @@ const (
 
 // Item is one inbox item.
 type Item struct {
-	ID             int64
-	Inbox          string
-	Subscription   string
-	Stream         string
-	Offset         int64
-	StreamEventID  string
-	EventID        string // the source's id of the event
-	Type           string
-	OccurredAt     time.Time // the source's time of the event
+	ID            int64
+	Inbox         string
+	Subscription  string
+	Stream        string
+	Offset        int64
+	StreamEventID string
+	EventID       string // the source's id of the event
+	Type          string
+	OccurredAt    time.Time // the source's time of the event
 	// SourceSequence is the source's own sequence number of the event
 	// (an envelope's sequence), nil when it sent none.
 	SourceSequence *int64
