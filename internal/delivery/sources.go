@@ -20,6 +20,10 @@ const (
 	KindDevice = "device"
 	// KindWebhook: providers POST webhooks to /webhooks/{source}.
 	KindWebhook = "webhook"
+	// KindPoll: postbox polls a JSON HTTP API for pages of items.
+	KindPoll = "poll"
+	// KindFeed: postbox follows another postbox's replay feed.
+	KindFeed = "feed"
 )
 
 // Source is where events come from: a device fleet, a webhook endpoint,
@@ -222,6 +226,51 @@ func (d *Delivery) DeleteSource(ctx context.Context, name string) error {
 	d.log.Info("delivery: source deleted", "source", name)
 	return nil
 }
+
+// CheckpointWriter returns a function that records cp as the checkpoint of
+// the source name in a transaction of the store (tx), with UpdatedAt set
+// to now: the source runners pass it to the writer so that it commits
+// with the events it read (streamsqlite's AppendAsyncWith), or run it
+// with SaveCheckpoint. It writes nothing, and returns an ErrNotFound
+// error, when the source name created at created no longer exists: a
+// runner of a deleted source, or of one deleted and created again, does
+// not leave its checkpoint behind.
+func (d *Delivery) CheckpointWriter(ctx context.Context, name string, created time.Time, cp Checkpoint) func(tx *sql.Tx) error {
+	text := func(t time.Time) any {
+		if t.IsZero() {
+			return nil
+		}
+		return t.UTC().Format(sqlitedb.Time)
+	}
+	now := d.now().UTC().Format(sqlitedb.Time)
+	return func(tx *sql.Tx) error {
+		c := conn{c: tx, pg: d.pg}
+		res, err := c.ExecContext(ctx, `INSERT INTO source_checkpoints (source_id, next_cursor, last_event_at, last_error, last_poll_at, updated_at)
+			SELECT CAST(?1 AS TEXT), CAST(?2 AS TEXT), CAST(?3 AS TEXT), CAST(?4 AS TEXT), CAST(?5 AS TEXT), CAST(?6 AS TEXT)
+			WHERE EXISTS (SELECT 1 FROM sources WHERE source_id = ?1 AND created_at = ?7)
+			ON CONFLICT (source_id) DO UPDATE SET next_cursor = excluded.next_cursor, last_event_at = excluded.last_event_at,
+				last_error = excluded.last_error, last_poll_at = excluded.last_poll_at, updated_at = excluded.updated_at`,
+			name, cp.Cursor, text(cp.LastEventAt), cp.LastError, text(cp.LastPollAt), now, created.UTC().Format(sqlitedb.Time))
+		if err != nil {
+			return fmt.Errorf("save checkpoint of %s: %w", name, err)
+		}
+		if n, err := res.RowsAffected(); err == nil && n == 0 {
+			return errorf(ErrNotFound, "source %q: no such source (deleted while it ran)", name)
+		}
+		return nil
+	}
+}
+
+// SaveCheckpoint records cp as the checkpoint of the source name created
+// at created, in a transaction of its own (see CheckpointWriter).
+func (d *Delivery) SaveCheckpoint(ctx context.Context, name string, created time.Time, cp Checkpoint) error {
+	return d.store.Update(ctx, d.CheckpointWriter(ctx, name, created, cp))
+}
+
+// Leads reports whether this process runs the work one process of a
+// shared store runs (retention, the sources that read upstream): the
+// leader of a shared store, or the only process.
+func (d *Delivery) Leads() bool { return d.leads() }
 
 // Once runs fn unless the store records that marker was done, and then
 // records it: what fn creates is created once in the store's life, and

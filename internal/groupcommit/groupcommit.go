@@ -85,6 +85,7 @@ type request struct {
 	ctx     context.Context
 	started bool // the writer took one of its items (writer goroutine only)
 	dropped bool // ctx ended before that: none of its items is written
+	whole   bool // its items go in one flush (EnqueueWhole)
 }
 
 // New returns a Writer that writes with flush. Start it with Run.
@@ -132,7 +133,20 @@ func (w *Writer[T]) EnqueueWhile(ctx context.Context, items []T, done func(error
 	return w.enqueue(ctx, items, done, ctx)
 }
 
+// EnqueueWhole is EnqueueWhile whose items are all written in one flush,
+// and so one transaction, even when they start a batch near MaxBatch
+// (the batch then exceeds MaxBatch): a caller that writes its own record
+// with its items (a source's checkpoint with the page it read) has both
+// or neither.
+func (w *Writer[T]) EnqueueWhole(ctx context.Context, items []T, done func(error)) error {
+	return w.enqueueReq(ctx, items, done, ctx, true)
+}
+
 func (w *Writer[T]) enqueue(ctx context.Context, items []T, done func(error), reqCtx context.Context) error {
+	return w.enqueueReq(ctx, items, done, reqCtx, false)
+}
+
+func (w *Writer[T]) enqueueReq(ctx context.Context, items []T, done func(error), reqCtx context.Context, whole bool) error {
 	if len(items) == 0 {
 		return w.empty(done)
 	}
@@ -144,6 +158,9 @@ func (w *Writer[T]) enqueue(ctx context.Context, items []T, done func(error), re
 		}
 		if w.fits(items) {
 			w.push(items, done, reqCtx)
+			if whole {
+				w.queue[len(w.queue)-1].req.whole = true
+			}
 			w.mu.Unlock()
 			return nil
 		}
@@ -267,6 +284,9 @@ func (w *Writer[T]) writeBatch(ctx context.Context, batch []entry[T], items []T)
 	if n == 0 {
 		w.mu.Unlock()
 		return false
+	}
+	for n < len(w.queue) && w.queue[n-1].req.whole && w.queue[n].req == w.queue[n-1].req {
+		n++ // an EnqueueWhole request is not split
 	}
 	batch = append(batch[:0], w.queue[:n]...)
 	for _, e := range batch {

@@ -370,6 +370,28 @@ func (b *Backend) AppendAsync(ctx context.Context, streamID string, events []str
 	return b.writer.EnqueueWhile(ctx, items, func(err error) { done(results, err) })
 }
 
+// AppendAsyncWith is AppendAsync that also runs fn in the transaction
+// that writes events, after them: fn's writes commit with the events or
+// not at all (a source's checkpoint with the page it read). The events and
+// fn are never split over two group commits. fn runs on the writer
+// goroutine in a savepoint, as Update's; when it fails, the events still
+// commit and done gets fn's error with their results.
+func (b *Backend) AppendAsyncWith(ctx context.Context, streamID string, events []stream.Event, fn func(tx *sql.Tx) error,
+	done func([]stream.AppendResult, error)) error {
+	items, results, err := b.prepare(streamID, events)
+	if err != nil {
+		return err
+	}
+	last := &item{fn: fn}
+	items = append(items, last)
+	return b.writer.EnqueueWhole(ctx, items, func(err error) {
+		if err == nil {
+			err = last.fnErr
+		}
+		done(results, err)
+	})
+}
+
 // TryAppendAsync is AppendAsync that returns groupcommit.ErrFull instead
 // of waiting for room in the queue.
 func (b *Backend) TryAppendAsync(streamID string, events []stream.Event, done func([]stream.AppendResult, error)) error {

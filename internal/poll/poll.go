@@ -1,0 +1,500 @@
+// Package poll is postbox's REST poller: a source of kind poll asks a
+// JSON HTTP API for pages of items and stores each item once in its
+// stream, under the item's id.
+//
+// JSON pointers (RFC 6901) pick the array of items in an answer, each
+// item's id, type and time, and the cursor of the next page, which goes
+// back as a query parameter. A page's events and the checkpoint that
+// follows it (the next cursor, the last event's time, the last poll and
+// its error) are handed to a Sink together: on postbox's SQLite store they
+// commit in one transaction; elsewhere the events first, then the
+// checkpoint. Either way a crash makes the poller ask for a page again at
+// worst, never skip one: the stream stores an id it holds as a duplicate.
+//
+// A failed request, a 429 or 503 (waiting as its Retry-After says,
+// bounded) and a page the sink could not store are retried with backoff
+// and jitter from the same cursor; the error is recorded in the
+// checkpoint. While the writer's queue has no room for a page, the poller
+// waits (postbox_poll_saturated).
+package poll
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/postbox-events/postbox/stream"
+)
+
+// Defaults of Config.
+const (
+	DefaultMinBackoff    = 500 * time.Millisecond
+	DefaultMaxBackoff    = time.Minute
+	DefaultMaxRetryAfter = 10 * time.Minute
+	DefaultMaxPageBytes  = 64 << 20
+	DefaultTimeout       = 30 * time.Second
+)
+
+// Checkpoint is how far a poller has read: the cursor of the next page
+// ("" for the first), the time of the last item stored, when it last
+// polled and how that failed ("" after a success).
+type Checkpoint struct {
+	Cursor      string
+	LastEventAt time.Time
+	LastError   string
+	LastPollAt  time.Time
+}
+
+// Sink stores what a poller read.
+type Sink interface {
+	// Commit appends events (none: only the checkpoint) to the source's
+	// stream and records cp as its checkpoint, cp no earlier than the
+	// events. It returns each event's result once both are durable, or an
+	// error: then the events may be stored (and are asked for again and
+	// stored as duplicates) but the checkpoint is not.
+	Commit(ctx context.Context, events []stream.Event, cp Checkpoint) ([]stream.AppendResult, error)
+	// Full reports whether the writer's queue has no room for n events.
+	Full(n int) bool
+}
+
+// Config configures a Poller.
+type Config struct {
+	// Name is the source's name, in metrics and logs. Required.
+	Name     string
+	Settings Settings // validated by New
+	Sink     Sink     // required
+	// Start is the checkpoint loaded at start.
+	Start Checkpoint
+	// Client sends the requests. Defaults to a client with a timeout of
+	// DefaultTimeout per request.
+	Client *http.Client
+	// MinBackoff and MaxBackoff bound the wait after a failure, doubled
+	// after each, with jitter. Default to DefaultMinBackoff and
+	// DefaultMaxBackoff.
+	MinBackoff, MaxBackoff time.Duration
+	// MaxRetryAfter bounds the wait a Retry-After asks for. Defaults to
+	// DefaultMaxRetryAfter.
+	MaxRetryAfter time.Duration
+	// MaxPageBytes bounds one answer. Defaults to DefaultMaxPageBytes.
+	MaxPageBytes int64
+	// LookupEnv reads env:NAME header values at each poll. Defaults to
+	// os.LookupEnv.
+	LookupEnv func(string) (string, bool)
+	Metrics   *Metrics // nil: none
+	Logger    *slog.Logger
+	// Now defaults to time.Now.
+	Now func() time.Time
+}
+
+// Poller polls one API into one source's stream. Run runs it.
+type Poller struct {
+	cfg      Config
+	items    Pointer
+	id, typ  Pointer
+	at, next Pointer
+	interval time.Duration
+	log      *slog.Logger
+	cp       Checkpoint
+}
+
+// New returns the poller of cfg.
+func New(cfg Config) (*Poller, error) {
+	if cfg.Name == "" || cfg.Sink == nil {
+		return nil, errors.New("poll: Config.Name and Config.Sink are required")
+	}
+	if err := cfg.Settings.Validate(); err != nil {
+		return nil, fmt.Errorf("poll %s: %w", cfg.Name, err)
+	}
+	s := cfg.Settings
+	p := &Poller{cfg: cfg, cp: cfg.Start}
+	p.items, _ = ParsePointer(*s.Items)
+	p.id, _ = ParsePointer(s.ID)
+	p.typ, _ = ParsePointer(s.Type)
+	p.at, _ = ParsePointer(s.Time)
+	p.next, _ = ParsePointer(s.Next)
+	p.interval, _ = s.interval()
+	if p.cfg.Client == nil {
+		p.cfg.Client = &http.Client{Timeout: DefaultTimeout, Transport: &http.Transport{
+			Proxy:               http.ProxyFromEnvironment,
+			DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			TLSHandshakeTimeout: 10 * time.Second,
+			MaxIdleConnsPerHost: 2,
+		}}
+	}
+	if p.cfg.MinBackoff <= 0 {
+		p.cfg.MinBackoff = DefaultMinBackoff
+	}
+	if p.cfg.MaxBackoff <= 0 {
+		p.cfg.MaxBackoff = DefaultMaxBackoff
+	}
+	p.cfg.MaxBackoff = max(p.cfg.MaxBackoff, p.cfg.MinBackoff)
+	if p.cfg.MaxRetryAfter <= 0 {
+		p.cfg.MaxRetryAfter = DefaultMaxRetryAfter
+	}
+	if p.cfg.MaxPageBytes <= 0 {
+		p.cfg.MaxPageBytes = DefaultMaxPageBytes
+	}
+	if p.cfg.LookupEnv == nil {
+		p.cfg.LookupEnv = os.LookupEnv
+	}
+	if p.cfg.Logger == nil {
+		p.cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if p.cfg.Now == nil {
+		p.cfg.Now = time.Now
+	}
+	p.log = p.cfg.Logger.With("source", cfg.Name)
+	return p, nil
+}
+
+// pollError is a failed poll, with the reason it is counted under and,
+// for a 429 or 503, the wait its Retry-After asks for.
+type pollError struct {
+	reason string
+	wait   time.Duration // 0: back off
+	err    error
+}
+
+func (e *pollError) Error() string { return e.err.Error() }
+func (e *pollError) Unwrap() error { return e.err }
+
+func failed(reason string, format string, args ...any) *pollError {
+	return &pollError{reason: reason, err: fmt.Errorf(format, args...)}
+}
+
+// page is one answer: its events and the next cursor ("" for none).
+type page struct {
+	events []stream.Event
+	next   string
+	last   time.Time // the latest item time
+}
+
+// Run polls until ctx ends and returns nil then. A page is asked for
+// again until it is stored: a failed request or store is retried from the
+// same cursor, after backoff.
+func (p *Poller) Run(ctx context.Context) error {
+	bo := newBackoff(p.cfg.MinBackoff, p.cfg.MaxBackoff)
+	expect := 1 // the events of the last page: the room waited for
+	p.log.Info("poll: polling", "url", p.cfg.Settings.URL, "cursor", p.cp.Cursor)
+	for {
+		if !p.waitRoom(ctx, expect) {
+			return nil
+		}
+		pg, err := p.fetch(ctx, p.cp.Cursor)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			pe, _ := errors.AsType[*pollError](err)
+			p.cfg.Metrics.fail(p.cfg.Name, pe.reason)
+			wait := pe.wait
+			if wait == 0 {
+				wait = bo.next()
+			}
+			p.log.Warn("poll: polling failed; asking again", "err", err, "after", wait, "cursor", p.cp.Cursor)
+			cp := p.cp
+			cp.LastError, cp.LastPollAt = err.Error(), p.cfg.Now().UTC()
+			if _, err := p.cfg.Sink.Commit(ctx, nil, cp); err == nil {
+				p.cp = cp
+			}
+			if !sleep(ctx, wait) {
+				return nil
+			}
+			continue
+		}
+		cp := p.cp
+		cp.LastError, cp.LastPollAt = "", p.cfg.Now().UTC()
+		if pg.next != "" {
+			cp.Cursor = pg.next
+		}
+		if pg.last.After(cp.LastEventAt) {
+			cp.LastEventAt = pg.last
+		}
+		if !p.commit(ctx, pg, cp, bo) {
+			return nil
+		}
+		advanced := p.cp.Cursor != cp.Cursor
+		p.cp = cp
+		bo.reset()
+		expect = max(1, len(pg.events))
+		if advanced && len(pg.events) > 0 {
+			continue // a next page may be waiting
+		}
+		if !sleep(ctx, p.interval) {
+			return nil
+		}
+	}
+}
+
+// commit hands pg and cp to the sink until it takes them; false when ctx
+// ended first.
+func (p *Poller) commit(ctx context.Context, pg page, cp Checkpoint, bo *backoff) bool {
+	for {
+		res, err := p.cfg.Sink.Commit(ctx, pg.events, cp)
+		if ctx.Err() != nil {
+			return false
+		}
+		if err == nil {
+			var stored, dups, conflicts int
+			for i, r := range res {
+				switch {
+				case r.Err != nil:
+					conflicts++
+					p.log.Warn("poll: an item's id is stored with another type or body; the stored one stays", "id", pg.events[i].NativeID, "err", r.Err)
+				case r.Duplicate:
+					dups++
+				default:
+					stored++
+				}
+			}
+			p.cfg.Metrics.page(p.cfg.Name, stored, dups, conflicts)
+			return true
+		}
+		p.cfg.Metrics.fail(p.cfg.Name, "store")
+		wait := bo.next()
+		p.log.Error("poll: storing a page failed; storing it again", "err", err, "events", len(pg.events), "after", wait)
+		if !sleep(ctx, wait) {
+			return false
+		}
+	}
+}
+
+// waitRoom waits while the writer's queue has no room for n events,
+// with the saturation metric set; false when ctx ended first.
+func (p *Poller) waitRoom(ctx context.Context, n int) bool {
+	if !p.cfg.Sink.Full(n) {
+		return true
+	}
+	start := time.Now()
+	p.cfg.Metrics.saturation(p.cfg.Name, true, 0)
+	p.log.Debug("poll: the writer's queue is full; waiting", "events", n)
+	wait := 5 * time.Millisecond
+	for p.cfg.Sink.Full(n) {
+		if !sleep(ctx, wait) {
+			break
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+	p.cfg.Metrics.saturation(p.cfg.Name, false, time.Since(start).Seconds())
+	return ctx.Err() == nil
+}
+
+// fetch asks for the page after cursor and decodes it.
+func (p *Poller) fetch(ctx context.Context, cursor string) (page, error) {
+	s := p.cfg.Settings
+	target := s.URL
+	if cursor != "" && s.CursorParam != "" {
+		u, _ := url.Parse(s.URL) // validated
+		q := u.Query()
+		q.Set(s.CursorParam, cursor)
+		u.RawQuery = q.Encode()
+		target = u.String()
+	}
+	h, err := s.header(p.cfg.LookupEnv)
+	if err != nil {
+		return page{}, failed("header", "%w", err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	if err != nil {
+		return page{}, failed("request", "request %s: %w", s.URL, err)
+	}
+	req.Header = h
+	if req.Header.Get("Accept") == "" {
+		req.Header.Set("Accept", "application/json")
+	}
+	resp, err := p.cfg.Client.Do(req)
+	if err != nil {
+		return page{}, failed("request", "GET %s: %w", s.URL, stripURL(err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		e := failed("throttled", "GET %s answered %s", s.URL, resp.Status)
+		if d, ok := retryAfter(resp.Header.Get("Retry-After"), p.cfg.Now(), p.cfg.MaxRetryAfter); ok {
+			e.wait = max(d, time.Millisecond)
+			e.err = fmt.Errorf("%w (Retry-After %s)", e.err, d)
+		}
+		return page{}, e
+	}
+	if resp.StatusCode/100 != 2 {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return page{}, failed("status", "GET %s answered %s: %s", s.URL, resp.Status, bytes.TrimSpace(body))
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, p.cfg.MaxPageBytes+1))
+	if err != nil {
+		return page{}, failed("request", "read %s: %w", s.URL, stripURL(err))
+	}
+	if int64(len(body)) > p.cfg.MaxPageBytes {
+		return page{}, failed("decode", "GET %s: an answer larger than %d bytes", s.URL, p.cfg.MaxPageBytes)
+	}
+	pg, err := p.decode(body)
+	if err != nil {
+		return page{}, failed("decode", "GET %s (cursor %q): %w", s.URL, cursor, err)
+	}
+	return pg, nil
+}
+
+// decode reads a page's items and next cursor.
+func (p *Poller) decode(body []byte) (page, error) {
+	if !json.Valid(body) {
+		return page{}, errors.New("the answer is not JSON")
+	}
+	var pg page
+	raw, ok, err := p.items.Find(body)
+	if err != nil {
+		return pg, err
+	}
+	if !ok || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+		raw = nil // no items
+	}
+	var items []json.RawMessage
+	if raw != nil {
+		if err := json.Unmarshal(raw, &items); err != nil {
+			return pg, fmt.Errorf("items %q: not an array", p.items)
+		}
+	}
+	if p.next.tokens != nil {
+		v, ok, err := p.next.Find(body)
+		if err != nil {
+			return pg, err
+		}
+		if ok {
+			if pg.next, err = scalar(v); err != nil {
+				return pg, fmt.Errorf("next %q: %w", p.next, err)
+			}
+		}
+	}
+	now := p.cfg.Now().UTC()
+	pg.events = make([]stream.Event, len(items))
+	for i, it := range items {
+		ev, err := p.event(it, now)
+		if err != nil {
+			return pg, fmt.Errorf("item %d: %w", i, err)
+		}
+		pg.events[i] = ev
+		if ev.OccurredAt.After(pg.last) {
+			pg.last = ev.OccurredAt
+		}
+	}
+	return pg, nil
+}
+
+// event makes the event of one item.
+func (p *Poller) event(item json.RawMessage, now time.Time) (stream.Event, error) {
+	item = bytes.TrimSpace(item)
+	if len(item) == 0 || item[0] != '{' {
+		return stream.Event{}, errors.New("not a JSON object")
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(item, &obj); err != nil {
+		return stream.Event{}, err
+	}
+	field := func(ptr Pointer) (json.RawMessage, bool, error) {
+		if len(ptr.tokens) == 1 { // the common case: a member of the item
+			v, ok := obj[ptr.tokens[0]]
+			return v, ok, nil
+		}
+		return ptr.Find(item)
+	}
+	ev := stream.Event{Payload: item, OccurredAt: now}
+	v, ok, err := field(p.id)
+	if err != nil || !ok {
+		return ev, fmt.Errorf("no id at %q", p.id)
+	}
+	if ev.NativeID, err = scalar(v); err != nil || ev.NativeID == "" {
+		return ev, fmt.Errorf("id at %q: want a string or a number", p.id)
+	}
+	if v, ok, err = field(p.typ); err != nil || !ok {
+		return ev, fmt.Errorf("id %s: no type at %q", ev.NativeID, p.typ)
+	}
+	if err := json.Unmarshal(v, &ev.Type); err != nil || ev.Type == "" {
+		return ev, fmt.Errorf("id %s: type at %q: want a string", ev.NativeID, p.typ)
+	}
+	if p.at.tokens != nil {
+		if v, ok, err = field(p.at); err == nil && ok && !bytes.Equal(v, []byte("null")) {
+			t, err := parseTime(v)
+			if err != nil {
+				return ev, fmt.Errorf("id %s: time at %q: %w", ev.NativeID, p.at, err)
+			}
+			ev.OccurredAt = t
+		}
+	}
+	return ev, nil
+}
+
+// scalar returns a JSON string's text or a number's digits; "" for null.
+func scalar(v json.RawMessage) (string, error) {
+	v = bytes.TrimSpace(v)
+	switch {
+	case len(v) == 0 || bytes.Equal(v, []byte("null")):
+		return "", nil
+	case v[0] == '"':
+		var s string
+		err := json.Unmarshal(v, &s)
+		return s, err
+	case v[0] == '-' || (v[0] >= '0' && v[0] <= '9'):
+		return string(v), nil
+	}
+	return "", errors.New("want a string or a number")
+}
+
+// parseTime reads an RFC 3339 string, or seconds (milliseconds above
+// 1e12) since 1970.
+func parseTime(v json.RawMessage) (time.Time, error) {
+	if len(v) > 0 && v[0] == '"' {
+		var s string
+		if err := json.Unmarshal(v, &s); err != nil {
+			return time.Time{}, err
+		}
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return time.Time{}, errors.New("want an RFC 3339 time such as 2026-01-02T15:04:05Z, or a number of seconds since 1970")
+		}
+		return t.UTC(), nil
+	}
+	f, err := strconv.ParseFloat(string(v), 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
+		return time.Time{}, errors.New("want an RFC 3339 time, or a number of seconds since 1970")
+	}
+	if f > 1e12 {
+		f /= 1000
+	}
+	sec, frac := math.Modf(f)
+	return time.Unix(int64(sec), int64(frac*1e9)).UTC(), nil
+}
+
+// stripURL keeps a request error's cause without the URL, which may
+// hold a cursor (and the caller names the URL without it).
+func stripURL(err error) error {
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		return ue.Err
+	}
+	return err
+}
+
+// sleep waits d; false when ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// Checkpoint returns the checkpoint the poller is at (for tests, before
+// Run or after it returned).
+func (p *Poller) Checkpoint() Checkpoint { return p.cp }

@@ -1,0 +1,187 @@
+package poll
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Bounds of Settings.
+const (
+	// DefaultInterval is how long the poller waits between polls when
+	// the last one brought nothing new.
+	DefaultInterval = 5 * time.Second
+	// MinInterval and MaxInterval bound Settings.Interval.
+	MinInterval = 10 * time.Millisecond
+	MaxInterval = 24 * time.Hour
+	maxHeaders  = 20
+)
+
+// Settings are the settings of a source of kind poll, as its JSON
+// settings hold them.
+type Settings struct {
+	// URL is the API polled with GET: http(s)://…; its query is kept.
+	URL string `json:"url"`
+	// Items points (RFC 6901) at the array of items in each answer; ""
+	// when the answer is the array. Required (give "" as "/" is a member
+	// named "").
+	Items *string `json:"items"`
+	// ID points at each item's id within the item: a string or a number,
+	// the event's native id. Required.
+	ID string `json:"id"`
+	// Type points at each item's type: a string. Required.
+	Type string `json:"type"`
+	// Time points at each item's time: an RFC 3339 string, or a number of
+	// seconds (milliseconds above 1e12) since 1970. Optional: without it
+	// the event's time is when it was polled.
+	Time string `json:"time,omitempty"`
+	// CursorParam is the query parameter the cursor goes back in, and
+	// Next points at the next cursor in each answer; both or neither.
+	// Without them every poll asks for URL as it is.
+	CursorParam string `json:"cursor_param,omitempty"`
+	Next        string `json:"next,omitempty"`
+	// Interval is the wait between polls when the last one brought no
+	// new page, e.g. "5s". Defaults to DefaultInterval.
+	Interval string `json:"interval,omitempty"`
+	// Headers are sent with each request. A value "env:NAME" is read from
+	// the environment variable NAME at each poll and is never stored.
+	Headers map[string]string `json:"headers,omitempty"`
+}
+
+// Validate names the setting that is wrong. It leaves s as it is.
+func (s Settings) Validate() error {
+	u, err := url.Parse(s.URL)
+	if s.URL == "" {
+		return errors.New("settings.url: required (the API to poll, http(s)://…)")
+	}
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("settings.url %q: want an http:// or https:// URL", s.URL)
+	}
+	if s.Items == nil {
+		return errors.New("settings.items: required: a JSON pointer to the array of items in each answer, e.g. /events (\"\" when the answer is the array)")
+	}
+	if s.ID == "" {
+		return errors.New("settings.id: required: a JSON pointer to each item's id, e.g. /id")
+	}
+	if s.Type == "" {
+		return errors.New("settings.type: required: a JSON pointer to each item's type, e.g. /type")
+	}
+	for _, p := range []struct{ name, v string }{
+		{"items", *s.Items}, {"id", s.ID}, {"type", s.Type}, {"time", s.Time}, {"next", s.Next},
+	} {
+		if _, err := ParsePointer(p.v); err != nil {
+			return fmt.Errorf("settings.%s: %w", p.name, err)
+		}
+	}
+	if (s.CursorParam == "") != (s.Next == "") {
+		return errors.New("settings.cursor_param and settings.next go together: the cursor read at next goes back in the query parameter cursor_param")
+	}
+	if s.CursorParam != "" && strings.ContainsAny(s.CursorParam, "&=#?") {
+		return fmt.Errorf("settings.cursor_param %q: a query parameter name (no & = # ?)", s.CursorParam)
+	}
+	if _, err := s.interval(); err != nil {
+		return err
+	}
+	if len(s.Headers) > maxHeaders {
+		return fmt.Errorf("settings.headers: %d headers, at most %d", len(s.Headers), maxHeaders)
+	}
+	for name, v := range s.Headers {
+		if !validHeaderName(name) {
+			return fmt.Errorf("settings.headers: %q is not a header name", name)
+		}
+		if env, ok := strings.CutPrefix(v, "env:"); ok && env == "" {
+			return fmt.Errorf("settings.headers.%s: env: names no variable", name)
+		}
+		if strings.ContainsAny(v, "\r\n\x00") {
+			return fmt.Errorf("settings.headers.%s: a header value holds no line breaks", name)
+		}
+	}
+	return nil
+}
+
+// interval returns Interval as a duration, DefaultInterval when empty.
+func (s Settings) interval() (time.Duration, error) {
+	if s.Interval == "" {
+		return DefaultInterval, nil
+	}
+	d, err := time.ParseDuration(s.Interval)
+	if err != nil || d < MinInterval || d > MaxInterval {
+		return 0, fmt.Errorf("settings.interval %q: want a duration from %v to %v, e.g. 5s", s.Interval, MinInterval, MaxInterval)
+	}
+	return d, nil
+}
+
+// ParseHeader reads a --header value "Name: value" (or "Name: env:VAR").
+func ParseHeader(h string) (name, value string, _ error) {
+	name, value, ok := strings.Cut(h, ":")
+	name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+	if !ok || !validHeaderName(name) {
+		return "", "", fmt.Errorf("header %q: want 'Name: value' or 'Name: env:VARIABLE'", h)
+	}
+	return http.CanonicalHeaderKey(name), value, nil
+}
+
+// Redacted returns s with its header values that are not env:NAME
+// replaced by fingerprints, for the API: what the environment holds is
+// never in the settings, and what the settings hold is not shown.
+func (s Settings) Redacted(fingerprint func(string) string) Settings {
+	if len(s.Headers) == 0 {
+		return s
+	}
+	h := make(map[string]string, len(s.Headers))
+	for k, v := range s.Headers {
+		if !strings.HasPrefix(v, "env:") {
+			v = fingerprint(v)
+		}
+		h[k] = v
+	}
+	s.Headers = h
+	return s
+}
+
+// header builds the request headers, reading env:NAME values with
+// lookup; a variable that is not set is an error naming it.
+func (s Settings) header(lookup func(string) (string, bool)) (http.Header, error) {
+	h := http.Header{}
+	for name, v := range s.Headers {
+		if env, ok := strings.CutPrefix(v, "env:"); ok {
+			val, set := lookup(env)
+			if !set {
+				return nil, fmt.Errorf("header %s: the environment variable %s is not set", name, env)
+			}
+			v = val
+		}
+		h.Set(name, v)
+	}
+	return h, nil
+}
+
+// DecodeSettings decodes a source's stored or requested settings,
+// refusing unknown fields, and validates them.
+func DecodeSettings(raw json.RawMessage) (Settings, error) {
+	var s Settings
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		return s, fmt.Errorf("settings: %w", err)
+	}
+	return s, s.Validate()
+}
+
+// validHeaderName reports whether v is an HTTP header name (a token).
+func validHeaderName(v string) bool {
+	if v == "" || len(v) > 128 {
+		return false
+	}
+	for _, c := range []byte(v) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
