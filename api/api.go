@@ -61,7 +61,8 @@ type Item struct {
 	StreamEventID  string          `json:"stream_event_id"`
 	EventID        string          `json:"event_id"` // the same on every attempt: the key of an idempotent handler
 	Type           string          `json:"type"`
-	OccurredAt     time.Time       `json:"occurred_at"`
+	OccurredAt     time.Time       `json:"occurred_at"`     // the source's time of the event
+	SourceSequence *int64          `json:"source_sequence"` // the source's sequence number of the event; null when it sent none
 	StoredAt       time.Time       `json:"stored_at"`
 	Metadata       json.RawMessage `json:"metadata"`
 	Payload        json.RawMessage `json:"payload"`

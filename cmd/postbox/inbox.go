@@ -44,6 +44,7 @@ type inboxItem struct {
 	EventID        string          `json:"event_id"`
 	Type           string          `json:"type"`
 	OccurredAt     apiTime         `json:"occurred_at"`
+	SourceSequence *int64          `json:"source_sequence"`
 	StoredAt       apiTime         `json:"stored_at"`
 	Metadata       map[string]any  `json:"metadata"`
 	Payload        json.RawMessage `json:"payload"`
@@ -54,6 +55,15 @@ type inboxItem struct {
 	LastError      *string         `json:"last_error"`
 	CreatedAt      apiTime         `json:"created_at"`
 	UpdatedAt      apiTime         `json:"updated_at"`
+}
+
+// sourceSequence is the source's sequence number of the item's event, or
+// "-" when it sent none.
+func (it inboxItem) sourceSequence() string {
+	if it.SourceSequence == nil {
+		return "-"
+	}
+	return strconv.FormatInt(*it.SourceSequence, 10)
 }
 
 func (it inboxItem) lastError() string {
@@ -227,7 +237,7 @@ func runInboxShow(ctx context.Context, env *cmdEnv, args []string) error {
 		{"id", strconv.FormatInt(it.ID, 10)}, {"inbox", it.Inbox}, {"subscription", it.Subscription},
 		{"stream", it.Stream}, {"offset", strconv.FormatInt(it.Offset, 10)}, {"stream_event_id", it.StreamEventID},
 		{"event_id", it.EventID}, {"type", it.Type}, {"occurred_at", it.OccurredAt.String()},
-		{"stored_at", it.StoredAt.String()}, {"metadata", pairs(it.Metadata)},
+		{"source_sequence", it.sourceSequence()}, {"stored_at", it.StoredAt.String()}, {"metadata", pairs(it.Metadata)},
 		{"state", it.State}, {"attempts", strconv.Itoa(it.Attempts)},
 		{"next_attempt_at", it.NextAttemptAt.String()}, {"lease_expires_at", it.LeaseExpiresAt.String()},
 		{"last_error", it.lastError()}, {"created_at", it.CreatedAt.String()}, {"updated_at", it.UpdatedAt.String()},

@@ -575,6 +575,10 @@ func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, 
 	h.Set("X-Postbox-Subscription", it.Subscription)
 	h.Set("X-Postbox-Item", strconv.FormatInt(it.ID, 10))
 	h.Set("X-Postbox-Attempt", strconv.Itoa(it.Attempts))
+	h.Set("X-Postbox-Occurred-At", it.OccurredAt.UTC().Format(time.RFC3339Nano))
+	if it.SourceSequence != nil {
+		h.Set("X-Postbox-Source-Sequence", strconv.FormatInt(*it.SourceSequence, 10))
+	}
 	if len(ep.keys) > 0 {
 		id := "item_" + strconv.FormatInt(it.ID, 10)
 		sigs := make([]string, len(ep.keys))
