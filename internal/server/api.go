@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -45,6 +46,7 @@ func (s *Server) routeAPI() {
 		"POST /v1/inboxes/{inbox}/lease":              s.leaseItems,
 		"POST /v1/inboxes/{inbox}/ack":                s.ackItems,
 		"POST /v1/inboxes/{inbox}/nack":               s.nackItems,
+		"POST /v1/inboxes/{inbox}/extend":             s.extendItems,
 		"GET /v1/dead-letters":                        s.listDeadLetters,
 		"GET /v1/dead-letters/{id}":                   s.getDeadLetter,
 		"POST /v1/dead-letters/{id}/replay":           s.replayDeadLetter,
@@ -79,18 +81,8 @@ func (s *Server) requireToken(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// apiError is the body of every error answer.
-type apiError struct {
-	Error errorBody `json:"error"`
-}
-
-type errorBody struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
-
 func writeError(w http.ResponseWriter, status int, code, format string, args ...any) {
-	writeJSON(w, status, apiError{errorBody{Code: code, Message: fmt.Sprintf(format, args...)}})
+	writeJSON(w, status, api.ErrorResponse{Error: api.Error{Code: code, Message: fmt.Sprintf(format, args...)}})
 }
 
 // writeErr answers err with the status and code of its kind.
@@ -264,29 +256,11 @@ func durationField(w http.ResponseWriter, name string, v *string, def, lo, hi ti
 	return d, true
 }
 
-// subscriptionJSON is a subscription in the API.
-type subscriptionJSON struct {
-	Name        string            `json:"name"`
-	Source      string            `json:"source"`
-	Stream      string            `json:"stream"`
-	Inbox       string            `json:"inbox"`
-	Types       []string          `json:"types"`
-	Metadata    map[string]string `json:"metadata"`
-	Start       string            `json:"start"`
-	StartOffset int64             `json:"start_offset"`
-	StartTime   *time.Time        `json:"start_time"`
-	Target      *string           `json:"target"`
-	endpointJSON
-	CreatedAt     time.Time `json:"created_at"`
-	NextOffset    int64     `json:"next_offset"`
-	HighWatermark int64     `json:"high_watermark"`
-	Lag           int64     `json:"lag"`
-}
-
-func (s *Server) subscriptionJSON(r *http.Request, sub delivery.Subscription) subscriptionJSON {
-	j := subscriptionJSON{
+// subscriptionJSON is sub in the API.
+func (s *Server) subscriptionJSON(r *http.Request, sub delivery.Subscription) api.Subscription {
+	j := api.Subscription{
 		Name: sub.Name, Source: sub.Source, Stream: sub.Stream, Inbox: sub.Inbox, Types: sub.Types, Metadata: sub.Metadata,
-		Start: sub.Start.Policy, StartOffset: sub.Start.Offset, CreatedAt: sub.CreatedAt, endpointJSON: newEndpointJSON(sub),
+		Start: sub.Start.Policy, StartOffset: sub.Start.Offset, CreatedAt: sub.CreatedAt, Endpoint: newEndpointJSON(sub),
 	}
 	if !sub.Start.Time.IsZero() {
 		t := sub.Start.Time
@@ -393,11 +367,11 @@ func (s *Server) listSubscriptions(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
-	out := make([]subscriptionJSON, 0, len(subs))
+	out := make([]api.Subscription, 0, len(subs))
 	for _, sub := range subs {
 		out = append(out, s.subscriptionJSON(r, sub))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"subscriptions": out})
+	writeJSON(w, http.StatusOK, api.SubscriptionList{Subscriptions: out})
 }
 
 func (s *Server) getSubscription(w http.ResponseWriter, r *http.Request) {
@@ -481,25 +455,13 @@ func (s *Server) deleteSubscription(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// streamJSON is a stream in the API.
-type streamJSON struct {
-	Stream        string     `json:"stream"`
-	Source        string     `json:"source"`
-	Backend       string     `json:"backend"`
-	Events        int64      `json:"events"`
-	FirstOffset   int64      `json:"first_offset"`
-	LastOffset    int64      `json:"last_offset"`
-	FirstStoredAt *time.Time `json:"first_stored_at"`
-	LastStoredAt  *time.Time `json:"last_stored_at"`
-	CreatedAt     time.Time  `json:"created_at"`
-}
-
-func (s *Server) streamJSON(r *http.Request, st stream.Stream) (streamJSON, error) {
+// streamJSON is st in the API.
+func (s *Server) streamJSON(r *http.Request, st stream.Stream) (api.Stream, error) {
 	stats, err := s.streams.Stats(r.Context(), st.ID)
 	if err != nil {
-		return streamJSON{}, err
+		return api.Stream{}, err
 	}
-	j := streamJSON{Stream: st.ID, Source: st.SourceID, Backend: st.Backend, Events: stats.Events,
+	j := api.Stream{Stream: st.ID, Source: st.SourceID, Backend: st.Backend, Events: stats.Events,
 		FirstOffset: stats.FirstOffset, LastOffset: stats.LastOffset, CreatedAt: st.CreatedAt}
 	if !stats.FirstStoredAt.IsZero() {
 		j.FirstStoredAt, j.LastStoredAt = &stats.FirstStoredAt, &stats.LastStoredAt
@@ -513,7 +475,7 @@ func (s *Server) listStreams(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
-	out := []streamJSON{}
+	out := []api.Stream{}
 	for _, st := range streams {
 		j, err := s.streamJSON(r, st)
 		if err != nil {
@@ -522,7 +484,7 @@ func (s *Server) listStreams(w http.ResponseWriter, r *http.Request) {
 		}
 		out = append(out, j)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"streams": out})
+	writeJSON(w, http.StatusOK, api.StreamList{Streams: out})
 }
 
 func (s *Server) getStream(w http.ResponseWriter, r *http.Request) {
@@ -554,16 +516,7 @@ func (s *Server) listConsumers(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
-	type consumerJSON struct {
-		Consumer      string    `json:"consumer"`
-		Subscription  string    `json:"subscription"`
-		Stream        string    `json:"stream"`
-		NextOffset    int64     `json:"next_offset"`
-		HighWatermark int64     `json:"high_watermark"`
-		Lag           int64     `json:"lag"`
-		UpdatedAt     time.Time `json:"updated_at"`
-	}
-	out := []consumerJSON{}
+	out := []api.Consumer{}
 	for _, sub := range subs {
 		c, err := s.streams.Consumer(r.Context(), sub.Name)
 		if errors.Is(err, stream.ErrConsumerNotFound) {
@@ -578,10 +531,10 @@ func (s *Server) listConsumers(w http.ResponseWriter, r *http.Request) {
 			s.writeErr(w, err)
 			return
 		}
-		out = append(out, consumerJSON{Consumer: c.ID, Subscription: sub.Name, Stream: c.StreamID, NextOffset: lag.NextOffset,
+		out = append(out, api.Consumer{Consumer: c.ID, Subscription: sub.Name, Stream: c.StreamID, NextOffset: lag.NextOffset,
 			HighWatermark: lag.HighWatermark, Lag: lag.Events, UpdatedAt: c.UpdatedAt})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"consumers": out})
+	writeJSON(w, http.StatusOK, api.ConsumerList{Consumers: out})
 }
 
 func (s *Server) listInboxes(w http.ResponseWriter, r *http.Request) {
@@ -590,57 +543,26 @@ func (s *Server) listInboxes(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
-	type inboxJSON struct {
-		Inbox      string `json:"inbox"`
-		Pending    int64  `json:"pending"`
-		Processing int64  `json:"processing"`
-		Completed  int64  `json:"completed"`
-		Failed     int64  `json:"failed"`
-	}
-	out := make([]inboxJSON, 0, len(counts))
+	out := make([]api.InboxCounts, 0, len(counts))
 	for _, c := range counts {
-		out = append(out, inboxJSON{c.Inbox, c.Pending, c.Processing, c.Completed, c.Failed})
+		out = append(out, api.InboxCounts{Inbox: c.Inbox, Pending: c.Pending, Processing: c.Processing, Completed: c.Completed, Failed: c.Failed})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"inboxes": out})
+	writeJSON(w, http.StatusOK, api.InboxList{Inboxes: out})
 }
 
-// itemJSON is an inbox item in the API.
-type itemJSON struct {
-	ID             int64           `json:"id"`
-	Inbox          string          `json:"inbox"`
-	Subscription   string          `json:"subscription"`
-	Stream         string          `json:"stream"`
-	Offset         int64           `json:"offset"`
-	StreamEventID  string          `json:"stream_event_id"`
-	EventID        string          `json:"event_id"`
-	Type           string          `json:"type"`
-	OccurredAt     time.Time       `json:"occurred_at"`
-	StoredAt       time.Time       `json:"stored_at"`
-	Metadata       json.RawMessage `json:"metadata"`
-	Payload        json.RawMessage `json:"payload"`
-	DeliveryHandle json.RawMessage `json:"delivery_handle"`
-	State          string          `json:"state"`
-	Attempts       int             `json:"attempts"`
-	NextAttemptAt  time.Time       `json:"next_attempt_at"`
-	LeaseExpiresAt *time.Time      `json:"lease_expires_at"`
-	LastError      *string         `json:"last_error"`
-	CreatedAt      time.Time       `json:"created_at"`
-	UpdatedAt      time.Time       `json:"updated_at"`
-	FailedAt       *time.Time      `json:"failed_at"`
-	ReplayedAt     *time.Time      `json:"replayed_at"`
-	Replays        int             `json:"replays"`
-}
-
-func itemsJSON(items []delivery.Item) []itemJSON {
-	out := make([]itemJSON, len(items))
+// itemsJSON is items in the API.
+func itemsJSON(items []delivery.Item) []api.Item {
+	out := make([]api.Item, len(items))
 	for i, it := range items {
 		handle := it.DeliveryHandle
 		if len(handle) == 0 {
 			handle = json.RawMessage("null")
 		}
-		out[i] = itemJSON{it.ID, it.Inbox, it.Subscription, it.Stream, it.Offset, it.StreamEventID, it.EventID, it.Type,
-			it.OccurredAt, it.StoredAt, it.Metadata, it.Payload, handle, it.State, it.Attempts, it.NextAttemptAt,
-			it.LeaseExpiresAt, it.LastError, it.CreatedAt, it.UpdatedAt, it.FailedAt, it.ReplayedAt, it.Replays}
+		out[i] = api.Item{ID: it.ID, Inbox: it.Inbox, Subscription: it.Subscription, Stream: it.Stream, Offset: it.Offset,
+			StreamEventID: it.StreamEventID, EventID: it.EventID, Type: it.Type, OccurredAt: it.OccurredAt, StoredAt: it.StoredAt,
+			Metadata: it.Metadata, Payload: it.Payload, DeliveryHandle: handle, State: it.State, Attempts: it.Attempts,
+			NextAttemptAt: it.NextAttemptAt, LeaseExpiresAt: it.LeaseExpiresAt, LastError: it.LastError, CreatedAt: it.CreatedAt,
+			UpdatedAt: it.UpdatedAt, FailedAt: it.FailedAt, ReplayedAt: it.ReplayedAt, Replays: it.Replays}
 	}
 	return out
 }
@@ -675,7 +597,7 @@ func (s *Server) listItems(w http.ResponseWriter, r *http.Request) {
 	if len(items) == int(limit) {
 		next = items[len(items)-1].ID
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"items": itemsJSON(items), "next_after": next})
+	writeJSON(w, http.StatusOK, api.ItemPage{Items: itemsJSON(items), NextAfter: next})
 }
 
 // intParam parses a query parameter (def when empty) in [lo, hi], or
@@ -713,11 +635,7 @@ func (s *Server) getItem(w http.ResponseWriter, r *http.Request) {
 const maxLease = 1000
 
 func (s *Server) leaseItems(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Max               *int    `json:"max"`
-		VisibilityTimeout *string `json:"visibility_timeout"`
-		Wait              *string `json:"wait"`
-	}
+	var req api.LeaseRequest
 	if !checkName(w, "inbox", r.PathValue("inbox")) || !decodeBody(w, r, &req, true) {
 		return
 	}
@@ -754,24 +672,17 @@ func (s *Server) leaseItems(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"lease": l.Token, "expires_at": l.ExpiresAt, "items": itemsJSON(l.Items)})
-}
-
-type settleRequest struct {
-	IDs    []int64 `json:"ids"`
-	Lease  string  `json:"lease"`
-	Delay  *string `json:"delay"`
-	Reason string  `json:"reason"`
+	writeJSON(w, http.StatusOK, api.Lease{Lease: l.Token, ExpiresAt: l.ExpiresAt, Items: itemsJSON(l.Items)})
 }
 
 // decodeSettle reads the body of an ack or nack, or answers 400.
-func decodeSettle(w http.ResponseWriter, r *http.Request, req *settleRequest) bool {
+func decodeSettle(w http.ResponseWriter, r *http.Request, req *api.SettleRequest) bool {
 	return checkName(w, "inbox", r.PathValue("inbox")) && decodeBody(w, r, req, false) && checkIDs(w, req.IDs) &&
 		checkAPIText(w, "lease", req.Lease, maxLeaseTokenLen, true) && checkAPIText(w, "reason", req.Reason, maxReasonLen, true)
 }
 
 func (s *Server) ackItems(w http.ResponseWriter, r *http.Request) {
-	var req settleRequest
+	var req api.SettleRequest
 	if !decodeSettle(w, r, &req) {
 		return
 	}
@@ -784,7 +695,7 @@ func (s *Server) ackItems(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) nackItems(w http.ResponseWriter, r *http.Request) {
-	var req settleRequest
+	var req api.SettleRequest
 	if !decodeSettle(w, r, &req) {
 		return
 	}
@@ -794,6 +705,27 @@ func (s *Server) nackItems(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.delivery.Nack(r.Context(), r.PathValue("inbox"), req.IDs, req.Lease, delay, req.Reason)
 	s.writeResults(w, res, err)
+}
+
+// extendItems extends the lease of items a runtime holds: 200 with a
+// result per item, lease_lost for one whose lease ended (expired, settled
+// or another's).
+func (s *Server) extendItems(w http.ResponseWriter, r *http.Request) {
+	var req api.ExtendRequest
+	if !checkName(w, "inbox", r.PathValue("inbox")) || !decodeBody(w, r, &req, false) || !checkIDs(w, req.IDs) ||
+		!checkAPIText(w, "lease", req.Lease, maxLeaseTokenLen, false) {
+		return
+	}
+	visibility, ok := durationField(w, "visibility_timeout", req.VisibilityTimeout, delivery.DefaultVisibilityTimeout, time.Millisecond, MaxVisibilityTimeout)
+	if !ok {
+		return
+	}
+	res, expires, err := s.delivery.Extend(r.Context(), r.PathValue("inbox"), req.IDs, req.Lease, visibility)
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.Extension{ExpiresAt: expires, Items: itemResults(res)})
 }
 
 // maxSettle bounds the ids of one ack or nack.
@@ -822,14 +754,14 @@ func (s *Server) writeResults(w http.ResponseWriter, res []delivery.Result, err 
 		s.writeErr(w, err)
 		return
 	}
-	type resultJSON struct {
-		ID    int64      `json:"id"`
-		State string     `json:"state,omitempty"`
-		Error *errorBody `json:"error,omitempty"`
-	}
-	out := make([]resultJSON, len(res))
+	writeJSON(w, http.StatusOK, api.Results{Items: itemResults(res)})
+}
+
+// itemResults is res in the API.
+func itemResults(res []delivery.Result) []api.ItemResult {
+	out := make([]api.ItemResult, len(res))
 	for i, r := range res {
-		out[i] = resultJSON{ID: r.ID, State: r.State}
+		out[i] = api.ItemResult{ID: r.ID, State: r.State}
 		if r.Err != nil {
 			code := "invalid_state"
 			switch {
@@ -838,8 +770,8 @@ func (s *Server) writeResults(w http.ResponseWriter, res []delivery.Result, err 
 			case errors.Is(r.Err, delivery.ErrLeaseLost):
 				code = "lease_lost"
 			}
-			out[i].Error = &errorBody{Code: code, Message: r.Err.Error()}
+			out[i].Error = &api.Error{Code: code, Message: r.Err.Error()}
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"items": out})
+	return out
 }

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
 )
 
@@ -63,7 +64,7 @@ func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request) {
 	if len(items) == f.Limit {
 		next = items[len(items)-1].ID
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"items": itemsJSON(items), "next_after": next})
+	writeJSON(w, http.StatusOK, api.ItemPage{Items: itemsJSON(items), NextAfter: next})
 }
 
 // deadLetterID reads the {id} of the path, or answers 400.
@@ -120,13 +121,7 @@ func (s *Server) replayDeadLetter(w http.ResponseWriter, r *http.Request) {
 // replayDeadLetters replays every dead letter a selection names. An empty
 // selection must say "all": true, so that nothing is replayed by accident.
 func (s *Server) replayDeadLetters(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Inbox        string `json:"inbox"`
-		Subscription string `json:"subscription"`
-		From         string `json:"from"`
-		To           string `json:"to"`
-		All          bool   `json:"all"`
-	}
+	var req api.ReplayDeadLetters
 	if !decodeBody(w, r, &req, false) {
 		return
 	}
@@ -146,5 +141,5 @@ func (s *Server) replayDeadLetters(w http.ResponseWriter, r *http.Request) {
 	if ids == nil {
 		ids = []int64{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"replayed": len(ids), "ids": ids})
+	writeJSON(w, http.StatusOK, api.Replayed{Replayed: len(ids), IDs: ids})
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
 )
 
@@ -181,40 +182,6 @@ func (r *endpointRequest) apply(w http.ResponseWriter, ep *delivery.Endpoint) (s
 	return secret, overlap, true
 }
 
-// secretJSON is a signing secret in the API: never the secret itself.
-type secretJSON struct {
-	Fingerprint string     `json:"fingerprint"`
-	CreatedAt   time.Time  `json:"created_at"`
-	ExpiresAt   *time.Time `json:"expires_at"` // null: the current one
-}
-
-// endpointJSON is the endpoint of a subscription in the API; null
-// settings are the server's.
-type endpointJSON struct {
-	Secrets         []secretJSON      `json:"secrets"`
-	Headers         map[string]string `json:"headers"`
-	Timeout         *string           `json:"timeout"`
-	RetrySchedule   *string           `json:"retry_schedule"`
-	RetryBaseDelay  *string           `json:"retry_base_delay"`
-	RetryMaxDelay   *string           `json:"retry_max_delay"`
-	MaxAttempts     *int              `json:"max_attempts"`
-	Rate            *string           `json:"rate"`
-	Concurrency     *int              `json:"concurrency"`
-	BreakerFailures *int              `json:"breaker_failures"` // 0: no breaker
-	BreakerProbe    *string           `json:"breaker_probe"`
-	DisableAfter    *string           `json:"disable_after"`
-	Breaker         *breakerJSON      `json:"breaker,omitempty"` // with a target
-}
-
-// breakerJSON is the state of an endpoint's circuit breaker in the API.
-type breakerJSON struct {
-	State     string     `json:"state"` // closed, open or disabled
-	Since     *time.Time `json:"since"` // when it opened; null when closed
-	Failures  int        `json:"consecutive_failures"`
-	LastError *string    `json:"last_error"`
-	NextProbe *time.Time `json:"next_probe"` // open: when the next probe may go
-}
-
 // credentialHeader matches the names of headers that carry credentials:
 // their values are not answered whole, as secrets are not.
 var credentialHeader = regexp.MustCompile(`(?i)^(proxy-)?authorization$|^cookie$|token|secret|password|api-?key|signature`)
@@ -232,14 +199,16 @@ func shownHeader(name, value string) string {
 	return fmt.Sprintf("(hidden, %d bytes, ends %s)", len(value), value[len(value)-4:])
 }
 
-func newEndpointJSON(sub delivery.Subscription) endpointJSON {
+// newEndpointJSON is the endpoint of sub in the API; null settings are
+// the server's.
+func newEndpointJSON(sub delivery.Subscription) api.Endpoint {
 	ep := sub.Endpoint
-	j := endpointJSON{Secrets: []secretJSON{}, Headers: make(map[string]string, len(ep.Headers))}
+	j := api.Endpoint{Secrets: []api.Secret{}, Headers: make(map[string]string, len(ep.Headers))}
 	for name, value := range ep.Headers {
 		j.Headers[name] = shownHeader(name, value)
 	}
 	for _, s := range sub.Secrets {
-		sj := secretJSON{Fingerprint: s.Fingerprint(), CreatedAt: s.CreatedAt}
+		sj := api.Secret{Fingerprint: s.Fingerprint(), CreatedAt: s.CreatedAt}
 		if !s.ExpiresAt.IsZero() {
 			t := s.ExpiresAt
 			sj.ExpiresAt = &t
@@ -279,12 +248,12 @@ func newEndpointJSON(sub delivery.Subscription) endpointJSON {
 
 // breakerJSON returns the state of the breaker of inbox's endpoint, nil
 // when it cannot be read.
-func (s *Server) breakerJSON(r *http.Request, inbox string) *breakerJSON {
+func (s *Server) breakerJSON(r *http.Request, inbox string) *api.Breaker {
 	b, err := s.delivery.Breaker(r.Context(), inbox)
 	if err != nil {
 		return nil
 	}
-	j := &breakerJSON{State: b.State, Failures: b.Failures}
+	j := &api.Breaker{State: b.State, Failures: b.Failures}
 	if !b.Since.IsZero() {
 		j.Since = &b.Since
 	}
@@ -310,17 +279,6 @@ func (s *Server) enableSubscription(w http.ResponseWriter, r *http.Request) {
 	s.getSubscription(w, r)
 }
 
-// attemptJSON is one attempt of the attempt log in the API.
-type attemptJSON struct {
-	Attempt         int       `json:"attempt"`
-	AttemptedAt     time.Time `json:"attempted_at"`
-	EndpointURL     string    `json:"endpoint_url"`
-	StatusCode      int       `json:"status_code"` // 0: no answer
-	LatencyMS       float64   `json:"latency_ms"`
-	Error           *string   `json:"error"`
-	ResponseExcerpt *string   `json:"response_excerpt"`
-}
-
 func (s *Server) listAttempts(w http.ResponseWriter, r *http.Request) {
 	if !checkName(w, "inbox", r.PathValue("inbox")) {
 		return
@@ -335,9 +293,9 @@ func (s *Server) listAttempts(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
-	out := make([]attemptJSON, len(log))
+	out := make([]api.Attempt, len(log))
 	for i, a := range log {
-		out[i] = attemptJSON{Attempt: a.Number, AttemptedAt: a.At, EndpointURL: a.URL, StatusCode: a.Status,
+		out[i] = api.Attempt{Attempt: a.Number, AttemptedAt: a.At, EndpointURL: a.URL, StatusCode: a.Status,
 			LatencyMS: float64(a.Latency.Microseconds()) / 1000}
 		if a.Error != "" {
 			out[i].Error = &log[i].Error
@@ -346,5 +304,5 @@ func (s *Server) listAttempts(w http.ResponseWriter, r *http.Request) {
 			out[i].ResponseExcerpt = &log[i].Excerpt
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"attempts": out})
+	writeJSON(w, http.StatusOK, api.AttemptList{Attempts: out})
 }

@@ -649,8 +649,16 @@ func TestOpenAPIAnswers(t *testing.T) {
 	want(400, lease, "/v1/inboxes/webhooks/lease", `{"wait": "2m"}`, nil)
 	want(413, lease, "/v1/inboxes/webhooks/lease", big, nil)
 	leased, token := jget(l, "items", 0, "id"), jget(l, "lease")
+	const extend = "POST /v1/inboxes/{inbox}/extend"
+	res := want(200, extend, "/v1/inboxes/webhooks/extend", fmt.Sprintf(`{"ids": [%v, 999999], "lease": %q, "visibility_timeout": "1m"}`, leased, token), nil)
+	if jget(res, "items", 0, "state") != "processing" || jget(res, "items", 1, "error", "code") != "not_found" || jget(res, "expires_at") == nil {
+		t.Errorf("extend: %v", res)
+	}
+	want(400, extend, "/v1/inboxes/webhooks/extend", fmt.Sprintf(`{"ids": [%v]}`, leased), nil)
+	want(400, extend, "/v1/inboxes/webhooks/extend", fmt.Sprintf(`{"ids": [%v], "lease": %q, "visibility_timeout": "13h"}`, leased, token), nil)
+	want(413, extend, "/v1/inboxes/webhooks/extend", big, nil)
 	const ack, nack = "POST /v1/inboxes/{inbox}/ack", "POST /v1/inboxes/{inbox}/nack"
-	res := want(200, ack, "/v1/inboxes/webhooks/ack", fmt.Sprintf(`{"ids": [%v, 999999], "lease": %q}`, leased, token), nil)
+	res = want(200, ack, "/v1/inboxes/webhooks/ack", fmt.Sprintf(`{"ids": [%v, 999999], "lease": %q}`, leased, token), nil)
 	if jget(res, "items", 0, "state") != "completed" || jget(res, "items", 1, "error", "code") != "not_found" {
 		t.Errorf("ack: %v", res)
 	}

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
 )
 
@@ -11,29 +12,11 @@ import (
 // subscription made in a time range delivered again, as a background job
 // whose progress GET /v1/replays/{id} shows.
 
-// replayJSON is a replay job as the API answers it.
-type replayJSON struct {
-	ID           string     `json:"id"`
-	Subscription string     `json:"subscription"`
-	Inbox        string     `json:"inbox"`
-	Since        time.Time  `json:"since"`
-	Until        time.Time  `json:"until"`
-	States       []string   `json:"states"`
-	BatchSize    int        `json:"batch_size"`
-	State        string     `json:"state"`
-	Matched      int64      `json:"matched"`
-	Replayed     int64      `json:"replayed"`
-	Batches      int64      `json:"batches"`
-	Reached      time.Time  `json:"reached"`
-	Error        *string    `json:"error"`
-	CreatedAt    time.Time  `json:"created_at"`
-	UpdatedAt    time.Time  `json:"updated_at"`
-	FinishedAt   *time.Time `json:"finished_at"`
-}
-
-func toReplayJSON(j delivery.ReplayJob) replayJSON {
-	out := replayJSON{j.ID, j.Subscription, j.Inbox, j.Since, j.Until, j.States, j.BatchSize, j.State, j.Matched, j.Replayed,
-		j.Batches, j.Reached, nil, j.CreatedAt, j.UpdatedAt, j.FinishedAt}
+// toReplayJSON is j in the API.
+func toReplayJSON(j delivery.ReplayJob) api.Replay {
+	out := api.Replay{ID: j.ID, Subscription: j.Subscription, Inbox: j.Inbox, Since: j.Since, Until: j.Until, States: j.States,
+		BatchSize: j.BatchSize, State: j.State, Matched: j.Matched, Replayed: j.Replayed, Batches: j.Batches, Reached: j.Reached,
+		CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt, FinishedAt: j.FinishedAt}
 	if j.Error != "" {
 		out.Error = &j.Error
 	}
@@ -49,12 +32,7 @@ func (s *Server) replaySubscription(w http.ResponseWriter, r *http.Request) {
 	if !checkName(w, "subscription", name) {
 		return
 	}
-	var req struct {
-		Since     string   `json:"since"`
-		Until     string   `json:"until"`
-		States    []string `json:"states"`
-		BatchSize int      `json:"batch_size"`
-	}
+	var req api.ReplayRange
 	if !decodeBody(w, r, &req, false) {
 		return
 	}
@@ -114,9 +92,9 @@ func (s *Server) listReplays(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
-	out := make([]replayJSON, len(jobs))
+	out := make([]api.Replay, len(jobs))
 	for i, j := range jobs {
 		out[i] = toReplayJSON(j)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"replays": out})
+	writeJSON(w, http.StatusOK, api.ReplayList{Replays: out})
 }

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
 	"github.com/postbox-events/postbox/internal/webhooksig"
@@ -291,45 +292,6 @@ func standardVerifier(keys [][]byte) func(*http.Request, []byte, time.Time) erro
 	}
 }
 
-// sourceJSON is a source in the API.
-type sourceJSON struct {
-	Name     string `json:"name"`
-	Kind     string `json:"kind"`
-	Stream   string `json:"stream"`
-	Settings any    `json:"settings"`
-	// Path is where a webhook source takes its webhooks.
-	Path       string         `json:"path,omitempty"`
-	Checkpoint checkpointJSON `json:"checkpoint"`
-	CreatedAt  time.Time      `json:"created_at"`
-}
-
-// checkpointJSON is a source's checkpoint: {} for a source that is sent
-// to.
-type checkpointJSON struct {
-	Cursor      string     `json:"cursor,omitempty"`
-	LastEventAt *time.Time `json:"last_event_at,omitempty"`
-	LastError   string     `json:"last_error,omitempty"`
-	LastPollAt  *time.Time `json:"last_poll_at,omitempty"`
-	UpdatedAt   *time.Time `json:"updated_at,omitempty"`
-}
-
-// webhookSettingsJSON are a webhook source's effective settings in the
-// API, its secrets as fingerprints.
-type webhookSettingsJSON struct {
-	Preset     string             `json:"preset,omitempty"`
-	Secrets    []sourceSecretJSON `json:"secrets"`
-	KeyHeader  string             `json:"key_header,omitempty"`
-	KeyField   string             `json:"key_field,omitempty"`
-	TypeHeader string             `json:"type_header,omitempty"`
-	TypeField  string             `json:"type_field,omitempty"`
-	ServeFlags bool               `json:"serve_flags,omitempty"`
-	Signature  string             `json:"signature"` // the scheme checked: standard-webhooks, github, stripe or none
-}
-
-type sourceSecretJSON struct {
-	Fingerprint string `json:"fingerprint"`
-}
-
 // secretFingerprint identifies a source's secret without revealing any
 // of it: the first hex digits of its SHA-256.
 func secretFingerprint(secret string) string {
@@ -337,10 +299,12 @@ func secretFingerprint(secret string) string {
 	return "sha256:" + hex.EncodeToString(sum[:6])
 }
 
-func (s *Server) sourceJSON(src delivery.Source) sourceJSON {
-	j := sourceJSON{Name: src.Name, Kind: src.Kind, Stream: src.Stream, Settings: src.Settings, CreatedAt: src.CreatedAt}
+// sourceJSON is src in the API; a webhook source's settings are its
+// effective ones, api.WebhookSourceSettings.
+func (s *Server) sourceJSON(src delivery.Source) api.Source {
+	j := api.Source{Name: src.Name, Kind: src.Kind, Stream: src.Stream, Settings: src.Settings, CreatedAt: src.CreatedAt}
 	c := src.Checkpoint
-	j.Checkpoint = checkpointJSON{Cursor: c.Cursor, LastError: c.LastError}
+	j.Checkpoint = api.Checkpoint{Cursor: c.Cursor, LastError: c.LastError}
 	for _, t := range []struct {
 		v  time.Time
 		to **time.Time
@@ -366,10 +330,10 @@ func (s *Server) sourceJSON(src delivery.Source) sourceJSON {
 		}
 	}
 	ws = ws.effective()
-	sj := webhookSettingsJSON{Preset: ws.Preset, Secrets: []sourceSecretJSON{}, KeyHeader: ws.KeyHeader, KeyField: ws.KeyField,
+	sj := api.WebhookSourceSettings{Preset: ws.Preset, Secrets: []api.SourceSecret{}, KeyHeader: ws.KeyHeader, KeyField: ws.KeyField,
 		TypeHeader: ws.TypeHeader, TypeField: ws.TypeField, ServeFlags: ws.ServeFlags, Signature: "none"}
 	for _, sec := range secrets {
-		sj.Secrets = append(sj.Secrets, sourceSecretJSON{secretFingerprint(sec)})
+		sj.Secrets = append(sj.Secrets, api.SourceSecret{Fingerprint: secretFingerprint(sec)})
 	}
 	switch {
 	case ws.Preset != "":
@@ -377,7 +341,7 @@ func (s *Server) sourceJSON(src delivery.Source) sourceJSON {
 	case len(secrets) > 0:
 		sj.Signature = "standard-webhooks"
 	}
-	j.Settings = sj
+	j.Settings, _ = json.Marshal(sj)
 	return j
 }
 
@@ -455,11 +419,11 @@ func (s *Server) listSources(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
-	out := make([]sourceJSON, 0, len(srcs))
+	out := make([]api.Source, 0, len(srcs))
 	for _, src := range srcs {
 		out = append(out, s.sourceJSON(src))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"sources": out})
+	writeJSON(w, http.StatusOK, api.SourceList{Sources: out})
 }
 
 func (s *Server) getSource(w http.ResponseWriter, r *http.Request) {

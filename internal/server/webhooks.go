@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/groupcommit"
 	"github.com/postbox-events/postbox/stream"
@@ -65,18 +66,6 @@ type WebhookConfig struct {
 	// target of the default subscription webhooks); "" leaves the webhooks
 	// inbox to runtimes that lease it.
 	Target string
-}
-
-// webhookJSON is a webhook in the API.
-type webhookJSON struct {
-	ID             string     `json:"id"`
-	IdempotencyKey string     `json:"idempotency_key"`
-	Type           string     `json:"type,omitempty"`
-	Status         string     `json:"status"`
-	CreatedAt      time.Time  `json:"created_at"`
-	UpdatedAt      *time.Time `json:"updated_at,omitempty"`
-	Attempts       *int       `json:"attempts,omitempty"`
-	LastError      *string    `json:"last_error,omitempty"`
 }
 
 func webhookID(offset int64) string { return "wh_" + strconv.FormatInt(offset, 10) }
@@ -223,7 +212,7 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		writeJSON(w, http.StatusOK, j)
 	default:
 		s.metrics.Count(source, "stored", 1)
-		writeJSON(w, http.StatusAccepted, webhookJSON{ID: webhookID(res.Offset), IdempotencyKey: key, Status: delivery.StatePending, CreatedAt: res.StoredAt})
+		writeJSON(w, http.StatusAccepted, api.Webhook{ID: webhookID(res.Offset), IdempotencyKey: key, Status: delivery.StatePending, CreatedAt: res.StoredAt})
 	}
 }
 
@@ -440,8 +429,8 @@ func webhookMetadata(r *http.Request, cfg WebhookConfig) (json.RawMessage, error
 // item in the subscription of the source's name when that reads the
 // source, as the default subscription webhooks does (pending until it is
 // materialised, or without such a subscription).
-func (s *Server) webhookJSON(ctx context.Context, source string, ev stream.StoredEvent) webhookJSON {
-	j := webhookJSON{ID: webhookID(ev.Offset), IdempotencyKey: ev.NativeID, Type: ev.Type, Status: delivery.StatePending, CreatedAt: ev.StoredAt}
+func (s *Server) webhookJSON(ctx context.Context, source string, ev stream.StoredEvent) api.Webhook {
+	j := api.Webhook{ID: webhookID(ev.Offset), IdempotencyKey: ev.NativeID, Type: ev.Type, Status: delivery.StatePending, CreatedAt: ev.StoredAt}
 	updated, attempts := ev.StoredAt, 0
 	j.UpdatedAt, j.Attempts = &updated, &attempts
 	if sub, err := s.delivery.Subscription(ctx, source); err != nil || sub.Source != source {
