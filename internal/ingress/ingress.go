@@ -14,7 +14,10 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/tracing"
 	"github.com/postbox-events/postbox/internal/wsping"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -211,6 +214,7 @@ func New(store Appender, cfg Config) (*Ingress, error) {
 type decoded struct {
 	ids     []string
 	events  []stream.Event
+	spans   []trace.Span // the events' intake spans; nil while tracing is off
 	refused []postbox.Reply
 }
 
@@ -228,6 +232,7 @@ func (in *Ingress) decodeFrame(frame []byte, device string) decoded {
 	}
 	d.ids = make([]string, 0, len(raws))
 	d.events = make([]stream.Event, 0, len(raws))
+	traced := tracing.Enabled()
 	for _, raw := range raws {
 		env, err := postbox.DecodeEnvelope(raw, in.cfg.Limits)
 		if err == nil && device != "" && env.DeviceID != device {
@@ -242,6 +247,9 @@ func (in *Ingress) decodeFrame(frame []byte, device string) decoded {
 			d.refused = append(d.refused, postbox.Nack(id, err))
 			continue
 		}
+		if traced {
+			d.spans = append(d.spans, startIntake(&env, in.cfg.StreamID))
+		}
 		d.ids = append(d.ids, env.EventID)
 		d.events = append(d.events, toEvent(&env))
 	}
@@ -252,15 +260,25 @@ func (in *Ingress) decodeFrame(frame []byte, device string) decoded {
 // event's identity is (device_id, event_id): the device is the event's
 // variant, so that two devices' events with one event_id are both stored.
 // The payload is stored compacted, so that a redelivery that differs only
-// in insignificant whitespace is a duplicate, not a conflict.
+// in insignificant whitespace is a duplicate, not a conflict. The trace
+// context, when the envelope has one, is kept in the metadata
+// (traceparent, tracestate).
 func toEvent(env *postbox.Envelope) stream.Event {
-	meta := make([]byte, 0, 64+len(env.DeviceID)+len(env.SessionID))
+	meta := make([]byte, 0, 64+len(env.DeviceID)+len(env.SessionID)+len(env.TraceParent)+len(env.TraceState))
 	meta = append(meta, `{"device_id":`...)
 	meta = appendString(meta, env.DeviceID)
 	meta = append(meta, `,"session_id":`...)
 	meta = appendString(meta, env.SessionID)
 	meta = append(meta, `,"schema_version":`...)
 	meta = strconv.AppendInt(meta, int64(env.SchemaVersion), 10)
+	if env.TraceParent != "" { // validated: plain ASCII
+		meta = append(meta, `,"traceparent":`...)
+		meta = appendString(meta, env.TraceParent)
+		if env.TraceState != "" {
+			meta = append(meta, `,"tracestate":`...)
+			meta = appendString(meta, env.TraceState)
+		}
+	}
 	meta = append(meta, '}')
 	return stream.Event{
 		NativeID:   env.EventID,

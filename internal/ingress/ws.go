@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/wsping"
@@ -242,7 +243,8 @@ type session struct {
 type chunk struct {
 	ids    []string
 	events []stream.Event
-	bytes  int64 // budget they hold
+	spans  []trace.Span // their intake spans; nil while tracing is off
+	bytes  int64        // budget they hold
 }
 
 func (s *session) readLoop(ctx context.Context, device string) error {
@@ -286,7 +288,8 @@ func (s *session) frameRead(frame []byte, frameHeld int64, device string, draini
 		for _, id := range d.ids {
 			d.refused = append(d.refused, postbox.Nack(id, errShuttingDown))
 		}
-		d.ids, d.events = nil, nil
+		endIntake(d.spans, nil, errShuttingDown)
+		d.ids, d.events, d.spans = nil, nil, nil
 	}
 	s.in.countRefused(d.refused)
 	// The frame's budget is traded for what its events hold; a frame
@@ -296,6 +299,9 @@ func (s *session) frameRead(frame []byte, frameHeld int64, device string, draini
 	for len(d.events) > 0 {
 		n := min(len(d.events), appendChunk)
 		c := chunk{ids: d.ids[:n], events: d.events[:n], bytes: min(eventBytes(d.events[:n]), frameHeld-held)}
+		if d.spans != nil {
+			c.spans, d.spans = d.spans[:n], d.spans[n:]
+		}
 		held += c.bytes
 		chunks = append(chunks, c)
 		d.ids, d.events = d.ids[n:], d.events[n:]
@@ -480,9 +486,9 @@ func (s *session) enqueueLoop(ctx context.Context) error {
 			}
 			continue
 		}
-		ids := c.ids
+		ids, spans := c.ids, c.spans
 		err := s.in.store.AppendAsync(ctx, s.in.cfg.StreamID, c.events, func(res []stream.AppendResult, err error) {
-			s.committed(commit{ids, res, err})
+			s.committed(commit{ids, spans, res, err})
 		})
 		if err != nil {
 			// ctx ended or the store closed: these events will not be
@@ -504,6 +510,9 @@ func (s *session) enqueueLoop(ctx context.Context) error {
 func (s *session) giveBack() {
 	s.mu.Lock()
 	held := s.held
+	for _, c := range s.pending {
+		endIntake(c.spans, nil, errNotQueued)
+	}
 	s.held, s.pending = 0, nil
 	s.mu.Unlock()
 	s.in.budget.give(held)
@@ -565,6 +574,7 @@ func (s *session) waitRoom(ctx context.Context) error {
 // commit is the store's answer to one AppendAsync.
 type commit struct {
 	ids     []string
+	spans   []trace.Span // the events' intake spans; nil while tracing is off
 	results []stream.AppendResult
 	err     error
 }
@@ -595,6 +605,7 @@ func (s *session) writeLoop(ctx context.Context) error {
 		s.mu.Unlock()
 		for _, c := range commits {
 			buf = s.in.appendReplies(buf, c.ids, c.results, c.err)
+			endIntake(c.spans, c.results, c.err)
 		}
 		clear(commits)
 		if len(buf) == 0 {
