@@ -394,7 +394,7 @@ func (s *Server) sameStore() bool { return any(s.store) == any(s.streams) }
 
 // Handler returns the server's HTTP handler (without the limits Run adds
 // to its connections).
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return withRequestID(s.mux, s.log) }
 
 // Listen binds the listener (if Config.Listener is not set) and returns
 // its address. Run calls it if it was not called.
@@ -447,7 +447,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.stopping = gctx // ends long-polling leases when shutdown begins
 	s.mu.Unlock()
 	srv := &http.Server{
-		Handler:           bodyDeadline(s.mux, s.cfg.ReadTimeout),
+		Handler:           bodyDeadline(withRequestID(s.mux, s.log), s.cfg.ReadTimeout),
 		ReadHeaderTimeout: min(s.cfg.ReadTimeout, DefaultReadHeaderTimeout),
 		IdleTimeout:       s.cfg.IdleTimeout,
 		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,

@@ -15,10 +15,13 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/groupcommit"
+	"github.com/postbox-events/postbox/internal/tracing"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -121,8 +124,20 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		writeError(w, http.StatusUnauthorized, "invalid_signature", "%v", err)
 		return
 	}
+	var ce *cloudEvent // a CloudEvent gives the key, type, time and payload (cloudevents.go)
+	if in.from == fromAny && isCloudEvent(r) {
+		var cerr *ceError
+		if ce, cerr = parseCloudEvent(r, body, s.maxTypeBytes()); cerr != nil {
+			writeError(w, cerr.status, cerr.code, "%s", cerr.message)
+			return
+		}
+		body = ce.data
+	}
 	fields := bodyFields(body, cfg, in.from)
 	key, err := webhookKey(r, fields, cfg, in.from)
+	if ce != nil {
+		key, err = ce.id, nil
+	}
 	if err == nil && key == "" { // a signed webhook has a webhook-id
 		writeError(w, http.StatusBadRequest, "missing_field", "idempotency key: %s", keyHint(cfg, in.from))
 		return
@@ -139,10 +154,24 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		writeError(w, http.StatusBadRequest, "invalid_field", "%v", err)
 		return
 	}
+	occurred := time.Now()
+	if ce != nil {
+		typ = ce.typ
+		if !ce.time.IsZero() {
+			occurred = ce.time
+		}
+	}
+	traceparent, tracestate := webhookTrace(r, ce)
+	if tracing.Enabled() {
+		var span trace.Span
+		span, traceparent, tracestate = startWebhookIntake(source, key, typ, traceparent, tracestate)
+		defer span.End()
+	}
+	meta = withWebhookExtras(meta, traceparent, tracestate, ce)
 	ev := stream.Event{
 		NativeID:   key,
 		Type:       typ,
-		OccurredAt: time.Now(),
+		OccurredAt: occurred,
 		Metadata:   meta,
 		Payload:    body, // the bytes as received: what a provider signed, and what a target gets
 	}

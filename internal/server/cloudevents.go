@@ -1,0 +1,272 @@
+package server
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"mime"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/tracing"
+)
+
+// CloudEvents over HTTP (https://github.com/cloudevents/spec, version 1.0)
+// on POST /webhooks and /webhooks/{source}:
+//
+//   - binary mode: the attributes are ce-* headers, the body is the data
+//     exactly as received (it must be JSON, as every webhook's body);
+//   - structured mode: Content-Type application/cloudevents+json, the body
+//     is the event as a JSON object; the stored payload is the bytes of its
+//     "data" member as received (data_base64 is decoded and must hold
+//     JSON; no data stores null).
+//
+// id is the idempotency key, type the event's type, time (when given) when
+// it occurred; every attribute, source included, is kept in the event's
+// metadata under "cloudevents". A CloudEvent without specversion, id,
+// source or type is refused with 400 naming the attribute. The batched
+// mode (application/cloudevents-batch+json) is refused with 415.
+//
+// Only sources that take identity from the request (no signing secret, no
+// provider preset) read CloudEvents: a signed source's identity is what
+// the signature covers, a provider's where the provider puts it.
+
+// ceMediaType is the Content-Type of structured mode.
+const (
+	ceMediaType      = "application/cloudevents+json"
+	ceBatchMediaType = "application/cloudevents-batch+json"
+	ceSpecVersion    = "1.0"
+)
+
+// cloudEvent is what a webhook's CloudEvent attributes give it.
+type cloudEvent struct {
+	id, typ string
+	time    time.Time       // zero without a time attribute
+	attrs   map[string]any  // every attribute but data: kept in the metadata
+	data    json.RawMessage // the payload
+	trace   [2]string       // traceparent, tracestate extension attributes
+}
+
+// ceError is a CloudEvent the request is not: HTTP status, code, message.
+type ceError struct {
+	status  int
+	code    string
+	message string
+}
+
+func (e *ceError) Error() string { return e.message }
+
+func ceInvalid(code, format string, args ...any) *ceError {
+	return &ceError{status: http.StatusBadRequest, code: code, message: fmt.Sprintf(format, args...)}
+}
+
+// isCloudEvent reports whether a request carries a CloudEvent, in binary
+// (a ce- header) or structured mode (its media type).
+func isCloudEvent(r *http.Request) bool {
+	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if mt == ceMediaType || mt == ceBatchMediaType {
+		return true
+	}
+	for name := range r.Header {
+		if len(name) > 3 && strings.EqualFold(name[:3], "ce-") {
+			return true
+		}
+	}
+	return false
+}
+
+// parseCloudEvent reads the CloudEvent of a request whose body (valid
+// JSON) was read; maxType bounds its type as every webhook's.
+func parseCloudEvent(r *http.Request, body []byte, maxType int) (*cloudEvent, *ceError) {
+	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	var ce *cloudEvent
+	var err *ceError
+	switch mt {
+	case ceBatchMediaType:
+		return nil, &ceError{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type",
+			message: "CloudEvents batched mode is not supported: send one event per request, in binary or structured mode"}
+	case ceMediaType:
+		ce, err = structuredCloudEvent(body)
+	default:
+		ce, err = binaryCloudEvent(r, body)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return ce, ce.check(maxType)
+}
+
+// binaryCloudEvent reads the ce-* headers; the body is the data.
+func binaryCloudEvent(r *http.Request, body []byte) (*cloudEvent, *ceError) {
+	ce := &cloudEvent{attrs: map[string]any{}, data: body}
+	for name, values := range r.Header {
+		if len(name) <= 3 || !strings.EqualFold(name[:3], "ce-") {
+			continue
+		}
+		attr := strings.ToLower(name[3:])
+		if len(values) > 1 {
+			return nil, ceInvalid("invalid_field", "CloudEvents attribute %s: the ce-%s header is given %d times", attr, attr, len(values))
+		}
+		ce.attrs[attr] = values[0]
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		ce.attrs["datacontenttype"] = ct
+	}
+	return ce, nil
+}
+
+// structuredCloudEvent reads an application/cloudevents+json body.
+func structuredCloudEvent(body []byte) (*cloudEvent, *ceError) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil {
+		return nil, ceInvalid("invalid_json", "a structured CloudEvent is a JSON object: %v", err)
+	}
+	ce := &cloudEvent{attrs: map[string]any{}}
+	for name, raw := range fields {
+		switch name {
+		case "data":
+			ce.data = raw
+			continue
+		case "data_base64":
+			var s string
+			if json.Unmarshal(raw, &s) != nil {
+				return nil, ceInvalid("invalid_field", "CloudEvents data_base64: must be a string")
+			}
+			b, err := base64.StdEncoding.DecodeString(s)
+			if err != nil {
+				return nil, ceInvalid("invalid_field", "CloudEvents data_base64: %v", err)
+			}
+			if !json.Valid(b) {
+				return nil, &ceError{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type",
+					message: "CloudEvents data_base64: postbox stores JSON data; this is not JSON"}
+			}
+			ce.data = b
+			continue
+		}
+		var v any
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.UseNumber()
+		if dec.Decode(&v) != nil {
+			return nil, ceInvalid("invalid_field", "CloudEvents attribute %s: not valid JSON", name)
+		}
+		switch v.(type) {
+		case string, json.Number, bool, nil:
+		default:
+			return nil, ceInvalid("invalid_field", "CloudEvents attribute %s: must be a string, number or boolean", name)
+		}
+		if v != nil {
+			ce.attrs[name] = v
+		}
+	}
+	if _, ok := fields["data"]; ok {
+		if _, ok := fields["data_base64"]; ok {
+			return nil, ceInvalid("invalid_field", "CloudEvents data and data_base64: give one of them")
+		}
+	}
+	if ce.data == nil {
+		ce.data = json.RawMessage("null")
+	}
+	return ce, nil
+}
+
+// check validates the required attributes and sets id, type and time.
+func (ce *cloudEvent) check(maxType int) *ceError {
+	str := func(name string) (string, *ceError) {
+		v, ok := ce.attrs[name]
+		if !ok {
+			return "", ceInvalid("missing_field", "CloudEvents attribute %s: required", name)
+		}
+		s, ok := v.(string)
+		if !ok {
+			return "", ceInvalid("invalid_field", "CloudEvents attribute %s: must be a string", name)
+		}
+		if strings.TrimSpace(s) == "" {
+			return "", ceInvalid("missing_field", "CloudEvents attribute %s: required, and empty", name)
+		}
+		return s, nil
+	}
+	spec, err := str("specversion")
+	if err != nil {
+		return err
+	}
+	if spec != ceSpecVersion {
+		return ceInvalid("invalid_field", "CloudEvents attribute specversion: %q is not supported (postbox reads %s)", spec, ceSpecVersion)
+	}
+	if ce.id, err = str("id"); err != nil {
+		return err
+	}
+	if e := checkText("CloudEvents attribute id", ce.id, maxKeyLength); e != nil {
+		return ceInvalid("invalid_field", "%v", e)
+	}
+	if _, err = str("source"); err != nil {
+		return err
+	}
+	if ce.typ, err = str("type"); err != nil {
+		return err
+	}
+	if e := checkText("CloudEvents attribute type", ce.typ, maxType); e != nil {
+		return ceInvalid("invalid_field", "%v", e)
+	}
+	if v, ok := ce.attrs["time"]; ok {
+		s, _ := v.(string)
+		t, e := time.Parse(time.RFC3339Nano, s)
+		if e != nil {
+			return ceInvalid("invalid_field", "CloudEvents attribute time: %q is not an RFC 3339 timestamp", s)
+		}
+		ce.time = t
+	}
+	if v, ok := ce.attrs["datacontenttype"].(string); ok && v != "" {
+		if mt, _, e := mime.ParseMediaType(v); e != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+			return &ceError{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type",
+				message: fmt.Sprintf("CloudEvents datacontenttype %q: postbox stores JSON data; send application/json", v)}
+		}
+	}
+	// The distributed tracing extension.
+	ce.trace[0], _ = ce.attrs["traceparent"].(string)
+	ce.trace[1], _ = ce.attrs["tracestate"].(string)
+	return nil
+}
+
+// webhookTrace returns the trace context a webhook brings: its traceparent
+// and tracestate headers, else a CloudEvent's distributed tracing
+// extension. One that is not valid is ignored, as W3C Trace Context asks
+// of a receiver (the webhook then starts no trace of its own).
+func webhookTrace(r *http.Request, ce *cloudEvent) (traceparent, tracestate string) {
+	traceparent, tracestate = r.Header.Get(tracing.HeaderTraceParent), r.Header.Get(tracing.HeaderTraceState)
+	if traceparent == "" && ce != nil {
+		traceparent, tracestate = ce.trace[0], ce.trace[1]
+	}
+	if traceparent == "" || postbox.CheckTraceParent(traceparent) != nil {
+		return "", ""
+	}
+	if postbox.CheckTraceState(tracestate) != nil {
+		tracestate = ""
+	}
+	return traceparent, tracestate
+}
+
+// withWebhookExtras adds a webhook's trace context and CloudEvent
+// attributes to the metadata webhookMetadata made.
+func withWebhookExtras(meta json.RawMessage, traceparent, tracestate string, ce *cloudEvent) json.RawMessage {
+	if traceparent == "" && ce == nil {
+		return meta
+	}
+	var m map[string]any
+	if json.Unmarshal(meta, &m) != nil {
+		m = map[string]any{}
+	}
+	if traceparent != "" {
+		m[tracing.HeaderTraceParent] = traceparent
+		if tracestate != "" {
+			m[tracing.HeaderTraceState] = tracestate
+		}
+	}
+	if ce != nil {
+		m["cloudevents"] = ce.attrs
+	}
+	out, _ := json.Marshal(m)
+	return out
+}
