@@ -338,6 +338,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, streams: cfg.Streams, store: store, writer: writer, delivery: dl, metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg,
 		mux: http.NewServeMux(), conns: newConnLimit(reg, cfg.MaxConnections), storeHealth: health}
 	s.routeAPI()
+	s.routeConsumers()
 	s.handle("POST /webhooks", http.HandlerFunc(s.postWebhook))
 	s.handle("GET /webhooks/{id}", s.requireToken(s.getWebhook))
 	s.handle("GET /webhooks", s.requireToken(s.findWebhook))
