@@ -496,6 +496,11 @@ func TestOpenAPIAnswers(t *testing.T) {
 	want(200, "GET /health", "/health", "", nil)
 	want(200, "GET /ready", "/ready", "", nil)
 	want(200, "GET /metrics", "/metrics", "", nil)
+	want(200, "GET /v1/stats", "/v1/stats", "", nil)
+	for _, file := range []string{"/ui/", "/ui/app.js", "/ui/style.css"} {
+		want(200, "GET /ui/", file, "", nil)
+	}
+	want(404, "GET /ui/", "/ui/no-such-file.js", "", nil)
 
 	const ws = "GET " + ingress.WSPath
 	conn, resp, err := websocket.Dial(testCtx(t, 10*time.Second), ts.WS, &websocket.DialOptions{HTTPClient: ts.HTTP, Subprotocols: []string{ingress.Subprotocol}})

@@ -34,6 +34,7 @@ import (
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/appendq"
 	"github.com/postbox-events/postbox/internal/buildinfo"
+	"github.com/postbox-events/postbox/internal/console"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/ingresspb"
@@ -132,6 +133,9 @@ type Config struct {
 	// probe write checks whether it can again. Defaults to
 	// DefaultStoreProbeInterval.
 	StoreProbeInterval time.Duration
+	// StatsInterval is how often GET /v1/stats takes a sample of the
+	// counters it charts. Defaults to DefaultStatsInterval.
+	StatsInterval time.Duration
 }
 
 // DefaultDBPath is the SQLite file of the default wiring when
@@ -191,6 +195,7 @@ type Server struct {
 
 	conns       *connLimit
 	storeHealth *storeHealth
+	stats       *statsSampler
 	closeOnce   sync.Once
 	closeErr    error
 
@@ -232,6 +237,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.StoreProbeInterval <= 0 {
 		cfg.StoreProbeInterval = DefaultStoreProbeInterval
 	}
+	if cfg.StatsInterval <= 0 {
+		cfg.StatsInterval = DefaultStatsInterval
+	}
 	var webhookKeys [][]byte
 	for _, secret := range cfg.Webhooks.Secrets {
 		key, err := stdwebhook.ParseSecret(secret)
@@ -260,6 +268,8 @@ func New(cfg Config) (*Server, error) {
 		Help: "Group commits that failed; their events were NACKed as retryable.",
 	})
 	reg.MustRegister(batch, commit, failures)
+	statsReg := prometheus.NewRegistry() // what GET /v1/stats reads
+	statsReg.MustRegister(commit)
 	health := newStoreHealth()
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "postbox_store_writable",
@@ -307,7 +317,7 @@ func New(cfg Config) (*Server, error) {
 		Name: "postbox_writer_queue_capacity",
 		Help: "Bound of the writer queue (QUEUE_MAXSIZE).",
 	}, func() float64 { return float64(writer.QueueCap()) }))
-	metrics := ingress.NewMetrics(reg)
+	metrics := ingress.NewMetrics(teeRegisterer{reg, statsReg})
 	in, err := ingress.New(writer, ingress.Config{
 		StreamID:     DeviceSource,
 		Limits:       cfg.Limits,
@@ -326,7 +336,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	dcfg := cfg.Delivery
-	dcfg.Logger, dcfg.Metrics = cfg.Logger, delivery.NewMetrics(reg)
+	dcfg.Logger, dcfg.Metrics = cfg.Logger, delivery.NewMetrics(teeRegisterer{reg, statsReg})
 	dl, err := delivery.New(context.Background(), cfg.Streams, store, dcfg)
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
@@ -337,8 +347,11 @@ func New(cfg Config) (*Server, error) {
 	reg.MustRegister(dl.LagCollector(), dl.InboxCollector(), dl.NodeCollector(), buildInfoGauge())
 	s := &Server{cfg: cfg, log: cfg.Logger, streams: cfg.Streams, store: store, writer: writer, delivery: dl, metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg,
 		mux: http.NewServeMux(), conns: newConnLimit(reg, cfg.MaxConnections), storeHealth: health}
+	s.stats = &statsSampler{gather: statsReg, started: time.Now().UTC(), interval: cfg.StatsInterval, lag: s.subscriptionLags,
+		queue: func() (int, int) { return writer.QueueLen(), writer.QueueCap() }}
 	s.routeAPI()
-	s.routeConsumers()
+	s.handle("GET /v1/stats", s.requireToken(s.getStats))
+	s.handle("GET "+console.Path, console.Handler()) // static files, no token (the pages send it to the API); the mux redirects /ui here
 	s.handle("POST /webhooks", http.HandlerFunc(s.postWebhook))
 	s.handle("GET /webhooks/{id}", s.requireToken(s.getWebhook))
 	s.handle("GET /webhooks", s.requireToken(s.findWebhook))
@@ -462,6 +475,7 @@ func (s *Server) Run(ctx context.Context) error {
 		g.Go(func() error { return r.Run(storeCtx) }) // a store with a writer of its own (SQLite beside another backend)
 	}
 	g.Go(func() error { return s.probeStore(gctx) })
+	g.Go(func() error { return s.stats.Run(gctx) })
 	deliveryCtx, stopDelivery := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopDelivery()
 	deliveryDone := make(chan struct{})
