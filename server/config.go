@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/retry"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -212,13 +213,17 @@ type DeliveryConfig struct {
 	// DefaultMaxAttempts.
 	MaxAttempts int
 	// RetryBaseDelay and RetryMaxDelay shape the backoff between attempts:
-	// the n-th retry waits RetryBaseDelay·2^(n-1), at most RetryMaxDelay,
-	// less a random part of it. RetryMaxDelay also bounds what a target's
-	// Retry-After or a Handler's RetryAfter asks for. Default to
-	// DefaultRetryBaseDelay and DefaultRetryMaxDelay; RetryBaseDelay may
-	// not exceed RetryMaxDelay.
+	// the n-th retry waits up to RetryBaseDelay·2^(n-1), at most
+	// RetryMaxDelay, the part Jitter draws. RetryMaxDelay also bounds what
+	// a target's Retry-After or a Handler's retry.RetryAfter asks for.
+	// Default to DefaultRetryBaseDelay and DefaultRetryMaxDelay;
+	// RetryBaseDelay may not exceed RetryMaxDelay.
 	RetryBaseDelay time.Duration
 	RetryMaxDelay  time.Duration
+	// Jitter is the random part of each retry wait: the zero value,
+	// retry.FullJitter, waits anywhere up to it; retry.EqualJitter at
+	// least half of it; retry.NoJitter exactly it.
+	Jitter retry.Jitter
 	// HandlerTimeout bounds one attempt: a Handler's context ends after
 	// it, and a POST to a target is abandoned. Defaults to
 	// DefaultHandlerTimeout.

@@ -119,6 +119,7 @@ func (cfg Config) internal() iserver.Config {
 			MaxAttempts:           cfg.Delivery.MaxAttempts,
 			RetryBaseDelay:        cfg.Delivery.RetryBaseDelay,
 			RetryMaxDelay:         cfg.Delivery.RetryMaxDelay,
+			Jitter:                cfg.Delivery.Jitter,
 			HandlerTimeout:        cfg.Delivery.HandlerTimeout,
 			HTTPClient:            cfg.Delivery.HTTPClient,
 			AllowLinkLocalTargets: cfg.Delivery.AllowLinkLocalTargets,

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/postbox-events/postbox/retry"
 	"github.com/postbox-events/postbox/server"
 )
 
@@ -32,7 +33,7 @@ func Example() {
 				var order struct{ ID string }
 				if err := json.Unmarshal(it.Payload, &order); err != nil || order.ID == "" {
 					handled <- "dead letter: " + it.EventID
-					return server.Dead(errors.New("an order without an id"))
+					return retry.Permanent(errors.New("an order without an id"))
 				}
 				handled <- "handled order " + order.ID + " (" + it.Type + ")"
 				return nil

@@ -6,13 +6,18 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/retry"
 )
 
 // Handler completes one inbox item in the program (Config.Handlers). A
 // nil error completes the item. An error is a failed attempt: the item
 // is retried with backoff until DeliveryConfig.MaxAttempts, then it is a
-// dead letter. Wrap the error with Dead to dead-letter the item at once,
-// or with RetryAfter to wait longer before the next attempt. ctx ends
+// dead letter. Mark the error with the retry package to say more:
+// retry.Permanent dead-letters the item at once; retry.Transient (not the
+// item's fault: a database the handler writes to is down) retries it
+// without counting the attempt, so an outage dead-letters nothing;
+// retry.RetryAfter(d, err) makes the next attempt wait at least d, but no
+// longer than DeliveryConfig.RetryMaxDelay. ctx ends
 // after DeliveryConfig.HandlerTimeout, or when the server stops (the item
 // is then handed back, and the attempt is not counted).
 //
@@ -73,12 +78,16 @@ type Item struct {
 
 // Dead makes a Handler's error final: the item becomes a dead letter
 // (StateFailed) without further attempts.
-func Dead(err error) error { return delivery.Dead(err) }
+//
+// Deprecated: use retry.Permanent, which this calls.
+func Dead(err error) error { return retry.Permanent(err) }
 
 // RetryAfter makes the next attempt of the item wait at least d, but no
 // longer than DeliveryConfig.RetryMaxDelay: a longer d waits that
 // maximum. The attempt still counts towards MaxAttempts.
-func RetryAfter(err error, d time.Duration) error { return delivery.RetryAfter(err, d) }
+//
+// Deprecated: use retry.RetryAfter(d, err), which this calls.
+func RetryAfter(err error, d time.Duration) error { return retry.RetryAfter(d, err) }
 
 // newItem is the Item a Handler sees of it.
 func newItem(it *delivery.Item) *Item {

@@ -13,8 +13,9 @@
 //
 // A Handler's nil error completes the item; an error is a failed attempt,
 // retried with backoff until DeliveryConfig.MaxAttempts, then the item is
-// a dead letter. Wrap the error with Dead to dead-letter it at once, or
-// with RetryAfter to wait longer. Handlers must be idempotent: an item is
+// a dead letter. Mark the error with retry.Permanent to dead-letter it at
+// once, retry.Transient to retry it without counting the attempt, or
+// retry.RetryAfter to wait longer. Handlers must be idempotent: an item is
 // handled at least once (Item.EventID is the same on every attempt).
 //
 // By default events and delivery state live in one SQLite file, DBPath,

@@ -58,6 +58,7 @@ func TestBadInvocations(t *testing.T) {
 		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
 		{[]string{"serve", "--max-batch", "0"}, 2, "max-batch"},
 		{[]string{"serve", "--log-format", "xml"}, 2, "log-format"},
+		{[]string{"serve", "--retry-jitter", "some"}, 2, "use full, equal, none"},
 		{[]string{"serve", "--retry-base-delay", "10m", "--retry-max-delay", "1m"}, 2, "above the retry max delay"},
 		{[]string{"serve", "--webhook-target", "localhost:9000"}, 2, "not an http:// or https:// URL"},
 		{[]string{"agent", "--outbox", filepath.Join(dir, "o.db")}, 2, "--server and --device-id are required"},
@@ -80,7 +81,7 @@ func TestBadInvocations(t *testing.T) {
 func TestEnvironmentErrorNamesVariable(t *testing.T) {
 	for _, env := range []string{"QUEUE_MAXSIZE=lots", "WORKER_COUNT=0", "MAX_ATTEMPTS=-1", "RETRY_BASE_DELAY=soon",
 		"RETRY_MAX_DELAY=5x", "RETENTION_DAYS=-3", "CLEANUP_INTERVAL_HOURS=never", "LOG_LEVEL=loud", "LOG_FORMAT=xml",
-		"PORT=http", "WEBHOOK_TARGET_URL=ftp://x"} {
+		"POSTBOX_RETRY_JITTER=lots", "PORT=http", "WEBHOOK_TARGET_URL=ftp://x"} {
 		cmd := exec.Command(binary, "serve", "--addr", "127.0.0.1:0", "--db", filepath.Join(t.TempDir(), "p.db"))
 		cmd.Env = append(cmd.Environ(), env)
 		out, err := cmd.CombinedOutput()

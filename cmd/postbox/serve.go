@@ -22,6 +22,7 @@ import (
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/kafkaopt"
 	"github.com/postbox-events/postbox/internal/server"
+	"github.com/postbox-events/postbox/retry"
 	"github.com/postbox-events/postbox/stream"
 	"github.com/postbox-events/postbox/stream/streamkafka"
 	"github.com/postbox-events/postbox/stream/streamnats"
@@ -89,6 +90,8 @@ brackets.`)
 	fs.Var(&retryBase, "retry-base-delay", "wait before the first retry; each later one doubles it (`duration`, e.g. 5s, 300ms) [RETRY_BASE_DELAY]")
 	retryMax := positiveDuration(delivery.DefaultRetryMaxDelay)
 	fs.Var(&retryMax, "retry-max-delay", "longest wait between retries (`duration`) [RETRY_MAX_DELAY]")
+	jitter := choice{value: retry.FullJitter.String(), choices: []string{retry.FullJitter.String(), retry.EqualJitter.String(), retry.NoJitter.String()}}
+	fs.Var(&jitter, "retry-jitter", "`mode` of the random part of each retry wait: full (anywhere up to it), equal (at least half of it) or none [POSTBOX_RETRY_JITTER]")
 	handlerTimeout := positiveDuration(delivery.DefaultHandlerTimeout)
 	fs.Var(&handlerTimeout, "handler-timeout", "longest one attempt may take, e.g. a POST to a target (`duration`) [POSTBOX_HANDLER_TIMEOUT]")
 	retention := wholeNumber(30)
@@ -111,7 +114,7 @@ brackets.`)
 	}
 	if err := envDefaults(env, fs, map[string]string{
 		"addr": "POSTBOX_ADDR", "port": "PORT", "db": "DB_PATH", "streams": "POSTBOX_STREAMS", "store": "POSTBOX_STORE", "node": "POSTBOX_NODE",
-		"workers": "WORKER_COUNT", "max-attempts": "MAX_ATTEMPTS", "retry-base-delay": "RETRY_BASE_DELAY", "retry-max-delay": "RETRY_MAX_DELAY",
+		"workers": "WORKER_COUNT", "max-attempts": "MAX_ATTEMPTS", "retry-base-delay": "RETRY_BASE_DELAY", "retry-max-delay": "RETRY_MAX_DELAY", "retry-jitter": "POSTBOX_RETRY_JITTER",
 		"handler-timeout": "POSTBOX_HANDLER_TIMEOUT", "retention-days": "RETENTION_DAYS", "cleanup-interval-hours": "CLEANUP_INTERVAL_HOURS",
 		"allow-link-local-targets": "POSTBOX_ALLOW_LINK_LOCAL_TARGETS", "deny-private-targets": "POSTBOX_DENY_PRIVATE_TARGETS",
 		"webhook-target": "WEBHOOK_TARGET_URL", "synchronous": "POSTBOX_SYNCHRONOUS", "max-batch": "POSTBOX_MAX_BATCH",
@@ -169,7 +172,7 @@ brackets.`)
 		Webhooks: server.WebhookConfig{MaxBytes: int64(whMax), KeyHeader: *whKeyHeader, KeyField: *whKeyField,
 			TypeHeader: *whTypeHeader, TypeField: *whTypeField, Secrets: splitList(*whSecrets), Target: string(whTarget)},
 		Delivery: delivery.Config{Workers: int(workers), MaxAttempts: int(maxAttempts), RetryBaseDelay: time.Duration(retryBase),
-			RetryMaxDelay: time.Duration(retryMax), HandlerTimeout: time.Duration(handlerTimeout), Retention: keep,
+			RetryMaxDelay: time.Duration(retryMax), Jitter: mustJitter(jitter.value), HandlerTimeout: time.Duration(handlerTimeout), Retention: keep,
 			CleanupInterval: time.Duration(cleanup), AllowLinkLocalTargets: *allowLinkLocal, DenyPrivateTargets: *denyPrivate,
 			Node: *node},
 		Logger: log,
@@ -547,6 +550,15 @@ func (c *choice) Set(s string) error {
 	}
 	c.value = strings.ToLower(s)
 	return nil
+}
+
+// mustJitter is the retry.Jitter a --retry-jitter choice names.
+func mustJitter(s string) retry.Jitter {
+	j, err := retry.ParseJitter(s)
+	if err != nil {
+		panic(err) // the choice allows only the names of modes
+	}
+	return j
 }
 
 // httpURL is a flag.Value for an http:// or https:// URL.

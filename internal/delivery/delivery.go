@@ -52,6 +52,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/postbox-events/postbox/internal/sqlitedb"
+	"github.com/postbox-events/postbox/retry"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -91,7 +92,6 @@ const (
 	DefaultMaxAttempts       = 5
 	DefaultRetryBaseDelay    = 5 * time.Second
 	DefaultRetryMaxDelay     = 300 * time.Second
-	DefaultJitter            = 0.2
 	DefaultWorkers           = 16
 	DefaultHandlerTimeout    = 30 * time.Second
 	DefaultRetention         = 30 * 24 * time.Hour
@@ -110,13 +110,15 @@ type Config struct {
 	// fails it is failed: a dead letter (MAX_ATTEMPTS).
 	MaxAttempts int
 	// RetryBaseDelay and RetryMaxDelay shape the backoff of workers: the
-	// n-th retry of an item waits min(RetryBaseDelay·2^(n-1),
-	// RetryMaxDelay), less up to Jitter of it at random (RETRY_BASE_DELAY,
-	// RETRY_MAX_DELAY). RetryMaxDelay also bounds what a target's
-	// Retry-After or a handler's RetryAfter asks for.
+	// n-th retry of an item has the ceiling min(RetryBaseDelay·2^(n-1),
+	// RetryMaxDelay) (RETRY_BASE_DELAY, RETRY_MAX_DELAY), and waits the
+	// part of it Jitter draws: the zero value, retry.FullJitter, a random
+	// wait up to the ceiling; retry.EqualJitter, at least half of it;
+	// retry.NoJitter, exactly the ceiling. RetryMaxDelay also bounds what
+	// a target's Retry-After or a handler's retry.RetryAfter asks for.
 	RetryBaseDelay time.Duration
 	RetryMaxDelay  time.Duration
-	Jitter         float64
+	Jitter         retry.Jitter
 	// Workers is how many items the workers handle at once, over every
 	// inbox with a handler (WORKER_COUNT).
 	Workers int
@@ -161,7 +163,6 @@ func (cfg *Config) setDefaults() {
 	setDefault(&cfg.MaxAttempts, DefaultMaxAttempts)
 	setDefault(&cfg.RetryBaseDelay, DefaultRetryBaseDelay)
 	setDefault(&cfg.RetryMaxDelay, DefaultRetryMaxDelay)
-	setDefault(&cfg.Jitter, DefaultJitter)
 	setDefault(&cfg.Workers, DefaultWorkers)
 	setDefault(&cfg.HandlerTimeout, DefaultHandlerTimeout)
 	if cfg.Retention == 0 {
@@ -202,6 +203,7 @@ type Delivery struct {
 	log     *slog.Logger
 	now     func() time.Time
 	inboxes notifier
+	inline  inlineState
 
 	jobs        chan job        // leased items for the workers
 	completions chan completion // items the workers completed, to ack

@@ -12,6 +12,7 @@ import (
 
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/testenv"
+	"github.com/postbox-events/postbox/retry"
 )
 
 // handled counts the calls of a handler by item id.
@@ -100,7 +101,7 @@ func testReplayRange(t *testing.T, kind storeKind) {
 		case it.Offset == stuck:
 			return errors.New("not yet")
 		case it.Offset%4 == 0:
-			return delivery.Dead(errors.New("bad payload"))
+			return retry.Permanent(errors.New("bad payload"))
 		}
 		return nil
 	})

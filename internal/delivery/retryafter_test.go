@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/retry"
 )
 
 // syncBuffer is a bytes.Buffer a logger and a test share.
@@ -53,11 +54,11 @@ func testRetryAfterBounded(t *testing.T, kind storeKind) {
 		e.create(t, delivery.Subscription{Name: name, Source: "devices", Target: tg.URL, Types: []string{name}})
 	}
 	e.d.Handle("go-year", func(ctx context.Context, it *delivery.Item) error {
-		return delivery.RetryAfter(errors.New("come back next year"), 365*24*time.Hour)
+		return retry.RetryAfter(365*24*time.Hour, errors.New("come back next year"))
 	})
 	e.create(t, delivery.Subscription{Name: "go-year", Source: "devices", Types: []string{"go-year"}})
 	e.d.Handle("go-small", func(ctx context.Context, it *delivery.Item) error {
-		return delivery.RetryAfter(errors.New("come back in 45s"), 45*time.Second)
+		return retry.RetryAfter(45*time.Second, errors.New("come back in 45s"))
 	})
 	e.create(t, delivery.Subscription{Name: "go-small", Source: "devices", Types: []string{"go-small"}})
 	for _, typ := range []string{"year", "overflow", "date", "small", "go-year", "go-small"} {

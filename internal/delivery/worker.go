@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"slices"
@@ -18,37 +17,21 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox/internal/stdwebhook"
+	"github.com/postbox-events/postbox/retry"
 )
 
 // Handler handles one inbox item in the process (a worker calls it). A nil
 // error completes the item. An error is a failed attempt: the item is
 // retried with backoff until its last attempt, then it is failed (a dead
-// letter). Wrap the error with Dead to dead-letter the item at once, or
-// with RetryAfter to wait longer before the next attempt. ctx ends after
-// Config.HandlerTimeout, or when the server stops (the item is then handed
-// back, and the attempt is not counted).
+// letter). The retry package's markers say more: retry.Permanent
+// dead-letters the item at once, retry.Transient retries it without
+// counting the attempt, and retry.RetryAfter makes the next attempt wait
+// at least its duration, but no longer than the longest retry wait of the
+// inbox (its endpoint's RetryMaxDelay or longest scheduled wait, else
+// Config.RetryMaxDelay), so that no answer can park an item for a year.
+// ctx ends after Config.HandlerTimeout, or when the server stops (the
+// item is then handed back, and the attempt is not counted).
 type Handler func(ctx context.Context, it *Item) error
-
-// handlerError is an error a Handler wrapped with Dead or RetryAfter.
-type handlerError struct {
-	err        error
-	dead       bool
-	retryAfter time.Duration
-}
-
-func (e *handlerError) Error() string { return e.err.Error() }
-func (e *handlerError) Unwrap() error { return e.err }
-
-// Dead makes err final: the item becomes a dead letter without further
-// attempts (an HTTP target answering 410 Gone).
-func Dead(err error) error { return &handlerError{err: err, dead: true} }
-
-// RetryAfter makes the next attempt wait at least d (an HTTP target's
-// Retry-After), but no longer than the longest retry wait of the inbox
-// (its endpoint's RetryMaxDelay or longest scheduled wait, else
-// Config.RetryMaxDelay): a longer d waits that maximum, so that no
-// answer can park an item for a year.
-func RetryAfter(err error, d time.Duration) error { return &handlerError{err: err, retryAfter: d} }
 
 // Handle registers h as the handler of inbox: the workers lease its items
 // and complete them with h. It replaces the target URL of the inbox's
@@ -293,7 +276,7 @@ func (d *Delivery) attempt(ctx context.Context, j job) {
 			rec.Error = truncate(err.Error(), 1000)
 		}
 	}
-	if err == nil && d.pg { // the acker batches acks; SQLite's writer batches them anyway
+	if err == nil { // the acker acks a batch of completions in one transaction
 		d.completions <- completion{inbox: j.inbox, lease: j.lease, id: j.item.ID, attempts: j.item.Attempts, took: took, rec: rec}
 		return
 	}
@@ -308,25 +291,26 @@ func (d *Delivery) attempt(ctx context.Context, j job) {
 		d.attempted(j, st.results, serr, nil, took)
 		return
 	}
-	var he *handlerError
-	errors.As(err, &he)
-	f := failure{reason: truncate(err.Error(), 1000), maxAttempts: maxAttempts, log: recs(rec)}
-	wait := time.Duration(0)
-	if he != nil {
-		wait = he.retryAfter
-		if wait > limit {
-			d.log.Debug("delivery: Retry-After beyond the retry max delay; waiting the max", "inbox", j.inbox, "item", j.item.ID,
-				"retry_after", wait, "max", limit)
-			wait = limit
-		}
-		f.dead = he.dead
+	o := retry.Classify(err)
+	f := failure{reason: truncate(err.Error(), 1000), maxAttempts: maxAttempts, log: recs(rec), dead: o.Permanent}
+	wait := o.After
+	if wait > limit {
+		d.log.Debug("delivery: Retry-After beyond the retry max delay; waiting the max", "inbox", j.inbox, "item", j.item.ID,
+			"retry_after", wait, "max", limit)
+		wait = limit
 	}
 	if j.ep != nil {
 		f.delay = d.delay(j.ep, wait)
 	} else {
 		f.delay = d.backoff(d.cfg.RetryBaseDelay, limit, wait)
 	}
-	res, serr := d.fail(sctx, j.inbox, []int64{j.item.ID}, j.lease, f)
+	var res []Result
+	var serr error
+	if o.Transient && !o.Permanent {
+		res, serr = d.failUncounted(sctx, j.inbox, []int64{j.item.ID}, j.lease, f)
+	} else {
+		res, serr = d.fail(sctx, j.inbox, []int64{j.item.ID}, j.lease, f)
+	}
 	d.attempted(j, res, serr, err, took)
 }
 
@@ -373,11 +357,14 @@ const ackQueue = 4
 
 // ack acks the items the workers completed, a batch of those waiting at a
 // time in one transaction, until completions is closed: PostgreSQL
-// commits a few large transactions much faster than many small ones. (On
-// SQLite each worker acks its own item: the single writer folds
-// concurrent acks into one commit already.) A worker hands its item over
-// and takes the next job; should the process stop before the ack
-// commits, the item is attempted again after its lease.
+// commits a few large transactions much faster than many small ones, and
+// on SQLite, where the single writer folds concurrent acks into one
+// commit anyway, one writer function for a batch runs a few statements
+// where one per item ran as many (each parsed anew by the driver: a
+// quarter of the CPU of a delivery when every worker acked its own). A
+// worker hands its item over and takes the next job; should the process
+// stop before the ack commits, the item is attempted again after its
+// lease.
 func (d *Delivery) ack(completions <-chan completion) {
 	type group struct{ inbox, lease string }
 	for c := range completions {
@@ -460,17 +447,13 @@ func (d *Delivery) handBack(inbox, lease string, items []Item) {
 
 // backoff returns the wait before the next attempt of an item that has
 // had attempts attempts: the n-th retry waits min(base·2^(n-1),
-// maxDelay), less up to Jitter of it at random, and at least atLeast.
-// maxDelay (an endpoint's, else Config.RetryMaxDelay) also bounds a
-// Retry-After before it comes here.
+// maxDelay), less a random part of it set by Config.Jitter, and at least
+// atLeast. maxDelay (an endpoint's, else Config.RetryMaxDelay) also bounds
+// a Retry-After before it comes here.
 func (d *Delivery) backoff(base, maxDelay, atLeast time.Duration) func(attempts int) time.Duration {
+	b := retry.Backoff{Base: base, Max: maxDelay, Jitter: d.cfg.Jitter}
 	return func(attempts int) time.Duration {
-		wait := maxDelay
-		if n := max(attempts-1, 0); n < 62 && base <= maxDelay>>n {
-			wait = base << n
-		}
-		wait -= time.Duration(rand.Float64() * min(d.cfg.Jitter, 1) * float64(wait))
-		return max(wait, atLeast)
+		return max(b.Delay(attempts-1), atLeast)
 	}
 }
 
@@ -550,7 +533,7 @@ func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, 
 	rec := &Attempt{Item: it.ID, Number: it.Attempts, At: now.UTC().Truncate(time.Microsecond), URL: ep.url}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.url, bytes.NewReader(it.Payload))
 	if err != nil {
-		return rec, Dead(fmt.Errorf("target %s: %w", ep.url, err))
+		return rec, retry.Permanent(fmt.Errorf("target %s: %w", ep.url, err))
 	}
 	var meta struct {
 		Headers  map[string]string `json:"headers"`
@@ -615,10 +598,10 @@ func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, 
 		err = fmt.Errorf("%w: %s", err, b)
 	}
 	if resp.StatusCode == http.StatusGone {
-		return rec, Dead(err)
+		return rec, retry.Permanent(err)
 	}
 	if wait := retryAfter(resp.Header.Get("Retry-After"), now); wait > 0 {
-		return rec, RetryAfter(err, wait)
+		return rec, retry.RetryAfter(wait, err)
 	}
 	return rec, err
 }

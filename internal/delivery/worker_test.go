@@ -14,6 +14,7 @@ import (
 
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/testenv"
+	"github.com/postbox-events/postbox/retry"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -70,13 +71,12 @@ func (e *env) waitItem(t *testing.T, inbox, state string, attempts int) delivery
 	return it
 }
 
-// checkWait checks that an item retried at now waits between 80% and 100%
-// of want (the jitter takes up to a fifth off).
+// checkWait checks that an item retried at now waits want (the tests
+// that call it turn jitter off).
 func checkWait(t *testing.T, it delivery.Item, now time.Time, want time.Duration) {
 	t.Helper()
-	got := it.NextAttemptAt.Sub(now)
-	if got < want*8/10 || got > want {
-		t.Fatalf("after attempt %d the item waits %v, want %v less up to 20%%", it.Attempts, got, want)
+	if got := it.NextAttemptAt.Sub(now); got != want {
+		t.Fatalf("after attempt %d the item waits %v, want %v", it.Attempts, got, want)
 	}
 }
 
@@ -86,7 +86,7 @@ func checkWait(t *testing.T, it delivery.Item, now time.Time, want time.Duration
 func TestTargetFailsTwice(t *testing.T) { eachStore(t, testTargetFailsTwice) }
 
 func testTargetFailsTwice(t *testing.T, kind storeKind) {
-	e := setup(t, kind, delivery.Config{})
+	e := setup(t, kind, delivery.Config{Jitter: retry.NoJitter})
 	tg := newTarget(t, 500, 503, 200)
 	e.create(t, delivery.Subscription{Name: "hook", Source: "devices", Target: tg.URL + "/in"})
 	e.appendEvents(t, "h", "order.paid", 1)
@@ -116,7 +116,7 @@ func testTargetFailsTwice(t *testing.T, kind storeKind) {
 func TestTargetAlwaysFails(t *testing.T) { eachStore(t, testTargetAlwaysFails) }
 
 func testTargetAlwaysFails(t *testing.T, kind storeKind) {
-	e := setup(t, kind, delivery.Config{MaxAttempts: 4, RetryBaseDelay: time.Second, RetryMaxDelay: 3 * time.Second})
+	e := setup(t, kind, delivery.Config{MaxAttempts: 4, RetryBaseDelay: time.Second, RetryMaxDelay: 3 * time.Second, Jitter: retry.NoJitter})
 	tg := newTarget(t, 500)
 	e.create(t, delivery.Subscription{Name: "hook", Source: "devices", Target: tg.URL})
 	e.appendEvents(t, "h", "t", 1)
@@ -206,7 +206,7 @@ func testGoHandlerAndReplay(t *testing.T, kind storeKind) {
 				panic("boom")
 			}
 			if it.Attempts == 3 {
-				return delivery.Dead(errors.New("bad payload"))
+				return retry.Permanent(errors.New("bad payload"))
 			}
 			return errors.New("not yet")
 		}

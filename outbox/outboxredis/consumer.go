@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/postbox-events/postbox/outbox"
+	"github.com/postbox-events/postbox/retry"
 )
 
 // Defaults of ConsumerConfig.
@@ -29,8 +29,12 @@ const (
 
 // Handler handles one event. Returning nil acknowledges the entry;
 // returning an error leaves it pending, to be delivered again after
-// MinIdle (and dead-lettered after MaxDeliveries, unless the error is
-// Transient). A panic is an error.
+// MinIdle, and dead-lettered after MaxDeliveries. A panic is an error.
+// The retry package's markers say more: retry.Permanent dead-letters the
+// entry at once; retry.Transient does not count the delivery (below);
+// retry.RetryAfter(d, err) pauses the consumer's reads and claims for at
+// least d (at most 30s), so that the entry, and every other, waits that
+// long before its next delivery.
 //
 // After a handler error a Consumer pauses reading and claiming, for longer
 // after each error in a row (a jittered 100ms, doubling up to 30s), until
@@ -39,7 +43,7 @@ const (
 // every pending entry each MinIdle. It still spends them, only more
 // slowly (an entry is not claimed again before MinIdle, and each pause
 // lets one claimed entry fail), unless the handler marks the outage's
-// errors Transient.
+// errors retry.Transient.
 type Handler func(ctx context.Context, m Message) error
 
 // Transient marks a handler error as not the entry's fault (the handler's
@@ -50,24 +54,9 @@ type Handler func(ctx context.Context, m Message) error
 // nothing. An entry whose handler fails with a transient error every time
 // is retried for ever: mark only the errors that end when an outage does.
 // Transient(nil) is nil.
-func Transient(err error) error {
-	if err == nil {
-		return nil
-	}
-	return transientError{err}
-}
-
-type transientError struct{ err error }
-
-func (e transientError) Error() string { return e.err.Error() }
-func (e transientError) Unwrap() error { return e.err }
-
-// isTransient reports whether err, or an error it wraps, was marked
-// Transient.
-func isTransient(err error) bool {
-	var t transientError
-	return errors.As(err, &t)
-}
+//
+// Deprecated: use retry.Transient, which this calls.
+func Transient(err error) error { return retry.Transient(err) }
 
 // ConsumerConfig configures a Consumer. Zero fields take their defaults.
 type ConsumerConfig struct {
@@ -109,7 +98,7 @@ type ConsumerConfig struct {
 	// MaxDeliveries dead-letters an entry: one the handler refused on its
 	// MaxDeliveries-th delivery, or one delivered more often than that
 	// (its consumers died while handling it), is moved to DeadStream with
-	// the reason and acknowledged. Deliveries that ended in a Transient
+	// the reason and acknowledged. Deliveries that ended in a retry.Transient
 	// error do not count. Defaults to 10.
 	MaxDeliveries int
 	// DeadStream is where dead letters go. Defaults to Stream +
@@ -194,8 +183,17 @@ func NewConsumer(client redis.UniversalClient, cfg ConsumerConfig) (*Consumer, e
 // Name returns the consumer's name in its group.
 func (c *Consumer) Name() string { return c.cfg.Consumer }
 
-// retry paces Run after a Redis error, and after handler errors in a row.
-var retry = outbox.Backoff{Base: 100 * time.Millisecond, Max: 30 * time.Second}
+// pace paces Run after a Redis error, and after handler errors in a row;
+// its Max also bounds a handler's retry.RetryAfter.
+var pace = retry.Backoff{Base: 100 * time.Millisecond, Max: 30 * time.Second}
+
+// streak is what the handler calls of a pass tell Run: the handler errors
+// in a row, and the longest wait a retry.RetryAfter asked for since Run
+// last paused.
+type streak struct {
+	n     int
+	after time.Duration
+}
 
 // Run creates the group if it is missing, then handles entries until ctx
 // ends: first those pending under this consumer's name (left by an earlier
@@ -221,10 +219,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	var lastClaim time.Time
 	created := false
 	failures := 0 // Redis errors in a row
-	failing := 0  // handler errors in a row
+	var failing streak
 	for ctx.Err() == nil {
 		var err error
-		wasFailing := failing
+		wasFailing := failing.n
 		switch {
 		case !created:
 			err = c.createGroup(ctx, start)
@@ -249,10 +247,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		var pause time.Duration
 		switch {
-		case failing > wasFailing:
-			pause = retry.Delay(failing - 1)
-			c.log.Warn("outboxredis: handler failed; pausing reads and claims", "failures", failing, "pause", pause.Round(time.Millisecond))
-		case failing == 0 && wasFailing > 0:
+		case failing.n > wasFailing:
+			pause = max(pace.Delay(failing.n-1), min(failing.after, pace.Max))
+			failing.after = 0
+			c.log.Warn("outboxredis: handler failed; pausing reads and claims", "failures", failing.n, "pause", pause.Round(time.Millisecond))
+		case failing.n == 0 && wasFailing > 0:
 			c.log.Info("outboxredis: handler succeeded again; resuming", "failures", wasFailing)
 		}
 		if err == nil {
@@ -262,7 +261,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 				c.log.Error("outboxredis: the consumer group is gone (its stream was deleted or evicted, or the group destroyed); creating it again at the start of the stream", "err", err)
 				created, start, pending, claiming = false, "0", "0", ""
 			}
-			delay := retry.Delay(failures)
+			delay := pace.Delay(failures)
 			failures++
 			c.log.Warn("outboxredis: consumer failed; retrying", "err", err, "pause", delay.Round(time.Millisecond), "failures", failures)
 			pause = max(pause, delay)
@@ -296,7 +295,7 @@ func (c *Consumer) createGroup(ctx context.Context, start string) error {
 // after cursor and returns the cursor for the next one, "" after the last.
 // One at a time: the read counts a delivery of each entry it returns, and
 // after a crash only the entry that crashed must be charged again.
-func (c *Consumer) readPending(ctx context.Context, cursor string, failing *int) (string, error) {
+func (c *Consumer) readPending(ctx context.Context, cursor string, failing *streak) (string, error) {
 	readAt := time.Now()
 	res, err := c.client.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group: c.cfg.Group, Consumer: c.cfg.Consumer,
@@ -328,7 +327,7 @@ func (c *Consumer) readPending(ctx context.Context, cursor string, failing *int)
 
 // readNew handles the entries no consumer of the group has seen yet,
 // waiting up to block for some.
-func (c *Consumer) readNew(ctx context.Context, block time.Duration, failing *int) error {
+func (c *Consumer) readNew(ctx context.Context, block time.Duration, failing *streak) error {
 	res, err := c.client.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group: c.cfg.Group, Consumer: c.cfg.Consumer,
 		Streams: []string{c.cfg.Stream, ">"},
@@ -354,7 +353,7 @@ func (c *Consumer) readNew(ctx context.Context, block time.Duration, failing *in
 // entries from cursor, and returns the cursor to go on from, "" at the end
 // of the pending list. One at a time, as in readPending: XAUTOCLAIM counts
 // a delivery of each entry it claims.
-func (c *Consumer) claim(ctx context.Context, cursor string, failing *int) (string, error) {
+func (c *Consumer) claim(ctx context.Context, cursor string, failing *streak) (string, error) {
 	readAt := time.Now()
 	entries, next, deleted, err := c.client.XAutoClaimWithDeleted(ctx, &redis.XAutoClaimArgs{
 		Stream: c.cfg.Stream, Group: c.cfg.Group, Consumer: c.cfg.Consumer,
@@ -406,14 +405,15 @@ func (c *Consumer) deliveries(ctx context.Context, entries []redis.XMessage) (ma
 // handle calls the handler for each entry, then acknowledges the entries
 // handled (one XACK). deliveries nil means first deliveries. The end of
 // ctx stops it between entries; the rest stay pending. failing counts the
-// handler errors in a row: each error adds one, a success resets it.
+// handler errors in a row: each error adds one, a success resets it; and
+// keeps the longest retry.RetryAfter of the errors.
 //
 // The entries were delivered at readAt (or later), and another consumer
 // may claim them once they are MinIdle old: after MinIdle/2 renew
 // acknowledges the entries handled so far and claims the rest again, and
 // if one handler call overran so that MinIdle passed, the rest of the
 // batch is left alone, as another consumer may be handling it.
-func (c *Consumer) handle(ctx context.Context, entries []redis.XMessage, deliveries map[string]int, readAt time.Time, failing *int) error {
+func (c *Consumer) handle(ctx context.Context, entries []redis.XMessage, deliveries map[string]int, readAt time.Time, failing *streak) error {
 	// Acknowledging and dead-lettering finish work already done, so they
 	// outlive ctx.
 	wctx := context.WithoutCancel(ctx)
@@ -469,14 +469,23 @@ func (c *Consumer) handle(ctx context.Context, entries []redis.XMessage, deliver
 		switch {
 		case err == nil:
 			acks = append(acks, e.ID)
-			*failing = 0
+			failing.n = 0
 			continue
 		case ctx.Err() != nil:
 			return nil // stopped, not failed: the entry stays pending
 		}
-		*failing++
+		o := retry.Classify(err)
+		if !o.Permanent { // the entry's own fault: no reason to slow down
+			failing.n++
+			failing.after = max(failing.after, o.After)
+		}
 		switch {
-		case isTransient(err) && n > 0:
+		case o.Permanent:
+			reason := fmt.Sprintf("handler failed permanently on delivery %d: %v", n, err)
+			if err := c.deadLetter(wctx, e, n, reason); err != nil {
+				return err
+			}
+		case o.Transient && n > 0:
 			c.log.Warn("outboxredis: handler failed with a transient error; the entry stays pending and is delivered again after MinIdle, and the delivery does not count", "entry_id", e.ID, "event_id", m.EventID, "deliveries", n, "err", err)
 			if err := c.uncount(wctx, e.ID, n-1); err != nil {
 				return err

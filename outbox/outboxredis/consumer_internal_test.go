@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/postbox-events/postbox/internal/testenv"
+	"github.com/postbox-events/postbox/retry"
 )
 
 // pauseLog keeps the "failures" attribute of the records whose message is
@@ -137,7 +138,7 @@ func TestRunPausesAfterHandlerFailures(t *testing.T) {
 		if got, _ := logs.last(); got != failures {
 			t.Fatalf("Run paused after %d handler errors in a row, want %d", got, failures)
 		}
-		if ceil := retry.Ceiling(int(failures - 1)); d >= ceil {
+		if ceil := pace.Ceiling(int(failures - 1)); d >= ceil {
 			t.Fatalf("pause %s after %d errors in a row, want under %s", d, failures, ceil)
 		}
 		if n := calls.Load(); n != wantCalls {
@@ -182,4 +183,63 @@ func TestRunPausesAfterHandlerFailures(t *testing.T) {
 	n := calls.Load()
 	add("evt-4")
 	pause(1, n+1)
+}
+
+// A handler's retry.RetryAfter makes Run pause at least that long (at
+// most pace.Max) before it reads or claims again, however short the
+// backoff of the failures in a row.
+func TestRunPausesForRetryAfter(t *testing.T) {
+	opt, err := redis.ParseURL(testenv.URL(t, testenv.Redis))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opt)
+	b := make([]byte, 6)
+	rand.Read(b)
+	stream := "postbox-test:" + t.Name() + ":" + hex.EncodeToString(b)
+	t.Cleanup(func() {
+		c.Del(context.Background(), stream, stream+DeadStreamSuffix)
+		c.Close()
+	})
+	ctx := context.Background()
+	for _, id := range []string{"evt-1", "evt-2"} {
+		if err := c.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{FieldEventID, id}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	asks := map[string]time.Duration{"evt-1": 20 * time.Second, "evt-2": time.Hour}
+	con, err := NewConsumer(c, ConsumerConfig{
+		Stream: stream, Group: "g", Block: 10 * time.Millisecond, MinIdle: time.Hour,
+		Handler: func(_ context.Context, m Message) error {
+			return retry.RetryAfter(asks[m.EventID], errors.New("rate limited"))
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pauses := make(chan time.Duration, 1)
+	con.wait = func(ctx context.Context, d time.Duration) {
+		select {
+		case pauses <- d:
+		default:
+		}
+		<-ctx.Done()
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- con.Run(runCtx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	select {
+	case d := <-pauses:
+		if d != pace.Max { // the longer ask of the batch, bounded
+			t.Fatalf("paused %s after a RetryAfter of an hour, want %s", d, pace.Max)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not pause after the handler's RetryAfter")
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/outbox/outboxredis"
+	"github.com/postbox-events/postbox/retry"
 )
 
 func newConsumer(t testing.TB, c redis.UniversalClient, cfg outboxredis.ConsumerConfig) *outboxredis.Consumer {
@@ -635,7 +637,7 @@ func TestConsumerTransientErrorsDoNotCount(t *testing.T) {
 	const maxDeliveries, outage = 2, 5 // calls
 	rec := recorder{fail: func(m outboxredis.Message, calls int) error {
 		if m.EventID == msgs[0].EventID && calls <= outage {
-			return fmt.Errorf("insert: %w", outboxredis.Transient(errors.New("dial tcp 127.0.0.1:5432: connection refused")))
+			return fmt.Errorf("insert: %w", retry.Transient(errors.New("dial tcp 127.0.0.1:5432: connection refused")))
 		}
 		return nil
 	}}
@@ -677,5 +679,38 @@ func TestConsumerTransientErrorsDoNotCount(t *testing.T) {
 	}
 	if err := outboxredis.Transient(nil); err != nil {
 		t.Errorf("Transient(nil) = %v", err)
+	}
+	if !retry.Classify(outboxredis.Transient(io.EOF)).Transient {
+		t.Error("the deprecated outboxredis.Transient is not retry.Transient")
+	}
+}
+
+// A handler error marked retry.Permanent dead-letters its entry on its
+// first delivery, however many MaxDeliveries allows; the next entry is
+// handled without a pause.
+func TestConsumerPermanentErrorDeadLetters(t *testing.T) {
+	c := newClient(t)
+	stream := newStream(t, c)
+	msgs := messages("evt", 2)
+	publish(t, newPublisher(t, c, outboxredis.Config{Stream: stream}), msgs)
+	rec := recorder{fail: func(m outboxredis.Message, calls int) error {
+		if m.EventID == msgs[0].EventID {
+			return fmt.Errorf("decode: %w", retry.Permanent(errors.New("not an order")))
+		}
+		return nil
+	}}
+	con := newConsumer(t, c, outboxredis.ConsumerConfig{Stream: stream, Group: "g", MaxDeliveries: 10, Handler: rec.handle})
+	runConsumer(t, con)
+	var dead []redis.XMessage
+	testenv.Eventually(t, 30*time.Second, "the first entry dead-lettered, the second handled", func() bool {
+		var err error
+		dead, err = c.XRange(context.Background(), stream+outboxredis.DeadStreamSuffix, "-", "+").Result()
+		return err == nil && len(dead) == 1 && rec.calls(msgs[1].EventID) == 1 && pendingCount(t, c, stream, "g") == 0
+	})
+	if n := rec.calls(msgs[0].EventID); n != 1 {
+		t.Errorf("the permanent failure was handled %d times, want 1", n)
+	}
+	if reason := fmt.Sprint(dead[0].Values[outboxredis.FieldDeadReason]); !strings.Contains(reason, "not an order") {
+		t.Errorf("dead letter reason %q", reason)
 	}
 }

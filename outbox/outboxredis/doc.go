@@ -19,7 +19,9 @@
 // consumer every time is dead-lettered alone; and after handler errors in
 // a row (the handler's database is down) the consumer pauses, for longer
 // each time, so that an outage spends the entries' deliveries slowly, and
-// not at all if the handler marks its errors Transient.
+// not at all if the handler marks its errors retry.Transient; a handler
+// marks an entry that can never succeed retry.Permanent to dead-letter it
+// at once.
 //
 // Delivery is at least once at both ends: a relay that resends after a
 // lost reply appends the event again, and a consumer that dies before its
