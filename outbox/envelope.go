@@ -12,7 +12,8 @@ const DefaultDeviceID = "outbox"
 // Envelope returns the message in postbox's wire form: event_id, type, ts
 // (CreatedAt in RFC 3339 with nanoseconds, keeping its offset), session_id
 // (CorrelationID, or the event id), device_id (TenantID, or
-// DefaultDeviceID), seq (SourceSeq) and payload (Body). A Publisher to a
+// DefaultDeviceID), traceparent and tracestate, seq (SourceSeq) and
+// payload (Body). A Publisher to a
 // postbox server sends it; the stores keep the fields, not the envelope.
 func (m Message) Envelope() postbox.Envelope {
 	device := m.TenantID
@@ -30,6 +31,8 @@ func (m Message) Envelope() postbox.Envelope {
 		TS:            m.CreatedAt.Format(time.RFC3339Nano),
 		SessionID:     session,
 		DeviceID:      device,
+		TraceParent:   m.TraceParent,
+		TraceState:    m.TraceState,
 		Seq:           m.SourceSeq,
 		Payload:       m.Body,
 	}

@@ -24,6 +24,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/postbox-events/postbox"
 )
 
@@ -52,6 +54,13 @@ type Message struct {
 	// envelope's optional seq, which a postbox server stores as the
 	// source sequence); nil when it gave none. It is not Seq.
 	SourceSeq *int64
+	// TraceParent and TraceState are the W3C trace context the event
+	// travels with ("" when it has none). The Relay replaces them with
+	// its publish span's while tracing is on; every Publisher sends them
+	// (a postbox server in the envelope, the others as a traceparent and
+	// tracestate header or field).
+	TraceParent string
+	TraceState  string
 	// Attempts counts the sends the receiver refused (NACKed); sends a
 	// transport failure cut short do not count, so an outage neither
 	// parks rows nor stretches their backoff.
@@ -82,6 +91,12 @@ type Event struct {
 	CorrelationID string
 	// TenantID says whose event this is; may be empty.
 	TenantID string
+	// TraceParent and TraceState are the W3C trace context the event
+	// travels with, sent on with it and stored with it by a postbox
+	// server. Empty: the transactional Inserts take the context of the
+	// span in their ctx, if there is one (PrepareContext).
+	TraceParent string
+	TraceState  string
 }
 
 // Limits of an Event's fields.
@@ -98,6 +113,18 @@ var ErrInvalidEvent = errors.New("outbox: invalid event")
 // written for it, and the caller's transaction stays usable: the caller
 // decides whether to commit the rest.
 var ErrDuplicate = errors.New("outbox: event id already in the outbox")
+
+// PrepareContext is Prepare that first takes an event's trace context
+// from the span in ctx (OpenTelemetry's), when the event has none.
+func (e *Event) PrepareContext(ctx context.Context) error {
+	if e.TraceParent == "" {
+		if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+			e.TraceParent = fmt.Sprintf("00-%s-%s-%s", sc.TraceID(), sc.SpanID(), sc.TraceFlags())
+			e.TraceState = sc.TraceState().String()
+		}
+	}
+	return e.Prepare()
+}
 
 // Prepare fills in an event's defaults and checks its fields, returning an
 // error wrapping ErrInvalidEvent that names the field that is wrong.
@@ -121,6 +148,16 @@ func (e *Event) Prepare() error {
 		return fmt.Errorf("%w: payload is not valid JSON", ErrInvalidEvent)
 	case !utf8.Valid(e.Payload):
 		return fmt.Errorf("%w: payload is not valid UTF-8", ErrInvalidEvent)
+	}
+	if e.TraceParent != "" {
+		if err := postbox.CheckTraceParent(e.TraceParent); err != nil {
+			return fmt.Errorf("%w: traceparent: %v", ErrInvalidEvent, err)
+		}
+	} else if e.TraceState != "" {
+		return fmt.Errorf("%w: tracestate given without a traceparent", ErrInvalidEvent)
+	}
+	if err := postbox.CheckTraceState(e.TraceState); err != nil {
+		return fmt.Errorf("%w: tracestate: %v", ErrInvalidEvent, err)
 	}
 	for _, f := range []struct{ name, value string }{
 		{"id", e.ID}, {"type", e.Type}, {"correlation id", e.CorrelationID}, {"tenant id", e.TenantID},

@@ -244,10 +244,12 @@ func (r *Relay) Run(ctx context.Context) error {
 				for _, batch := range r.split(msgs) {
 					running++
 					go func() {
+						spans := startPublish(batch)
 						replies, err := r.pub.Publish(pubCtx, batch)
 						if err == nil && len(replies) != len(batch) {
 							err = errors.New("outbox: publisher returned the wrong number of replies")
 						}
+						endPublish(spans, replies, err)
 						results <- published{batch, replies, err}
 					}()
 				}

@@ -37,6 +37,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // Name is the instrumentation scope of postbox's spans.
@@ -114,16 +115,15 @@ func Setup(ctx context.Context, service string) (shutdown func(context.Context) 
 
 // Use installs tp as the global tracer provider (and the W3C trace
 // context propagator) and marks tracing enabled, for Setup and for tests
-// with an in-memory exporter. restore puts the previous provider back.
+// with an in-memory exporter. restore installs a no-op provider (the
+// global one cannot be put back) and marks tracing disabled.
 func Use(tp trace.TracerProvider) (restore func()) {
-	prev, prevProp := otel.GetTracerProvider(), otel.GetTextMapPropagator()
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	enabled.Store(true)
 	return func() {
 		enabled.Store(false)
-		otel.SetTracerProvider(prev)
-		otel.SetTextMapPropagator(prevProp)
+		otel.SetTracerProvider(noop.NewTracerProvider())
 	}
 }
 

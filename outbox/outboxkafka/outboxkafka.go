@@ -58,6 +58,10 @@ const (
 	HeaderCorrelationID = "postbox-correlation-id"
 	HeaderTenantID      = "postbox-tenant-id"
 	HeaderCreatedAt     = "postbox-created-at" // RFC 3339, nanoseconds, UTC
+	// W3C trace context, as OpenTelemetry's Kafka instrumentations
+	// carry it.
+	HeaderTraceParent = "traceparent"
+	HeaderTraceState  = "tracestate"
 )
 
 // Defaults of Config.
@@ -242,7 +246,7 @@ func validTopic(t string) error {
 
 // Record returns the record a message is produced as.
 func (p *Publisher) Record(m outbox.Message) *kgo.Record {
-	hs := make([]kgo.RecordHeader, 0, 5)
+	hs := make([]kgo.RecordHeader, 0, 7)
 	add := func(k, v string) {
 		if v != "" {
 			hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(v)})
@@ -255,6 +259,8 @@ func (p *Publisher) Record(m outbox.Message) *kgo.Record {
 	if !m.CreatedAt.IsZero() {
 		add(HeaderCreatedAt, m.CreatedAt.UTC().Format(time.RFC3339Nano))
 	}
+	add(HeaderTraceParent, m.TraceParent)
+	add(HeaderTraceState, m.TraceState)
 	return &kgo.Record{Topic: p.cfg.Topic, Key: p.cfg.Key(m), Value: m.Body, Headers: hs}
 }
 

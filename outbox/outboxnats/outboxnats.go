@@ -46,6 +46,9 @@ const (
 	HeaderCorrelationID = "Postbox-Correlation-Id"
 	HeaderTenantID      = "Postbox-Tenant-Id"
 	HeaderCreatedAt     = "Postbox-Created-At" // RFC 3339, nanoseconds, UTC
+	// W3C trace context, when the message has one.
+	HeaderTraceParent = "traceparent"
+	HeaderTraceState  = "tracestate"
 )
 
 // Defaults of Config.
@@ -294,6 +297,12 @@ func header(m outbox.Message) nats.Header {
 	}
 	if !m.CreatedAt.IsZero() {
 		h[HeaderCreatedAt] = []string{m.CreatedAt.UTC().Format(time.RFC3339Nano)}
+	}
+	if m.TraceParent != "" {
+		h[HeaderTraceParent] = []string{m.TraceParent}
+		if m.TraceState != "" {
+			h[HeaderTraceState] = []string{m.TraceState}
+		}
 	}
 	return h
 }

@@ -140,7 +140,7 @@ func Exists(ctx context.Context, db Beginner) (bool, error) {
 // outbox already is not written and Insert returns an error wrapping
 // outbox.ErrDuplicate; tx stays usable.
 func Insert(ctx context.Context, tx *sql.Tx, events ...outbox.Event) error {
-	args, err := insertArgs(events)
+	args, err := insertArgs(ctx, events)
 	if err != nil || args == nil {
 		return err
 	}
@@ -165,7 +165,7 @@ func Insert(ctx context.Context, tx *sql.Tx, events ...outbox.Event) error {
 
 // InsertPgx is Insert for a pgx transaction.
 func InsertPgx(ctx context.Context, tx pgx.Tx, events ...outbox.Event) error {
-	args, err := insertArgs(events)
+	args, err := insertArgs(ctx, events)
 	if err != nil || args == nil {
 		return err
 	}
@@ -180,11 +180,11 @@ func InsertPgx(ctx context.Context, tx pgx.Tx, events ...outbox.Event) error {
 	return checkInserted(events, ids)
 }
 
-const qInsert = `INSERT INTO outbox (event_id, event_type, payload, correlation_id, tenant_id)
-	SELECT * FROM unnest($1::text[], $2::text[], $3::text[]::jsonb[], $4::text[], $5::text[])
+const qInsert = `INSERT INTO outbox (event_id, event_type, payload, correlation_id, tenant_id, traceparent, tracestate)
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[]::jsonb[], $4::text[], $5::text[], $6::text[], $7::text[])
 	ON CONFLICT (event_id) DO NOTHING RETURNING event_id`
 
-func insertArgs(events []outbox.Event) ([]any, error) {
+func insertArgs(ctx context.Context, events []outbox.Event) ([]any, error) {
 	if len(events) == 0 {
 		return nil, nil
 	}
@@ -193,9 +193,11 @@ func insertArgs(events []outbox.Event) ([]any, error) {
 	payloads := make([]string, len(events))
 	corr := make([]string, len(events))
 	tenants := make([]string, len(events))
+	parents := make([]string, len(events))
+	states := make([]string, len(events))
 	for i := range events {
 		e := &events[i]
-		if err := e.Prepare(); err != nil {
+		if err := e.PrepareContext(ctx); err != nil {
 			return nil, err
 		}
 		// jsonb refuses the NUL character, and its error would abort the
@@ -204,8 +206,9 @@ func insertArgs(events []outbox.Event) ([]any, error) {
 			return nil, fmt.Errorf("%w: payload holds \\u0000, which PostgreSQL's jsonb cannot store", outbox.ErrInvalidEvent)
 		}
 		ids[i], types[i], payloads[i], corr[i], tenants[i] = e.ID, e.Type, string(e.Payload), e.CorrelationID, e.TenantID
+		parents[i], states[i] = e.TraceParent, e.TraceState
 	}
-	return []any{ids, types, payloads, corr, tenants}, nil
+	return []any{ids, types, payloads, corr, tenants, parents, states}, nil
 }
 
 // holdsNUL reports whether JSON text escapes a NUL character (\u0000
@@ -361,14 +364,16 @@ func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) 
 			WHERE delivered_at IS NULL AND rejected_at IS NULL AND seq > $1 AND next_attempt_at <= greatest($2, now())
 			ORDER BY seq LIMIT $4 FOR UPDATE SKIP LOCKED) d
 		WHERE o.id = d.id
-		RETURNING o.seq, o.event_id, o.event_type, o.payload, o.correlation_id, o.tenant_id, o.attempts, o.created_at, o.next_attempt_at`,
+		RETURNING o.seq, o.event_id, o.event_type, o.payload, o.correlation_id, o.tenant_id, o.attempts, o.created_at, o.next_attempt_at,
+			o.traceparent, o.tracestate`,
 		after, now, s.cfg.Claim.Microseconds(), limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox due: %w", err)
 	}
 	msgs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Message, error) {
 		var m outbox.Message
-		err := r.Scan(&m.Seq, &m.EventID, &m.Type, &m.Body, &m.CorrelationID, &m.TenantID, &m.Attempts, &m.CreatedAt, &m.Lease)
+		err := r.Scan(&m.Seq, &m.EventID, &m.Type, &m.Body, &m.CorrelationID, &m.TenantID, &m.Attempts, &m.CreatedAt, &m.Lease,
+			&m.TraceParent, &m.TraceState)
 		m.CreatedAt = m.CreatedAt.UTC() // sent in the envelope's ts as it is: in UTC, not the relay's zone
 		return m, err
 	})

@@ -17,6 +17,8 @@ const (
 	FieldCorrelationID = "correlation_id" // written even when empty
 	FieldTenantID      = "tenant_id"      // omitted when empty
 	FieldCreatedAt     = "created_at"     // RFC 3339 with nanoseconds, UTC
+	FieldTraceParent   = "traceparent"    // W3C trace context; omitted when empty
+	FieldTraceState    = "tracestate"     // omitted when empty
 )
 
 // The fields a Consumer adds to an entry it moves to the dead-letter
@@ -40,6 +42,10 @@ type Message struct {
 	CorrelationID string
 	TenantID      string
 	CreatedAt     time.Time // zero when the entry has no created_at
+	// TraceParent and TraceState are the W3C trace context the event
+	// travels with; "" when it has none.
+	TraceParent string
+	TraceState  string
 	// Deliveries counts the deliveries of this entry to the group, this
 	// one included, as Redis counts them (the pending entry's delivery
 	// counter): 1 the first time, more after a failure or a consumer's
@@ -85,6 +91,12 @@ func parseEntry(e redis.XMessage) (Message, error) {
 		return m, err
 	}
 	if m.TenantID, err = str(FieldTenantID); err != nil {
+		return m, err
+	}
+	if m.TraceParent, err = str(FieldTraceParent); err != nil {
+		return m, err
+	}
+	if m.TraceState, err = str(FieldTraceState); err != nil {
 		return m, err
 	}
 	created, err := str(FieldCreatedAt)

@@ -189,6 +189,12 @@ func (p *Publisher) xaddArgs(m outbox.Message, idmp bool) *redis.XAddArgs {
 		values = append(values, FieldTenantID, m.TenantID)
 	}
 	values = append(values, FieldCreatedAt, m.CreatedAt.UTC().Format(time.RFC3339Nano))
+	if m.TraceParent != "" {
+		values = append(values, FieldTraceParent, m.TraceParent)
+		if m.TraceState != "" {
+			values = append(values, FieldTraceState, m.TraceState)
+		}
+	}
 	a := &redis.XAddArgs{Stream: p.cfg.Stream, Values: values}
 	if p.cfg.MaxLen > 0 {
 		a.MaxLen, a.Approx = p.cfg.MaxLen, true

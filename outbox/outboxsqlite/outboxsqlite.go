@@ -112,16 +112,17 @@ func Insert(ctx context.Context, tx *sql.Tx, events ...outbox.Event) error {
 	ts := now.Format(sqlitedb.Time)
 	for i := range events {
 		e := &events[i]
-		if err := e.Prepare(); err != nil {
+		if err := e.PrepareContext(ctx); err != nil {
 			return err
 		}
-		m := outbox.Message{EventID: e.ID, Type: e.Type, Body: e.Payload, CorrelationID: e.CorrelationID, TenantID: e.TenantID, CreatedAt: now}
+		m := outbox.Message{EventID: e.ID, Type: e.Type, Body: e.Payload, CorrelationID: e.CorrelationID, TenantID: e.TenantID, CreatedAt: now,
+			TraceParent: e.TraceParent, TraceState: e.TraceState}
 		env := m.Envelope()
 		if err := env.Validate(postbox.Limits{}); err != nil {
 			return fmt.Errorf("%w: %s: %v", outbox.ErrInvalidEvent, e.ID, err)
 		}
 		r, err := tx.ExecContext(ctx, qInsert, e.ID, e.Type, string(postbox.AppendCompact(nil, e.Payload)), ts, ts,
-			env.TS, e.CorrelationID, e.TenantID, nil)
+			env.TS, e.CorrelationID, e.TenantID, nil, e.TraceParent, e.TraceState)
 		if err != nil {
 			return fmt.Errorf("outbox insert %s: %w", e.ID, err)
 		}
@@ -231,8 +232,8 @@ func (s *Store) Notify() <-chan struct{} { return s.notify }
 // The statements of the insert and settle paths.
 const (
 	qInsert = `INSERT INTO outbox (event_id, event_type, payload_json, created_at, next_attempt_at,
-			occurred_at, correlation_id, tenant_id, source_seq)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`
+			occurred_at, correlation_id, tenant_id, source_seq, traceparent, tracestate)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`
 	qStored     = `SELECT payload_json FROM outbox WHERE event_id = ?`
 	qDelivered  = `DELETE FROM outbox WHERE event_id = ?`
 	qRejected   = `UPDATE outbox SET state = 'rejected', rejected_at = ?, last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ?`
@@ -257,10 +258,10 @@ type Result struct {
 
 // Insert queues envelopes and returns after their commit. Envelopes must
 // be valid. Each is stored as its fields: the payload (compacted), type,
-// ts exactly as given, session_id, device_id and seq; schema_version is
-// the one Validate accepts. An envelope whose event_id is queued already
-// is a duplicate when its payload is the same and ErrConflict otherwise;
-// either way the queued row is unchanged.
+// ts exactly as given, session_id, device_id, seq, traceparent and
+// tracestate; schema_version is the one Validate accepts. An envelope
+// whose event_id is queued already is a duplicate when its payload is the
+// same and ErrConflict otherwise; either way the queued row is unchanged.
 func (s *Store) Insert(ctx context.Context, envs []postbox.Envelope) ([]Result, error) {
 	items := make([]*insert, len(envs))
 	for i, env := range envs {
@@ -299,7 +300,7 @@ func (s *Store) flush(ctx context.Context, batch []*insert) (err error) {
 			seq = *e.Seq
 		}
 		r, err := tx.StmtContext(ctx, s.stmts[qInsert]).ExecContext(ctx, e.EventID, e.Type, string(it.payload), now, now,
-			e.TS, e.SessionID, e.DeviceID, seq)
+			e.TS, e.SessionID, e.DeviceID, seq, e.TraceParent, e.TraceState)
 		if err != nil {
 			return fmt.Errorf("outbox insert %s: %w", it.env.EventID, err)
 		}
@@ -327,7 +328,8 @@ func (s *Store) flush(ctx context.Context, batch []*insert) (err error) {
 // the time the row was queued); CorrelationID its session_id, TenantID its
 // device_id and SourceSeq its seq.
 func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) ([]outbox.Message, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT seq, event_id, event_type, payload_json, occurred_at, created_at, correlation_id, tenant_id, source_seq, attempt_count
+	rows, err := s.db.QueryContext(ctx, `SELECT seq, event_id, event_type, payload_json, occurred_at, created_at, correlation_id, tenant_id, source_seq, attempt_count,
+			traceparent, tracestate
 		FROM outbox WHERE state = 'pending' AND seq > ? AND next_attempt_at <= ? ORDER BY seq LIMIT ?`,
 		after, now.UTC().Format(sqlitedb.Time), limit)
 	if err != nil {
@@ -339,7 +341,8 @@ func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) 
 		var m outbox.Message
 		var body, occurred, created string
 		var seq sql.NullInt64
-		if err := rows.Scan(&m.Seq, &m.EventID, &m.Type, &body, &occurred, &created, &m.CorrelationID, &m.TenantID, &seq, &m.Attempts); err != nil {
+		if err := rows.Scan(&m.Seq, &m.EventID, &m.Type, &body, &occurred, &created, &m.CorrelationID, &m.TenantID, &seq, &m.Attempts,
+			&m.TraceParent, &m.TraceState); err != nil {
 			return nil, fmt.Errorf("outbox due: %w", err)
 		}
 		m.Body = []byte(body)

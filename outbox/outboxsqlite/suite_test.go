@@ -38,7 +38,8 @@ func TestSuite(t *testing.T) {
 				if err := e.Prepare(); err != nil {
 					t.Fatal(err)
 				}
-				m := outbox.Message{EventID: e.ID, Type: e.Type, Body: e.Payload, CorrelationID: e.CorrelationID, TenantID: e.TenantID, CreatedAt: time.Now()}
+				m := outbox.Message{EventID: e.ID, Type: e.Type, Body: e.Payload, CorrelationID: e.CorrelationID, TenantID: e.TenantID, CreatedAt: time.Now(),
+					TraceParent: e.TraceParent, TraceState: e.TraceState}
 				envs[i] = m.Envelope()
 			}
 			res, err := s.Insert(context.Background(), envs)

@@ -39,7 +39,8 @@ const claim = 30 * time.Second
 
 type row struct {
 	outbox.Row
-	seq int64
+	seq                     int64
+	traceparent, tracestate string
 }
 
 type memory struct {
@@ -70,7 +71,7 @@ func (m *memory) insert(t *testing.T, events ...outbox.Event) {
 	for _, e := range events {
 		m.seq++
 		m.rows = append(m.rows, &row{Row: outbox.Row{EventID: e.ID, Type: e.Type, State: outbox.StatePending, CreatedAt: now, NextAttemptAt: now,
-			Payload: e.Payload, CorrelationID: e.CorrelationID, TenantID: e.TenantID}, seq: m.seq})
+			Payload: e.Payload, CorrelationID: e.CorrelationID, TenantID: e.TenantID}, seq: m.seq, traceparent: e.TraceParent, tracestate: e.TraceState})
 	}
 	m.wake()
 }
@@ -91,7 +92,8 @@ func (m *memory) Due(ctx context.Context, now time.Time, after int64, limit int)
 		}
 		r.NextAttemptAt = now.Add(claim)
 		out = append(out, outbox.Message{Seq: r.seq, EventID: r.EventID, Type: r.Type, Body: r.Payload,
-			CorrelationID: r.CorrelationID, TenantID: r.TenantID, Attempts: r.Attempts, CreatedAt: r.CreatedAt, Lease: r.NextAttemptAt})
+			CorrelationID: r.CorrelationID, TenantID: r.TenantID, Attempts: r.Attempts, CreatedAt: r.CreatedAt, Lease: r.NextAttemptAt,
+			TraceParent: r.traceparent, TraceState: r.tracestate})
 	}
 	return out, nil
 }

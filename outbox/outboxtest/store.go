@@ -71,10 +71,19 @@ type storeHarness struct {
 	s   Store
 }
 
+// event returns the i-th event of a check; odd ones carry a trace
+// context, the first of them with a tracestate.
 func event(i int) outbox.Event {
 	id := fmt.Sprintf("evt-%03d", i)
-	return outbox.Event{ID: id, Type: "order.created", Payload: json.RawMessage(`{"order":"` + id + `","n":` + fmt.Sprint(i) + `}`),
+	e := outbox.Event{ID: id, Type: "order.created", Payload: json.RawMessage(`{"order":"` + id + `","n":` + fmt.Sprint(i) + `}`),
 		CorrelationID: "corr-" + id, TenantID: "acme"}
+	if i%2 == 1 {
+		e.TraceParent = fmt.Sprintf("00-4bf92f3577b34da6a3ce929d0e0e%04x-00f067aa0ba902b7-01", i)
+	}
+	if i == 1 {
+		e.TraceState = "vendor=v1"
+	}
+	return e
 }
 
 // insert inserts events 1..n and returns them.
@@ -165,6 +174,9 @@ func (h *storeHarness) checkMessage(m outbox.Message, e outbox.Event) {
 	}
 	if m.SourceSeq != nil {
 		h.Fatalf("message %s: source seq %d, but the event has none", m.EventID, *m.SourceSeq)
+	}
+	if m.TraceParent != e.TraceParent || m.TraceState != e.TraceState {
+		h.Fatalf("message %s: traceparent %q, tracestate %q; want %q, %q", m.EventID, m.TraceParent, m.TraceState, e.TraceParent, e.TraceState)
 	}
 	if d := time.Since(m.CreatedAt); d < -time.Minute || d > time.Minute {
 		h.Fatalf("message %s: CreatedAt %v, inserted just now", m.EventID, m.CreatedAt)
