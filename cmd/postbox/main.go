@@ -51,7 +51,7 @@ func init() {
 		"sources":       {"create, list, get and delete sources: devices, webhook endpoints (GitHub, Stripe, ...)", runSources},
 		"subscriptions": {"create, list, get and delete subscriptions", runSubscriptions},
 		"streams":       {"show the streams: events, offsets, first and last stored", runStreams},
-		"consumers":     {"show each subscription's next offset and lag", runConsumers},
+		"consumers":     {"show, reset and audit the subscriptions' consumers (list|get|reset|history)", runConsumersGroup},
 		"inbox":         {"list, show, lease, ack and nack inbox items", runInbox},
 		"dlq":           {"list, show and replay dead letters: items whose delivery failed", runDLQ},
 	}
