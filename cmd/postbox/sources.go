@@ -1,14 +1,21 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/postbox-events/postbox/internal/poll"
 )
 
 var sourceCommands = []subcommand{
@@ -39,6 +46,17 @@ type source struct {
 		TypeField  string `json:"type_field"`
 		ServeFlags bool   `json:"serve_flags"`
 		Signature  string `json:"signature"`
+		// A poll or feed source's: what it reads upstream.
+		URL         string            `json:"url"`
+		Items       *string           `json:"items"`
+		ID          string            `json:"id"`
+		Type        string            `json:"type"`
+		Time        string            `json:"time"`
+		CursorParam string            `json:"cursor_param"`
+		Next        string            `json:"next"`
+		Interval    string            `json:"interval"`
+		Headers     map[string]string `json:"headers"`
+		Token       string            `json:"token"`
 	} `json:"settings"`
 	Checkpoint struct {
 		Cursor      string  `json:"cursor"`
@@ -85,8 +103,29 @@ func (s *secretList) Set(v string) error {
 }
 
 func runSourcesCreate(ctx context.Context, env *cmdEnv, args []string) error {
-	fs := newFlags(env, "sources create", "NAME --kind webhook [flags]", `Creates the source NAME and its stream (of the same name). A source of kind webhook takes
+	fs := newFlags(env, "sources create", "NAME [--kind webhook | --poll URL --items PTR --id PTR --type PTR | --feed URL] [flags]", `Creates the source NAME and its stream (of the same name). A source of kind webhook takes
 webhooks at POST /webhooks/NAME; subscriptions read it as any source (--source NAME).
+
+--poll URL makes a source of kind poll: serve polls the JSON HTTP API at URL with GET and
+stores each item once, under its id. JSON pointers (RFC 6901) pick the array of items in
+an answer (--items /events; --items '' when the answer is the array), each item's id
+(--id /id, a string or a number), type (--type /type) and time (--time /created_at, RFC
+3339 or seconds since 1970; without it, when it was polled). With --cursor-param after
+--next /next_cursor the cursor read at --next goes back as ?after=CURSOR, and the next
+page is asked for at once; otherwise, and at the end, it polls every --interval. --header
+'Authorization: env:GH_TOKEN' sends a header whose value serve reads from its
+environment at each poll (never stored, never shown); other values are shown as
+fingerprints. 429 and 503 wait as Retry-After says (up to 10 minutes), failures back off
+with jitter, and a page is asked for again until it is stored, never skipped.
+
+--feed http://other:8000/v1/streams/devices makes a source of kind feed: serve follows that
+postbox's replay feed and stores each event once, resuming after the last offset it
+stored (--feed-token: the other's API token, or env:NAME; --token is this server's).
+
+The checkpoint of a poll or feed source (cursor, last event time, last poll and error)
+commits with the events it read (on the SQLite default, in the same transaction) and is
+shown by sources get NAME (--json: under checkpoint). On a shared PostgreSQL store the
+leader node runs them.
 
 --preset github verifies X-Hub-Signature-256 (sha256= and the hex HMAC-SHA256 of the body)
 with the secret set at GitHub and takes the key from X-GitHub-Delivery and the type from
@@ -100,7 +139,19 @@ preset's. A wrong or missing signature is answered 401 naming the header.
 Secrets are shown later only as fingerprints. Creating it again with the same settings
 succeeds and prints "exists"; other settings under the same name are a conflict.`)
 	af := addAPIFlags(fs, "print the source's JSON")
-	kind := fs.String("kind", "webhook", "the source's `kind`: webhook (device: only to create devices again after it was deleted)")
+	kind := fs.String("kind", "webhook", "the source's `kind`: webhook, poll (with --poll), feed (with --feed) (device: only to create devices again after it was deleted)")
+	pollURL := fs.String("poll", "", "poll this JSON HTTP API `URL` (kind poll)")
+	items := fs.String("items", "", "JSON `pointer` to the array of items in an answer, e.g. /events ('' for the answer itself) (poll)")
+	idPtr := fs.String("id", "", "JSON `pointer` to an item's id, e.g. /id (poll)")
+	typePtr := fs.String("type", "", "JSON `pointer` to an item's type, e.g. /type (poll)")
+	timePtr := fs.String("time", "", "JSON `pointer` to an item's time, e.g. /created_at (poll; optional)")
+	cursorParam := fs.String("cursor-param", "", "query `parameter` the cursor goes back in, e.g. after (poll; with --next)")
+	next := fs.String("next", "", "JSON `pointer` to the next cursor in an answer, e.g. /next_cursor (poll; with --cursor-param)")
+	interval := fs.String("interval", "", "wait between polls when there is nothing new (`duration`, default 5s) (poll)")
+	var headers headerList
+	fs.Var(&headers, "header", "a `'Name: value'` header sent with each poll; 'Name: env:VAR' reads VAR at each poll (repeatable) (poll)")
+	feedURL := fs.String("feed", "", "follow this postbox stream `URL`'s replay feed, e.g. http://other:8000/v1/streams/devices (kind feed)")
+	token := fs.String("feed-token", "", "the other postbox's API `token`, or env:NAME to read it from serve's environment (feed; --token is this server's)")
 	preset := fs.String("preset", "", "a provider's `name`: github or stripe (needs --secret or --secret-file)")
 	var secrets secretList
 	fs.Var(&secrets, "secret", "a `secret` verifying each webhook: the provider's with --preset, else whsec_ and base64 (repeatable while rotating)")
@@ -150,15 +201,28 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 	if *serveFlags {
 		settings["serve_flags"] = true
 	}
+	upstream, err := upstreamFlags(fs, *kind, *pollURL, *feedURL, map[string]string{"items": *items, "id": *idPtr, "type": *typePtr,
+		"time": *timePtr, "cursor_param": *cursorParam, "next": *next, "interval": *interval, "token": *token}, headers)
+	if err != nil {
+		return err
+	}
+	if upstream != nil {
+		*kind = upstream.kind
+		if len(settings) > 0 {
+			return usagef("sources create: --preset, --secret, --key-* and --type-* are a webhook source's; a %s source has none", *kind)
+		}
+	}
 	switch *kind {
 	case "webhook":
 		body["settings"] = settings
+	case "poll", "feed":
+		body["kind"], body["settings"] = *kind, upstream.settings
 	case "device":
 		if len(settings) > 0 {
 			return usagef("sources create: a device source has no settings")
 		}
 	default:
-		return usagef("sources create: --kind must be webhook or device, not %q", *kind)
+		return usagef("sources create: --kind must be webhook, poll, feed or device, not %q", *kind)
 	}
 	var raw json.RawMessage
 	status, err := c.do(ctx, http.MethodPost, "/v1/sources", body, &raw)
@@ -182,6 +246,12 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 	fmt.Fprintf(env.stdout, "%s source %s (%s) → stream %s", verb, s.Name, s.Kind, s.Stream)
 	if s.Path != "" {
 		fmt.Fprintf(env.stdout, "; webhooks: POST %s (signature: %s)", s.Path, s.Settings.Signature)
+	}
+	switch s.Kind {
+	case "poll":
+		fmt.Fprintf(env.stdout, "; polling %s every %s", s.Settings.URL, cmp.Or(s.Settings.Interval, "5s"))
+	case "feed":
+		fmt.Fprintf(env.stdout, "; following %s", s.Settings.URL)
 	}
 	fmt.Fprintln(env.stdout)
 	return nil
@@ -246,6 +316,26 @@ webhooks).`)
 		fields = append(fields, [][2]string{{"path", s.Path}, {"preset", settings}, {"signature", st.Signature},
 			{"secrets", orDash(strings.Join(fps, ", "))}, {"key", key}, {"type", typ}}...)
 	}
+	if s.Kind == "poll" || s.Kind == "feed" {
+		st := s.Settings
+		fields = append(fields, [2]string{"url", st.URL})
+		if s.Kind == "poll" {
+			items := "-"
+			if st.Items != nil {
+				items = strconv.Quote(*st.Items)
+			}
+			names := slices.Sorted(maps.Keys(st.Headers))
+			hs := make([]string, len(names))
+			for i, n := range names {
+				hs[i] = n + ": " + st.Headers[n]
+			}
+			fields = append(fields, [][2]string{{"items", items}, {"id", st.ID}, {"type", st.Type}, {"time", orDash(st.Time)},
+				{"cursor", orDash(strings.TrimSuffix(st.CursorParam+" from "+st.Next, " from "))},
+				{"interval", cmp.Or(st.Interval, "5s")}, {"headers", orDash(strings.Join(hs, ", "))}}...)
+		} else {
+			fields = append(fields, [2]string{"token", orDash(st.Token)})
+		}
+	}
 	cp := s.Checkpoint
 	checkpoint := "-"
 	if cp.UpdatedAt.String() != "-" {
@@ -280,4 +370,89 @@ subscriptions read is not deleted: the error names them. --json prints
 	}
 	fmt.Fprintf(env.stdout, "deleted source %s (its stream and events stay)\n", name)
 	return nil
+}
+
+// headerList is a repeatable --header flag.
+type headerList []string
+
+func (h *headerList) String() string { return "" }
+func (h *headerList) Set(v string) error {
+	if _, _, err := poll.ParseHeader(v); err != nil {
+		return err
+	}
+	*h = append(*h, v)
+	return nil
+}
+
+// upstreamSource is what sources create's --poll or --feed flags make.
+type upstreamSource struct {
+	kind     string // poll or feed
+	settings map[string]any
+}
+
+// upstreamFlags reads the --poll and --feed flags: nil when neither is
+// given (and none of their flags either), else the kind and settings,
+// or a usage error naming the flag.
+func upstreamFlags(fs *flag.FlagSet, kind, pollURL, feedURL string, opts map[string]string, headers []string) (*upstreamSource, error) {
+	pollOnly := []string{"items", "id", "type", "time", "cursor-param", "next", "interval", "header"}
+	switch {
+	case pollURL != "" && feedURL != "":
+		return nil, usagef("sources create: --poll and --feed: give one")
+	case pollURL == "" && feedURL == "":
+		for _, f := range append(slices.Clone(pollOnly), "feed-token") {
+			if isSet(fs, f) {
+				return nil, usagef("sources create: --%s is a poll or feed source's: give --poll URL or --feed URL", f)
+			}
+		}
+		if kind == "poll" || kind == "feed" {
+			return nil, usagef("sources create: --kind %s: give --%s URL", kind, kind)
+		}
+		return nil, nil
+	case isSet(fs, "kind") && kind != "poll" && pollURL != "", isSet(fs, "kind") && kind != "feed" && feedURL != "":
+		return nil, usagef("sources create: --kind %s does not go with --poll or --feed", kind)
+	}
+	if feedURL != "" {
+		for _, f := range pollOnly {
+			if isSet(fs, f) {
+				return nil, usagef("sources create: --%s is a poll source's, not a feed's", f)
+			}
+		}
+		settings := map[string]any{"url": feedURL}
+		if opts["token"] != "" {
+			settings["token"] = opts["token"]
+		}
+		return &upstreamSource{kind: "feed", settings: settings}, nil
+	}
+	if isSet(fs, "feed-token") {
+		return nil, usagef("sources create: --feed-token is a feed source's; a poll source sends --header 'Authorization: env:VAR'")
+	}
+	if !isSet(fs, "items") {
+		return nil, usagef("sources create: --poll needs --items: a JSON pointer to the array of items in an answer, e.g. --items /events ('' for the answer itself)")
+	}
+	for _, f := range []string{"id", "type"} {
+		if opts[f] == "" {
+			return nil, usagef("sources create: --poll needs --%s: a JSON pointer to each item's %s, e.g. --%s /%s", f, f, f, f)
+		}
+	}
+	if (opts["cursor_param"] == "") != (opts["next"] == "") {
+		return nil, usagef("sources create: --cursor-param and --next go together: the cursor read at --next goes back as ?PARAM=CURSOR")
+	}
+	settings := map[string]any{"url": pollURL, "items": opts["items"]}
+	for _, k := range []string{"id", "type", "time", "cursor_param", "next", "interval"} {
+		if opts[k] != "" {
+			settings[k] = opts[k]
+		}
+	}
+	if len(headers) > 0 {
+		hs := map[string]string{}
+		for _, h := range headers {
+			name, v, err := poll.ParseHeader(h)
+			if err != nil {
+				return nil, usagef("sources create: --header: %v", err)
+			}
+			hs[name] = v
+		}
+		settings["headers"] = hs
+	}
+	return &upstreamSource{kind: "poll", settings: settings}, nil
 }

@@ -186,7 +186,8 @@ type Server struct {
 	metrics  *ingress.Metrics
 	// webhookKeys are the decoded Webhooks.Secrets.
 	webhookKeys [][]byte
-	sources     sourceCache // webhook sources read recently (sources.go)
+	sources     sourceCache   // webhook sources read recently (sources.go)
+	runner      *sourceRunner // the adapters of sources that read upstream (sourcerun.go)
 	ingress     *ingress.Ingress
 	reg         *prometheus.Registry
 	ln          net.Listener
@@ -349,6 +350,7 @@ func New(cfg Config) (*Server, error) {
 		mux: http.NewServeMux(), conns: newConnLimit(reg, cfg.MaxConnections), storeHealth: health}
 	s.stats = &statsSampler{gather: statsReg, started: time.Now().UTC(), interval: cfg.StatsInterval, lag: s.subscriptionLags,
 		queue: func() (int, int) { return writer.QueueLen(), writer.QueueCap() }}
+	s.runner = newSourceRunner(s, reg)
 	s.routeAPI()
 	s.routeConsumers()
 	s.handle("GET /v1/stats", s.requireToken(s.getStats))
@@ -492,6 +494,16 @@ func (s *Server) Run(ctx context.Context) error {
 		close(recovered)
 		return s.delivery.Run(deliveryCtx)
 	})
+	sourcesDone := make(chan struct{})
+	g.Go(func() error {
+		defer close(sourcesDone)
+		select { // after recovery, as delivery
+		case <-recovered:
+		case <-deliveryDone:
+			return nil
+		}
+		return s.runner.run(deliveryCtx)
+	})
 	g.Go(func() error {
 		var err error
 		ln := &limitListener{Listener: s.ln, l: s.conns}
@@ -533,8 +545,9 @@ func (s *Server) Run(ctx context.Context) error {
 			<-grpcStopped
 		}
 		stopConns()
-		stopDelivery() // its loops write through the store: stop them first
+		stopDelivery() // its loops and the sources' adapters write through the store: stop them first
 		<-deliveryDone
+		<-sourcesDone
 		stopStore() // the writer and the store commit what they hold, then return
 		return nil
 	})

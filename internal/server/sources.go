@@ -314,6 +314,9 @@ func (s *Server) sourceJSON(src delivery.Source) api.Source {
 			*t.to = &v
 		}
 	}
+	if src.Kind == delivery.KindPoll || src.Kind == delivery.KindFeed {
+		j.Settings = upstreamSettingsJSON(src)
+	}
 	if src.Kind != delivery.KindWebhook {
 		return j
 	}
@@ -359,7 +362,7 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "missing_field", "name: required")
 		return
 	case req.Kind == nil:
-		writeError(w, http.StatusBadRequest, "missing_field", "kind: required (webhook, or device for the source devices)")
+		writeError(w, http.StatusBadRequest, "missing_field", "kind: required (webhook, poll, feed, or device for the source devices)")
 		return
 	}
 	if !checkName(w, "name", *req.Name) {
@@ -387,6 +390,12 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		src.Settings, _ = json.Marshal(ws)
+	case delivery.KindPoll, delivery.KindFeed:
+		var err error
+		if src.Settings, err = upstreamSettings(*req.Kind, settings); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_field", "%v", err)
+			return
+		}
 	case delivery.KindDevice:
 		if *req.Name != DeviceSource {
 			writeError(w, http.StatusBadRequest, "invalid_field", "kind device: the WebSocket ingress stores every device's events in the source %s; create that one, or a webhook source", DeviceSource)
@@ -397,11 +406,12 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	default:
-		writeError(w, http.StatusBadRequest, "invalid_field", "kind %q: use webhook, or device for the source %s", *req.Kind, DeviceSource)
+		writeError(w, http.StatusBadRequest, "invalid_field", "kind %q: use webhook, poll, feed, or device for the source %s", *req.Kind, DeviceSource)
 		return
 	}
 	got, created, err := s.delivery.CreateSource(r.Context(), src)
 	s.sources.forget(src.Name)
+	s.runner.poke()
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -444,6 +454,7 @@ func (s *Server) deleteSource(w http.ResponseWriter, r *http.Request) {
 	}
 	err := s.delivery.DeleteSource(r.Context(), r.PathValue("name"))
 	s.sources.forget(r.PathValue("name"))
+	s.runner.poke()
 	if err != nil {
 		s.writeErr(w, err)
 		return
