@@ -11,6 +11,7 @@ import (
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/outbox"
+	"github.com/postbox-events/postbox/retry"
 )
 
 // TestOutageNackIsNotTheRowsFailure: a receiver whose commits fail NACKs
@@ -42,7 +43,7 @@ func TestOutageNackIsNotTheRowsFailure(t *testing.T) {
 		t.Fatal("outage is not retryable")
 	}
 	cfg := fast
-	cfg.Retry = outbox.Backoff{Base: time.Hour, Max: time.Hour}
+	cfg.Retry = retry.Backoff{Base: time.Hour, Max: time.Hour}
 	cfg.MaxAttempts = 3
 	runRelay(t, s, pub, cfg)
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/retry"
 )
 
 // Defaults of RelayConfig.
@@ -55,10 +56,10 @@ type RelayConfig struct {
 	PollInterval time.Duration
 	// Retry schedules a row refused with a retryable NACK. Defaults to
 	// 1s doubling up to 5m, with full jitter.
-	Retry Backoff
+	Retry retry.Backoff
 	// Reconnect pauses publishing after a transport failure. Defaults to
 	// 100ms doubling up to 30s, with full jitter.
-	Reconnect Backoff
+	Reconnect retry.Backoff
 	// MaxAttempts parks a row: one refused with a retryable NACK for the
 	// MaxAttempts-th time is kept as rejected, with the last reason, until
 	// an operator requeues it, instead of being retried for ever.

@@ -16,6 +16,7 @@ import (
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
+	"github.com/postbox-events/postbox/retry"
 )
 
 // clock is a fake time source shared by a store and a relay.
@@ -240,39 +241,8 @@ func (c *countingStore) Due(ctx context.Context, now time.Time, after int64, lim
 
 var fast = outbox.RelayConfig{
 	PollInterval: 10 * time.Millisecond,
-	Retry:        outbox.Backoff{Base: 5 * time.Millisecond, Max: 50 * time.Millisecond},
-	Reconnect:    outbox.Backoff{Base: 5 * time.Millisecond, Max: 50 * time.Millisecond},
-}
-
-func TestBackoffCeilingAndJitter(t *testing.T) {
-	b := outbox.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second}
-	want := []time.Duration{100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000}
-	for n, w := range want {
-		if got := b.Ceiling(n); got != w*time.Millisecond {
-			t.Errorf("Ceiling(%d) = %s, want %s", n, got, w*time.Millisecond)
-		}
-	}
-	if got := b.Ceiling(1000); got != b.Max {
-		t.Errorf("Ceiling(1000) = %s, want Max %s", got, b.Max)
-	}
-	if got := (outbox.Backoff{Base: time.Minute, Max: time.Second}).Ceiling(0); got != time.Second {
-		t.Errorf("Ceiling(0) with Base over Max = %s, want Max", got)
-	}
-	for n := range 10 {
-		ceil := b.Ceiling(n)
-		var low, high bool
-		for range 500 {
-			d := b.Delay(n)
-			if d < 0 || d >= ceil {
-				t.Fatalf("Delay(%d) = %s, want in [0, %s)", n, d, ceil)
-			}
-			low = low || d < ceil/2
-			high = high || d >= ceil/2
-		}
-		if !low || !high {
-			t.Errorf("Delay(%d): 500 samples did not spread over [0, %s) (full jitter): low half %v, high half %v", n, ceil, low, high)
-		}
-	}
+	Retry:        retry.Backoff{Base: 5 * time.Millisecond, Max: 50 * time.Millisecond},
+	Reconnect:    retry.Backoff{Base: 5 * time.Millisecond, Max: 50 * time.Millisecond},
 }
 
 func TestRelayDeletesRowsOnlyAfterAck(t *testing.T) {
@@ -371,7 +341,7 @@ func TestRelayRetryableNackResendsAfterBackoff(t *testing.T) {
 	observed := make(chan outbox.Stats, 10)
 	cfg := outbox.RelayConfig{
 		PollInterval: time.Hour, // only pokes wake the relay
-		Retry:        outbox.Backoff{Base: time.Hour, Max: 8 * time.Hour},
+		Retry:        retry.Backoff{Base: time.Hour, Max: 8 * time.Hour},
 		Reconnect:    fast.Reconnect,
 		Now:          clk.Now,
 		Observe:      func(st outbox.Stats) { observed <- st },
@@ -447,10 +417,10 @@ func TestRelayTransportErrorPausesWithGrowingBackoff(t *testing.T) {
 		return out, nil
 	})
 	observed := make(chan outbox.Stats, 10)
-	reconnect := outbox.Backoff{Base: time.Hour, Max: 64 * time.Hour}
+	reconnect := retry.Backoff{Base: time.Hour, Max: 64 * time.Hour}
 	runRelay(t, ps, pub, outbox.RelayConfig{
 		PollInterval: 1000 * time.Hour,
-		Retry:        outbox.Backoff{Base: time.Hour, Max: time.Hour},
+		Retry:        retry.Backoff{Base: time.Hour, Max: time.Hour},
 		Reconnect:    reconnect,
 		Now:          clk.Now,
 		Observe:      func(st outbox.Stats) { observed <- st },
@@ -581,8 +551,8 @@ func TestRelayBoundsInFlightAndBatches(t *testing.T) {
 	})
 	cfg := outbox.RelayConfig{
 		BatchSize: batchSize, MaxInFlight: maxInFlight, PollInterval: 5 * time.Millisecond,
-		Retry:     outbox.Backoff{Base: time.Millisecond, Max: 2 * time.Millisecond},
-		Reconnect: outbox.Backoff{Base: time.Millisecond, Max: 2 * time.Millisecond},
+		Retry:     retry.Backoff{Base: time.Millisecond, Max: 2 * time.Millisecond},
+		Reconnect: retry.Backoff{Base: time.Millisecond, Max: 2 * time.Millisecond},
 	}
 	runRelay(t, s, pub, cfg)
 	testenv.Eventually(t, 20*time.Second, "the outbox to empty", func() bool { p, r := counts(t, s); return p == 0 && r == 0 })
@@ -666,7 +636,7 @@ func TestRelayResendsRowsBehindTheCursorUnderSteadyTraffic(t *testing.T) {
 	const poll = 50 * time.Millisecond
 	runRelay(t, s, pub, outbox.RelayConfig{
 		PollInterval: poll,
-		Retry:        outbox.Backoff{Base: time.Hour, Max: time.Hour},
+		Retry:        retry.Backoff{Base: time.Hour, Max: time.Hour},
 		Reconnect:    fast.Reconnect,
 		Now:          clk.Now,
 	})

@@ -7,6 +7,7 @@ import (
 
 	"github.com/postbox-events/postbox/internal/agent"
 	"github.com/postbox-events/postbox/outbox"
+	"github.com/postbox-events/postbox/retry"
 )
 
 func runAgent(ctx context.Context, env *cmdEnv, args []string) error {
@@ -54,8 +55,8 @@ events are resumed after a restart.`)
 		Synchronous: strings.ToUpper(*sync), AckTimeout: *ackTimeout, Logger: log,
 		Relay: outbox.RelayConfig{
 			BatchSize: int(batch), MaxInFlight: int(window), MinInFlight: int(windowMin),
-			Retry:     outbox.Backoff{Base: outbox.DefaultRetryBase, Max: *retryMax},
-			Reconnect: outbox.Backoff{Base: outbox.DefaultReconnectBase, Max: *backoffMax},
+			Retry:     retry.Backoff{Base: outbox.DefaultRetryBase, Max: *retryMax},
+			Reconnect: retry.Backoff{Base: outbox.DefaultReconnectBase, Max: *backoffMax},
 		},
 	})
 	if err != nil {

@@ -34,6 +34,7 @@ import (
 	"github.com/postbox-events/postbox/outbox/outboxpg"
 	"github.com/postbox-events/postbox/outbox/outboxredis"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
+	"github.com/postbox-events/postbox/retry"
 )
 
 // Defaults of postbox relay.
@@ -133,7 +134,7 @@ it with postbox outbox). Wakes on LISTEN/NOTIFY and polls as well.
 	var delivered, failed atomic.Int64
 	relay, err := outbox.NewRelay(src.store, pub, outbox.RelayConfig{
 		BatchSize: int(batch), MaxInFlight: int(window), PollInterval: time.Duration(poll), MaxAttempts: int(maxAttempts),
-		Retry:  outbox.Backoff{Base: outbox.DefaultRetryBase, Max: time.Duration(retryMax)},
+		Retry:  retry.Backoff{Base: outbox.DefaultRetryBase, Max: time.Duration(retryMax)},
 		Logger: log,
 		Observe: func(st outbox.Stats) {
 			m.Observe(st)

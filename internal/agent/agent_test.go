@@ -25,6 +25,7 @@ import (
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
+	"github.com/postbox-events/postbox/retry"
 )
 
 const device = "dev-1"
@@ -107,8 +108,8 @@ type testAgent struct {
 
 var fastRelay = outbox.RelayConfig{
 	PollInterval: 20 * time.Millisecond,
-	Retry:        outbox.Backoff{Base: 5 * time.Millisecond, Max: 50 * time.Millisecond},
-	Reconnect:    outbox.Backoff{Base: 5 * time.Millisecond, Max: 50 * time.Millisecond},
+	Retry:        retry.Backoff{Base: 5 * time.Millisecond, Max: 50 * time.Millisecond},
+	Reconnect:    retry.Backoff{Base: 5 * time.Millisecond, Max: 50 * time.Millisecond},
 }
 
 // startAgent runs an agent for cfg until the test ends. Empty fields get

@@ -22,6 +22,7 @@ import (
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxnats"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
+	"github.com/postbox-events/postbox/retry"
 )
 
 // connect returns a JetStream context on a new connection to url, closed
@@ -531,7 +532,7 @@ func TestRelayDoesNotParkDuringOutage(t *testing.T) {
 	first := make(chan outbox.Stats, 1)
 	relay, err := outbox.NewRelay(store, pub, outbox.RelayConfig{
 		MaxAttempts: 1,
-		Reconnect:   outbox.Backoff{Base: 10 * time.Millisecond, Max: 50 * time.Millisecond},
+		Reconnect:   retry.Backoff{Base: 10 * time.Millisecond, Max: 50 * time.Millisecond},
 		Observe: func(st outbox.Stats) {
 			if st.Err != nil || st.Rejected > 0 {
 				select {

@@ -40,6 +40,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-events/postbox/outbox"
+	"github.com/postbox-events/postbox/retry"
 )
 
 // Defaults of Config.
@@ -269,7 +270,7 @@ func (s *Store) Run(ctx context.Context) error {
 }
 
 func (s *Store) listen(ctx context.Context) {
-	backoff := outbox.Backoff{Base: 100 * time.Millisecond, Max: 10 * time.Second}
+	backoff := retry.Backoff{Base: 100 * time.Millisecond, Max: 10 * time.Second}
 	for failures := 0; ctx.Err() == nil; failures++ {
 		listened, err := s.listenOnce(ctx)
 		if ctx.Err() != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxpg"
+	"github.com/postbox-events/postbox/retry"
 )
 
 // setup returns a pool on a fresh schema holding the outbox and a business
@@ -375,7 +376,7 @@ func TestPoisonRowIsParkedThenRequeued(t *testing.T) {
 		}
 		return out, nil
 	})
-	fast := outbox.Backoff{Base: time.Millisecond, Max: 5 * time.Millisecond}
+	fast := retry.Backoff{Base: time.Millisecond, Max: 5 * time.Millisecond}
 	runRelay(t, s, pub, outbox.RelayConfig{PollInterval: 10 * time.Millisecond, Retry: fast, MaxAttempts: 4})
 	insertEvents(t, pool, event("ok-1"), event("poison"), event("ok-2"))
 	eventually(t, "the poison row parked", func() bool {
@@ -434,7 +435,7 @@ func TestOutageDoesNotParkRows(t *testing.T) {
 		}
 		return out, nil
 	})
-	fast := outbox.Backoff{Base: time.Millisecond, Max: 5 * time.Millisecond}
+	fast := retry.Backoff{Base: time.Millisecond, Max: 5 * time.Millisecond}
 	runRelay(t, s, pub, outbox.RelayConfig{PollInterval: 10 * time.Millisecond, Retry: fast, Reconnect: fast, MaxAttempts: 2})
 	insertEvents(t, pool, event("through-an-outage"))
 	eventually(t, "the row delivered", func() bool {

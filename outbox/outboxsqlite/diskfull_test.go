@@ -13,6 +13,7 @@ import (
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/outbox"
+	"github.com/postbox-events/postbox/retry"
 )
 
 // fill makes the database full for real: max_page_count at its current
@@ -119,7 +120,7 @@ func TestFullDiskKeepsAckedRowsUntilTheDeleteSucceeds(t *testing.T) {
 	fc := &failCounter{Store: s}
 	relay, err := outbox.NewRelay(fc, pub, outbox.RelayConfig{
 		PollInterval: 5 * time.Millisecond,
-		Reconnect:    outbox.Backoff{Base: time.Millisecond, Max: 5 * time.Millisecond},
+		Reconnect:    retry.Backoff{Base: time.Millisecond, Max: 5 * time.Millisecond},
 	})
 	if err != nil {
 		t.Fatal(err)
