@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -275,8 +276,11 @@ func TestPages(t *testing.T) {
 
 	do(t, ctx, "inbox", chromedp.Navigate(ui+"#/inbox?inbox=webhooks&state=pending"), chromedp.WaitVisible(chromedp.CSS(`#items-table`)))
 	wait(t, ctx, "5 pending items", `document.querySelectorAll('#items-table tbody tr').length === 5`)
-	if got := text(t, ctx, `#inbox-counts [data-state=pending] b`); got != "5" {
-		t.Errorf("inbox: pending count %q, want 5", got)
+	if got := text(t, ctx, `#items-shown`); got != "5 pending items." {
+		t.Errorf("inbox: %q, want 5 pending items.", got)
+	}
+	if got := text(t, ctx, `#inbox-states a.active`); got != "pending" {
+		t.Errorf("inbox: the state shown is %q, want pending", got)
 	}
 	shot(t, ctx, "inbox")
 
@@ -450,5 +454,69 @@ func TestToken(t *testing.T) {
 		if strings.Contains(u, token) {
 			t.Errorf("the token is in a URL: %s", u)
 		}
+	}
+}
+
+// TestLoadTimes measures how long each page of a running server takes to
+// load and draw in the browser (median and slowest of 5 full loads), and
+// how long each API call behind it takes: set POSTBOX_CONSOLE_SERVER to
+// its address (and POSTBOX_CONSOLE_TOKEN to its API token, if any).
+// BENCHMARKS.md records it on a server holding 1,000,000 events. It
+// reports; it asserts nothing about time.
+func TestLoadTimes(t *testing.T) {
+	base := os.Getenv("POSTBOX_CONSOLE_SERVER")
+	if base == "" {
+		t.Skip("POSTBOX_CONSOLE_SERVER is not set: no server to measure")
+	}
+	token := os.Getenv("POSTBOX_CONSOLE_TOKEN")
+	pages := []string{"", "#/streams", "#/subscriptions", "#/inbox?inbox=planner", "#/inbox?inbox=planner&state=completed",
+		"#/inbox?inbox=billing&state=failed", "#/item/planner/1", "#/dead-letters", "#/dead-letters?inbox=billing", "#/webhooks?key=evt-1"}
+	ctx := tab(t, 1280, 900)
+	if token != "" {
+		do(t, ctx, "keep the token", chromedp.Navigate(base+"/ui/"),
+			chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`sessionStorage.setItem('postbox.token', %q)`, token)))
+	}
+	for _, page := range pages {
+		var ms []float64
+		for range 5 {
+			do(t, ctx, "blank", chromedp.Navigate("about:blank"))
+			do(t, ctx, "open "+page, chromedp.Navigate(base+"/ui/"+page))
+			var drawn float64
+			testenv.Eventually(t, 60*time.Second, page+" drawn", func() bool {
+				v, err := chromedp.Run(ctx, chromedp.Evaluate[float64](`window.postboxDrawnAt || 0`))
+				drawn = v
+				return err == nil && v > 0
+			})
+			ms = append(ms, drawn)
+		}
+		slices.Sort(ms)
+		t.Logf("page /ui/%-38s load and draw: median %6.1f ms, slowest %6.1f ms", page, ms[len(ms)/2], ms[len(ms)-1])
+	}
+	for _, path := range []string{"/v1/stats", "/v1/sources", "/v1/streams", "/v1/subscriptions",
+		"/v1/inboxes", "/v1/inboxes/planner/items?limit=50", // not called by the console: each scans the inbox
+		"/v1/inboxes/planner/items?state=pending&limit=50", "/v1/inboxes/planner/items?state=completed&limit=50",
+		"/v1/inboxes/billing/items?state=failed&limit=50", "/v1/inboxes/planner/items/1",
+		"/v1/inboxes/planner/items/1/attempts", "/v1/dead-letters?limit=50", "/v1/dead-letters?inbox=billing&limit=50",
+		"/webhooks?idempotency_key=evt-1"} {
+		var ms []float64
+		for range 5 {
+			req, _ := http.NewRequest("GET", base+path, nil)
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			start := time.Now()
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			ms = append(ms, float64(time.Since(start).Microseconds())/1000)
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("GET %s: %d", path, resp.StatusCode)
+			}
+		}
+		slices.Sort(ms)
+		t.Logf("GET %-52s median %6.1f ms, slowest %6.1f ms", path, ms[len(ms)/2], ms[len(ms)-1])
 	}
 }

@@ -188,28 +188,28 @@ function breaker(s, rerender) {
 
 const STATES = ['pending', 'processing', 'completed', 'failed'];
 
+// The inbox page lists one state of one inbox at a time: a page of items
+// by id read through the (inbox, state, id) index. It shows no counts:
+// counting a million items is a scan, and the page must not wait for one.
 async function inbox(live, params) {
   const { view } = live;
-  const inboxes = (await api('/v1/inboxes')).inboxes;
-  const name = params.get('inbox') || (inboxes[0] && inboxes[0].inbox) || '';
-  const st = params.get('state') || '';
+  const subs = (await api('/v1/subscriptions')).subscriptions;
+  const names = [...new Set(subs.map((s) => s.inbox))].sort();
+  const name = params.get('inbox') || names[0] || '';
+  if (name && !names.includes(name)) names.push(name);
+  const st = STATES.includes(params.get('state')) ? params.get('state') : 'pending';
   const after = params.get('after') || '';
   const form = h('form', { class: 'filters', id: 'inbox-filters' },
     h('label', {}, 'Inbox', h('select', { name: 'inbox' },
-      inboxes.map((i) => h('option', { value: i.inbox, selected: i.inbox === name }, i.inbox)))),
-    h('label', {}, 'State', h('select', { name: 'state' },
-      h('option', { value: '' }, 'any'), STATES.map((s) => h('option', { value: s, selected: s === st }, s)))),
+      names.map((i) => h('option', { value: i, selected: i === name }, i)))),
     h('button', { type: 'submit' }, 'Show'));
   form.addEventListener('submit', (e) => {
     e.preventDefault();
-    const f = new FormData(form);
-    location.hash = '#/inbox' + q({ inbox: f.get('inbox'), state: f.get('state') });
+    location.hash = '#/inbox' + q({ inbox: new FormData(form).get('inbox'), state: st });
   });
-  const counts = h('div', { class: 'tiles', id: 'inbox-counts' },
-    inboxes.filter((i) => i.inbox === name).flatMap((i) => STATES.map((s) =>
-      h('a', { class: 'tile', href: '#/inbox' + q({ inbox: name, state: s }), dataset: { state: s } },
-        h('span', { class: 'muted' }, s), h('b', {}, fmt(i[s]))))));
-  const parts = [h('h1', {}, 'Inbox'), form, counts];
+  const tabs = h('nav', { class: 'tabs', id: 'inbox-states', 'aria-label': 'state' },
+    STATES.map((s) => h('a', { href: '#/inbox' + q({ inbox: name, state: s }), class: s === st ? 'active' : '', dataset: { state: s } }, s)));
+  const parts = [h('h1', {}, 'Inbox'), form, tabs];
   if (name) {
     const page = await api(`/v1/inboxes/${encodeURIComponent(name)}/items` + q({ state: st, after, limit: 50 }));
     parts.push(table('items-table', [h('th', { class: 'num' }, 'Id'), 'State', 'Type', 'Event', h('th', { class: 'num' }, 'Attempts'),
@@ -218,7 +218,9 @@ async function inbox(live, params) {
       h('td', { class: 'num' }, h('a', { href: `#/item/${encodeURIComponent(it.inbox)}/${it.id}` }, String(it.id))),
       h('td', {}, state(it.state)), h('td', {}, it.type), h('td', { class: 'clip', title: it.event_id }, it.event_id),
       num(it.attempts), h('td', {}, it.state === 'pending' ? time(it.next_attempt_at) : '–'), h('td', {}, time(it.updated_at)),
-      h('td', { class: 'clip', title: it.last_error || '' }, it.last_error || ''))), 'No items.'));
+      h('td', { class: 'clip', title: it.last_error || '' }, it.last_error || ''))), `No ${st} items.`));
+    parts.push(h('p', { class: 'muted', id: 'items-shown' }, page.items.length === 50 || after
+      ? `${page.items.length} ${st} items on this page, by id.` : `${page.items.length} ${st} item${page.items.length === 1 ? '' : 's'}.`));
     parts.push(pager('#/inbox', { inbox: name, state: st }, after, page.next_after));
   } else {
     parts.push(h('p', { class: 'muted' }, 'No inboxes yet: create a subscription.'));
@@ -488,6 +490,7 @@ async function route() {
   live.stop();
   live = new Live();
   const mine = live;
+  delete document.body.dataset.page; // set again once the page is drawn
   mine.view = h('div', { class: 'page' }, h('p', { class: 'muted' }, 'Loading…'));
   root.replaceChildren(mine.view);
   const hash = location.hash.replace(/^#\/?/, '');
@@ -504,7 +507,10 @@ async function route() {
   }
   try {
     await fn(mine, new URLSearchParams(query || ''), args);
-    document.body.dataset.page = page || 'overview';
+    if (mine === live) {
+      document.body.dataset.page = page || 'overview';
+      window.postboxDrawnAt = performance.now(); // how long the page took, for the load-time measurement
+    }
   } catch (err) {
     mine.view.replaceChildren(h('h1', {}, 'Something went wrong'), errorBox(err));
   }
