@@ -146,7 +146,8 @@ func (s *Server) resetConsumer(w http.ResponseWriter, r *http.Request) {
 		s.consumerErr(w, name, err)
 		return
 	}
-	if _, err := s.delivery.Reset(r.Context(), name, start); err != nil {
+	c, err := s.delivery.Reset(r.Context(), name, start)
+	if err != nil {
 		if start.Policy == stream.StartAtOffset && (errors.Is(err, stream.ErrOffsetOutOfRange) || errors.Is(err, delivery.ErrInvalid)) {
 			writeError(w, http.StatusBadRequest, "invalid_field", "to_offset %d: past the end of stream %s, whose next offset is %d",
 				start.Offset, before.Stream, before.HighWatermark+1)
@@ -155,11 +156,16 @@ func (s *Server) resetConsumer(w http.ResponseWriter, r *http.Request) {
 		s.consumerErr(w, name, err)
 		return
 	}
-	after, err := s.consumerOf(r.Context(), name)
+	// The answer is where the reset put the consumer: its subscription
+	// may have moved on already.
+	st, err := s.streams.Stats(r.Context(), c.StreamID)
 	if err != nil {
-		s.consumerErr(w, name, err)
+		s.writeErr(w, err)
 		return
 	}
+	after := before
+	after.NextOffset, after.HighWatermark, after.UpdatedAt = c.NextOffset, st.LastOffset, c.UpdatedAt
+	after.Lag = max(st.LastOffset-c.NextOffset+1, 0)
 	writeJSON(w, http.StatusOK, api.ConsumerReset{Consumer: after, PreviousNextOffset: before.NextOffset, Start: startPosition(start)})
 }
 

@@ -159,3 +159,32 @@ func TestConsumerResetBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestConsumerResetPlainBackend: on a stream backend that is nothing but a
+// stream.Backend (as NATS and Kafka are to the server), a reset moves the
+// consumer and its subscription materialises again, and the history is
+// 501 not_kept.
+func TestConsumerResetPlainBackend(t *testing.T) {
+	ts, _ := startPlain(t, server.Config{})
+	if status, v := call(t, ts, "POST", "/v1/subscriptions", `{"name": "r", "source": "devices", "start": "earliest"}`); status != 201 {
+		t.Fatalf("create: %d %v", status, v)
+	}
+	c := dial(t, ts.WS, client.Options{})
+	send(t, c, message(t, envelope("evt_a", "pi-1", `{}`)), message(t, envelope("evt_b", "pi-1", `{}`)))
+	waitFor(t, 10*time.Second, "the consumer at 3", func() bool {
+		_, v := call(t, ts, "GET", "/v1/consumers/r", "")
+		return v["next_offset"] == 3.0
+	})
+	status, v := call(t, ts, "POST", "/v1/consumers/r/reset", `{"to_offset": 1}`)
+	if status != 200 || v["next_offset"] != 1.0 || v["previous_next_offset"] != 3.0 {
+		t.Fatalf("reset: %d %v", status, v)
+	}
+	waitFor(t, 10*time.Second, "the consumer at 3 again", func() bool {
+		_, v := call(t, ts, "GET", "/v1/consumers/r", "")
+		return v["next_offset"] == 3.0
+	})
+	status, v = call(t, ts, "GET", "/v1/consumers/r/commits", "")
+	if e, _ := v["error"].(map[string]any); status != 501 || e["code"] != "not_kept" {
+		t.Fatalf("commits on a backend without an audit: %d %v", status, v)
+	}
+}

@@ -286,6 +286,17 @@ func TestOpenAPIRoutes(t *testing.T) {
 			t.Errorf("%s: no responses", op)
 		}
 	}
+	// OpenAPI: paths that differ only in their parameters' names are one
+	// path, and may not be two items (GET /webhooks/{id} beside POST
+	// /webhooks/{source} was such a pair).
+	templates := map[string]string{}
+	for path := range spec.doc["paths"].(map[string]any) {
+		shape := regexp.MustCompile(`\{[^}]+\}`).ReplaceAllString(path, "{}")
+		if other, ok := templates[shape]; ok {
+			t.Errorf("docs/openapi.json: paths %s and %s differ only in parameter names: make them one path item", path, other)
+		}
+		templates[shape] = path
+	}
 	// The validator meets a keyword only where an answer leads it: look
 	// through every schema for keywords it does not know.
 	for at, sch := range spec.schemas() {
@@ -585,6 +596,23 @@ func TestOpenAPIAnswers(t *testing.T) {
 	want(400, feedOp, "/v1/streams/webhooks/events?after=-1", "", nil)
 	want(404, feedOp, "/v1/streams/nowhere/events", "", nil)
 	want(413, hook, "/webhooks", `{"pad": "`+strings.Repeat("x", 5000)+`"}`, map[string]string{"Idempotency-Key": "oa-3"})
+	// Consumers: one, its reset and its history (none kept by a plain
+	// stream backend).
+	const consumer, reset, commits = "GET /v1/consumers/{name}", "POST /v1/consumers/{name}/reset", "GET /v1/consumers/{name}/commits"
+	want(200, consumer, "/v1/consumers/planner", "", nil)
+	want(404, consumer, "/v1/consumers/nope", "", nil)
+	want(200, reset, "/v1/consumers/planner/reset", `{"earliest": true}`, nil)
+	want(400, reset, "/v1/consumers/planner/reset", `{}`, nil)
+	want(404, reset, "/v1/consumers/nope/reset", `{"latest": true}`, nil)
+	want(413, reset, "/v1/consumers/planner/reset", big, nil)
+	want(200, commits, "/v1/consumers/planner/commits?limit=10", "", nil)
+	want(400, commits, "/v1/consumers/planner/commits?limit=0", "", nil)
+	want(404, commits, "/v1/consumers/nope/commits", "", nil)
+	plainTS, _ := startPlain(t, server.Config{})
+	waitFor(t, 10*time.Second, "501 from a backend that keeps no history", func() bool {
+		status, _ := c.do(t, plainTS.HTTP, plainTS.Base, commits, "/v1/consumers/webhooks/commits", "", nil)
+		return status == 501
+	})
 	want(415, hook, "/webhooks", `{}`, map[string]string{"Idempotency-Key": "oa-4", "Content-Type": "text/plain"})
 
 	// Sources, and webhooks to one of them.
@@ -706,7 +734,7 @@ func TestOpenAPIAnswers(t *testing.T) {
 	want(413, replaySel, "/v1/dead-letters/replay", big, nil)
 
 	// Webhooks by id and by key; the nacked one has a last_error.
-	const byID, byKey = "GET /webhooks/{id}", "GET /webhooks"
+	const byID, byKey = "GET /webhooks/{source}", "GET /webhooks"
 	want(200, byID, fmt.Sprint("/webhooks/", jget(created, "id")), "", nil)
 	wh := want(200, byKey, "/webhooks?idempotency_key=oa-2", "", nil)
 	if jget(wh, "last_error") != "downstream 503" {

@@ -356,7 +356,7 @@ func New(cfg Config) (*Server, error) {
 	s.handle("GET /v1/stats", s.requireToken(s.getStats))
 	s.handle("GET "+console.Path, console.Handler()) // static files, no token (the pages send it to the API); the mux redirects /ui here
 	s.handle("POST /webhooks", http.HandlerFunc(s.postWebhook))
-	s.handle("GET /webhooks/{id}", s.requireToken(s.getWebhook))
+	s.handle("GET /webhooks/{source}", s.requireToken(s.getWebhook)) // {source} is a webhook id here: one name per path, as POST /webhooks/{source}
 	s.handle("GET /webhooks", s.requireToken(s.findWebhook))
 	s.handle("GET "+ingress.WSPath, in)
 	s.handle("GET /health", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -473,7 +473,7 @@ func (s *Server) webhookJSON(ctx context.Context, source string, ev stream.Store
 }
 
 func (s *Server) getWebhook(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	id := r.PathValue("source") // GET /webhooks/{source}: a webhook id, wh_42
 	offset, err := strconv.ParseInt(strings.TrimPrefix(id, "wh_"), 10, 64)
 	if !strings.HasPrefix(id, "wh_") || err != nil || offset < 1 {
 		writeError(w, http.StatusNotFound, "not_found", "no webhook %q: ids look like wh_42", id)
