@@ -39,9 +39,8 @@ type Message struct {
 	Seq     int64 // the row's position in the outbox; grows with each insert
 	EventID string
 	Type    string
-	// Body is the event's payload: a JSON object, as its producer wrote
-	// it (a store may keep it in another layout of the same JSON, such
-	// as PostgreSQL's jsonb).
+	// Body is the event's payload: a JSON object, byte for byte as its
+	// producer wrote it.
 	Body []byte
 	// CorrelationID ties together the events of one request or workflow;
 	// sent to a postbox server as the envelope's session_id.

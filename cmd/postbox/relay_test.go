@@ -662,7 +662,7 @@ func TestRelayToKafka(t *testing.T) {
 	pool := outboxPool(t, dsn)
 	kc := kafkatest.Start(t, 1, "orders")
 
-	payload := `{"order": 3}` // as jsonb writes it
+	payload := `{"order": 3}`
 	emit(t, "--db", dsn, "--type", "order.created", "--payload", payload, "--count", "5", "--tenant", "acme", "--correlation-id", "order-3")
 	ids := outboxEventIDs(t, pool)
 

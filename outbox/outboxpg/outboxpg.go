@@ -4,6 +4,9 @@
 // Store hands them to an outbox.Relay that sends them to Redis Streams,
 // JetStream or a postbox server.
 //
+// The payload is stored as the producer wrote it, byte for byte (a TEXT
+// column: cast payload::jsonb to query into it), and relayed so.
+//
 // Several relays may share one outbox. Each claims the rows it sends with
 // SELECT ... FOR UPDATE SKIP LOCKED and a lease (next_attempt_at moved
 // Claim into the future), so in the normal case no row is sent twice; a
@@ -25,7 +28,6 @@
 package outboxpg
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"database/sql"
@@ -182,7 +184,7 @@ func InsertPgx(ctx context.Context, tx pgx.Tx, events ...outbox.Event) error {
 }
 
 const qInsert = `INSERT INTO outbox (event_id, event_type, payload, correlation_id, tenant_id, traceparent, tracestate)
-	SELECT * FROM unnest($1::text[], $2::text[], $3::text[]::jsonb[], $4::text[], $5::text[], $6::text[], $7::text[])
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
 	ON CONFLICT (event_id) DO NOTHING RETURNING event_id`
 
 func insertArgs(ctx context.Context, events []outbox.Event) ([]any, error) {
@@ -201,35 +203,10 @@ func insertArgs(ctx context.Context, events []outbox.Event) ([]any, error) {
 		if err := e.PrepareContext(ctx); err != nil {
 			return nil, err
 		}
-		// jsonb refuses the NUL character, and its error would abort the
-		// caller's transaction: refuse it here, with the transaction intact.
-		if holdsNUL(e.Payload) {
-			return nil, fmt.Errorf("%w: payload holds \\u0000, which PostgreSQL's jsonb cannot store", outbox.ErrInvalidEvent)
-		}
 		ids[i], types[i], payloads[i], corr[i], tenants[i] = e.ID, e.Type, string(e.Payload), e.CorrelationID, e.TenantID
 		parents[i], states[i] = e.TraceParent, e.TraceState
 	}
 	return []any{ids, types, payloads, corr, tenants, parents, states}, nil
-}
-
-// holdsNUL reports whether JSON text escapes a NUL character (\u0000
-// not preceded by an escaping backslash).
-func holdsNUL(js []byte) bool {
-	for i := 0; ; {
-		j := bytes.Index(js[i:], []byte(`\u0000`))
-		if j < 0 {
-			return false
-		}
-		j += i
-		n := 0 // backslashes before the one that starts \u0000
-		for k := j - 1; k >= 0 && js[k] == '\\'; k-- {
-			n++
-		}
-		if n%2 == 0 {
-			return true
-		}
-		i = j + 1
-	}
 }
 
 func checkInserted(events []outbox.Event, inserted []string) error {

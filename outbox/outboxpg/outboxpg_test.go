@@ -125,7 +125,7 @@ func TestInsertCommitsAndRollsBackWithTheBusinessWrite(t *testing.T) {
 		Scan(&typ, &corr, &tenant, &payload); err != nil {
 		t.Fatal(err)
 	}
-	if typ != "order.created" || corr != "pgx-true" || tenant != "acme" || !strings.Contains(payload, `"total": 42`) {
+	if typ != "order.created" || corr != "pgx-true" || tenant != "acme" || payload != `{"order":"pgx-true","total":42}` {
 		t.Fatalf("row: type=%q correlation=%q tenant=%q payload=%s", typ, corr, tenant, payload)
 	}
 }
@@ -153,7 +153,6 @@ func TestInsertRefusesDuplicatesAndBadEvents(t *testing.T) {
 		{outbox.Event{Type: "x"}, "payload is empty"},
 		{outbox.Event{Type: "x", Payload: []byte(`{"a":`)}, "not valid JSON"},
 		{outbox.Event{ID: strings.Repeat("i", 200), Type: "x", Payload: []byte(`{}`)}, "id is 200 bytes"},
-		{outbox.Event{Type: "x", Payload: []byte(`{"s":"a\u0000b"}`)}, `payload holds \u0000`},
 		{outbox.Event{Type: "x", Payload: []byte("{\"s\":\"\xff\"}")}, "payload is not valid UTF-8"},
 		{outbox.Event{Type: "x", TenantID: "acme\x00", Payload: []byte(`{}`)}, "tenant id"},
 		{outbox.Event{Type: "x", CorrelationID: "\xc3", Payload: []byte(`{}`)}, "correlation id"},
@@ -164,9 +163,10 @@ func TestInsertRefusesDuplicatesAndBadEvents(t *testing.T) {
 			t.Errorf("Insert(%+v) = %v, want ErrInvalidEvent with %q", tc.e, err, tc.want)
 		}
 	}
-	// An escaped backslash before u0000 is text, not NUL: stored.
-	if err := outboxpg.InsertPgx(ctx, tx, outbox.Event{ID: "c", Type: "x", Payload: []byte(`{"s":"\\u0000"}`)}); err != nil {
-		t.Fatalf("insert of an escaped backslash: %v", err)
+	// An escaped NUL is JSON text like any other (the payload is kept as
+	// text, not jsonb, which refused it): stored as it is.
+	if err := outboxpg.InsertPgx(ctx, tx, outbox.Event{ID: "c", Type: "x", Payload: []byte(`{"s":"a\u0000b"}`)}); err != nil {
+		t.Fatalf("insert of an escaped NUL: %v", err)
 	}
 	// The transaction is still usable: b and c went in, and it commits.
 	if err := tx.Commit(ctx); err != nil {
@@ -296,7 +296,7 @@ func TestInsertNotifiesAndRelayMarksDelivered(t *testing.T) {
 	mu.Lock()
 	m := got["n1"]
 	mu.Unlock()
-	if m.Type != "order.created" || m.TenantID != "acme" || m.CorrelationID != "n1" || !strings.Contains(string(m.Body), `"order": "n1"`) || m.CreatedAt.IsZero() {
+	if m.Type != "order.created" || m.TenantID != "acme" || m.CorrelationID != "n1" || string(m.Body) != `{"order":"n1","total":42}` || m.CreatedAt.IsZero() {
 		t.Fatalf("message handed to the publisher: %+v body=%s", m, m.Body)
 	}
 	if p, r, err := s.Counts(ctx); err != nil || p != 0 || r != 0 {

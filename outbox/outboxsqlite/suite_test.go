@@ -16,7 +16,7 @@ import (
 // way the agent fills it: envelopes through Store.Insert. Due hands out
 // the payload and the envelope's fields, as every store does.
 func TestSuite(t *testing.T) {
-	outboxtest.RunStore(t, outboxtest.StoreFeatures{}, func(t *testing.T) outboxtest.Store {
+	outboxtest.RunStore(t, outboxtest.StoreFeatures{CompactsPayload: true}, func(t *testing.T) outboxtest.Store {
 		s, err := outboxsqlite.Open(filepath.Join(t.TempDir(), "outbox.db"), outboxsqlite.Config{})
 		if err != nil {
 			t.Fatal(err)

@@ -1,6 +1,7 @@
 package outboxtest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/outbox"
 )
 
@@ -22,6 +24,11 @@ type StoreFeatures struct {
 	// until retention deletes it (the transactional outbox, so that an
 	// operator can look a delivered event up), instead of being deleted.
 	KeepsDelivered bool
+	// CompactsPayload: the store keeps a payload compacted (insignificant
+	// whitespace removed, as postbox's control plane keeps it) and every
+	// other byte as inserted: key order, repeated keys, escapes, numbers.
+	// Without it a payload comes back byte for byte.
+	CompactsPayload bool
 }
 
 // Store is one empty outbox opened for a check.
@@ -55,6 +62,7 @@ func RunStore(t *testing.T, f StoreFeatures, newStore NewStore) {
 		{"oldest_pending", testOldestPending},
 		{"claimer_never_hands_a_row_out_twice", testClaims},
 		{"notifier_fires_on_insert_and_requeue", testNotify},
+		{"payload_kept_byte_for_byte", testPayloadBytes},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
@@ -158,15 +166,22 @@ func (h *storeHarness) wantIDs(what string, got []string, want ...string) {
 	}
 }
 
-// checkMessage checks that m carries e: the payload as Body (the same
-// JSON value; a layout of the store's own is allowed), the other fields
-// as the Message's, and a CreatedAt near now.
+// stored is payload as the store keeps it: the same bytes, or compacted.
+func (h *storeHarness) stored(payload []byte) []byte {
+	if h.f.CompactsPayload {
+		return postbox.AppendCompact(nil, payload)
+	}
+	return payload
+}
+
+// checkMessage checks that m carries e: the payload as Body, byte for
+// byte (h.stored), the other fields as the Message's, and a CreatedAt near now.
 func (h *storeHarness) checkMessage(m outbox.Message, e outbox.Event) {
 	h.Helper()
 	if m.EventID != e.ID || m.Type != e.Type {
 		h.Fatalf("message %q of type %q, want %q of type %q", m.EventID, m.Type, e.ID, e.Type)
 	}
-	if !sameJSON(m.Body, e.Payload) {
+	if !bytes.Equal(m.Body, h.stored(e.Payload)) {
 		h.Fatalf("message %s: Body %s, want the event's payload %s", m.EventID, m.Body, e.Payload)
 	}
 	if m.CorrelationID != e.CorrelationID || m.TenantID != e.TenantID {
@@ -183,8 +198,8 @@ func (h *storeHarness) checkMessage(m outbox.Message, e outbox.Event) {
 	}
 }
 
-// sameJSON reports whether a and b are the same JSON value: a store may
-// keep a payload in another layout (PostgreSQL's jsonb orders the keys).
+// sameJSON reports whether a and b are the same JSON value: a publisher's
+// receiver may keep a payload in another layout.
 func sameJSON(a, b []byte) bool {
 	var x, y any
 	return json.Unmarshal(a, &x) == nil && json.Unmarshal(b, &y) == nil && reflect.DeepEqual(x, y)
@@ -223,7 +238,7 @@ func testDueOrder(h *storeHarness) {
 	h.wantIDs("List(pending)", rowIDs(rows), evs[0].ID, evs[1].ID, evs[2].ID, evs[3].ID, evs[4].ID)
 	for i, r := range rows {
 		e := evs[i]
-		if !sameJSON(r.Payload, e.Payload) || r.CorrelationID != e.CorrelationID || r.TenantID != e.TenantID {
+		if !bytes.Equal(r.Payload, h.stored(e.Payload)) || r.CorrelationID != e.CorrelationID || r.TenantID != e.TenantID {
 			h.Fatalf("listed row %s: payload %s, correlation id %q, tenant id %q; want %s, %q, %q",
 				r.EventID, r.Payload, r.CorrelationID, r.TenantID, e.Payload, e.CorrelationID, e.TenantID)
 		}
@@ -429,4 +444,36 @@ func testNotify(h *storeHarness) {
 		h.Fatalf("Requeue: %d, %v", n, err)
 	}
 	wait("a requeue")
+}
+
+// testPayloadBytes: a payload comes back from Due and List byte for byte
+// as it went in (compacted, with StoreFeatures.CompactsPayload), in a
+// layout no JSON encoder would write: its keys out of order and repeated,
+// its spacing and escapes its own, a big number.
+func testPayloadBytes(h *storeHarness) {
+	payloads := []string{
+		`{"zeta":1,"a":2,"a":3}`,
+		"{ \"s\" : \"caf\\u00e9 \\u0000 \\/\" ,\n\t\"n\": 1.50e+3, \"big\": 123456789012345678901234567890 }",
+		`{"é":"日本","nested":{"b":[1, 2 ,3],"a":null}}`,
+	}
+	evs := make([]outbox.Event, len(payloads))
+	for i, p := range payloads {
+		evs[i] = event(i + 1)
+		evs[i].Payload = json.RawMessage(p)
+	}
+	h.s.Insert(h.T, slices.Clone(evs)...)
+	msgs := h.due(time.Now(), 0, 10)
+	if len(msgs) != len(evs) {
+		h.Fatalf("Due handed out %d rows, want %d", len(msgs), len(evs))
+	}
+	for i, m := range msgs {
+		if want := h.stored([]byte(payloads[i])); !bytes.Equal(m.Body, want) {
+			h.Fatalf("Due: message %s: Body %q, want the bytes inserted %q", m.EventID, m.Body, want)
+		}
+	}
+	for i, r := range h.list(outbox.StatePending) {
+		if want := h.stored([]byte(payloads[i])); !bytes.Equal(r.Payload, want) {
+			h.Fatalf("List: row %s: Payload %q, want the bytes inserted %q", r.EventID, r.Payload, want)
+		}
+	}
 }
