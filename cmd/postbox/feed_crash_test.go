@@ -1,77 +1,76 @@
 package main_test
 
 import (
-	"context"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
-	"github.com/postbox-events/postbox/internal/feed"
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 )
 
-// mirror is a second server (in-process) with a feed follower of the
-// first's devices stream appending to its own devices stream through its
-// writer.
+// mirror is a second server (in-process) with a source of kind feed,
+// mirror, following the first's devices stream into its own stream
+// mirror: created through the API once, run by the server's source
+// runner from its checkpoint at each start.
 type mirror struct {
-	t        *testing.T
-	dbPath   string
-	srv      *servertest.Server
-	follower *feed.Follower
-	stop     context.CancelFunc
-	done     chan error
+	t      *testing.T
+	dbPath string
+	srv    *servertest.Server
 }
 
 func startMirror(t *testing.T, dbPath, feedURL string) *mirror {
 	m := &mirror{t: t, dbPath: dbPath}
-	m.start(feedURL)
-	t.Cleanup(m.halt)
+	m.start()
+	body, _ := json.Marshal(map[string]any{"name": "mirror", "kind": "feed", "settings": map[string]string{"url": feedURL}})
+	resp, err := http.Post(m.srv.Base+"/v1/sources", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("create the feed source: %s", resp.Status)
+	}
 	return m
 }
 
-func (m *mirror) start(feedURL string) {
+func (m *mirror) start() {
 	m.t.Helper()
 	m.srv = servertest.Start(m.t, server.Config{DBPath: m.dbPath}, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	cps, err := feed.NewStoreCheckpoints(ctx, m.srv.Store())
-	if err != nil {
-		m.t.Fatal(err)
-	}
-	f, err := feed.New(feed.Config{URL: feedURL, Stream: server.DeviceSource, Name: "mirror",
-		Writer: m.srv.Srv.Writer(), Checkpoints: cps, MinBackoff: 20 * time.Millisecond, MaxBackoff: 300 * time.Millisecond,
-		IdleTimeout: 5 * time.Second})
-	if err != nil {
-		m.t.Fatal(err)
-	}
-	m.follower, m.stop, m.done = f, cancel, make(chan error, 1)
-	go func() { m.done <- f.Run(ctx) }()
 }
 
-// halt stops the follower, then the server.
-func (m *mirror) halt() {
-	if m.stop == nil {
-		return
+// checkpoint returns the remote offset the mirror's feed source stored
+// last (its checkpoint's cursor).
+func (m *mirror) checkpoint() int64 {
+	resp, err := http.Get(m.srv.Base + "/v1/sources/mirror")
+	if err != nil {
+		return -1
 	}
-	m.stop()
-	select {
-	case err := <-m.done:
-		if err != nil {
-			m.t.Errorf("follower Run: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		m.t.Errorf("follower Run did not return 10s after its context ended")
+	defer resp.Body.Close()
+	var src struct {
+		Checkpoint struct {
+			Cursor string `json:"cursor"`
+		} `json:"checkpoint"`
 	}
-	m.stop = nil
-	m.srv.Stop()
+	if json.NewDecoder(resp.Body).Decode(&src) != nil {
+		return -1
+	}
+	n, _ := strconv.ParseInt(src.Checkpoint.Cursor, 10, 64)
+	return n
 }
 
-// TestFeedCrash: a second server follows the first's devices feed while
+// halt stops the server, and with it the follower.
+func (m *mirror) halt() { m.srv.Stop() }
+
+// TestFeedCrash: a second server follows the first's devices feed (a
+// source of kind feed) while
 // agents send to the first, which is killed with SIGKILL and restarted
 // five times; the second is restarted once. At the end the second holds
 // every event of the first's devices stream exactly once, with the same
@@ -91,7 +90,7 @@ func TestFeedCrash(t *testing.T) {
 			if crashes == 3 {
 				// The mirror too, while the first is down.
 				m.halt()
-				m.start(srvURL + "/v1/streams/devices")
+				m.start()
 			}
 			srv.restart()
 			waitHTTP(t, srvURL+"/ready", srv)
@@ -99,9 +98,9 @@ func TestFeedCrash(t *testing.T) {
 		func(srvURL, _ string) {
 			last := lastOffset(t, srvURL)
 			deadline := time.Now().Add(60 * time.Second)
-			for m.follower.Checkpoint() < last {
+			for m.checkpoint() < last {
 				if time.Now().After(deadline) {
-					t.Fatalf("the mirror's checkpoint is %d, the first's devices stream ends at %d", m.follower.Checkpoint(), last)
+					t.Fatalf("the mirror's checkpoint is %d, the first's devices stream ends at %d", m.checkpoint(), last)
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
@@ -110,7 +109,7 @@ func TestFeedCrash(t *testing.T) {
 		},
 		func(t *testing.T, dbPath string, producers []*producer) {
 			checkStored(t, dbPath, producers)
-			first, second := deviceEvents(t, dbPath), deviceEvents(t, m.dbPath)
+			first, second := streamEvents(t, dbPath, "devices"), streamEvents(t, m.dbPath, "mirror")
 			for id, n := range second {
 				if n.count != 1 {
 					t.Errorf("the mirror holds %v %d times", id, n.count)
@@ -142,8 +141,8 @@ type storedCount struct {
 	count int
 }
 
-// deviceEvents reads a SQLite file's devices stream by identity.
-func deviceEvents(t *testing.T, dbPath string) map[identity]storedCount {
+// streamEvents reads a stream of a SQLite file by identity.
+func streamEvents(t *testing.T, dbPath, streamID string) map[identity]storedCount {
 	t.Helper()
 	db, err := sqlitedb.Open(dbPath, sqlitedb.Options{ReadOnly: true})
 	if err != nil {
@@ -151,7 +150,7 @@ func deviceEvents(t *testing.T, dbPath string) map[identity]storedCount {
 	}
 	defer db.Close()
 	rows, err := db.Query(`SELECT source_native_id, event_variant, event_type, metadata_json, raw_payload_json, source_sequence
-		FROM stream_events WHERE stream_id = 'devices'`)
+		FROM stream_events WHERE stream_id = ?`, streamID)
 	if err != nil {
 		t.Fatal(err)
 	}
