@@ -42,6 +42,7 @@ type Endpoint struct {
 	BreakerFailures *int              `json:"breaker_failures"` // 0: no breaker
 	BreakerProbe    *string           `json:"breaker_probe"`
 	DisableAfter    *string           `json:"disable_after"`
+	Format          string            `json:"format"`            // "postbox" or "cloudevents" (binary mode)
 	Breaker         *Breaker          `json:"breaker,omitempty"` // with a target
 }
 
@@ -90,6 +91,7 @@ type EndpointSettings struct {
 	BreakerFailures *int              `json:"breaker_failures,omitempty"` // 0: no breaker
 	BreakerProbe    *string           `json:"breaker_probe,omitempty"`
 	DisableAfter    *string           `json:"disable_after,omitempty"`
+	Format          *string           `json:"format,omitempty"` // "postbox" (the default) or "cloudevents"
 }
 
 // CreateSubscription is the body of POST /v1/subscriptions. Name and

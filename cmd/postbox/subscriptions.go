@@ -56,6 +56,7 @@ type subscription struct {
 	BreakerFailures *int              `json:"breaker_failures"`
 	BreakerProbe    string            `json:"breaker_probe"`
 	DisableAfter    string            `json:"disable_after"`
+	Format          string            `json:"format"`
 	Breaker         *breakerState     `json:"breaker"`
 	CreatedAt       apiTime           `json:"created_at"`
 	NextOffset      int64             `json:"next_offset"`
@@ -153,7 +154,7 @@ func (s subscription) endpointFields() [][2]string {
 		{"secrets", orDash(strings.Join(secrets, ", "))}, {"headers", orDash(strings.Join(headers, "; "))},
 		{"timeout", or(s.Timeout)}, {"retry", retry}, {"max_attempts", attempts},
 		{"rate", orText(s.Rate, "none")}, {"concurrency", num(s.Concurrency, "none")}, {"breaker", breaker},
-		{"breaker_state", s.Breaker.String()},
+		{"breaker_state", s.Breaker.String()}, {"format", orText(s.Format, "postbox")},
 	}
 }
 
@@ -173,6 +174,7 @@ type endpointFlags struct {
 	maxAttempts                            string
 	rate, concurrency, breakerFailures     string
 	breakerProbe, disableAfter             string
+	format                                 string
 	headers                                headerFlag
 	noSecret, noHeaders                    bool
 }
@@ -217,6 +219,8 @@ func addEndpointFlags(fs *flag.FlagSet, update bool) *endpointFlags {
 	fs.StringVar(&f.breakerProbe, "breaker-probe", "", "probe an open breaker every `duration` "+def("30s"))
 	fs.StringVar(&f.disableAfter, "disable-after", "", "disable the endpoint once its breaker has been open this `duration`, until "+
 		"'postbox subscriptions enable' "+def("24h"))
+	fs.StringVar(&f.format, "format", "", "deliver each event as `format`: postbox (the payload with X-Postbox-* headers) or cloudevents "+
+		"(besides them, a CloudEvent in binary mode: ce-id, ce-source, ce-type, ce-specversion, ce-time) "+def("postbox"))
 	if update {
 		fs.StringVar(&f.secretOverlap, "secret-overlap", "", "with --secret: how long the replaced secret keeps signing beside the new one, a `duration` (default 24h)")
 		fs.BoolVar(&f.noSecret, "no-secret", false, "remove every signing secret: requests are no longer signed")
@@ -268,6 +272,19 @@ func (f *endpointFlags) fields(cmd string, given map[string]bool, update bool) (
 	}
 	if given["no-headers"] {
 		out["headers"] = nil
+	}
+	if given["format"] {
+		switch v := strings.ToLower(strings.TrimSpace(f.format)); v {
+		case "postbox", "cloudevents":
+			out["format"] = v
+		case "default":
+			if !update {
+				return nil, usagef("%s: --format %q: want postbox or cloudevents", cmd, f.format)
+			}
+			out["format"] = nil
+		default:
+			return nil, usagef("%s: --format %q: want postbox or cloudevents", cmd, f.format)
+		}
 	}
 	for _, d := range []struct{ flag, field, v string }{
 		{"timeout", "timeout", f.timeout}, {"retry-base-delay", "retry_base_delay", f.baseDelay}, {"retry-max-delay", "retry_max_delay", f.maxDelay},

@@ -57,6 +57,29 @@ type Endpoint struct {
 	// before the endpoint is disabled until an operator enables it
 	// (DefaultDisableAfter).
 	DisableAfter time.Duration
+	// Format is how each request carries the event: "" (FormatPostbox)
+	// the payload with postbox's headers, FormatCloudEvents a CloudEvent
+	// in binary mode besides them (ce-id, ce-source, ce-type,
+	// ce-specversion, ce-time).
+	Format string
+}
+
+// Delivery formats of an Endpoint.
+const (
+	FormatPostbox     = ""            // the payload, with postbox's X-Postbox-* and Idempotency-Key headers
+	FormatCloudEvents = "cloudevents" // CloudEvents 1.0 over HTTP, binary mode
+)
+
+// ParseFormat returns the Format a name gives: "postbox" (or "") or
+// "cloudevents"; anything else is ErrInvalid.
+func ParseFormat(name string) (string, error) {
+	switch strings.ToLower(strings.TrimSpace(name)) {
+	case "", "postbox":
+		return FormatPostbox, nil
+	case FormatCloudEvents:
+		return FormatCloudEvents, nil
+	}
+	return "", errorf(ErrInvalid, "format %q: want postbox or cloudevents", name)
 }
 
 // Secret is a signing secret of an endpoint.
@@ -132,6 +155,9 @@ func (e *Endpoint) validate() error {
 		if len(value) > maxHeaderValue || strings.ContainsAny(value, "\r\n\x00") {
 			return errorf(ErrInvalid, "headers: the value of %s: at most %d bytes, no line breaks", name, maxHeaderValue)
 		}
+	}
+	if e.Format != FormatPostbox && e.Format != FormatCloudEvents {
+		return errorf(ErrInvalid, "format %q: want postbox or cloudevents", e.Format)
 	}
 	if e.Timeout < 0 || e.Timeout > maxEndpointTimeout {
 		return errorf(ErrInvalid, "timeout %s: want a positive duration up to %s", e.Timeout, maxEndpointTimeout)
@@ -211,7 +237,7 @@ func sameEndpoint(a, b Endpoint) bool {
 	return fmt.Sprint(a.Headers) == fmt.Sprint(b.Headers) && a.Timeout == b.Timeout && slices.Equal(a.RetrySchedule, b.RetrySchedule) &&
 		a.RetryBaseDelay == b.RetryBaseDelay && a.RetryMaxDelay == b.RetryMaxDelay && a.MaxAttempts == b.MaxAttempts &&
 		a.Rate == b.Rate && a.Concurrency == b.Concurrency && a.BreakerFailures == b.BreakerFailures &&
-		a.BreakerProbe == b.BreakerProbe && a.DisableAfter == b.DisableAfter
+		a.BreakerProbe == b.BreakerProbe && a.DisableAfter == b.DisableAfter && a.Format == b.Format
 }
 
 // currentSecret is the key of the secret of secrets that does not expire,
@@ -304,15 +330,16 @@ func scanSecrets(col sql.NullString) ([]Secret, error) {
 // endpointColumns are the columns of Endpoint and the secrets, in the
 // order of endpointValues.
 const endpointColumns = `signing_secrets_json, endpoint_headers_json, endpoint_timeout_ms, retry_schedule, retry_base_delay_ms,
-	retry_max_delay_ms, max_attempts, endpoint_rate, endpoint_concurrency, breaker_failures, breaker_probe_ms, disable_after_ms`
+	retry_max_delay_ms, max_attempts, endpoint_rate, endpoint_concurrency, breaker_failures, breaker_probe_ms, disable_after_ms,
+	endpoint_format`
 
 // endpointMarks are the parameters of endpointColumns in an INSERT, and
 // endpointSet their assignments in an UPDATE, in the same order.
 const (
-	endpointMarks = `?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
+	endpointMarks = `?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
 	endpointSet   = `signing_secrets_json = ?, endpoint_headers_json = ?, endpoint_timeout_ms = ?, retry_schedule = ?,
 	retry_base_delay_ms = ?, retry_max_delay_ms = ?, max_attempts = ?, endpoint_rate = ?, endpoint_concurrency = ?,
-	breaker_failures = ?, breaker_probe_ms = ?, disable_after_ms = ?`
+	breaker_failures = ?, breaker_probe_ms = ?, disable_after_ms = ?, endpoint_format = ?`
 )
 
 func endpointValues(e Endpoint, secrets []Secret) []any {
@@ -341,19 +368,20 @@ func endpointValues(e Endpoint, secrets []Secret) []any {
 		rate = e.Rate.String()
 	}
 	return []any{secretsColumn(secrets), headers, ms(e.Timeout), schedule, ms(e.RetryBaseDelay), ms(e.RetryMaxDelay),
-		count(e.MaxAttempts), rate, count(e.Concurrency), count(e.BreakerFailures), ms(e.BreakerProbe), ms(e.DisableAfter)}
+		count(e.MaxAttempts), rate, count(e.Concurrency), count(e.BreakerFailures), ms(e.BreakerProbe), ms(e.DisableAfter),
+		nullString(e.Format)}
 }
 
 // endpointScan scans endpointColumns.
 type endpointScan struct {
-	secrets, headers, schedule, rate       sql.NullString
+	secrets, headers, schedule, rate, form sql.NullString
 	timeout, base, most, attempts          sql.NullInt64
 	concurrency, failures, probe, disabled sql.NullInt64
 }
 
 func (e *endpointScan) dest() []any {
 	return []any{&e.secrets, &e.headers, &e.timeout, &e.schedule, &e.base, &e.most, &e.attempts,
-		&e.rate, &e.concurrency, &e.failures, &e.probe, &e.disabled}
+		&e.rate, &e.concurrency, &e.failures, &e.probe, &e.disabled, &e.form}
 }
 
 func (e *endpointScan) into(s *Subscription) error {
@@ -384,6 +412,7 @@ func (e *endpointScan) into(s *Subscription) error {
 	ep.Concurrency, ep.BreakerFailures = int(e.concurrency.Int64), int(e.failures.Int64)
 	ep.BreakerProbe = time.Duration(e.probe.Int64) * time.Millisecond
 	ep.DisableAfter = time.Duration(e.disabled.Int64) * time.Millisecond
+	ep.Format = e.form.String
 	return nil
 }
 
@@ -405,6 +434,7 @@ type endpoint struct {
 	breaker     int           // consecutive failures that open the breaker; 0: off
 	probe       time.Duration // between probes of an open breaker
 	disable     time.Duration // open this long: disabled
+	format      string        // Endpoint.Format
 }
 
 // endpoints caches the endpoint of each inbox with a target.
@@ -507,7 +537,7 @@ func (d *Delivery) compile(url string, e Endpoint, secrets []Secret, now time.Ti
 	default:
 		ep.breaker = e.BreakerFailures
 	}
-	ep.probe, ep.disable = e.BreakerProbe, e.DisableAfter
+	ep.probe, ep.disable, ep.format = e.BreakerProbe, e.DisableAfter, e.Format
 	setDefault(&ep.probe, DefaultBreakerProbe)
 	setDefault(&ep.disable, DefaultDisableAfter)
 	return ep

@@ -257,7 +257,7 @@ func (d *Delivery) attempt(ctx context.Context, j job) {
 	var rec *Attempt
 	var err error
 	if j.ep != nil {
-		rec, err = d.send(hctx, j.ep, &j.item)
+		rec, err = d.sendTraced(hctx, j.ep, &j.item)
 	} else {
 		err = call(hctx, j.h, &j.item)
 	}
@@ -561,6 +561,10 @@ func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, 
 	h.Set("X-Postbox-Occurred-At", it.OccurredAt.UTC().Format(time.RFC3339Nano))
 	if it.SourceSequence != nil {
 		h.Set("X-Postbox-Source-Sequence", strconv.FormatInt(*it.SourceSequence, 10))
+	}
+	setTrace(ctx, h, it.Metadata) // trace.go
+	if ep.format == FormatCloudEvents {
+		setCloudEvent(h, it) // cloudevents.go
 	}
 	if len(ep.keys) > 0 {
 		id := "item_" + strconv.FormatInt(it.ID, 10)

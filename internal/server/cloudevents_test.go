@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -201,4 +203,68 @@ func jsonEqual(a, b any) bool {
 	x, _ := json.Marshal(a)
 	y, _ := json.Marshal(b)
 	return string(x) == string(y)
+}
+
+// TestCloudEventsDelivery: an endpoint of format cloudevents is delivered
+// CloudEvents the CloudEvents SDK receives: a webhook's id, type, source
+// and data, a CloudEvent webhook's own source and subject; the format is
+// shown and reset over the API.
+func TestCloudEventsDelivery(t *testing.T) {
+	var mu sync.Mutex
+	var got []cloudevents.Event
+	p, err := cloudevents.NewHTTP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := cloudevents.NewHTTPReceiveHandler(context.Background(), p, func(e cloudevents.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, e)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg := httptest.NewServer(h)
+	t.Cleanup(tg.Close)
+	ts := start(t, server.Config{}, nil)
+	st, sub := call(t, ts, "POST", "/v1/subscriptions", `{"name":"ce","source":"webhooks","target":"`+tg.URL+`","format":"cloudevents"}`)
+	if st != 201 || sub["format"] != "cloudevents" {
+		t.Fatalf("create: %d %v", st, sub)
+	}
+	if st, body := call(t, ts, "POST", "/v1/subscriptions", `{"name":"bad","source":"webhooks","target":"`+tg.URL+`","format":"xml"}`); st != 400 ||
+		!strings.Contains(errorMessage(body), "format") {
+		t.Errorf("format xml: %d %v", st, body)
+	}
+	post(t, ts, `{"amount":7}`, map[string]string{"Idempotency-Key": "inv-1", "X-Event-Type": "invoice.paid"})
+	ce := cloudevents.NewEvent()
+	ce.SetID("order-9")
+	ce.SetSource("https://shop.example/orders")
+	ce.SetType("com.example.order.created")
+	ce.SetSubject("order-9")
+	ce.SetData(cloudevents.ApplicationJSON, map[string]int{"order": 9})
+	if st := ceSend(t, cloudevents.WithEncodingStructured(testCtx(t, 30*time.Second)), ts, ce); st != http.StatusAccepted {
+		t.Fatalf("send: %d", st)
+	}
+	waitFor(t, 20*time.Second, "both events to reach the receiver", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) >= 2
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	byID := map[string]cloudevents.Event{}
+	for _, e := range got {
+		byID[e.ID()] = e
+	}
+	inv, order := byID["inv-1"], byID["order-9"]
+	if inv.Type() != "invoice.paid" || inv.Source() != "/sources/webhooks" || inv.SpecVersion() != "1.0" || inv.Time().IsZero() ||
+		string(inv.Data()) != `{"amount":7}` {
+		t.Errorf("the webhook arrived as %v", inv)
+	}
+	if order.Type() != ce.Type() || order.Source() != ce.Source() || order.Subject() != "order-9" || string(order.Data()) != `{"order":9}` {
+		t.Errorf("the CloudEvent arrived as %v", order)
+	}
+	if st, sub := call(t, ts, "PATCH", "/v1/subscriptions/ce", `{"format":null}`); st != 200 || sub["format"] != "postbox" {
+		t.Errorf("reset the format: %d %v", st, sub)
+	}
 }

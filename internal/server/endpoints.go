@@ -33,6 +33,7 @@ type endpointRequest struct {
 	BreakerFailures json.RawMessage `json:"breaker_failures"`
 	BreakerProbe    json.RawMessage `json:"breaker_probe"`
 	DisableAfter    json.RawMessage `json:"disable_after"`
+	Format          json.RawMessage `json:"format"`
 }
 
 // given reports whether raw holds a value (null too).
@@ -45,7 +46,7 @@ func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw),
 func (r *endpointRequest) any() bool {
 	return given(r.Secret) || given(r.SecretOverlap) || given(r.Headers) || given(r.Timeout) || given(r.RetrySchedule) ||
 		given(r.RetryBaseDelay) || given(r.RetryMaxDelay) || given(r.MaxAttempts) || given(r.Rate) || given(r.Concurrency) ||
-		given(r.BreakerFailures) || given(r.BreakerProbe) || given(r.DisableAfter)
+		given(r.BreakerFailures) || given(r.BreakerProbe) || given(r.DisableAfter) || given(r.Format)
 }
 
 // apply sets the fields r gives on ep (null resets one to the server's),
@@ -179,6 +180,18 @@ func (r *endpointRequest) apply(w http.ResponseWriter, ep *delivery.Endpoint) (s
 			ep.Rate = rate
 		}
 	}
+	if given(r.Format) {
+		v, ok := str("format", r.Format)
+		if !ok {
+			return nil, 0, false
+		}
+		format, err := delivery.ParseFormat(v)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_field", "%v", err)
+			return nil, 0, false
+		}
+		ep.Format = format
+	}
 	return secret, overlap, true
 }
 
@@ -203,7 +216,10 @@ func shownHeader(name, value string) string {
 // the server's.
 func newEndpointJSON(sub delivery.Subscription) api.Endpoint {
 	ep := sub.Endpoint
-	j := api.Endpoint{Secrets: []api.Secret{}, Headers: make(map[string]string, len(ep.Headers))}
+	j := api.Endpoint{Secrets: []api.Secret{}, Headers: make(map[string]string, len(ep.Headers)), Format: "postbox"}
+	if ep.Format != delivery.FormatPostbox {
+		j.Format = ep.Format
+	}
 	for name, value := range ep.Headers {
 		j.Headers[name] = shownHeader(name, value)
 	}
