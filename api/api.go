@@ -120,14 +120,16 @@ type Lease struct {
 
 // SettleRequest is the body of POST /v1/inboxes/{inbox}/ack and /nack.
 // Lease is the token of the lease that holds the items ("" for an
-// operator, who may settle any pending or processing item). Delay and
-// Reason are for nack only: the wait before the next attempt (up to 24h)
-// and the error recorded as the item's last.
+// operator, who may settle any pending or processing item). Delay,
+// Reason and Dead are for nack only: the wait before the next attempt (up
+// to 24h), the error recorded as the item's last, and whether no further
+// attempt can help (the items are dead letters at once; no Delay).
 type SettleRequest struct {
 	IDs    []int64 `json:"ids"`
 	Lease  string  `json:"lease,omitempty"`
 	Delay  *string `json:"delay,omitempty"`
 	Reason string  `json:"reason,omitempty"`
+	Dead   bool    `json:"dead,omitempty"`
 }
 
 // ExtendRequest is the body of POST /v1/inboxes/{inbox}/extend: the

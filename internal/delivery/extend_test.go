@@ -77,3 +77,27 @@ func testExtend(t *testing.T, kind storeKind) {
 		t.Fatalf("extend of an expired lease: %+v %v", lost, err)
 	}
 }
+
+// TestNackDead: a nack that says no further attempt can help makes the
+// item a dead letter at once, on its first attempt.
+func TestNackDead(t *testing.T) { eachStore(t, testNackDead) }
+
+func testNackDead(t *testing.T, kind storeKind) {
+	e := setup(t, kind, delivery.Config{MaxAttempts: 5})
+	e.create(t, delivery.Subscription{Name: "d", Source: "devices"})
+	e.appendEvents(t, "d", "job", 1)
+	e.waitLag(t, "d", 0)
+	ctx := context.Background()
+	l, err := e.d.Lease(ctx, "d", 1, time.Minute, 0)
+	if err != nil || len(l.Items) != 1 {
+		t.Fatalf("lease: %d items, %v", len(l.Items), err)
+	}
+	res, err := e.d.NackDead(ctx, "d", []int64{l.Items[0].ID}, l.Token, "malformed")
+	if err != nil || res[0].Err != nil || res[0].State != delivery.StateFailed {
+		t.Fatalf("nack dead: %+v %v", res, err)
+	}
+	it, err := e.d.Item(ctx, "d", l.Items[0].ID)
+	if err != nil || it.State != delivery.StateFailed || it.Attempts != 1 || it.LastError == nil || *it.LastError != "malformed" {
+		t.Fatalf("the item: %+v %v, want failed after 1 attempt with its reason", it, err)
+	}
+}

@@ -416,6 +416,13 @@ func (d *Delivery) Nack(ctx context.Context, inbox string, ids []int64, lease st
 	return d.fail(ctx, inbox, ids, lease, failure{reason: reason, delay: func(int) time.Duration { return max(delay, 0) }, maxAttempts: d.cfg.MaxAttempts})
 }
 
+// NackDead records a failed attempt of items of inbox that no further
+// attempt can help (a runtime's permanent error): each becomes failed, a
+// dead letter, at once, with reason as its last error.
+func (d *Delivery) NackDead(ctx context.Context, inbox string, ids []int64, lease string, reason string) ([]Result, error) {
+	return d.fail(ctx, inbox, ids, lease, failure{reason: reason, dead: true, maxAttempts: d.cfg.MaxAttempts})
+}
+
 // failure is how a failed attempt ends.
 type failure struct {
 	reason string

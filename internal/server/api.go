@@ -686,8 +686,8 @@ func (s *Server) ackItems(w http.ResponseWriter, r *http.Request) {
 	if !decodeSettle(w, r, &req) {
 		return
 	}
-	if req.Delay != nil || req.Reason != "" {
-		writeError(w, http.StatusBadRequest, "unknown_field", "delay and reason are for nack, not ack")
+	if req.Delay != nil || req.Reason != "" || req.Dead {
+		writeError(w, http.StatusBadRequest, "unknown_field", "delay, reason and dead are for nack, not ack")
 		return
 	}
 	res, err := s.delivery.Ack(r.Context(), r.PathValue("inbox"), req.IDs, req.Lease)
@@ -697,6 +697,15 @@ func (s *Server) ackItems(w http.ResponseWriter, r *http.Request) {
 func (s *Server) nackItems(w http.ResponseWriter, r *http.Request) {
 	var req api.SettleRequest
 	if !decodeSettle(w, r, &req) {
+		return
+	}
+	if req.Dead {
+		if req.Delay != nil {
+			writeError(w, http.StatusBadRequest, "invalid_field", "delay: a dead letter has no next attempt (dead is true)")
+			return
+		}
+		res, err := s.delivery.NackDead(r.Context(), r.PathValue("inbox"), req.IDs, req.Lease, req.Reason)
+		s.writeResults(w, res, err)
 		return
 	}
 	delay, ok := durationField(w, "delay", req.Delay, 0, 0, MaxNackDelay)

@@ -704,6 +704,7 @@ func TestOpenAPIAnswers(t *testing.T) {
 		t.Errorf("nack: %v", res)
 	}
 	want(400, nack, "/v1/inboxes/webhooks/nack", `{"ids": [0]}`, nil)
+	want(400, nack, "/v1/inboxes/webhooks/nack", `{"ids": [1], "dead": true, "delay": "1m"}`, nil)
 	want(400, nack, "/v1/inboxes/webhooks/nack", `{"ids": [1], "delay": "soon"}`, nil)
 	want(413, nack, "/v1/inboxes/webhooks/nack", big, nil)
 
