@@ -104,8 +104,15 @@ type Config struct {
 	// Defaults to 20s and 10s; a negative interval turns pings off.
 	PingInterval time.Duration
 	PingTimeout  time.Duration
-	Logger       *slog.Logger
-	Metrics      *Metrics
+	// SourceGone, when not nil, is asked before each frame is stored: an
+	// error means the stream's source takes no events (it was deleted),
+	// and every valid envelope of the frame is NACKed as unavailable with
+	// the error's message, so that a sender keeps it and sends it again;
+	// nothing is stored. It runs on every connection's read path, so it
+	// must be cheap (cache what it reads).
+	SourceGone func() error
+	Logger     *slog.Logger
+	Metrics    *Metrics
 }
 
 // Ingress accepts envelopes for one stream.

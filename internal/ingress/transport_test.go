@@ -247,6 +247,7 @@ func TestTransports(t *testing.T) {
 			t.Run("backpressure", func(t *testing.T) { testBackpressure(t, tr) })
 			t.Run("shutdown", func(t *testing.T) { testShutdown(t, tr) })
 			t.Run("client", func(t *testing.T) { testClient(t, tr) })
+			t.Run("source gone", func(t *testing.T) { testSourceGone(t, tr) })
 		})
 	}
 }

@@ -284,6 +284,16 @@ func (s *session) frameRead(frame []byte, frameHeld int64, device string, draini
 		s.in.afterRead()
 	}
 	d := s.in.decodeFrame(frame, device)
+	if gone := s.in.cfg.SourceGone; gone != nil && len(d.ids) > 0 {
+		if err := gone(); err != nil {
+			refusal := &postbox.FieldError{Code: postbox.CodeUnavailable, Message: err.Error()}
+			for _, id := range d.ids {
+				d.refused = append(d.refused, postbox.Nack(id, refusal))
+			}
+			endIntake(d.spans, nil, err)
+			d.ids, d.events, d.spans = nil, nil, nil
+		}
+	}
 	if draining {
 		for _, id := range d.ids {
 			d.refused = append(d.refused, postbox.Nack(id, errShuttingDown))

@@ -197,6 +197,7 @@ type Server struct {
 	conns       *connLimit
 	storeHealth *storeHealth
 	stats       *statsSampler
+	deviceGate  *sourceGate // whether the device source takes events (sourcegate.go)
 	closeOnce   sync.Once
 	closeErr    error
 
@@ -319,7 +320,9 @@ func New(cfg Config) (*Server, error) {
 		Help: "Bound of the writer queue (QUEUE_MAXSIZE).",
 	}, func() float64 { return float64(writer.QueueCap()) }))
 	metrics := ingress.NewMetrics(teeRegisterer{reg, statsReg})
+	gate := &sourceGate{source: DeviceSource, log: cfg.Logger}
 	in, err := ingress.New(writer, ingress.Config{
+		SourceGone:   gate.check,
 		StreamID:     DeviceSource,
 		Limits:       cfg.Limits,
 		Tokens:       cfg.Tokens,
@@ -342,6 +345,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
+	gate.d.Store(dl)
 	for inbox, h := range cfg.Handlers {
 		dl.Handle(inbox, h)
 	}
@@ -353,6 +357,7 @@ func New(cfg Config) (*Server, error) {
 	s.runner = newSourceRunner(s, reg)
 	s.routeAPI()
 	s.routeConsumers()
+	s.deviceGate = gate
 	s.handle("GET /v1/stats", s.requireToken(s.getStats))
 	s.handle("GET "+console.Path, console.Handler()) // static files, no token (the pages send it to the API); the mux redirects /ui here
 	s.handle("POST /webhooks", http.HandlerFunc(s.postWebhook))

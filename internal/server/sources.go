@@ -411,6 +411,7 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 	}
 	got, created, err := s.delivery.CreateSource(r.Context(), src)
 	s.sources.forget(src.Name)
+	s.deviceGate.forget()
 	s.runner.poke()
 	if err != nil {
 		s.writeErr(w, err)
@@ -454,6 +455,7 @@ func (s *Server) deleteSource(w http.ResponseWriter, r *http.Request) {
 	}
 	err := s.delivery.DeleteSource(r.Context(), r.PathValue("name"))
 	s.sources.forget(r.PathValue("name"))
+	s.deviceGate.forget()
 	s.runner.poke()
 	if err != nil {
 		s.writeErr(w, err)
