@@ -50,6 +50,11 @@ events are resumed after a restart.`)
 	if err != nil {
 		return err
 	}
+	stopTracing, err := startTracing(ctx, env, "postbox-agent", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	a, err := agent.New(agent.Config{
 		Server: *server, OutboxPath: *path, DeviceID: *device, SessionID: *session, Listen: *listen, Token: *token, CACert: *caCert,
 		Synchronous: strings.ToUpper(*sync), AckTimeout: *ackTimeout, Logger: log,

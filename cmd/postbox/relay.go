@@ -105,6 +105,11 @@ it with postbox outbox). Wakes on LISTEN/NOTIFY and polls as well.
 	if err != nil {
 		return err
 	}
+	stopTracing, err := startTracing(ctx, env, "postbox-relay", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	redis.SetLogger(redisLogger{log})
 	// --listen before anything else, so that a port in use stops the relay
 	// before it claims rows.

@@ -137,6 +137,11 @@ brackets.`)
 	if err != nil {
 		return err
 	}
+	stopTracing, err := startTracing(ctx, env, "postbox-serve", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	if *addr == "" {
 		// Loopback unless a port is asked for: beyond loopback the
 		// operator API wants a token, and a first run has none.

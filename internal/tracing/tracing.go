@@ -24,7 +24,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync/atomic"
 
@@ -73,14 +72,17 @@ func Configured(getenv func(string) string) bool {
 // OTEL_EXPORTER_OTLP_PROTOCOL) is "grpc"; the exporter reads the other
 // OTEL_EXPORTER_OTLP_* variables (headers, timeout, TLS) and the provider
 // OTEL_TRACES_SAMPLER. shutdown flushes the spans not yet exported.
-func Setup(ctx context.Context, service string) (shutdown func(context.Context) error, err error) {
+//
+// getenv is os.Getenv but in tests; the exporter reads the process's
+// environment itself.
+func Setup(ctx context.Context, service string, getenv func(string) string) (shutdown func(context.Context) error, err error) {
 	none := func(context.Context) error { return nil }
-	if !Configured(os.Getenv) {
+	if !Configured(getenv) {
 		return none, nil
 	}
-	protocol := os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+	protocol := getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
 	if protocol == "" {
-		protocol = os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+		protocol = getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
 	}
 	var exp *otlptrace.Exporter
 	switch strings.TrimSpace(protocol) {
