@@ -128,6 +128,7 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 		first, last := batch.Events[0].Offset, batch.Events[len(batch.Events)-1].Offset
 		batches++
 		added := 0
+		span := materialiseSpan(s.Name, batch.Events) // trace.go
 		err = d.update(ctx, func(tx conn) error {
 			if err := advancePosition(ctx, tx, s, next, last+1, d.now()); err != nil {
 				return err
@@ -146,6 +147,7 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 			}
 			return nil
 		})
+		endMaterialise(span, added, err)
 		switch {
 		case err == nil:
 			next = last + 1
