@@ -1,14 +1,19 @@
 package server_test
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/postbox-events/postbox/client"
+	"github.com/postbox-events/postbox/internal/kafkatest"
+	"github.com/postbox-events/postbox/internal/natstest"
 	"github.com/postbox-events/postbox/internal/server"
+	"github.com/postbox-events/postbox/stream/streamkafka"
 )
 
 // TestConsumerReset: POST /v1/consumers/{name}/reset moves a
@@ -160,12 +165,32 @@ func TestConsumerResetBadInput(t *testing.T) {
 	}
 }
 
-// TestConsumerResetPlainBackend: on a stream backend that is nothing but a
-// stream.Backend (as NATS and Kafka are to the server), a reset moves the
-// consumer and its subscription materialises again, and the history is
-// 501 not_kept.
-func TestConsumerResetPlainBackend(t *testing.T) {
-	ts, _ := startPlain(t, server.Config{})
+// TestConsumerResetOtherBackends: on JetStream (in-process NATS), Kafka
+// (kfake) and a backend that is nothing but a stream.Backend, a reset
+// moves the consumer and its subscription materialises again; their
+// history is 501 not_kept.
+func TestConsumerResetOtherBackends(t *testing.T) {
+	t.Run("plain", func(t *testing.T) {
+		ts, _ := startPlain(t, server.Config{})
+		checkResetWithoutHistory(t, ts)
+	})
+	t.Run("nats", func(t *testing.T) {
+		checkResetWithoutHistory(t, startNATS(t, natstest.Start(t), "RESET_", server.Config{}))
+	})
+	t.Run("kafka", func(t *testing.T) {
+		c := kafkatest.Start(t, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		kb, err := streamkafka.Open(ctx, streamkafka.Config{Brokers: c.Brokers(), Index: filepath.Join(t.TempDir(), "index.db"), Prefix: "reset."})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkResetWithoutHistory(t, start(t, server.Config{Streams: kb}, nil))
+	})
+}
+
+func checkResetWithoutHistory(t *testing.T, ts *testServer) {
+	t.Helper()
 	if status, v := call(t, ts, "POST", "/v1/subscriptions", `{"name": "r", "source": "devices", "start": "earliest"}`); status != 201 {
 		t.Fatalf("create: %d %v", status, v)
 	}
@@ -183,6 +208,10 @@ func TestConsumerResetPlainBackend(t *testing.T) {
 		_, v := call(t, ts, "GET", "/v1/consumers/r", "")
 		return v["next_offset"] == 3.0
 	})
+	status, v = call(t, ts, "POST", "/v1/consumers/r/reset", `{"latest": true}`)
+	if status != 200 || v["next_offset"] != 3.0 {
+		t.Fatalf("reset to latest: %d %v", status, v)
+	}
 	status, v = call(t, ts, "GET", "/v1/consumers/r/commits", "")
 	if e, _ := v["error"].(map[string]any); status != 501 || e["code"] != "not_kept" {
 		t.Fatalf("commits on a backend without an audit: %d %v", status, v)
