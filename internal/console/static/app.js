@@ -36,6 +36,9 @@ function time(s) {
   return d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z');
 }
 
+// put replaces the children of el with parts, leaving out the empty ones.
+function put(el, ...parts) { el.replaceChildren(...parts.flat().filter((p) => p !== null && p !== undefined && p !== false)); }
+
 function state(s) { return h('span', { class: 'state state-' + s }, s); }
 
 function table(id, head, rows, empty = 'Nothing here.') {
@@ -102,7 +105,7 @@ async function overview(live) {
           { name: 'dead-lettered', points: points(s, 'dead_letter_rate') }], '/s')),
     ];
   };
-  const render = async () => view.replaceChildren(...(await draw()));
+  const render = async () => put(view, ...(await draw()));
   await render();
   live.every(5000, render);
 }
@@ -116,7 +119,7 @@ function tile(name, v, id) {
 async function streams(live) {
   const { view } = live;
   const [src, st] = await Promise.all([api('/v1/sources'), api('/v1/streams')]);
-  view.replaceChildren(
+  put(view, 
     h('h1', {}, 'Sources & streams'),
     h('h2', {}, 'Sources'),
     table('sources-table', ['Name', 'Kind', 'Stream', 'Signature', 'Intake', 'Created'],
@@ -146,7 +149,7 @@ async function subscriptions(live) {
       name: s.name,
       points: stats.samples.filter((p) => p.lag && s.name in p.lag).map((p) => [new Date(p.at), p.lag[s.name]]),
     }));
-    view.replaceChildren(
+    put(view, 
       h('h1', {}, 'Subscriptions'),
       h('div', { class: 'grid' }, lineChart('Lag (events not yet consumed)', series)),
       h('h2', {}, 'Subscriptions and their endpoints'),
@@ -225,7 +228,7 @@ async function inbox(live, params) {
   } else {
     parts.push(h('p', { class: 'muted' }, 'No inboxes yet: create a subscription.'));
   }
-  view.replaceChildren(...parts);
+  put(view, ...parts);
 }
 
 function pager(route, params, after, next) {
@@ -251,7 +254,7 @@ async function item(live, _, [inboxName, id]) {
         watchItem(live, render);
       },
     }, 'Replay') : null;
-    view.replaceChildren(
+    put(view, 
       h('h1', {}, `Item ${it.id} `, state(it.state)),
       h('p', {}, h('a', { href: '#/inbox' + q({ inbox: it.inbox }) }, '« inbox ' + it.inbox)),
       note ? h('p', { class: 'ok', id: 'item-note' }, note) : null,
@@ -348,7 +351,7 @@ async function deadLetters(live, params) {
   }, 'Replay all matching…');
   const pickAll = h('input', { type: 'checkbox', 'aria-label': 'select all on this page',
     onchange: (e) => { view.querySelectorAll('input.pick').forEach((c) => { c.checked = e.target.checked; }); onPick(); } });
-  view.replaceChildren(
+  put(view, 
     h('h1', {}, 'Dead letters'), form,
     h('div', { class: 'actions' }, selBtn, allBtn), progress,
     table('dead-letters-table', [h('th', {}, pickAll), h('th', { class: 'num' }, 'Id'), 'Inbox', 'Subscription', 'Type', 'Failed at',
@@ -449,7 +452,7 @@ async function webhooks(live, params) {
       parts.push(h('p', { class: 'error', id: 'webhook-result' }, err.message));
     }
   }
-  view.replaceChildren(...parts);
+  put(view, ...parts);
 }
 
 // ---- routing -------------------------------------------------------------
@@ -502,7 +505,7 @@ async function route() {
   }
   document.getElementById('signout').hidden = !token();
   if (!fn) {
-    mine.view.replaceChildren(h('p', { class: 'error' }, `No page ${page}.`));
+    put(mine.view, h('p', { class: 'error' }, `No page ${page}.`));
     return;
   }
   try {
@@ -512,7 +515,7 @@ async function route() {
       window.postboxDrawnAt = performance.now(); // how long the page took, for the load-time measurement
     }
   } catch (err) {
-    mine.view.replaceChildren(h('h1', {}, 'Something went wrong'), errorBox(err));
+    put(mine.view, h('h1', {}, 'Something went wrong'), errorBox(err));
   }
 }
 
