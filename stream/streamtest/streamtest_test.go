@@ -23,7 +23,7 @@ func TestConformance(t *testing.T) {
 		defer mu.Unlock()
 		st, ok := stores[name]
 		if !ok {
-			st = &store{streams: map[string]*memStream{}, bySource: map[string]string{}, consumers: map[string]*stream.Consumer{}, changed: make(chan struct{})}
+			st = &store{streams: map[string]*memStream{}, bySource: map[string]string{}, consumers: map[string]*stream.Consumer{}, moves: map[string][]stream.Move{}, changed: make(chan struct{})}
 			stores[name] = st
 		}
 		return &memory{st: st}
@@ -36,6 +36,7 @@ type store struct {
 	streams   map[string]*memStream
 	bySource  map[string]string
 	consumers map[string]*stream.Consumer
+	moves     map[string][]stream.Move // by consumer, oldest first
 	ids       int
 	changed   chan struct{} // closed and replaced on every append
 }
@@ -51,6 +52,7 @@ type memory struct{ st *store }
 var (
 	_ stream.Backend = (*memory)(nil)
 	_ stream.Waiter  = (*memory)(nil)
+	_ stream.Auditor = (*memory)(nil)
 )
 
 func (m *memory) EnsureStream(ctx context.Context, sourceID string) (stream.Stream, error) {
@@ -161,6 +163,7 @@ func (m *memory) DeleteConsumer(ctx context.Context, id string) error {
 		return stream.ErrConsumerNotFound
 	}
 	delete(m.st.consumers, id)
+	delete(m.st.moves, id)
 	return nil
 }
 
@@ -195,6 +198,9 @@ func (m *memory) Commit(ctx context.Context, consumerID string, offset int64) (s
 	case offset < c.NextOffset-1:
 		return stream.Consumer{}, stream.ErrCommitBehind
 	}
+	if offset != c.NextOffset-1 {
+		m.st.moves[c.ID] = append(m.st.moves[c.ID], stream.Move{ConsumerID: c.ID, StreamID: c.StreamID, Kind: stream.MoveCommit, Offset: offset, At: time.Now()})
+	}
 	c.NextOffset, c.UpdatedAt = offset+1, time.Now()
 	return *c, nil
 }
@@ -211,7 +217,23 @@ func (m *memory) Reset(ctx context.Context, consumerID string, start stream.Star
 		return stream.Consumer{}, err
 	}
 	c.NextOffset, c.Start, c.UpdatedAt = next, start, time.Now()
+	canonical := start.Canonical()
+	m.st.moves[c.ID] = append(m.st.moves[c.ID], stream.Move{ConsumerID: c.ID, StreamID: c.StreamID, Kind: stream.MoveReset, Offset: next - 1, Start: &canonical, At: c.UpdatedAt})
 	return *c, nil
+}
+
+func (m *memory) Moves(ctx context.Context, consumerID string, limit int) ([]stream.Move, error) {
+	m.st.mu.Lock()
+	defer m.st.mu.Unlock()
+	if _, ok := m.st.consumers[consumerID]; !ok {
+		return nil, stream.ErrConsumerNotFound
+	}
+	all := m.st.moves[consumerID]
+	var out []stream.Move
+	for i := len(all) - 1; i >= 0 && len(out) < limit; i-- {
+		out = append(out, all[i])
+	}
+	return out, nil
 }
 
 func (m *memory) Stats(ctx context.Context, streamID string) (stream.Stats, error) {
