@@ -35,6 +35,7 @@ const (
 func (d *Delivery) consume(ctx context.Context, s Subscription) {
 	log := d.log.With("subscription", s.Name)
 	m := newMatcher(s)
+	d.forgetInline(s.UID) // the position is read from the store below
 	c, ok := d.ensureConsumer(ctx, log, s, s.Start)
 	if !ok {
 		return
@@ -70,11 +71,29 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 	if c.NextOffset < next { // a crash after a batch's transaction took the consumer's commit with it
 		f.follow(next - 1)
 	}
+	followed := next - 1 // the last offset given to f
 	items := make([]pendingItem, 0, d.cfg.BatchSize)
 	batches := 0
 	idle := time.Duration(0)
 	for ctx.Err() == nil {
-		batch, err := d.streams.Read(ctx, s.Name, next, d.cfg.BatchSize)
+		// Items written with their events (InlineHook) moved the position
+		// before the stream's waiters woke: those events are not read
+		// back. Wait for the next ones, which are likely inline too.
+		inline := false
+		if in := d.inlineNext(s.UID); in > next {
+			next, inline = in, true
+			// The consumer follows a batch's worth at a time, and when
+			// the stream goes idle: each commit of it is a write.
+			if next-1-followed >= int64(d.cfg.BatchSize) {
+				f.follow(next - 1)
+				followed = next - 1
+			}
+		}
+		var batch stream.Batch
+		var err error
+		if !inline || d.waiter == nil {
+			batch, err = d.streams.Read(ctx, s.Name, next, d.cfg.BatchSize)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -106,7 +125,12 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 				switch {
 				case ctx.Err() != nil:
 					return
-				case err != nil && !errors.Is(err, context.DeadlineExceeded):
+				case errors.Is(err, context.DeadlineExceeded):
+					if followed < next-1 { // idle: the consumer catches up with inline items
+						f.follow(next - 1)
+						followed = next - 1
+					}
+				case err != nil:
 					log.Warn("delivery: waiting for new events failed; reading again", "err", err)
 					sleep(ctx, retryDelay)
 				}
@@ -156,6 +180,7 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 			}
 			d.cfg.Metrics.materialised(s.Name, len(batch.Events), added)
 			f.follow(last)
+			followed = last
 		case errors.Is(err, errPositionMoved):
 			// Moved from outside the loop: follow it, or stop when the
 			// subscription is gone.
@@ -305,14 +330,7 @@ func (d *Delivery) materialise(ctx context.Context, tx conn, s Subscription, ite
 		rest = rest[len(part):]
 		args = args[:0]
 		for _, it := range part {
-			ev := it.ev
-			var handle any
-			if len(ev.DeliveryHandle) > 0 {
-				handle = string(ev.DeliveryHandle)
-			}
-			args = append(args, s.Inbox, s.Name, s.UID, ev.StreamID, ev.Offset, ev.NativeID, ev.Type,
-				ev.OccurredAt.UTC().Format(sqlitedb.Time), ev.StoredAt.UTC().Format(sqlitedb.Time),
-				string(ev.Metadata), string(ev.Payload), handle, now, now, now, ev.Sequence)
+			args = appendItemArgs(args, &s, it.ev, now)
 		}
 		var stmt *sql.Stmt
 		var err error

@@ -203,6 +203,7 @@ type Delivery struct {
 	log     *slog.Logger
 	now     func() time.Time
 	inboxes notifier
+	inline  inlineState
 
 	jobs        chan job        // leased items for the workers
 	completions chan completion // items the workers completed, to ack

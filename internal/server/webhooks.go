@@ -23,6 +23,7 @@ import (
 	"github.com/postbox-events/postbox/internal/groupcommit"
 	"github.com/postbox-events/postbox/internal/tracing"
 	"github.com/postbox-events/postbox/stream"
+	"github.com/postbox-events/postbox/stream/streamsqlite"
 )
 
 // WebhookSource is the source (and stream) of webhooks posted to
@@ -563,11 +564,36 @@ func (s *Server) ensureWebhooks(ctx context.Context) error {
 		return nil
 	case err != nil:
 		return err
-	case sub.Target == s.cfg.Webhooks.Target:
+	case sub.Target != s.cfg.Webhooks.Target:
+		// The target follows the configuration (--webhook-target).
+		if err := s.delivery.SetTarget(ctx, WebhookSource, s.cfg.Webhooks.Target); err != nil {
+			return err
+		}
+	}
+	return s.inlineWebhooks(ctx)
+}
+
+// hooker is a stream backend that runs a function in the transaction of
+// the events it appends (streamsqlite.Backend, the embedded default).
+type hooker interface {
+	Hook(streamID string, fn streamsqlite.AppendHook)
+}
+
+// inlineWebhooks makes the store write the item of the default
+// subscription webhooks in the transaction that stores its webhook, where
+// the stream backend and delivery can (delivery.InlineHook): a webhook is
+// then written with its item and not read back to be materialised.
+func (s *Server) inlineWebhooks(ctx context.Context) error {
+	h, ok := s.streams.(hooker)
+	if !ok {
 		return nil
 	}
-	// The target follows the configuration (--webhook-target).
-	return s.delivery.SetTarget(ctx, WebhookSource, s.cfg.Webhooks.Target)
+	fn, err := s.delivery.InlineHook(ctx, WebhookSource)
+	if err != nil || fn == nil {
+		return err
+	}
+	h.Hook(WebhookSource, fn)
+	return nil
 }
 
 func (s *Server) isReady() bool {

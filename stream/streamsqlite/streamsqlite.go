@@ -88,6 +88,8 @@ type Backend struct {
 
 	commits atomic.Int64 // for the checkpointer: has anything been written?
 
+	hooks hooks // AppendHooks by stream (hook.go)
+
 	mu       sync.RWMutex
 	streams  map[string]*streamState
 	createMu sync.Mutex // EnsureStream's creators, one at a time
@@ -517,6 +519,7 @@ func (b *Backend) flush(ctx context.Context, batch []*item) (err error) {
 			return err
 		}
 	}
+	b.runHooks(ctx, tx, batch)
 	for _, it := range batch {
 		if it.fn != nil {
 			it.fnErr = b.runFn(ctx, tx, it.fn)
@@ -525,6 +528,7 @@ func (b *Backend) flush(ctx context.Context, batch []*item) (err error) {
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("append: commit: %w", err)
 	}
+	b.committed()
 	b.lastNow = now
 	for _, st := range b.touched {
 		st.prev = st.last
