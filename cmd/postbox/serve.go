@@ -35,7 +35,7 @@ func runServe(ctx context.Context, env *cmdEnv, args []string) error {
 (POST /webhooks), the stream backend (--streams: the SQLite file under --db by default) with a
 single group-commit writer, subscriptions and their inboxes (in the SQLite file), the workers
 that POST items to targets with retries and dead letters, retention (the API of docs/API.md),
-/health, /ready and /metrics. Every event is ACKed only after the stream backend stored it (on
+/health, /ready, /metrics and the web console at /ui/ (docs/CONSOLE.md). Every event is ACKed only after the stream backend stored it (on
 SQLite: its transaction committed). At start, items a previous process left processing are
 pending again before /ready answers 200. Flags win over the environment variables named in
 brackets.`)
