@@ -14,10 +14,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"regexp"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -34,6 +37,9 @@ type command struct {
 type cmdEnv struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	// command is the command whose flags parse parsed last ("inbox
+	// lease"), for the hint after a usage error.
+	command string
 }
 
 var commands map[string]command
@@ -72,6 +78,10 @@ func main() {
 	if err := run(ctx, env, os.Args[1:]); err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "postbox:", err)
+			var ue usageError
+			if errors.As(err, &ue) && env.command != "" {
+				fmt.Fprintf(os.Stderr, "Run 'postbox %s --help' for its flags and their environment variables.\n", env.command)
+			}
 		}
 		os.Exit(exitCode(err))
 	}
@@ -129,19 +139,25 @@ func usage(w io.Writer) {
 }
 
 // newFlags returns a flag set whose --help prints the command's usage line,
-// description and flags to stdout.
+// description and flags, each with its environment variables, to stdout.
 func newFlags(env *cmdEnv, name, args, desc string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(env.stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: postbox %s %s\n\n%s\n\nFlags:\n", name, args, desc)
+		fmt.Fprintf(fs.Output(), "Usage: postbox %s %s\n\n%s\n\nFlags (each also read from the environment variables in brackets, the first\nset one; a flag on the command line wins):\n", name, args, desc)
+		fs.VisitAll(func(f *flag.Flag) { f.Usage = usageWithVars(fs, f) })
 		fs.PrintDefaults()
 	}
 	return fs
 }
 
-// parse parses args; --help prints usage to stdout and returns flag.ErrHelp.
+// parse parses args, then sets each flag not on the command line from the
+// first of its environment variables (envVars) that is set; a value the
+// flag refuses is an error naming the variable. --help prints usage to
+// stdout and returns flag.ErrHelp. A bad flag is an error without the
+// usage (main points to --help).
 func parse(env *cmdEnv, fs *flag.FlagSet, args []string) error {
+	env.command = fs.Name()
 	for _, a := range args {
 		if a == "-h" || a == "--help" || a == "-help" {
 			fs.SetOutput(env.stdout)
@@ -149,10 +165,100 @@ func parse(env *cmdEnv, fs *flag.FlagSet, args []string) error {
 			return flag.ErrHelp
 		}
 	}
-	if err := fs.Parse(flagsFirst(fs, args)); err != nil {
-		return usageError{err.Error()}
+	fs.SetOutput(io.Discard) // the error is returned; the usage is --help's
+	err := fs.Parse(flagsFirst(fs, args))
+	fs.SetOutput(env.stderr)
+	if err != nil {
+		return usagef("%s: %v", fs.Name(), err)
 	}
-	return nil
+	src := map[string]string{}
+	fs.Visit(func(f *flag.Flag) { src[f.Name] = "--" + f.Name })
+	sources.Store(fs, src)
+	var bad error
+	fs.VisitAll(func(f *flag.Flag) {
+		if src[f.Name] != "" || bad != nil {
+			return
+		}
+		for _, v := range envVars(fs, f) {
+			if val := env.getenv(v); val != "" {
+				if err := fs.Set(f.Name, val); err != nil {
+					bad = usagef("environment variable %s=%q: %v", v, val, err)
+				}
+				src[f.Name] = v
+				return
+			}
+		}
+	})
+	return bad
+}
+
+// sources holds, for each parsed flag set, where each flag that is set
+// came from: "--NAME" (the command line) or an environment variable.
+var sources sync.Map // *flag.FlagSet → map[string]string
+
+// flagSource returns where flag name of fs was set from, after parse: "--NAME"
+// on the command line, the name of an environment variable, or "" when
+// it has its default.
+func flagSource(fs *flag.FlagSet, name string) string {
+	m, _ := sources.Load(fs)
+	src, _ := m.(map[string]string)
+	return src[name]
+}
+
+// onCommandLine reports whether the flag name was given on the command
+// line, not taken from the environment.
+func onCommandLine(fs *flag.FlagSet, name string) bool {
+	return strings.HasPrefix(flagSource(fs, name), "--")
+}
+
+// envVars returns the environment variables of flag f of fs, in the order
+// they are tried: the one derived from its name, then those its usage
+// names in a trailing bracket ("... [DATABASE_URL]"), older names kept as
+// aliases. The derived name is POSTBOX_<FLAG> for serve (--max-batch:
+// POSTBOX_MAX_BATCH) and POSTBOX_<COMMAND>_<FLAG> for every other command
+// (relay --to: POSTBOX_RELAY_TO; inbox lease --max: POSTBOX_INBOX_MAX),
+// so that a flag of one command never reads another's variable.
+func envVars(fs *flag.FlagSet, f *flag.Flag) []string {
+	cmd, _, _ := strings.Cut(fs.Name(), " ")
+	name := strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+	derived := "POSTBOX_" + name
+	if cmd != "serve" {
+		derived = "POSTBOX_" + strings.ToUpper(strings.ReplaceAll(cmd, "-", "_")) + "_" + name
+	}
+	vars := []string{derived}
+	_, declared := splitVars(f.Usage)
+	for _, v := range declared {
+		if !slices.Contains(vars, v) {
+			vars = append(vars, v)
+		}
+	}
+	return vars
+}
+
+// splitVars splits a flag's usage into its text and the environment
+// variables a trailing "[VAR, VAR]" names, if it ends with one.
+func splitVars(usage string) (string, []string) {
+	i := strings.LastIndex(usage, " [")
+	if i < 0 || !strings.HasSuffix(usage, "]") {
+		return usage, nil
+	}
+	var vars []string
+	for v := range strings.SplitSeq(usage[i+2:len(usage)-1], ",") {
+		v = strings.TrimSpace(v)
+		if !envVarName.MatchString(v) {
+			return usage, nil
+		}
+		vars = append(vars, v)
+	}
+	return usage[:i], vars
+}
+
+var envVarName = regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
+
+// usageWithVars is f's usage ending with every variable of the flag.
+func usageWithVars(fs *flag.FlagSet, f *flag.Flag) string {
+	text, _ := splitVars(f.Usage)
+	return text + " [" + strings.Join(envVars(fs, f), ", ") + "]"
 }
 
 // noArgs refuses positional arguments, for a command that takes none.

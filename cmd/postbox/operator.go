@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -35,7 +36,7 @@ type apiFlags struct {
 // addAPIFlags adds --server and --json to fs; jsonHelp says what --json prints.
 func addAPIFlags(fs *flag.FlagSet, jsonHelp string) *apiFlags {
 	f := &apiFlags{}
-	fs.StringVar(&f.server, "server", defaultServer, "the `URL` of postbox serve [POSTBOX_SERVER]")
+	fs.StringVar(&f.server, "server", defaultServer, "the `URL` of postbox serve's HTTP API, http://HOST:PORT (a ws:// URL of the same server works too) [POSTBOX_API_URL, POSTBOX_SERVER]")
 	fs.StringVar(&f.token, "token", "", "the server's API `token`, if it requires one (serve --api-token) [POSTBOX_API_TOKEN]")
 	fs.BoolVar(&f.json, "json", false, jsonHelp)
 	return f
@@ -47,17 +48,20 @@ func parseAPI(env *cmdEnv, fs *flag.FlagSet, af *apiFlags, args []string) (*apiC
 	if err := parse(env, fs, args); err != nil {
 		return nil, err
 	}
-	onCommandLine := isSet(fs, "server")
-	if err := envDefaults(env, fs, map[string]string{"server": "POSTBOX_SERVER", "token": "POSTBOX_API_TOKEN"}); err != nil {
-		return nil, err
-	}
 	u, err := url.Parse(af.server)
+	if err != nil {
+		u = &url.URL{}
+	} else if scheme, ok := map[string]string{"ws": "http", "wss": "https"}[u.Scheme]; ok {
+		// The agent's URL of the same server: its API is on the same port.
+		u.Scheme, u.Path = scheme, strings.TrimSuffix(u.Path, "/v1/ws")
+		af.server = u.String()
+	}
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		from := "--server"
-		if !onCommandLine {
-			from = "POSTBOX_SERVER"
+		hint := ""
+		if err == nil && (u.Scheme == "grpc" || u.Scheme == "grpcs") {
+			hint = " (grpc:// is the agent's ingress; set POSTBOX_API_URL to the server's HTTP API)"
 		}
-		return nil, usagef("%s: %s %q: want http://HOST:PORT or https://HOST:PORT", fs.Name(), from, af.server)
+		return nil, usagef("%s: %s %q: want http://HOST:PORT or https://HOST:PORT%s", fs.Name(), cmp.Or(flagSource(fs, "server"), "--server"), af.server, hint)
 	}
 	return &apiClient{base: strings.TrimRight(af.server, "/"), token: af.token, hc: http.DefaultClient, timeout: apiTimeout}, nil
 }
@@ -115,7 +119,7 @@ func (c *apiClient) do(ctx context.Context, method, path string, in, out any) (i
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		if errors.Is(err, syscall.ECONNREFUSED) {
-			return 0, fmt.Errorf("no server answers at %s: is it running? (start one with `postbox serve`, or point --server or POSTBOX_SERVER at it)", c.base)
+			return 0, fmt.Errorf("no server answers at %s: is it running? (start one with `postbox serve`, or point --server or POSTBOX_API_URL at it)", c.base)
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			return 0, fmt.Errorf("server %s did not answer %s %s within %v", c.base, method, path, c.timeout)

@@ -59,20 +59,11 @@ func outboxFlags(env *cmdEnv, fs *flag.FlagSet) func(ctx context.Context) (*outb
 	path := fs.String("outbox", "outbox.db", "the edge agent's outbox SQLite file [POSTBOX_OUTBOX]")
 	dsn := fs.String("db", "", "a transactional outbox instead: postgres://... or a SQLite file [DATABASE_URL]")
 	return func(ctx context.Context) (*outboxDB, error) {
-		given := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-		vars := map[string]string{"outbox": "POSTBOX_OUTBOX", "db": "DATABASE_URL"}
+		target := *dsn // parse set both from the environment unless given
 		switch {
-		case given["outbox"] && given["db"]:
+		case onCommandLine(fs, "outbox") && onCommandLine(fs, "db"):
 			return nil, usagef("%s: --outbox and --db name two outboxes; give one", fs.Name())
-		case given["outbox"]:
-			delete(vars, "db")
-		}
-		if err := envDefaults(env, fs, vars); err != nil {
-			return nil, err
-		}
-		target := *dsn
-		if target == "" {
+		case onCommandLine(fs, "outbox"), target == "":
 			target = *path
 		}
 		return openOutboxDB(ctx, target, false, outboxpg.Config{})
