@@ -126,8 +126,9 @@ func wait(t *testing.T, ctx context.Context, what, expr string) {
 	do(t, ctx, "wait for "+what, chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(60*time.Second), chromedp.WithPollingInterval(50*time.Millisecond)))
 }
 
-// shot saves a screenshot of the page as NAME.png under
-// POSTBOX_SCREENSHOTS, when it is set.
+// shot saves a screenshot of the whole page as NAME.png under
+// POSTBOX_SCREENSHOTS, when it is set; of the screen alone when the name
+// begins with phone.
 func shot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
 	dir := os.Getenv("POSTBOX_SCREENSHOTS")
@@ -136,7 +137,11 @@ func shot(t *testing.T, ctx context.Context, name string) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	capture := chromedp.FullScreenshot(100)
+	if strings.HasPrefix(name, "phone") {
+		capture = chromedp.CaptureScreenshot()
+	}
+	png, err := chromedp.Run(ctx, capture)
 	if err != nil {
 		t.Fatalf("screenshot %s: %v", name, err)
 	}

@@ -341,6 +341,9 @@ async function deadLetters(live, params) {
       progress.hidden = false;
       progress.replaceChildren(h('p', {}, 'Replaying…'), h('progress', {}));
       try {
+        // The inboxes of the first 1000 it replays, to follow them after.
+        const first = await api('/v1/dead-letters' + q({ ...filter, limit: 1000 }));
+        for (const it of first.items) inboxOf.set(it.id, it.inbox);
         const res = await api('/v1/dead-letters/replay', { method: 'POST', body: which ? filter : { all: true } });
         for (const id of res.ids) if (!inboxOf.has(id) && filter.inbox) inboxOf.set(id, filter.inbox);
         await watch(live, progress, res.ids.filter((id) => inboxOf.has(id)), inboxOf, res.replayed);
@@ -402,7 +405,7 @@ async function watch(live, box, ids, inboxOf, replayed, errors = []) {
     const completed = c.filter((s) => s === 'completed').length;
     const failed = c.filter((s) => s === 'failed').length;
     bar.value = completed + failed;
-    text.textContent = `Replayed ${replayed}. Delivered ${completed} of ${ids.length}` +
+    text.textContent = `Replayed ${replayed}. ${ids.length < replayed ? `Following ${ids.length}: d` : 'D'}elivered ${completed} of ${ids.length}` +
       (failed ? `, ${failed} failed again` : '') + (completed + failed < ids.length ? '; waiting…' : '.');
     text.dataset.done = String(completed + failed === ids.length);
     text.dataset.completed = String(completed);
