@@ -1,7 +1,6 @@
 package poll
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -44,42 +43,42 @@ func (p Pointer) String() string { return p.text }
 // there is one. Array elements are reached by decimal index ("0", "12";
 // no leading zeros, and "-" reaches nothing). doc must be valid JSON.
 func (p Pointer) Find(doc json.RawMessage) (json.RawMessage, bool, error) {
-	cur := doc
+	cur := []byte(doc)
 	for _, tok := range p.tokens {
-		cur = bytes.TrimLeft(cur, " \t\r\n")
-		if len(cur) == 0 {
+		i := skipSpace(cur, 0)
+		if i >= len(cur) {
 			return nil, false, nil
 		}
-		switch cur[0] {
+		var found []byte
+		switch cur[i] {
 		case '{':
-			var obj map[string]json.RawMessage
-			if err := json.Unmarshal(cur, &obj); err != nil {
-				return nil, false, err
-			}
-			v, ok := obj[tok]
-			if !ok {
-				return nil, false, nil
-			}
-			cur = v
+			eachMember(cur, func(key, val []byte) bool {
+				if keyIs(key, tok) {
+					found = val
+					return false
+				}
+				return true
+			})
 		case '[':
 			if tok == "" || (len(tok) > 1 && tok[0] == '0') {
 				return nil, false, nil
 			}
-			i, err := strconv.Atoi(tok)
-			if err != nil || i < 0 {
+			n, err := strconv.Atoi(tok)
+			if err != nil || n < 0 {
 				return nil, false, nil
 			}
-			var arr []json.RawMessage
-			if err := json.Unmarshal(cur, &arr); err != nil {
-				return nil, false, err
-			}
-			if i >= len(arr) {
-				return nil, false, nil
-			}
-			cur = arr[i]
-		default:
-			return nil, false, nil // a scalar has no members
+			k := 0
+			eachElement(cur, func(val []byte) {
+				if k == n {
+					found = val
+				}
+				k++
+			})
 		}
+		if found == nil {
+			return nil, false, nil // no such member or element; a scalar has none
+		}
+		cur = found
 	}
 	return cur, true, nil
 }

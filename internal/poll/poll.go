@@ -187,11 +187,20 @@ func (p *Poller) Run(ctx context.Context) error {
 	bo := newBackoff(p.cfg.MinBackoff, p.cfg.MaxBackoff)
 	expect := 1 // the events of the last page: the room waited for
 	p.log.Info("poll: polling", "url", p.cfg.Settings.URL, "cursor", p.cp.Cursor)
+	var ahead *prefetch // the next page, asked for while the last one commits
 	for {
 		if !p.waitRoom(ctx, expect) {
 			return nil
 		}
-		pg, err := p.fetch(ctx, p.cp.Cursor)
+		var pg page
+		var err error
+		if ahead != nil && ahead.cursor == p.cp.Cursor {
+			r := <-ahead.done
+			pg, err = r.pg, r.err
+		} else {
+			pg, err = p.fetch(ctx, p.cp.Cursor)
+		}
+		ahead = nil
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -221,10 +230,15 @@ func (p *Poller) Run(ctx context.Context) error {
 		if pg.last.After(cp.LastEventAt) {
 			cp.LastEventAt = pg.last
 		}
+		advanced := p.cp.Cursor != cp.Cursor
+		if advanced && len(pg.events) > 0 {
+			// Ask for the next page while this one commits: it is read
+			// only, and stored (with its checkpoint) only after this one.
+			ahead = p.prefetch(ctx, cp.Cursor)
+		}
 		if !p.commit(ctx, pg, cp, bo) {
 			return nil
 		}
-		advanced := p.cp.Cursor != cp.Cursor
 		p.cp = cp
 		bo.reset()
 		expect = max(1, len(pg.events))
@@ -235,6 +249,28 @@ func (p *Poller) Run(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// prefetch is a page asked for ahead, by cursor.
+type prefetch struct {
+	cursor string
+	done   chan fetched // receives once, when the request is done
+}
+
+type fetched struct {
+	pg  page
+	err error
+}
+
+// prefetch asks for the page at cursor in a goroutine that ends with the
+// request (bounded by the client's timeout and by ctx).
+func (p *Poller) prefetch(ctx context.Context, cursor string) *prefetch {
+	f := &prefetch{cursor: cursor, done: make(chan fetched, 1)}
+	go func() {
+		pg, err := p.fetch(ctx, cursor)
+		f.done <- fetched{pg, err}
+	}()
+	return f
 }
 
 // commit hands pg and cp to the sink until it takes them; false when ctx
@@ -345,24 +381,20 @@ func (p *Poller) fetch(ctx context.Context, cursor string) (page, error) {
 	return pg, nil
 }
 
-// decode reads a page's items and next cursor.
+// decode reads a page's items and next cursor. The answer is validated
+// once; its items and their members are then found by scanning it,
+// without decoding (scan.go).
 func (p *Poller) decode(body []byte) (page, error) {
-	if !json.Valid(body) {
-		return page{}, errors.New("the answer is not JSON")
-	}
 	var pg page
+	if !json.Valid(body) {
+		return pg, errors.New("the answer is not JSON")
+	}
 	raw, ok, err := p.items.Find(body)
 	if err != nil {
 		return pg, err
 	}
-	if !ok || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
-		raw = nil // no items
-	}
-	var items []json.RawMessage
-	if raw != nil {
-		if err := json.Unmarshal(raw, &items); err != nil {
-			return pg, fmt.Errorf("items %q: not an array", p.items)
-		}
+	if ok && raw[0] != '[' && !bytes.Equal(raw, []byte("null")) {
+		return pg, fmt.Errorf("items %q: not an array", p.items)
 	}
 	if p.next.tokens != nil {
 		v, ok, err := p.next.Find(body)
@@ -375,60 +407,88 @@ func (p *Poller) decode(body []byte) (page, error) {
 			}
 		}
 	}
+	if !ok {
+		return pg, nil // no items
+	}
 	now := p.cfg.Now().UTC()
-	pg.events = make([]stream.Event, len(items))
-	for i, it := range items {
-		ev, err := p.event(it, now)
+	n := 0
+	eachElement(raw, func([]byte) { n++ })
+	pg.events = make([]stream.Event, 0, n)
+	eachElement(raw, func(it []byte) {
 		if err != nil {
-			return pg, fmt.Errorf("item %d: %w", i, err)
+			return
 		}
-		pg.events[i] = ev
+		var ev stream.Event
+		if ev, err = p.event(it, now); err != nil {
+			err = fmt.Errorf("item %d: %w", len(pg.events), err)
+			return
+		}
+		pg.events = append(pg.events, ev)
 		if ev.OccurredAt.After(pg.last) {
 			pg.last = ev.OccurredAt
 		}
-	}
-	return pg, nil
+	})
+	return pg, err
 }
 
-// event makes the event of one item.
-func (p *Poller) event(item json.RawMessage, now time.Time) (stream.Event, error) {
-	item = bytes.TrimSpace(item)
+// event makes the event of one item (valid JSON). Its payload is the
+// item's bytes as the API sent them.
+func (p *Poller) event(item []byte, now time.Time) (stream.Event, error) {
 	if len(item) == 0 || item[0] != '{' {
 		return stream.Event{}, errors.New("not a JSON object")
 	}
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(item, &obj); err != nil {
-		return stream.Event{}, err
-	}
-	field := func(ptr Pointer) (json.RawMessage, bool, error) {
-		if len(ptr.tokens) == 1 { // the common case: a member of the item
-			v, ok := obj[ptr.tokens[0]]
-			return v, ok, nil
+	// The pointers of one token (the common case) are members of the
+	// item: one scan finds them all.
+	var id, typ, at []byte
+	var idOK, typOK, atOK bool
+	one := func(ptr Pointer) string {
+		if len(ptr.tokens) == 1 {
+			return ptr.tokens[0]
 		}
-		return ptr.Find(item)
+		return "\x00" // never a key: found by Find below
 	}
+	idKey, typKey, atKey := one(p.id), one(p.typ), one(p.at)
+	eachMember(item, func(key, val []byte) bool {
+		switch {
+		case !idOK && keyIs(key, idKey):
+			id, idOK = val, true
+		case !typOK && keyIs(key, typKey):
+			typ, typOK = val, true
+		case !atOK && p.at.tokens != nil && keyIs(key, atKey):
+			at, atOK = val, true
+		}
+		return true
+	})
+	find := func(ptr Pointer, v []byte, ok bool) ([]byte, bool) {
+		if len(ptr.tokens) == 1 || ptr.tokens == nil {
+			return v, ok
+		}
+		v, ok, _ = ptr.Find(item)
+		return v, ok
+	}
+	id, idOK = find(p.id, id, idOK)
+	typ, typOK = find(p.typ, typ, typOK)
+	at, atOK = find(p.at, at, atOK)
 	ev := stream.Event{Payload: item, OccurredAt: now}
-	v, ok, err := field(p.id)
-	if err != nil || !ok {
+	if !idOK {
 		return ev, fmt.Errorf("no id at %q", p.id)
 	}
-	if ev.NativeID, err = scalar(v); err != nil || ev.NativeID == "" {
+	var err error
+	if ev.NativeID, err = scalar(id); err != nil || ev.NativeID == "" {
 		return ev, fmt.Errorf("id at %q: want a string or a number", p.id)
 	}
-	if v, ok, err = field(p.typ); err != nil || !ok {
+	if !typOK {
 		return ev, fmt.Errorf("id %s: no type at %q", ev.NativeID, p.typ)
 	}
-	if err := json.Unmarshal(v, &ev.Type); err != nil || ev.Type == "" {
+	if ev.Type, typOK = unquote(typ); !typOK || ev.Type == "" {
 		return ev, fmt.Errorf("id %s: type at %q: want a string", ev.NativeID, p.typ)
 	}
-	if p.at.tokens != nil {
-		if v, ok, err = field(p.at); err == nil && ok && !bytes.Equal(v, []byte("null")) {
-			t, err := parseTime(v)
-			if err != nil {
-				return ev, fmt.Errorf("id %s: time at %q: %w", ev.NativeID, p.at, err)
-			}
-			ev.OccurredAt = t
+	if atOK && !bytes.Equal(at, []byte("null")) {
+		t, err := parseTime(at)
+		if err != nil {
+			return ev, fmt.Errorf("id %s: time at %q: %w", ev.NativeID, p.at, err)
 		}
+		ev.OccurredAt = t
 	}
 	return ev, nil
 }
@@ -440,9 +500,11 @@ func scalar(v json.RawMessage) (string, error) {
 	case len(v) == 0 || bytes.Equal(v, []byte("null")):
 		return "", nil
 	case v[0] == '"':
-		var s string
-		err := json.Unmarshal(v, &s)
-		return s, err
+		s, ok := unquote(v)
+		if !ok {
+			return "", errors.New("not a JSON string")
+		}
+		return s, nil
 	case v[0] == '-' || (v[0] >= '0' && v[0] <= '9'):
 		return string(v), nil
 	}

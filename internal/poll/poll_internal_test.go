@@ -1,6 +1,9 @@
 package poll
 
 import (
+	"context"
+
+	"github.com/postbox-events/postbox/stream"
 	"net/http"
 	"testing"
 	"time"
@@ -82,3 +85,10 @@ func TestHeaderEnv(t *testing.T) {
 		t.Errorf("redacted %v (of %v)", r.Headers, s.Headers)
 	}
 }
+
+type nopSink struct{}
+
+func (nopSink) Commit(context.Context, []stream.Event, Checkpoint) ([]stream.AppendResult, error) {
+	return nil, nil
+}
+func (nopSink) Full(int) bool { return false }
