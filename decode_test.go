@@ -48,7 +48,7 @@ func refParseEnvelope(data []byte, lim postbox.Limits) (postbox.Envelope, error)
 }
 
 // refFields are the envelope's fields by their JSON names.
-var refFields = []string{"schema_version", "event_id", "type", "ts", "session_id", "device_id", "seq", "payload"}
+var refFields = []string{"schema_version", "event_id", "type", "ts", "session_id", "device_id", "traceparent", "tracestate", "seq", "payload"}
 
 // refFieldErrors walks the members of the valid JSON object data in order
 // and returns the first field error: an unknown field or a wrong type (as
@@ -126,7 +126,7 @@ func refFieldErrors(data []byte, env *postbox.Envelope) *postbox.FieldError {
 	for name, bad := range lastBad {
 		if bad {
 			*map[string]*string{"event_id": &env.EventID, "type": &env.Type, "ts": &env.TS,
-				"session_id": &env.SessionID, "device_id": &env.DeviceID}[name] = ""
+				"session_id": &env.SessionID, "device_id": &env.DeviceID, "traceparent": &env.TraceParent, "tracestate": &env.TraceState}[name] = ""
 		}
 	}
 	if idTwice {
