@@ -126,9 +126,8 @@ func wait(t *testing.T, ctx context.Context, what, expr string) {
 	do(t, ctx, "wait for "+what, chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(60*time.Second), chromedp.WithPollingInterval(50*time.Millisecond)))
 }
 
-// shot saves a screenshot of the whole page as NAME.png under
-// POSTBOX_SCREENSHOTS, when it is set; of the screen alone when the name
-// begins with phone.
+// shot saves a screenshot of the screen (the tab's viewport) as NAME.png
+// under POSTBOX_SCREENSHOTS, when it is set.
 func shot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
 	dir := os.Getenv("POSTBOX_SCREENSHOTS")
@@ -137,11 +136,7 @@ func shot(t *testing.T, ctx context.Context, name string) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	capture := chromedp.FullScreenshot(100)
-	if strings.HasPrefix(name, "phone") {
-		capture = chromedp.CaptureScreenshot()
-	}
-	png, err := chromedp.Run(ctx, capture)
+	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
 	if err != nil {
 		t.Fatalf("screenshot %s: %v", name, err)
 	}
@@ -479,7 +474,7 @@ func TestLoadTimes(t *testing.T) {
 	token := os.Getenv("POSTBOX_CONSOLE_TOKEN")
 	pages := []string{"", "#/streams", "#/subscriptions", "#/inbox?inbox=planner", "#/inbox?inbox=planner&state=completed",
 		"#/inbox?inbox=billing&state=failed", "#/item/planner/1", "#/dead-letters", "#/dead-letters?inbox=billing", "#/webhooks?key=evt-1"}
-	ctx := tab(t, 1280, 900)
+	ctx := tab(t, 1280, 1000)
 	if token != "" {
 		do(t, ctx, "keep the token", chromedp.Navigate(base+"/ui/"),
 			chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`sessionStorage.setItem('postbox.token', %q)`, token)))
