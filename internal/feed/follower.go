@@ -46,6 +46,15 @@ type Checkpoints interface {
 	Save(ctx context.Context, name string, offset int64) error
 }
 
+// FailureRecorder is implemented by Checkpoints that also keep a
+// follower's last failure (a source's checkpoint shows it); a save
+// clears it.
+type FailureRecorder interface {
+	// Failed records err as name's last failure, at the checkpoint
+	// offset.
+	Failed(ctx context.Context, name string, offset int64, err error) error
+}
+
 // Config configures a Follower.
 type Config struct {
 	// URL is the remote stream: http(s)://HOST:PORT/v1/streams/NAME. The
@@ -170,6 +179,11 @@ func (f *Follower) Run(ctx context.Context) error {
 			backoff = f.cfg.MinBackoff // it made progress: the next failure starts over
 		}
 		f.cfg.Metrics.fail(f.cfg.Name, reasonOf(err))
+		if fr, ok := f.cfg.Checkpoints.(FailureRecorder); ok {
+			if err := fr.Failed(ctx, f.cfg.Name, f.checkpoint.Load(), err); err != nil && ctx.Err() == nil {
+				f.log.Warn("feed: recording the failure failed", "err", err)
+			}
+		}
 		// Full jitter on the upper half: followers of one feed that fail
 		// together do not come back together.
 		wait := backoff/2 + rand.N(backoff/2+1)

@@ -299,6 +299,12 @@ func (c feedCheckpoints) Save(ctx context.Context, name string, offset int64) er
 	return c.d.SaveCheckpoint(ctx, name, c.created, delivery.Checkpoint{Cursor: strconv.FormatInt(offset, 10), LastPollAt: time.Now()})
 }
 
+// Failed implements feed.FailureRecorder.
+func (c feedCheckpoints) Failed(ctx context.Context, name string, offset int64, err error) error {
+	return c.d.SaveCheckpoint(ctx, name, c.created, delivery.Checkpoint{Cursor: strconv.FormatInt(offset, 10), LastError: err.Error(),
+		LastPollAt: time.Now()})
+}
+
 // upstreamSettings checks the settings a request gives a source of kind
 // poll or feed and returns them as stored, or an error naming the field.
 func upstreamSettings(kind string, raw json.RawMessage) (json.RawMessage, error) {

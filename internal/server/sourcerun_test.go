@@ -107,3 +107,27 @@ func TestUpstreamSourceBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestFeedSourceError: a feed source whose upstream does not answer
+// records the failure in its checkpoint's last_error, and its token is
+// shown as a fingerprint.
+func TestFeedSourceError(t *testing.T) {
+	dead := httptest.NewServer(http.NotFoundHandler())
+	url := dead.URL
+	dead.Close() // nothing listens there now
+	ts := servertest.Start(t, server.Config{}, nil)
+	st, body := srcCall(t, ts, "POST", "/v1/sources", `{"name": "mirror", "kind": "feed", "settings": {"url": "`+url+`/v1/streams/devices", "token": "t0ps3cret"}}`, nil)
+	if st != 201 {
+		t.Fatalf("create: %d %v", st, body)
+	}
+	raw, _ := json.Marshal(body)
+	if strings.Contains(string(raw), "t0ps3cret") || !strings.Contains(string(raw), `"token":"sha256:`) {
+		t.Errorf("the API shows the feed source as %s", raw)
+	}
+	testenv.Eventually(t, 20*time.Second, "the connection failure in the checkpoint", func() bool {
+		_, src := srcCall(t, ts, "GET", "/v1/sources/mirror", "", nil)
+		cp, _ := src["checkpoint"].(map[string]any)
+		msg, _ := cp["last_error"].(string)
+		return strings.Contains(msg, "connect to "+url)
+	})
+}
