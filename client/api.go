@@ -153,10 +153,16 @@ func ResultErr(r api.ItemResult) error {
 }
 
 // Do sends method path (with its query) to the server with in (nil: no
-// body) as JSON and decodes the answer into out (nil: drop it;
-// *json.RawMessage: keep it as sent). The typed methods are built on it;
-// it serves calls they do not cover. An error answer is an *APIError.
-func (c *API) Do(ctx context.Context, method, path string, in, out any) error {
+// body) as JSON, decodes the answer into out (nil: drop it;
+// *json.RawMessage: keep it as sent) and returns its status. The typed
+// methods are built on it; it serves calls they do not cover. An error
+// answer is an *APIError.
+func (c *API) Do(ctx context.Context, method, path string, in, out any) (int, error) {
+	return c.do(ctx, method, path, in, out, 0)
+}
+
+// send is Do without the status.
+func (c *API) send(ctx context.Context, method, path string, in, out any) error {
 	_, err := c.do(ctx, method, path, in, out, 0)
 	return err
 }
@@ -263,7 +269,7 @@ func (c *API) CreateSource(ctx context.Context, req api.CreateSource) (src api.S
 
 // DeleteSource deletes a source.
 func (c *API) DeleteSource(ctx context.Context, source string) error {
-	return c.Do(ctx, http.MethodDelete, "/v1/sources/"+name(source), nil, nil)
+	return c.send(ctx, http.MethodDelete, "/v1/sources/"+name(source), nil, nil)
 }
 
 // Subscriptions lists the subscriptions.
@@ -290,26 +296,26 @@ func (c *API) CreateSubscription(ctx context.Context, req api.CreateSubscription
 // settings (set-target) and returns it.
 func (c *API) UpdateSubscription(ctx context.Context, subscription string, req api.UpdateSubscription) (api.Subscription, error) {
 	var out api.Subscription
-	return out, c.Do(ctx, http.MethodPatch, "/v1/subscriptions/"+name(subscription), req, &out)
+	return out, c.send(ctx, http.MethodPatch, "/v1/subscriptions/"+name(subscription), req, &out)
 }
 
 // DeleteSubscription deletes a subscription and its consumer.
 func (c *API) DeleteSubscription(ctx context.Context, subscription string) error {
-	return c.Do(ctx, http.MethodDelete, "/v1/subscriptions/"+name(subscription), nil, nil)
+	return c.send(ctx, http.MethodDelete, "/v1/subscriptions/"+name(subscription), nil, nil)
 }
 
 // EnableSubscription closes the breaker of a subscription's endpoint
 // (open or disabled) and returns the subscription.
 func (c *API) EnableSubscription(ctx context.Context, subscription string) (api.Subscription, error) {
 	var out api.Subscription
-	return out, c.Do(ctx, http.MethodPost, "/v1/subscriptions/"+name(subscription)+"/enable", nil, &out)
+	return out, c.send(ctx, http.MethodPost, "/v1/subscriptions/"+name(subscription)+"/enable", nil, &out)
 }
 
 // ReplaySubscription starts a replay of every item of a subscription in
 // a time range, completed ones included; Replay follows its progress.
 func (c *API) ReplaySubscription(ctx context.Context, subscription string, req api.ReplayRange) (api.Replay, error) {
 	var out api.Replay
-	return out, c.Do(ctx, http.MethodPost, "/v1/subscriptions/"+name(subscription)+"/replay", req, &out)
+	return out, c.send(ctx, http.MethodPost, "/v1/subscriptions/"+name(subscription)+"/replay", req, &out)
 }
 
 // Replays lists the replay jobs, of one subscription unless it is "".
@@ -418,7 +424,7 @@ func duration(d time.Duration) *string {
 // one was not acked.
 func (c *API) Ack(ctx context.Context, inbox, lease string, ids ...int64) ([]api.ItemResult, error) {
 	var out api.Results
-	return out.Items, c.Do(ctx, http.MethodPost, "/v1/inboxes/"+name(inbox)+"/ack", api.SettleRequest{IDs: ids, Lease: lease}, &out)
+	return out.Items, c.send(ctx, http.MethodPost, "/v1/inboxes/"+name(inbox)+"/ack", api.SettleRequest{IDs: ids, Lease: lease}, &out)
 }
 
 // NackOptions say what a nack records.
@@ -436,7 +442,7 @@ func (c *API) Nack(ctx context.Context, inbox, lease string, o NackOptions, ids 
 		req.Delay = duration(o.Delay)
 	}
 	var out api.Results
-	return out.Items, c.Do(ctx, http.MethodPost, "/v1/inboxes/"+name(inbox)+"/nack", req, &out)
+	return out.Items, c.send(ctx, http.MethodPost, "/v1/inboxes/"+name(inbox)+"/nack", req, &out)
 }
 
 // Extend moves the end of lease, for the items ids it still holds, to
@@ -446,7 +452,7 @@ func (c *API) Nack(ctx context.Context, inbox, lease string, o NackOptions, ids 
 func (c *API) Extend(ctx context.Context, inbox, lease string, visibility time.Duration, ids ...int64) (api.Extension, error) {
 	var out api.Extension
 	req := api.ExtendRequest{IDs: ids, Lease: lease, VisibilityTimeout: duration(visibility)}
-	return out, c.Do(ctx, http.MethodPost, "/v1/inboxes/"+name(inbox)+"/extend", req, &out)
+	return out, c.send(ctx, http.MethodPost, "/v1/inboxes/"+name(inbox)+"/extend", req, &out)
 }
 
 // DeadLetterQuery selects dead letters; zero fields select all, from the
@@ -487,14 +493,14 @@ func (c *API) DeadLetter(ctx context.Context, id int64) (api.Item, error) {
 // (ErrInvalidState when it is not failed).
 func (c *API) ReplayDeadLetter(ctx context.Context, id int64) (api.Item, error) {
 	var out api.Item
-	return out, c.Do(ctx, http.MethodPost, fmt.Sprintf("/v1/dead-letters/%d/replay", id), nil, &out)
+	return out, c.send(ctx, http.MethodPost, fmt.Sprintf("/v1/dead-letters/%d/replay", id), nil, &out)
 }
 
 // ReplayDeadLetters makes every dead letter a selection names pending
 // again.
 func (c *API) ReplayDeadLetters(ctx context.Context, sel api.ReplayDeadLetters) (api.Replayed, error) {
 	var out api.Replayed
-	return out, c.Do(ctx, http.MethodPost, "/v1/dead-letters/replay", sel, &out)
+	return out, c.send(ctx, http.MethodPost, "/v1/dead-letters/replay", sel, &out)
 }
 
 // Webhook returns a webhook taken by POST /webhooks and where its

@@ -8,13 +8,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"sort"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/postbox-events/postbox/client"
 )
 
 // The operator commands (subscriptions, streams, consumers, inbox) are
@@ -63,96 +64,52 @@ func parseAPI(env *cmdEnv, fs *flag.FlagSet, af *apiFlags, args []string) (*apiC
 		}
 		return nil, usagef("%s: %s %q: want http://HOST:PORT or https://HOST:PORT%s", fs.Name(), cmp.Or(flagSource(fs, "server"), "--server"), af.server, hint)
 	}
-	return &apiClient{base: strings.TrimRight(af.server, "/"), token: af.token, hc: http.DefaultClient, timeout: apiTimeout}, nil
+	api, err := client.NewAPI(af.server, client.APIOptions{Token: af.token, HTTPClient: http.DefaultClient, Timeout: apiTimeout})
+	if err != nil {
+		return nil, usagef("%s: %v", fs.Name(), err)
+	}
+	return &apiClient{API: api, base: api.BaseURL(), timeout: apiTimeout}, nil
 }
 
-// apiClient calls the HTTP API of one postbox server.
+// apiClient is the Go client of the HTTP API (package client), with the
+// command line's words for its failures.
 type apiClient struct {
+	*client.API
 	base    string
-	token   string
-	hc      *http.Client
 	timeout time.Duration
-}
-
-// apiError is the API's error answer, {"error":{"code","message"}}.
-type apiError struct {
-	Status  int
-	Code    string
-	Message string
-}
-
-func (e *apiError) Error() string {
-	return fmt.Sprintf("server: %d %s: %s", e.Status, e.Code, e.Message)
 }
 
 // isAPIError reports whether err is an API error with this code.
 func isAPIError(err error, code string) bool {
-	var ae *apiError
+	var ae *client.APIError
 	return errors.As(err, &ae) && ae.Code == code
 }
 
 // do sends method path with in (nil: no body) as JSON and decodes the
 // answer into out (nil: ignore it; *json.RawMessage: keep it as is). It
-// returns the answer's status. An error answer is an *apiError.
+// returns the answer's status. An error answer is a *client.APIError.
 func (c *apiClient) do(ctx context.Context, method, path string, in, out any) (int, error) {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return 0, fmt.Errorf("encode request: %w", err)
-		}
-		body = bytes.NewReader(b)
+	status, err := c.API.Do(ctx, method, path, in, out)
+	return status, c.explain(method, path, err)
+}
+
+// explain says in the command line's words what a failed call means: no
+// server, no answer in time, or a server without this endpoint.
+func (c *apiClient) explain(method, path string, err error) error {
+	var ae *client.APIError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Errorf("no server answers at %s: is it running? (start one with `postbox serve`, or point --server or POSTBOX_SERVER at it)", c.base)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("server %s did not answer %s %s within %v", c.base, method, path, c.timeout)
+	case errors.As(err, &ae) && ae.Code == "" && (ae.Status == http.StatusNotFound || ae.Status == http.StatusMethodNotAllowed):
+		return fmt.Errorf("server %s has no %s %s (%d %s): is it a postbox server of this version?", c.base, method, path, ae.Status, http.StatusText(ae.Status))
+	case errors.As(err, &ae):
+		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
-	if err != nil {
-		return 0, fmt.Errorf("server %s: %w", c.base, err)
-	}
-	req.Header.Set("Accept", "application/json")
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			return 0, fmt.Errorf("no server answers at %s: is it running? (start one with `postbox serve`, or point --server or POSTBOX_API_URL at it)", c.base)
-		}
-		if errors.Is(err, context.DeadlineExceeded) {
-			return 0, fmt.Errorf("server %s did not answer %s %s within %v", c.base, method, path, c.timeout)
-		}
-		return 0, fmt.Errorf("server %s: %w", c.base, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return resp.StatusCode, fmt.Errorf("server %s: read the answer to %s %s: %w", c.base, method, path, err)
-	}
-	if resp.StatusCode >= 300 {
-		var e struct {
-			Error *struct {
-				Code    string `json:"code"`
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		if json.Unmarshal(data, &e) == nil && e.Error != nil {
-			return resp.StatusCode, &apiError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
-		}
-		if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
-			return resp.StatusCode, fmt.Errorf("server %s has no %s %s (%s): is it a postbox server of this version?", c.base, method, path, resp.Status)
-		}
-		return resp.StatusCode, fmt.Errorf("server: %s: %.200s", resp.Status, bytes.TrimSpace(data))
-	}
-	if out == nil || resp.StatusCode == http.StatusNoContent {
-		return resp.StatusCode, nil
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return resp.StatusCode, fmt.Errorf("server %s: the answer to %s %s is not what docs/API.md says (%v): %.200s", c.base, method, path, err, data)
-	}
-	return resp.StatusCode, nil
+	return fmt.Errorf("server %s: %w", c.base, err)
 }
 
 // get is do for a GET that keeps the answer as is and decodes it into out.
