@@ -3,6 +3,7 @@ package server_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -164,6 +165,16 @@ func (s *openAPI) validate(schema, v any, at string) error {
 					err = s.validate(kv, pv, at+"."+name)
 				}
 			}
+		case "anyOf":
+			var errs []error
+			for _, alt := range kv.([]any) {
+				if aerr := s.validate(alt, v, at); aerr != nil {
+					errs = append(errs, aerr)
+				}
+			}
+			if len(errs) == len(kv.([]any)) {
+				err = fmt.Errorf("%s: matches none of anyOf: %w", at, errors.Join(errs...))
+			}
 		case "items":
 			for i, e := range arr {
 				if err == nil {
@@ -320,6 +331,10 @@ func walkKeywords(t *testing.T, spec *openAPI, schema any, at string) {
 			}
 		case "items":
 			walkKeywords(t, spec, kv, at+"[]")
+		case "anyOf":
+			for i, alt := range kv.([]any) {
+				walkKeywords(t, spec, alt, fmt.Sprintf("%s|%d", at, i))
+			}
 		case "additionalProperties":
 			if kv != false {
 				walkKeywords(t, spec, kv, at+".*")
@@ -621,6 +636,11 @@ func TestOpenAPIAnswers(t *testing.T) {
 	want(201, srcs, "/v1/sources", gh, nil)
 	want(200, srcs, "/v1/sources", gh, nil)
 	want(409, srcs, "/v1/sources", `{"name": "gh", "kind": "webhook"}`, nil)
+	want(201, srcs, "/v1/sources", `{"name": "poller", "kind": "poll", "settings": {"url": "http://127.0.0.1:9/events", "items": "/events",
+		"id": "/id", "type": "/type", "cursor_param": "after", "next": "/next", "interval": "1h", "headers": {"Authorization": "env:NO_SUCH_VAR", "X-Key": "k"}}}`, nil)
+	want(201, srcs, "/v1/sources", `{"name": "mirror", "kind": "feed", "settings": {"url": "http://127.0.0.1:9/v1/streams/devices", "token": "t"}}`, nil)
+	want(200, src, "/v1/sources/poller", "", nil)
+	want(400, srcs, "/v1/sources", `{"name": "p2", "kind": "poll", "settings": {"url": "http://x/"}}`, nil)
 	want(400, srcs, "/v1/sources", `{"name": "x", "kind": "webhook", "settings": {"preset": "github"}}`, nil)
 	want(413, srcs, "/v1/sources", big, nil)
 	want(200, "GET /v1/sources", "/v1/sources", "", nil)
