@@ -119,7 +119,7 @@ function tile(name, v, id) {
 async function streams(live) {
   const { view } = live;
   const [src, st] = await Promise.all([api('/v1/sources'), api('/v1/streams')]);
-  put(view, 
+  put(view,
     h('h1', {}, 'Sources & streams'),
     h('h2', {}, 'Sources'),
     table('sources-table', ['Name', 'Kind', 'Stream', 'Signature', 'Intake', 'Created'],
@@ -149,7 +149,7 @@ async function subscriptions(live) {
       name: s.name,
       points: stats.samples.filter((p) => p.lag && s.name in p.lag).map((p) => [new Date(p.at), p.lag[s.name]]),
     }));
-    put(view, 
+    put(view,
       h('h1', {}, 'Subscriptions'),
       h('div', { class: 'grid' }, lineChart('Lag (events not yet consumed)', series)),
       h('h2', {}, 'Subscriptions and their endpoints'),
@@ -254,7 +254,7 @@ async function item(live, _, [inboxName, id]) {
         watchItem(live, render);
       },
     }, 'Replay') : null;
-    put(view, 
+    put(view,
       h('h1', {}, `Item ${it.id} `, state(it.state)),
       h('p', {}, h('a', { href: '#/inbox' + q({ inbox: it.inbox }) }, '« inbox ' + it.inbox)),
       note ? h('p', { class: 'ok', id: 'item-note' }, note) : null,
@@ -354,7 +354,7 @@ async function deadLetters(live, params) {
   }, 'Replay all matching…');
   const pickAll = h('input', { type: 'checkbox', 'aria-label': 'select all on this page',
     onchange: (e) => { view.querySelectorAll('input.pick').forEach((c) => { c.checked = e.target.checked; }); onPick(); } });
-  put(view, 
+  put(view,
     h('h1', {}, 'Dead letters'), form,
     h('div', { class: 'actions' }, selBtn, allBtn), progress,
     table('dead-letters-table', [h('th', {}, pickAll), h('th', { class: 'num' }, 'Id'), 'Inbox', 'Subscription', 'Type', 'Failed at',
