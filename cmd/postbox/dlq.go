@@ -11,6 +11,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/postbox-events/postbox/api"
 )
 
 // The dead-letter commands: failed items (their last attempt failed, or
@@ -25,14 +27,6 @@ var dlqCommands = []subcommand{
 
 func runDLQ(ctx context.Context, env *cmdEnv, args []string) error {
 	return runGroup(ctx, env, "dlq", dlqCommands, args)
-}
-
-// deadLetter is a failed item as the API answers it.
-type deadLetter struct {
-	inboxItem
-	FailedAt   apiTime `json:"failed_at"`
-	ReplayedAt apiTime `json:"replayed_at"`
-	Replays    int     `json:"replays"`
 }
 
 // whenHelp says which times --from and --to take.
@@ -147,14 +141,14 @@ it says so on stderr; --all-pages fetches every page.`)
 	if af.json {
 		return printJSON(env, raw)
 	}
-	var list []deadLetter
+	var list []api.Item
 	if err := json.Unmarshal(raw, &list); err != nil {
 		return fmt.Errorf("dlq list: the server's answer: %w", err)
 	}
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tINBOX\tSUBSCRIPTION\tATTEMPTS\tFAILED_AT\tLAST_ERROR")
 	for _, it := range list {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\n", it.ID, it.Inbox, it.Subscription, it.Attempts, it.FailedAt, shorten(it.lastError(), 60))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\n", it.ID, it.Inbox, it.Subscription, it.Attempts, whenPtr(it.FailedAt), shorten(lastError(it.LastError), 60))
 	}
 	return tw.Flush()
 }
@@ -227,20 +221,19 @@ any item.`)
 	if err != nil {
 		return err
 	}
-	var it deadLetter
-	raw, err := c.get(ctx, "/v1/dead-letters/"+strconv.FormatInt(id, 10), &it)
+	it, err := c.DeadLetter(ctx, id)
 	if err != nil {
-		return fmt.Errorf("dlq show %d: %w", id, err)
+		return fmt.Errorf("dlq show %d: %w", id, c.explain(http.MethodGet, "/v1/dead-letters/ID", err))
 	}
 	if af.json {
-		return printJSON(env, raw)
+		return printValue(env, it)
 	}
 	err = printFields(env, [][2]string{
 		{"id", strconv.FormatInt(it.ID, 10)}, {"inbox", it.Inbox}, {"subscription", it.Subscription},
 		{"stream", it.Stream}, {"offset", strconv.FormatInt(it.Offset, 10)}, {"event_id", it.EventID},
-		{"type", it.Type}, {"occurred_at", it.OccurredAt.String()}, {"metadata", pairs(it.Metadata)},
-		{"state", it.State}, {"attempts", strconv.Itoa(it.Attempts)}, {"failed_at", it.FailedAt.String()},
-		{"replays", strconv.Itoa(it.Replays)}, {"replayed_at", it.ReplayedAt.String()}, {"last_error", it.lastError()},
+		{"type", it.Type}, {"occurred_at", when(it.OccurredAt)}, {"metadata", metadataPairs(it.Metadata)},
+		{"state", it.State}, {"attempts", strconv.Itoa(it.Attempts)}, {"failed_at", whenPtr(it.FailedAt)},
+		{"replays", strconv.Itoa(it.Replays)}, {"replayed_at", whenPtr(it.ReplayedAt)}, {"last_error", lastError(it.LastError)},
 	})
 	if err != nil {
 		return err
@@ -267,10 +260,7 @@ Prints how many it replayed; an ID that is not a dead letter is an error (exit s
 	if err != nil {
 		return err
 	}
-	var out struct {
-		Replayed int     `json:"replayed"`
-		IDs      []int64 `json:"ids"`
-	}
+	var out api.Replayed
 	switch {
 	case fs.NArg() > 0:
 		if *all || !sel.empty() {
@@ -280,8 +270,8 @@ Prints how many it replayed; an ID that is not a dead letter is an error (exit s
 		if err != nil {
 			return err
 		}
-		if _, err := c.do(ctx, http.MethodPost, "/v1/dead-letters/"+strconv.FormatInt(id, 10)+"/replay", nil, nil); err != nil {
-			return fmt.Errorf("dlq replay %d: %w", id, err)
+		if _, err := c.ReplayDeadLetter(ctx, id); err != nil {
+			return fmt.Errorf("dlq replay %d: %w", id, c.explain(http.MethodPost, "/v1/dead-letters/ID/replay", err))
 		}
 		out.Replayed, out.IDs = 1, []int64{id}
 	case *all && !sel.empty():
@@ -293,12 +283,9 @@ Prints how many it replayed; an ID that is not a dead letter is an error (exit s
 		if err != nil {
 			return err
 		}
-		body := map[string]any{"all": *all}
-		for k := range q {
-			body[k] = q.Get(k)
-		}
-		if _, err := c.do(ctx, http.MethodPost, "/v1/dead-letters/replay", body, &out); err != nil {
-			return fmt.Errorf("dlq replay: %w", err)
+		pick := api.ReplayDeadLetters{Inbox: q.Get("inbox"), Subscription: q.Get("subscription"), From: q.Get("from"), To: q.Get("to"), All: *all}
+		if out, err = c.ReplayDeadLetters(ctx, pick); err != nil {
+			return fmt.Errorf("dlq replay: %w", c.explain(http.MethodPost, "/v1/dead-letters/replay", err))
 		}
 		if out.Replayed != len(out.IDs) {
 			return fmt.Errorf("dlq replay: the server says it replayed %d items but names %d", out.Replayed, len(out.IDs))

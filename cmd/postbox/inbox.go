@@ -12,6 +12,9 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/postbox-events/postbox/api"
+	"github.com/postbox-events/postbox/client"
 )
 
 var inboxCommands = []subcommand{
@@ -21,6 +24,7 @@ var inboxCommands = []subcommand{
 	{"lease", "take items to work on, as a runtime does", runInboxLease},
 	{"ack", "mark items completed", runInboxAck},
 	{"nack", "return items to pending, due after a delay", runInboxNack},
+	{"extend", "extend the lease of items still being worked on", runInboxExtend},
 }
 
 func runInbox(ctx context.Context, env *cmdEnv, args []string) error {
@@ -33,44 +37,21 @@ const (
 	maxLeaseWait    = 60 * time.Second
 )
 
-// inboxItem is an item as the API answers it.
-type inboxItem struct {
-	ID             int64           `json:"id"`
-	Inbox          string          `json:"inbox"`
-	Subscription   string          `json:"subscription"`
-	Stream         string          `json:"stream"`
-	Offset         int64           `json:"offset"`
-	StreamEventID  string          `json:"stream_event_id"`
-	EventID        string          `json:"event_id"`
-	Type           string          `json:"type"`
-	OccurredAt     apiTime         `json:"occurred_at"`
-	SourceSequence *int64          `json:"source_sequence"`
-	StoredAt       apiTime         `json:"stored_at"`
-	Metadata       map[string]any  `json:"metadata"`
-	Payload        json.RawMessage `json:"payload"`
-	State          string          `json:"state"`
-	Attempts       int             `json:"attempts"`
-	NextAttemptAt  apiTime         `json:"next_attempt_at"`
-	LeaseExpiresAt apiTime         `json:"lease_expires_at"`
-	LastError      *string         `json:"last_error"`
-	CreatedAt      apiTime         `json:"created_at"`
-	UpdatedAt      apiTime         `json:"updated_at"`
+// lastError is an item's last error for a person, or "-".
+func lastError(s *string) string {
+	if s == nil {
+		return "-"
+	}
+	return orDash(*s)
 }
 
-// sourceSequence is the source's sequence number of the item's event, or
+// sourceSequence is the source's sequence number of an item's event, or
 // "-" when it sent none.
-func (it inboxItem) sourceSequence() string {
-	if it.SourceSequence == nil {
+func sourceSequence(n *int64) string {
+	if n == nil {
 		return "-"
 	}
-	return strconv.FormatInt(*it.SourceSequence, 10)
-}
-
-func (it inboxItem) lastError() string {
-	if it.LastError == nil {
-		return "-"
-	}
-	return orDash(*it.LastError)
+	return strconv.FormatInt(*n, 10)
 }
 
 // itemIDs parses positional item ids.
@@ -135,23 +116,12 @@ Without INBOX, lists the inboxes with how many items each holds in each state.`)
 		return usagef("inbox list: --limit is at most %d, not %d", maxItemsPerCall, limit)
 	}
 
-	var items []json.RawMessage
+	var items []api.Item
 	next := int64(after)
 	for {
-		q := url.Values{}
-		if *state != "" {
-			q.Set("state", *state)
-		}
-		q.Set("limit", strconv.Itoa(int(limit)))
-		if next > 0 {
-			q.Set("after", strconv.FormatInt(next, 10))
-		}
-		var page struct {
-			Items     []json.RawMessage `json:"items"`
-			NextAfter int64             `json:"next_after"`
-		}
-		if _, err := c.get(ctx, inboxPath(inbox, "/items?"+q.Encode()), &page); err != nil {
-			return fmt.Errorf("inbox list %s: %w", inbox, err)
+		page, err := c.Items(ctx, inbox, client.ItemsQuery{State: *state, After: next, Limit: int(limit)})
+		if err != nil {
+			return fmt.Errorf("inbox list %s: %w", inbox, c.explain(http.MethodGet, inboxPath(inbox, "/items"), err))
 		}
 		items = append(items, page.Items...)
 		if page.NextAfter == 0 {
@@ -166,31 +136,26 @@ Without INBOX, lists the inboxes with how many items each holds in each state.`)
 			break
 		}
 	}
-	raw := jsonArray(items)
 	if af.json {
-		return printJSON(env, raw)
-	}
-	var list []inboxItem
-	if err := json.Unmarshal(raw, &list); err != nil {
-		return fmt.Errorf("inbox list %s: the server's answer: %w", inbox, err)
+		return printJSON(env, jsonArray(items))
 	}
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tTYPE\tEVENT_ID\tSUBSCRIPTION\tOFFSET\tATTEMPTS\tNEXT_ATTEMPT\tLAST_ERROR")
-	for _, it := range list {
+	for _, it := range items {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", it.ID, it.State, it.Type, it.EventID, it.Subscription,
-			it.Offset, it.Attempts, it.NextAttemptAt, shorten(it.lastError(), 60))
+			it.Offset, it.Attempts, when(it.NextAttemptAt), shorten(lastError(it.LastError), 60))
 	}
 	return tw.Flush()
 }
 
 // listInboxes prints GET /v1/inboxes.
 func listInboxes(ctx context.Context, env *cmdEnv, c *apiClient, af *apiFlags) error {
-	inboxes, printed, err := getList[struct {
-		Inbox                                  string `json:"inbox"`
-		Pending, Processing, Completed, Failed int64
-	}](ctx, env, c, af, "/v1/inboxes", "inboxes")
-	if err != nil || printed {
-		return wrapErr("inbox list", err)
+	inboxes, err := c.Inboxes(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox list: %w", c.explain(http.MethodGet, "/v1/inboxes", err))
+	}
+	if af.json {
+		return printJSON(env, jsonArray(inboxes))
 	}
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "INBOX\tPENDING\tPROCESSING\tCOMPLETED\tFAILED")
@@ -224,23 +189,22 @@ func runInboxShow(ctx context.Context, env *cmdEnv, args []string) error {
 	if err != nil {
 		return err
 	}
-	var it inboxItem
-	raw, err := c.get(ctx, inboxPath(inbox, "/items/"+strconv.FormatInt(ids[0], 10)), &it)
+	it, err := c.Item(ctx, inbox, ids[0])
 	if err != nil {
-		return fmt.Errorf("inbox show %s %d: %w", inbox, ids[0], err)
+		return fmt.Errorf("inbox show %s %d: %w", inbox, ids[0], c.explain(http.MethodGet, inboxPath(inbox, "/items/ID"), err))
 	}
 	if af.json {
-		return printJSON(env, raw)
+		return printValue(env, it)
 	}
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 1, ' ', 0)
 	for _, kv := range [][2]string{
 		{"id", strconv.FormatInt(it.ID, 10)}, {"inbox", it.Inbox}, {"subscription", it.Subscription},
 		{"stream", it.Stream}, {"offset", strconv.FormatInt(it.Offset, 10)}, {"stream_event_id", it.StreamEventID},
-		{"event_id", it.EventID}, {"type", it.Type}, {"occurred_at", it.OccurredAt.String()},
-		{"source_sequence", it.sourceSequence()}, {"stored_at", it.StoredAt.String()}, {"metadata", pairs(it.Metadata)},
+		{"event_id", it.EventID}, {"type", it.Type}, {"occurred_at", when(it.OccurredAt)},
+		{"source_sequence", sourceSequence(it.SourceSequence)}, {"stored_at", when(it.StoredAt)}, {"metadata", metadataPairs(it.Metadata)},
 		{"state", it.State}, {"attempts", strconv.Itoa(it.Attempts)},
-		{"next_attempt_at", it.NextAttemptAt.String()}, {"lease_expires_at", it.LeaseExpiresAt.String()},
-		{"last_error", it.lastError()}, {"created_at", it.CreatedAt.String()}, {"updated_at", it.UpdatedAt.String()},
+		{"next_attempt_at", when(it.NextAttemptAt)}, {"lease_expires_at", whenPtr(it.LeaseExpiresAt)},
+		{"last_error", lastError(it.LastError)}, {"created_at", when(it.CreatedAt)}, {"updated_at", when(it.UpdatedAt)},
 	} {
 		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
 	}
@@ -252,17 +216,6 @@ func runInboxShow(ctx context.Context, env *cmdEnv, args []string) error {
 		it.Payload = json.RawMessage("null")
 	}
 	return printJSON(env, it.Payload)
-}
-
-// attempt is one attempt of an item's attempt log as the API answers it.
-type attempt struct {
-	Attempt         int     `json:"attempt"`
-	AttemptedAt     apiTime `json:"attempted_at"`
-	EndpointURL     string  `json:"endpoint_url"`
-	StatusCode      int     `json:"status_code"`
-	LatencyMS       float64 `json:"latency_ms"`
-	Error           *string `json:"error"`
-	ResponseExcerpt *string `json:"response_excerpt"`
 }
 
 func runInboxAttempts(ctx context.Context, env *cmdEnv, args []string) error {
@@ -286,9 +239,12 @@ body. Items that runtimes lease have none. Retention deletes them with the item.
 	if err != nil {
 		return err
 	}
-	log, printed, err := getList[attempt](ctx, env, c, af, inboxPath(inbox, "/items/"+strconv.FormatInt(ids[0], 10)+"/attempts"), "attempts")
-	if err != nil || printed {
-		return wrapErr(fmt.Sprintf("inbox attempts %s %d", inbox, ids[0]), err)
+	log, err := c.Attempts(ctx, inbox, ids[0])
+	if err != nil {
+		return fmt.Errorf("inbox attempts %s %d: %w", inbox, ids[0], c.explain(http.MethodGet, inboxPath(inbox, "/items/ID/attempts"), err))
+	}
+	if af.json {
+		return printJSON(env, jsonArray(log))
 	}
 	if len(log) == 0 {
 		fmt.Fprintf(env.stdout, "item %d of %s has no attempts to a target\n", ids[0], inbox)
@@ -305,7 +261,7 @@ body. Items that runtimes lease have none. Retention deletes them with the item.
 			excerpt = shorten(oneLine(*a.ResponseExcerpt), 60)
 		}
 		latency := time.Duration(a.LatencyMS * float64(time.Millisecond)).Round(100 * time.Microsecond)
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", a.Attempt, a.AttemptedAt, a.EndpointURL, a.StatusCode, latency, errText, excerpt)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", a.Attempt, when(a.AttemptedAt), a.EndpointURL, a.StatusCode, latency, errText, excerpt)
 	}
 	return tw.Flush()
 }
@@ -342,21 +298,12 @@ that long for an item when none is ready.`)
 		return usagef("inbox lease: --wait must be 0s to %v, not %v", maxLeaseWait, *wait)
 	}
 	c.timeout += *wait
-	body := map[string]any{"max": int(maxItems), "visibility_timeout": visibility.String(), "wait": wait.String()}
-	var raw json.RawMessage
-	if _, err := c.do(ctx, http.MethodPost, inboxPath(inbox, "/lease"), body, &raw); err != nil {
-		return fmt.Errorf("inbox lease %s: %w", inbox, err)
+	out, err := c.Lease(ctx, inbox, client.LeaseOptions{Max: int(maxItems), VisibilityTimeout: *visibility, Wait: *wait})
+	if err != nil {
+		return fmt.Errorf("inbox lease %s: %w", inbox, c.explain(http.MethodPost, inboxPath(inbox, "/lease"), err))
 	}
 	if af.json {
-		return printJSON(env, raw)
-	}
-	var out struct {
-		Lease     string      `json:"lease"`
-		ExpiresAt apiTime     `json:"expires_at"`
-		Items     []inboxItem `json:"items"`
-	}
-	if err := json.Unmarshal(raw, &out); err != nil {
-		return fmt.Errorf("inbox lease %s: the server's answer: %w", inbox, err)
+		return printValue(env, out)
 	}
 	if len(out.Items) == 0 {
 		fmt.Fprintf(env.stdout, "no items ready in inbox %s\n", inbox)
@@ -366,7 +313,7 @@ that long for an item when none is ready.`)
 	if len(out.Items) == 1 {
 		noun = "item"
 	}
-	fmt.Fprintf(env.stdout, "lease %s expires %s: %d %s\n", out.Lease, out.ExpiresAt, len(out.Items), noun)
+	fmt.Fprintf(env.stdout, "lease %s expires %s: %d %s\n", out.Lease, when(out.ExpiresAt), len(out.Items), noun)
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tTYPE\tEVENT_ID\tATTEMPTS")
 	for _, it := range out.Items {
@@ -385,11 +332,9 @@ with its result; if any failed, the exit status is 1.`)
 	if err != nil {
 		return err
 	}
-	body := map[string]any{}
-	if *lease != "" {
-		body["lease"] = *lease
-	}
-	return settle(ctx, env, c, af, fs.Name(), "ack", fs.Args(), body)
+	return settle(ctx, env, c, af, fs.Name(), "ack", fs.Args(), func(inbox string, ids []int64) ([]api.ItemResult, error) {
+		return c.Ack(ctx, inbox, *lease, ids...)
+	})
 }
 
 func runInboxNack(ctx context.Context, env *cmdEnv, args []string) error {
@@ -400,6 +345,7 @@ result; if any failed, the exit status is 1.`)
 	lease := fs.String("lease", "", "the `token` of the lease the items hold")
 	delay := fs.Duration("delay", 0, "how long until the items are due again")
 	reason := fs.String("reason", "", "why, kept as the items' last error")
+	dead := fs.Bool("dead", false, "no further attempt can help: the items become dead letters (failed) at once")
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
 		return err
@@ -407,14 +353,39 @@ result; if any failed, the exit status is 1.`)
 	if *delay < 0 {
 		return usagef("inbox nack: --delay must not be negative, not %v", *delay)
 	}
-	body := map[string]any{"delay": delay.String()}
-	if *lease != "" {
-		body["lease"] = *lease
+	if *dead && *delay != 0 {
+		return usagef("inbox nack: --dead and --delay: a dead letter has no next attempt")
 	}
-	if *reason != "" {
-		body["reason"] = *reason
+	return settle(ctx, env, c, af, fs.Name(), "nack", fs.Args(), func(inbox string, ids []int64) ([]api.ItemResult, error) {
+		return c.Nack(ctx, inbox, *lease, client.NackOptions{Delay: *delay, Reason: *reason, Dead: *dead}, ids...)
+	})
+}
+
+func runInboxExtend(ctx context.Context, env *cmdEnv, args []string) error {
+	fs := newFlags(env, "inbox extend", "INBOX ID [ID...] --lease TOKEN [flags]", `Extends the lease of items a runtime holds (a heartbeat for a job that runs long): it
+then ends --visibility from now, and no one else leases them meanwhile. Each item must
+still hold the lease: one whose lease expired or was settled says lease_lost. Prints
+one line per ID with its result; if any failed, the exit status is 1.`)
+	af := addAPIFlags(fs, "print the server's answer: {expires_at, items: [{id, state} or {id, error}]}")
+	lease := fs.String("lease", "", "the `token` of the lease the items hold (required)")
+	visibility := fs.Duration("visibility", 30*time.Second, "how long from now the lease lasts")
+	c, err := parseAPI(env, fs, af, args)
+	if err != nil {
+		return err
 	}
-	return settle(ctx, env, c, af, fs.Name(), "nack", fs.Args(), body)
+	if *lease == "" {
+		return usagef("inbox extend: --lease is required: the token of the lease the items hold")
+	}
+	if *visibility <= 0 {
+		return usagef("inbox extend: --visibility must be above 0, not %v", *visibility)
+	}
+	return settle(ctx, env, c, af, fs.Name(), "extend", fs.Args(), func(inbox string, ids []int64) ([]api.ItemResult, error) {
+		ext, err := c.Extend(ctx, inbox, *lease, *visibility, ids...)
+		if err == nil && !af.json {
+			fmt.Fprintf(env.stdout, "lease %s now expires %s\n", *lease, when(ext.ExpiresAt))
+		}
+		return ext.Items, err
+	})
 }
 
 // maxSettle is how many ids one ack or nack request carries; more are
@@ -423,7 +394,8 @@ const maxSettle = 1000
 
 // settle posts an ack or nack of the items named by args (INBOX ID...) and
 // prints each item's result; an error if any item failed.
-func settle(ctx context.Context, env *cmdEnv, c *apiClient, af *apiFlags, cmd, verb string, args []string, body map[string]any) error {
+func settle(ctx context.Context, env *cmdEnv, c *apiClient, af *apiFlags, cmd, verb string, args []string,
+	call func(inbox string, ids []int64) ([]api.ItemResult, error)) error {
 	if len(args) == 0 {
 		return usagef("%s: INBOX and at least one item ID are required", cmd)
 	}
@@ -432,40 +404,25 @@ func settle(ctx context.Context, env *cmdEnv, c *apiClient, af *apiFlags, cmd, v
 	if err != nil {
 		return err
 	}
-	var results []json.RawMessage
+	var results []api.ItemResult
 	for chunk := range slices.Chunk(ids, maxSettle) {
-		body["ids"] = chunk
-		var out struct {
-			Items []json.RawMessage `json:"items"`
+		res, err := call(inbox, chunk)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", cmd, inbox, c.explain(http.MethodPost, inboxPath(inbox, "/"+verb), err))
 		}
-		if _, err := c.do(ctx, http.MethodPost, inboxPath(inbox, "/"+verb), body, &out); err != nil {
-			return fmt.Errorf("%s %s: %w", cmd, inbox, err)
+		if len(res) != len(chunk) {
+			return fmt.Errorf("%s %s: the server answered %d results for %d ids", cmd, inbox, len(res), len(chunk))
 		}
-		if len(out.Items) != len(chunk) {
-			return fmt.Errorf("%s %s: the server answered %d results for %d ids", cmd, inbox, len(out.Items), len(chunk))
-		}
-		results = append(results, out.Items...)
+		results = append(results, res...)
 	}
 	if af.json {
-		b, _ := json.Marshal(map[string]any{"items": results})
-		if err := printJSON(env, b); err != nil {
+		if err := printValue(env, api.Results{Items: results}); err != nil {
 			return err
 		}
 	}
 	failed := 0
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
-	for _, raw := range results {
-		var r struct {
-			ID    int64  `json:"id"`
-			State string `json:"state"`
-			Error *struct {
-				Code    string `json:"code"`
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		if err := json.Unmarshal(raw, &r); err != nil {
-			return fmt.Errorf("%s %s: the server's answer: %w", cmd, inbox, err)
-		}
+	for _, r := range results {
 		line := r.State
 		if r.Error != nil {
 			failed++

@@ -174,6 +174,38 @@ func jsonArray[T any](v []T) json.RawMessage {
 	return b
 }
 
+// when is t for a person: RFC 3339 in UTC to the second, "-" for none.
+func when(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// whenPtr is when for a time that may be null.
+func whenPtr(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return when(*t)
+}
+
+// printValue prints v as indented JSON.
+func printValue(env *cmdEnv, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return printJSON(env, b)
+}
+
+// metadataPairs is pairs of an item's metadata object.
+func metadataPairs(raw json.RawMessage) string {
+	var m map[string]any
+	json.Unmarshal(raw, &m)
+	return pairs(m)
+}
+
 // apiTime is a time in an answer: RFC 3339, or null (also "") for none.
 type apiTime struct {
 	t   time.Time

@@ -376,6 +376,16 @@ func TestInboxLeaseAckNack(t *testing.T) {
 	id1 := strconv.FormatFloat(lease.Items[0]["id"].(float64), 'f', -1, 64)
 	id2 := strconv.FormatFloat(lease.Items[1]["id"].(float64), 'f', -1, 64)
 
+	r = cli(t, append([]string{"inbox", "extend", "worker", id1, id2, "--lease", lease.Lease, "--visibility", "2m"}, srv...)...)
+	if r.code != 0 || !strings.Contains(r.stdout, "now expires") || strings.Count(r.stdout, "processing") != 2 {
+		t.Fatalf("inbox extend: %v", r)
+	}
+	if r := cli(t, append([]string{"inbox", "extend", "worker", id1, "--lease", "lease_other"}, srv...)...); r.code != 1 || !strings.Contains(r.stdout, "lease_lost") {
+		t.Fatalf("inbox extend with another lease: %v, want lease_lost and exit status 1", r)
+	}
+	if r := cli(t, append([]string{"inbox", "extend", "worker", id1}, srv...)...); r.code != 2 || !strings.Contains(r.stderr, "--lease is required") {
+		t.Fatalf("inbox extend without --lease: %v", r)
+	}
 	r = cli(t, append([]string{"inbox", "ack", "worker", id1, "--lease", lease.Lease}, srv...)...)
 	if r.code != 0 || !strings.HasPrefix(r.stdout, id1+" ") || !strings.Contains(r.stdout, "completed") {
 		t.Fatalf("inbox ack: %v", r)

@@ -2,12 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
+
+	"github.com/postbox-events/postbox/api"
 )
 
 // The replay commands: subscriptions replay starts a replay of a time
@@ -30,26 +30,8 @@ func runReplays(ctx context.Context, env *cmdEnv, args []string) error {
 	return runGroup(ctx, env, "replays", replayCommands, args)
 }
 
-// replayJob is a replay job as the API answers it.
-type replayJob struct {
-	ID           string   `json:"id"`
-	Subscription string   `json:"subscription"`
-	Inbox        string   `json:"inbox"`
-	Since        apiTime  `json:"since"`
-	Until        apiTime  `json:"until"`
-	States       []string `json:"states"`
-	State        string   `json:"state"`
-	Matched      int64    `json:"matched"`
-	Replayed     int64    `json:"replayed"`
-	Batches      int64    `json:"batches"`
-	Reached      apiTime  `json:"reached"`
-	Error        *string  `json:"error"`
-	CreatedAt    apiTime  `json:"created_at"`
-	FinishedAt   apiTime  `json:"finished_at"`
-}
-
 // progress is one line of a job's progress.
-func (j replayJob) progress() string {
+func progress(j api.Replay) string {
 	s := fmt.Sprintf("replay %s: %s, %d of %d items replayed", j.ID, j.State, j.Replayed, j.Matched)
 	if j.Error != nil {
 		s += ": " + *j.Error
@@ -86,7 +68,7 @@ RFC 3339 time or how long ago (90m, 2h30m, 7d). postbox replays get ID shows a j
 		return usagef("subscriptions replay: --since is required: the start of the range")
 	}
 	now := time.Now()
-	body := map[string]any{}
+	var body api.ReplayRange
 	for _, f := range []struct{ name, value string }{{"since", *since}, {"until", *until}} {
 		if f.value == "" {
 			continue
@@ -95,7 +77,11 @@ RFC 3339 time or how long ago (90m, 2h30m, 7d). postbox replays get ID shows a j
 		if err != nil {
 			return usagef("subscriptions replay: --%s %v", f.name, err)
 		}
-		body[f.name] = t.UTC().Format(time.RFC3339Nano)
+		if f.name == "since" {
+			body.Since = t.UTC().Format(time.RFC3339Nano)
+		} else {
+			body.Until = t.UTC().Format(time.RFC3339Nano)
+		}
 	}
 	var list []string
 	for _, s := range strings.Split(*states, ",") {
@@ -105,27 +91,23 @@ RFC 3339 time or how long ago (90m, 2h30m, 7d). postbox replays get ID shows a j
 		}
 		list = append(list, s)
 	}
-	body["states"] = list
-	var raw json.RawMessage
-	if _, err := c.do(ctx, http.MethodPost, "/v1/subscriptions/"+url.PathEscape(name)+"/replay", body, &raw); err != nil {
-		return fmt.Errorf("subscriptions replay %s: %w", name, err)
-	}
-	var j replayJob
-	if err := json.Unmarshal(raw, &j); err != nil {
-		return fmt.Errorf("subscriptions replay %s: the server's answer: %w", name, err)
+	body.States = list
+	j, err := c.ReplaySubscription(ctx, name, body)
+	if err != nil {
+		return fmt.Errorf("subscriptions replay %s: %w", name, c.explain(http.MethodPost, "/v1/subscriptions/NAME/replay", err))
 	}
 	if *wait {
-		fmt.Fprintln(env.stderr, j.progress())
-		if raw, j, err = followReplay(ctx, env, c, j); err != nil {
+		fmt.Fprintln(env.stderr, progress(j))
+		if j, err = followReplay(ctx, env, c, j); err != nil {
 			return fmt.Errorf("subscriptions replay %s: %w", name, err)
 		}
 	}
 	if af.json {
-		return printJSON(env, raw)
+		return printValue(env, j)
 	}
 	fmt.Fprintln(env.stdout, j.ID)
 	if j.State == "failed" {
-		return fmt.Errorf("subscriptions replay %s: %s", name, j.progress())
+		return fmt.Errorf("subscriptions replay %s: %s", name, progress(j))
 	}
 	return nil
 }
@@ -135,29 +117,25 @@ const replayPoll = 500 * time.Millisecond
 
 // followReplay polls job until it ends, printing its progress on stderr
 // when it moves.
-func followReplay(ctx context.Context, env *cmdEnv, c *apiClient, j replayJob) (json.RawMessage, replayJob, error) {
-	var raw json.RawMessage
+func followReplay(ctx context.Context, env *cmdEnv, c *apiClient, j api.Replay) (api.Replay, error) {
 	last := j.Replayed
 	for j.State == "running" {
 		select {
 		case <-ctx.Done():
-			return nil, j, fmt.Errorf("stopped waiting; the replay goes on: postbox replays get %s", j.ID)
+			return j, fmt.Errorf("stopped waiting; the replay goes on: postbox replays get %s", j.ID)
 		case <-time.After(replayPoll):
 		}
-		var err error
-		if raw, err = c.get(ctx, "/v1/replays/"+url.PathEscape(j.ID), &j); err != nil {
-			return nil, j, err
+		next, err := c.Replay(ctx, j.ID)
+		if err != nil {
+			return j, c.explain(http.MethodGet, "/v1/replays/ID", err)
 		}
+		j = next
 		if j.Replayed != last || j.State != "running" {
-			fmt.Fprintln(env.stderr, j.progress())
+			fmt.Fprintln(env.stderr, progress(j))
 			last = j.Replayed
 		}
 	}
-	if raw == nil {
-		b, _ := json.Marshal(j)
-		raw = b
-	}
-	return raw, j, nil
+	return j, nil
 }
 
 func runReplaysGet(ctx context.Context, env *cmdEnv, args []string) error {
@@ -172,22 +150,21 @@ how many items it matched when it started and how many it has replayed, and its 
 	if err != nil {
 		return err
 	}
-	var j replayJob
-	raw, err := c.get(ctx, "/v1/replays/"+url.PathEscape(id), &j)
+	j, err := c.Replay(ctx, id)
 	if err != nil {
-		return fmt.Errorf("replays get %s: %w", id, err)
+		return fmt.Errorf("replays get %s: %w", id, c.explain(http.MethodGet, "/v1/replays/ID", err))
 	}
 	if af.json {
-		return printJSON(env, raw)
+		return printValue(env, j)
 	}
 	errText := ""
 	if j.Error != nil {
 		errText = *j.Error
 	}
 	return printFields(env, [][2]string{
-		{"id", j.ID}, {"subscription", j.Subscription}, {"inbox", j.Inbox}, {"since", j.Since.String()}, {"until", j.Until.String()},
+		{"id", j.ID}, {"subscription", j.Subscription}, {"inbox", j.Inbox}, {"since", when(j.Since)}, {"until", when(j.Until)},
 		{"states", strings.Join(j.States, ",")}, {"state", j.State}, {"matched", fmt.Sprint(j.Matched)},
-		{"replayed", fmt.Sprint(j.Replayed)}, {"batches", fmt.Sprint(j.Batches)}, {"reached", j.Reached.String()},
-		{"created_at", j.CreatedAt.String()}, {"finished_at", j.FinishedAt.String()}, {"error", errText},
+		{"replayed", fmt.Sprint(j.Replayed)}, {"batches", fmt.Sprint(j.Batches)}, {"reached", when(j.Reached)},
+		{"created_at", when(j.CreatedAt)}, {"finished_at", whenPtr(j.FinishedAt)}, {"error", errText},
 	})
 }

@@ -2,24 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/url"
 	"text/tabwriter"
-)
 
-// streamInfo is a stream as GET /v1/streams answers it.
-type streamInfo struct {
-	Stream        string  `json:"stream"`
-	Source        string  `json:"source"`
-	Backend       string  `json:"backend"`
-	Events        int64   `json:"events"`
-	FirstOffset   int64   `json:"first_offset"`
-	LastOffset    int64   `json:"last_offset"`
-	FirstStoredAt apiTime `json:"first_stored_at"`
-	LastStoredAt  apiTime `json:"last_stored_at"`
-	CreatedAt     apiTime `json:"created_at"`
-}
+	"github.com/postbox-events/postbox/api"
+	"net/http"
+)
 
 func runStreams(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "streams", "[STREAM] [flags]", `Shows the server's streams: one per source (devices, webhooks, …), with how many
@@ -31,50 +19,33 @@ With STREAM, shows that stream only.`)
 	if err != nil {
 		return err
 	}
-	var streams []streamInfo
-	var raw json.RawMessage
+	var streams []api.Stream
 	switch fs.NArg() {
 	case 0:
-		var out struct {
-			Streams []json.RawMessage `json:"streams"`
+		if streams, err = c.Streams(ctx); err != nil {
+			return fmt.Errorf("streams: %w", c.explain(http.MethodGet, "/v1/streams", err))
 		}
-		if _, err := c.get(ctx, "/v1/streams", &out); err != nil {
-			return fmt.Errorf("streams: %w", err)
-		}
-		raw = jsonArray(out.Streams)
-		if err := json.Unmarshal(raw, &streams); err != nil {
-			return fmt.Errorf("streams: the server's answer: %w", err)
+		if af.json {
+			return printJSON(env, jsonArray(streams))
 		}
 	case 1:
-		var s streamInfo
-		raw, err = c.get(ctx, "/v1/streams/"+url.PathEscape(fs.Arg(0)), &s)
+		s, err := c.Stream(ctx, fs.Arg(0))
 		if err != nil {
-			return fmt.Errorf("streams %s: %w", fs.Arg(0), err)
+			return fmt.Errorf("streams %s: %w", fs.Arg(0), c.explain(http.MethodGet, "/v1/streams/STREAM", err))
 		}
-		streams = []streamInfo{s}
+		if af.json {
+			return printValue(env, s)
+		}
+		streams = []api.Stream{s}
 	default:
 		return usagef("streams: takes at most one STREAM, got %d arguments", fs.NArg())
-	}
-	if af.json {
-		return printJSON(env, raw)
 	}
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STREAM\tBACKEND\tEVENTS\tFIRST\tLAST\tFIRST_STORED\tLAST_STORED")
 	for _, s := range streams {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", s.Stream, s.Backend, s.Events, s.FirstOffset, s.LastOffset, s.FirstStoredAt, s.LastStoredAt)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", s.Stream, s.Backend, s.Events, s.FirstOffset, s.LastOffset, whenPtr(s.FirstStoredAt), whenPtr(s.LastStoredAt))
 	}
 	return tw.Flush()
-}
-
-// consumerInfo is a consumer as GET /v1/consumers answers it.
-type consumerInfo struct {
-	Consumer      string  `json:"consumer"`
-	Subscription  string  `json:"subscription"`
-	Stream        string  `json:"stream"`
-	NextOffset    int64   `json:"next_offset"`
-	HighWatermark int64   `json:"high_watermark"`
-	Lag           int64   `json:"lag"`
-	UpdatedAt     apiTime `json:"updated_at"`
 }
 
 func runConsumers(ctx context.Context, env *cmdEnv, args []string) error {
@@ -89,9 +60,12 @@ its next offset it has not yet looked at).`)
 	if err := noArgs(fs); err != nil {
 		return err
 	}
-	consumers, printed, err := getList[consumerInfo](ctx, env, c, af, "/v1/consumers", "consumers")
-	if err != nil || printed {
-		return wrapErr("consumers", err)
+	consumers, err := c.Consumers(ctx)
+	if err != nil {
+		return fmt.Errorf("consumers: %w", c.explain(http.MethodGet, "/v1/consumers", err))
+	}
+	if af.json {
+		return printJSON(env, jsonArray(consumers))
 	}
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SUBSCRIPTION\tSTREAM\tNEXT_OFFSET\tHIGH_WATERMARK\tLAG")
