@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"reflect"
 	"regexp"
 	"runtime/debug"
 	"slices"
@@ -334,7 +335,7 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, usagef("log level %q: use debug, info, warn or error", level)
 	}
-	opts := &slog.HandlerOptions{Level: lv}
+	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: dropEmpty}
 	switch strings.ToLower(format) {
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
@@ -342,6 +343,39 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	}
 	return nil, usagef("log format %q: use json or pretty", format)
+}
+
+// dropEmpty leaves out of log lines the attributes that say nothing: a
+// nil error or value, an empty string, a zero time, an empty list or map
+// (err=<nil>, target="", from=0001-01-01...). Numbers and booleans stay,
+// zero or not: pending=0 says something.
+func dropEmpty(groups []string, a slog.Attr) slog.Attr {
+	if len(groups) == 0 && (a.Key == slog.MessageKey || a.Key == slog.LevelKey || a.Key == slog.TimeKey || a.Key == slog.SourceKey) {
+		return a
+	}
+	v := a.Value.Resolve()
+	empty := false
+	switch v.Kind() {
+	case slog.KindString:
+		empty = v.String() == ""
+	case slog.KindTime:
+		empty = v.Time().IsZero()
+	case slog.KindGroup:
+		empty = len(v.Group()) == 0
+	case slog.KindAny:
+		switch rv := reflect.ValueOf(v.Any()); rv.Kind() {
+		case reflect.Invalid:
+			empty = true
+		case reflect.Slice, reflect.Map:
+			empty = rv.Len() == 0
+		case reflect.Pointer, reflect.Interface:
+			empty = rv.IsNil()
+		}
+	}
+	if empty {
+		return slog.Attr{}
+	}
+	return a
 }
 
 // positiveInt is a flag.Value for an int that must be > 0.

@@ -173,6 +173,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		<-gctx.Done()
+		if ctx.Err() != nil {
+			a.log.Info("postbox agent: shutting down; answering the intake's requests and committing what they queued")
+		}
 		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		srv.Shutdown(shut)
@@ -181,7 +184,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	})
 	a.log.Info("postbox agent: running", "intake", "http://"+addr.String()+"/v1/events", "server", a.cfg.Server,
 		"outbox", a.cfg.OutboxPath, "device_id", a.cfg.DeviceID, "pending", pending, "rejected", rejected)
-	return g.Wait()
+	if err := g.Wait(); err != nil {
+		a.log.Error("postbox agent: stopped", "err", err)
+		return err
+	}
+	at := []any{}
+	if pending, rejected, err := a.store.Counts(context.Background()); err == nil {
+		at = append(at, "pending", pending, "rejected", rejected) // sent at the next start
+	}
+	a.log.Info("postbox agent: stopped", at...)
+	return nil
 }
 
 // trusting returns a TLS configuration that trusts the certificates in the PEM

@@ -579,11 +579,19 @@ func (s *Server) Run(ctx context.Context) error {
 	if _, shared := s.store.(delivery.SharedStore); shared { // no SQLite file
 		where = []any{"store", "postgres", "node", s.delivery.Node()}
 	}
-	s.log.Info("postbox serve: listening", append(append([]any{"addr", addr.String(), "ingress", scheme + "://" + addr.String() + ingress.WSPath},
-		where...), "writer", s.writerKind(), "auth", s.cfg.Tokens != nil, "grpc", grpcAddr)...)
+	at := append(append([]any{"addr", addr.String(), "ingress", scheme + "://" + addr.String() + ingress.WSPath},
+		where...), "writer", s.writerKind(), "auth", s.cfg.Tokens != nil)
+	if grpcAddr != "" {
+		at = append(at, "grpc", grpcAddr)
+	}
+	s.log.Info("postbox serve: listening", at...)
 	err = g.Wait()
 	s.setReady(false)
-	s.log.Info("postbox serve: stopped", "err", err)
+	if err != nil {
+		s.log.Error("postbox serve: stopped", "err", err)
+	} else {
+		s.log.Info("postbox serve: stopped")
+	}
 	return err
 }
 
