@@ -1,10 +1,25 @@
-// Package client is the Go client of the postbox ingress: it sends
-// envelopes over one WebSocket connection or gRPC stream, many batches in
-// flight at once, and returns each envelope's ACK or NACK.
+// Package client is the Go client of postbox serve, for the devices and
+// services that send events and for the runtimes and operators that
+// handle them.
 //
-// A Conn is safe for concurrent use: each Send writes one frame and waits
-// for the replies to its envelopes, which the server sends as their commits
-// finish. Publisher wraps a Conn that reconnects, for the outbox relay.
+// Sending: a Conn sends envelopes to the ingress over one WebSocket
+// connection or gRPC stream, many batches in flight at once, and returns
+// each envelope's ACK or NACK. A Conn is safe for concurrent use: each
+// Send writes one frame and waits for the replies to its envelopes, which
+// the server sends as their commits finish. Publisher wraps a Conn that
+// reconnects, for the outbox relay.
+//
+// Handling: API is a typed client of the HTTP API (docs/API.md), its
+// request and response types package api's: subscriptions, sources,
+// streams, consumers, inbox items, dead letters, replays, and the
+// runtime's lease, ack, nack and extend. API.Inbox returns a Runner that
+// runs a Handler over an inbox's items:
+//
+//	c, err := client.NewAPI("http://127.0.0.1:8000", client.APIOptions{Token: token})
+//	...
+//	err = c.Inbox("planner", client.RunnerConfig{Concurrency: 16}).Run(ctx, func(ctx context.Context, it api.Item) error {
+//		return plan(ctx, it.EventID, it.Payload) // nil: ack; an error: nack, tried again after a backoff
+//	})
 package client
 
 import (
