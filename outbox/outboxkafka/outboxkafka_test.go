@@ -222,3 +222,23 @@ func TestNewValidates(t *testing.T) {
 		}
 	}
 }
+
+// TestTraceHeaders: a message's trace context becomes the record's
+// traceparent and tracestate headers; without one there are none.
+func TestTraceHeaders(t *testing.T) {
+	p, err := outboxkafka.New(outboxkafka.Config{Brokers: []string{"127.0.0.1:1"}, Topic: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	m := msg(1, "corr", "{}")
+	r := p.Record(m)
+	if header(r, outboxkafka.HeaderTraceParent) != "" {
+		t.Errorf("a message without a trace context: headers %v", r.Headers)
+	}
+	m.TraceParent, m.TraceState = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "k=v"
+	r = p.Record(m)
+	if header(r, "traceparent") != m.TraceParent || header(r, "tracestate") != "k=v" {
+		t.Errorf("headers %v, want traceparent and tracestate", r.Headers)
+	}
+}

@@ -113,3 +113,31 @@ func TestDetectsVersionOfRealServer(t *testing.T) {
 	}
 	t.Logf("redis_version %s: IDMP %v", version, idmp)
 }
+
+// TestTraceFields: a message's trace context is written as the
+// traceparent and tracestate fields, and a Consumer reads it back.
+func TestTraceFields(t *testing.T) {
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	unused := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer unused.Close()
+	p, _ := NewPublisher(unused, Config{Stream: "s"})
+	m := outbox.Message{EventID: "evt_1", Type: "t", Body: []byte(`{}`), TraceParent: tp, TraceState: "k=v"}
+	args := p.xaddArgs(m, false)
+	values := map[string]any{}
+	vs := args.Values.([]any)
+	for i := 0; i+1 < len(vs); i += 2 {
+		v := vs[i+1]
+		if b, ok := v.([]byte); ok {
+			v = string(b)
+		}
+		values[vs[i].(string)] = v
+	}
+	got, err := parseEntry(redis.XMessage{ID: "1-0", Values: values})
+	if err != nil || got.TraceParent != tp || got.TraceState != "k=v" {
+		t.Fatalf("read back %+v, %v; want the trace context", got, err)
+	}
+	m.TraceParent, m.TraceState = "", ""
+	if got := wireArgs(t, p, m, false); slices.Contains(got, any("traceparent")) {
+		t.Errorf("no trace context: %v", got)
+	}
+}
