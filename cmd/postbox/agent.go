@@ -16,7 +16,8 @@ after the outbox commit) and a sender that keeps a window of events in flight ov
 deletes each row only on its ACK, keeps refused rows as rejected, and reconnects with exponential
 backoff and full jitter. The window starts at --window-min, grows with every ACK up to --window,
 and after a dropped connection starts again from what that connection got acknowledged. Unsent
-events are resumed after a restart.`)
+events are resumed after a restart. With OTEL_EXPORTER_OTLP_ENDPOINT set, each publish is a span
+exported over OTLP (docs/TRACING.md).`)
 	server := fs.String("server", "", "the control plane's ingress, ws://HOST:PORT or grpc://HOST:PORT (wss://, grpcs:// for TLS) [POSTBOX_SERVER]")
 	path := fs.String("outbox", "outbox.db", "outbox SQLite file [POSTBOX_OUTBOX]")
 	device := fs.String("device-id", "", "this device's id, filled into events without one [POSTBOX_DEVICE_ID]")

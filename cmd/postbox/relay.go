@@ -58,7 +58,10 @@ it with postbox outbox). Wakes on LISTEN/NOTIFY and polls as well.
                 [&client_id=ID][&max_bytes=N][&tls=1&tls_ca=FILE&tls_cert=FILE&tls_key=FILE]
                 [&sasl_mechanism=plain|scram-sha-256|scram-sha-512, with USER:PASS@]
                                                                       (idempotent producer, acks=all)
-        ws://HOST:PORT or wss://HOST:PORT                                     (a postbox server)`)
+        ws://HOST:PORT or wss://HOST:PORT                                     (a postbox server)
+
+Each event's W3C trace context (traceparent) is sent with it; with OTEL_EXPORTER_OTLP_ENDPOINT
+set, each publish is a span exported over OTLP (docs/TRACING.md).`)
 	dsn := fs.String("db", "", "the outbox's database: postgres://... or a SQLite file [DATABASE_URL]")
 	to := fs.String("to", "", "where to relay: redis://, nats://, kafka://, ws:// or wss:// URL [POSTBOX_RELAY_TO]")
 	listen := fs.String("listen", defaultRelayListen, "address of /metrics and /healthz; empty: none [POSTBOX_RELAY_LISTEN]")

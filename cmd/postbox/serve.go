@@ -38,7 +38,9 @@ that POST items to targets with retries and dead letters, retention (the API of 
 /health, /ready, /metrics and the web console at /ui/ (docs/CONSOLE.md). Every event is ACKed only after the stream backend stored it (on
 SQLite: its transaction committed). At start, items a previous process left processing are
 pending again before /ready answers 200. Flags win over the environment variables named in
-brackets.`)
+brackets. With OTEL_EXPORTER_OTLP_ENDPOINT (and the other standard OTEL_* variables) set, spans
+of each event's intake, materialisation and delivery attempts are exported over OTLP
+(docs/TRACING.md).`)
 	streams := fs.String("streams", "sqlite", "stream `backend`: sqlite (the file under --db), nats://host:4222[,host2...][?replicas=3] or kafka://host:9092[,host2...][?replication_factor=3] or postgres://…[?schema=postbox] [POSTBOX_STREAMS]")
 	store := fs.String("store", "sqlite", "delivery `store`: sqlite (the file under --db) or postgres://…[?schema=postbox], which several serve nodes share (then --streams must be nats://, kafka:// or postgres://) [POSTBOX_STORE]")
 	node := fs.String("node", "", "this node's `name` in logs and in the leases of a shared store; defaults to the host name [POSTBOX_NODE]")
