@@ -168,16 +168,7 @@ func (r *Runner) Run(ctx context.Context, h Handler) error {
 		case <-ctx.Done():
 			return nil
 		}
-		free := 1
-	more:
-		for free < r.cfg.Batch {
-			select {
-			case slots <- struct{}{}:
-				free++
-			default:
-				break more
-			}
-		}
+		free := r.takeSlots(ctx, slots)
 		l, err := r.c.Lease(ctx, r.inbox, LeaseOptions{Max: free, VisibilityTimeout: r.cfg.VisibilityTimeout, Wait: r.cfg.Wait})
 		if err != nil {
 			for range free {
@@ -211,6 +202,42 @@ func (r *Runner) Run(ctx context.Context, h Handler) error {
 		}
 	}
 	return nil
+}
+
+// linger is how long a lease waits for half a batch of free slots once
+// one is free: fewer, larger leases when handlers are quick (each lease
+// is a write on the server), a short wait when they are slow.
+const linger = 2 * time.Millisecond
+
+// takeSlots takes, beside the one taken, the free slots up to a batch,
+// waiting up to linger for half of one, and returns how many it holds.
+func (r *Runner) takeSlots(ctx context.Context, slots chan<- struct{}) int {
+	free := 1
+	for free < r.cfg.Batch {
+		select {
+		case slots <- struct{}{}:
+			free++
+			continue
+		default:
+		}
+		break
+	}
+	if free*2 >= r.cfg.Batch {
+		return free
+	}
+	t := time.NewTimer(linger)
+	defer t.Stop()
+	for free*2 < r.cfg.Batch {
+		select {
+		case slots <- struct{}{}:
+			free++
+		case <-t.C:
+			return free
+		case <-ctx.Done():
+			return free
+		}
+	}
+	return free
 }
 
 // job runs h on it, extending its lease while h runs, and acks (through
