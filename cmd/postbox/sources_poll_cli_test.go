@@ -70,7 +70,7 @@ func TestSourcesPollCLI(t *testing.T) {
 		{[]string{"--poll", api.URL, "--items", "/e", "--id", "/id", "--type", "/t", "--next", "/n"}, "--cursor-param and --next go together"},
 		{[]string{"--poll", api.URL, "--feed", api.URL}, "--poll and --feed: give one"},
 		{[]string{"--items", "/e"}, "--items is a poll or feed source's"},
-		{[]string{"--poll", api.URL, "--items", "/e", "--id", "/id", "--type", "/t", "--header", "nocolon"}, "--header"},
+		{[]string{"--poll", api.URL, "--items", "/e", "--id", "/id", "--type", "/t", "--header", "nocolon"}, `header "nocolon": want 'Name: value'`},
 		{[]string{"--feed", "http://x:8000/"}, "settings.url"},
 	} {
 		out, errOut, code := runCLI(t, s.Base, append([]string{"sources", "create", "bad"}, c.args...)...)
