@@ -351,6 +351,29 @@ func TestPages(t *testing.T) {
 		t.Errorf("%d dead letters left after replaying all, want 0", len(left.Items))
 	}
 
+	// Deliver billing's four items again: a replay job of a time range,
+	// started from the subscriptions page and followed to its end.
+	do(t, ctx, "replay a range",
+		chromedp.Navigate(ui+"#/subscriptions"),
+		chromedp.WaitVisible(chromedp.CSS(`#range-form`)),
+		chromedp.Evaluate[chromedp.Void](`document.querySelector('#range-form [name=subscription]').value = 'billing';
+			document.querySelector('#range-form [name=since]').value = '2000-01-01T00:00';
+			document.querySelector('#range-form [name=states]').value = 'completed'`),
+		chromedp.Click(chromedp.CSS(`#range-form button[type=submit]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#confirm-dialog[open]`)),
+		chromedp.Click(chromedp.CSS(`#confirm-ok`)),
+	)
+	wait(t, ctx, "the replay job to end", `document.querySelector('#range-status[data-state=completed]') !== null`)
+	if got := text(t, ctx, `#range-status`); !strings.Contains(got, "4 of 4 items") {
+		t.Errorf("range replay: %q, want 4 of 4 items", got)
+	}
+	shot(t, ctx, "subscriptions-replay")
+	var jobs struct{ Replays []struct{ Replayed int } }
+	call(t, s.srv, "", "GET", "/v1/replays?subscription=billing", nil, http.StatusOK, &jobs)
+	if len(jobs.Replays) != 1 || jobs.Replays[0].Replayed != 4 {
+		t.Errorf("replay jobs of billing: %+v, want one that replayed 4", jobs.Replays)
+	}
+
 	do(t, ctx, "webhooks", chromedp.Navigate(ui+"#/webhooks?key=evt-2"), chromedp.WaitVisible(chromedp.CSS(`#webhook-result`)))
 	if got := text(t, ctx, `#webhook-result`); !strings.Contains(got, "wh_2") || !strings.Contains(got, "invoice.paid") {
 		t.Errorf("webhook lookup by key: %q", got)

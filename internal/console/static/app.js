@@ -141,16 +141,18 @@ async function streams(live) {
 
 async function subscriptions(live) {
   const { view } = live;
+  const top = h('div', {}); // redrawn every 5 s
+  const replays = h('div', { id: 'replays' }); // not redrawn: it holds a form
+  put(view, h('h1', {}, 'Subscriptions'), top, replays);
   const render = async () => {
     const [subs, stats] = await Promise.all([api('/v1/subscriptions'), api('/v1/stats')]);
     const list = subs.subscriptions;
-    const top = [...list].sort((a, b) => b.lag - a.lag).slice(0, 6);
-    const series = top.map((s) => ({
+    const lagging = [...list].sort((a, b) => b.lag - a.lag).slice(0, 6);
+    const series = lagging.map((s) => ({
       name: s.name,
       points: stats.samples.filter((p) => p.lag && s.name in p.lag).map((p) => [new Date(p.at), p.lag[s.name]]),
     }));
-    put(view,
-      h('h1', {}, 'Subscriptions'),
+    put(top,
       h('div', { class: 'grid' }, lineChart('Lag (events not yet consumed)', series)),
       h('h2', {}, 'Subscriptions and their endpoints'),
       table('subscriptions-table', ['Name', 'Source', 'Inbox', 'Types', 'Endpoint', 'Breaker',
@@ -163,9 +165,61 @@ async function subscriptions(live) {
         h('td', {}, breaker(s, render)),
         num(s.lag), num(s.next_offset), num(s.high_watermark))), 'No subscriptions.'),
     );
+    return list;
   };
-  await render();
+  const list = await render();
+  replayForm(live, replays, list);
   live.every(5000, render);
+}
+
+// replayForm is the form that replays a subscription's items of a time
+// range (completed and failed ones: a replay job of the server), with the
+// job's progress.
+function replayForm(live, box, list) {
+  if (!list.length) return;
+  const progress = h('div', { id: 'range-progress', class: 'card', hidden: true });
+  const form = h('form', { class: 'filters', id: 'range-form' },
+    h('label', {}, 'Subscription', h('select', { name: 'subscription' }, list.map((s) => h('option', { value: s.name }, s.name)))),
+    h('label', {}, 'Items that reached the inbox from', h('input', { type: 'datetime-local', name: 'since', required: true })),
+    h('label', {}, 'until (empty: now)', h('input', { type: 'datetime-local', name: 'until' })),
+    h('label', {}, 'States', h('select', { name: 'states' },
+      h('option', { value: 'completed,failed' }, 'completed and failed'),
+      h('option', { value: 'completed' }, 'completed'), h('option', { value: 'failed' }, 'failed'))),
+    h('button', { type: 'submit', class: 'danger' }, 'Replay range…'));
+  form.addEventListener('submit', async (e) => {
+    e.preventDefault();
+    const f = new FormData(form);
+    const name = f.get('subscription');
+    const body = { since: toRFC3339(f.get('since')), states: f.get('states').split(',') };
+    if (f.get('until')) body.until = toRFC3339(f.get('until'));
+    if (!(await confirmDialog(`Deliver again every ${body.states.join(' and ')} item of ${name} that reached its inbox from ` +
+      `${time(body.since)} until ${body.until ? time(body.until) : 'now'}?`))) return;
+    progress.hidden = false;
+    try {
+      let job = await api(`/v1/subscriptions/${encodeURIComponent(name)}/replay`, { method: 'POST', body });
+      const bar = h('progress', { max: Math.max(job.matched, 1), value: job.replayed });
+      const text = h('p', { id: 'range-status' });
+      const show = () => {
+        bar.max = Math.max(job.matched, 1);
+        bar.value = job.replayed;
+        text.textContent = `Replay ${job.id}: ${job.state}, ${job.replayed} of ${job.matched} items back to pending` +
+          (job.error ? ` (${job.error})` : '') + '.';
+        text.dataset.state = job.state;
+      };
+      put(progress, text, bar);
+      show();
+      const stop = live.every(1000, async () => {
+        job = await api(`/v1/replays/${encodeURIComponent(job.id)}`);
+        show();
+        if (job.state !== 'running') stop();
+      });
+    } catch (err) {
+      put(progress, errorBox(err));
+    }
+  });
+  put(box, h('h2', {}, 'Replay a time range'),
+    h('p', { class: 'muted' }, 'Delivers again the items a subscription made in a time range, completed ones included: a job the server runs 1000 items at a time.'),
+    form, progress);
 }
 
 function breaker(s, rerender) {
