@@ -86,6 +86,8 @@ const maxReason = 1024
 // meanwhile), acks or nacks what they return, and returns. An item whose
 // handler was cut off is nacked without delay, so another runner takes
 // it at once; an item leased and not yet started is nacked the same way.
+// A lease request the shutdown cuts off may have leased items whose
+// answer never came: they wait for their visibility timeout.
 type Runner struct {
 	c     *API
 	inbox string
