@@ -10,7 +10,7 @@ import (
 
 func TestSummary(t *testing.T) {
 	for state, want := range map[string]string{
-		"": "",
+		"":                     "",
 		"POSTBOX_TEST_REDIS\n": "postbox: 1 test skipped for want of a service; set POSTBOX_TEST_REDIS (1) to run them (README, Testing)",
 		"POSTBOX_TEST_REDIS\nPOSTBOX_TEST_POSTGRES\nPOSTBOX_TEST_REDIS\n": "postbox: 3 tests skipped for want of a service; " +
 			"set POSTBOX_TEST_POSTGRES (1), POSTBOX_TEST_REDIS (2) to run them (README, Testing)",
