@@ -14,6 +14,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/postbox-events/postbox/api"
 )
 
 var subscriptionCommands = []subcommand{
@@ -31,69 +33,46 @@ func runSubscriptions(ctx context.Context, env *cmdEnv, args []string) error {
 
 // subscription is a subscription as the API answers it.
 type subscription struct {
-	Name        string         `json:"name"`
-	Source      string         `json:"source"`
-	Stream      string         `json:"stream"`
-	Inbox       string         `json:"inbox"`
-	Types       []string       `json:"types"`
-	Metadata    map[string]any `json:"metadata"`
-	Start       string         `json:"start"`
-	StartOffset int64          `json:"start_offset"`
-	StartTime   apiTime        `json:"start_time"`
-	Target      string         `json:"target"`
-	Secrets     []struct {
-		Fingerprint string  `json:"fingerprint"`
-		ExpiresAt   apiTime `json:"expires_at"`
-	} `json:"secrets"`
-	Headers         map[string]string `json:"headers"`
-	Timeout         string            `json:"timeout"`
-	RetrySchedule   string            `json:"retry_schedule"`
-	RetryBaseDelay  string            `json:"retry_base_delay"`
-	RetryMaxDelay   string            `json:"retry_max_delay"`
-	MaxAttempts     *int              `json:"max_attempts"`
-	Rate            string            `json:"rate"`
-	Concurrency     *int              `json:"concurrency"`
-	BreakerFailures *int              `json:"breaker_failures"`
-	BreakerProbe    string            `json:"breaker_probe"`
-	DisableAfter    string            `json:"disable_after"`
-	Format          string            `json:"format"`
-	Breaker         *breakerState     `json:"breaker"`
-	CreatedAt       apiTime           `json:"created_at"`
-	NextOffset      int64             `json:"next_offset"`
-	HighWatermark   int64             `json:"high_watermark"`
-	Lag             int64             `json:"lag"`
+	api.Subscription
 }
 
-// breakerState is the state of an endpoint's circuit breaker as the API
-// answers it.
-type breakerState struct {
-	State     string  `json:"state"`
-	Since     apiTime `json:"since"`
-	Failures  int     `json:"consecutive_failures"`
-	LastError string  `json:"last_error"`
-	NextProbe apiTime `json:"next_probe"`
+// deref is *p, or "" for nil.
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }
 
-// String is the state in one line: "open since T, 12 consecutive
-// failures, next probe at T: last error".
-func (b *breakerState) String() string {
+// breakerText is the state of a breaker in one line: "open since T, 12
+// consecutive failures, next probe at T: last error".
+func breakerText(b *api.Breaker) string {
 	if b == nil {
 		return "-"
 	}
 	out := b.State
-	if !b.Since.t.IsZero() {
-		out += " since " + b.Since.String()
+	if b.Since != nil {
+		out += " since " + whenPtr(b.Since)
 	}
 	if b.Failures > 0 {
 		out += fmt.Sprintf(", %d consecutive failures", b.Failures)
 	}
-	if !b.NextProbe.t.IsZero() {
-		out += ", next probe at " + b.NextProbe.String()
+	if b.NextProbe != nil {
+		out += ", next probe at " + whenPtr(b.NextProbe)
 	}
-	if b.LastError != "" {
-		out += ": " + b.LastError
+	if b.LastError != nil && *b.LastError != "" {
+		out += ": " + *b.LastError
 	}
 	return out
+}
+
+// stringPairs is pairs of a map of strings.
+func stringPairs(m map[string]string) string {
+	a := make(map[string]any, len(m))
+	for k, v := range m {
+		a[k] = v
+	}
+	return pairs(a)
 }
 
 // startText is the start policy with its offset or time.
@@ -102,7 +81,7 @@ func (s subscription) startText() string {
 	case "at_offset":
 		return fmt.Sprintf("at_offset %d", s.StartOffset)
 	case "at_time":
-		return "at_time " + s.StartTime.String()
+		return "at_time " + whenPtr(s.StartTime)
 	}
 	return orDash(s.Start)
 }
@@ -119,8 +98,8 @@ func (s subscription) endpointFields() [][2]string {
 	secrets := make([]string, len(s.Secrets))
 	for i, sec := range s.Secrets {
 		secrets[i] = sec.Fingerprint
-		if !sec.ExpiresAt.t.IsZero() {
-			secrets[i] += " (signs until " + sec.ExpiresAt.String() + ")"
+		if sec.ExpiresAt != nil {
+			secrets[i] += " (signs until " + whenPtr(sec.ExpiresAt) + ")"
 		}
 	}
 	headers := make([]string, 0, len(s.Headers))
@@ -130,10 +109,10 @@ func (s subscription) endpointFields() [][2]string {
 	slices.Sort(headers)
 	retry := "default"
 	switch {
-	case s.RetrySchedule != "":
-		retry = "schedule " + s.RetrySchedule
-	case s.RetryBaseDelay != "" || s.RetryMaxDelay != "":
-		retry = "backoff from " + or(s.RetryBaseDelay) + " up to " + or(s.RetryMaxDelay)
+	case s.RetrySchedule != nil:
+		retry = "schedule " + *s.RetrySchedule
+	case s.RetryBaseDelay != nil || s.RetryMaxDelay != nil:
+		retry = "backoff from " + or(deref(s.RetryBaseDelay)) + " up to " + or(deref(s.RetryMaxDelay))
 	}
 	attempts := "default"
 	if s.MaxAttempts != nil {
@@ -145,16 +124,16 @@ func (s subscription) endpointFields() [][2]string {
 		}
 		return strconv.Itoa(*n)
 	}
-	breaker := "after " + num(s.BreakerFailures, "10") + " consecutive failures, probe every " + orText(s.BreakerProbe, "30s") +
-		", disable after " + orText(s.DisableAfter, "24h")
+	breaker := "after " + num(s.BreakerFailures, "10") + " consecutive failures, probe every " + orText(deref(s.BreakerProbe), "30s") +
+		", disable after " + orText(deref(s.DisableAfter), "24h")
 	if s.BreakerFailures != nil && *s.BreakerFailures == 0 {
 		breaker = "off"
 	}
 	return [][2]string{
 		{"secrets", orDash(strings.Join(secrets, ", "))}, {"headers", orDash(strings.Join(headers, "; "))},
-		{"timeout", or(s.Timeout)}, {"retry", retry}, {"max_attempts", attempts},
-		{"rate", orText(s.Rate, "none")}, {"concurrency", num(s.Concurrency, "none")}, {"breaker", breaker},
-		{"breaker_state", s.Breaker.String()}, {"format", orText(s.Format, "postbox")},
+		{"timeout", or(deref(s.Timeout))}, {"retry", retry}, {"max_attempts", attempts},
+		{"rate", orText(deref(s.Rate), "none")}, {"concurrency", num(s.Concurrency, "none")}, {"breaker", breaker},
+		{"breaker_state", breakerText(s.Breaker)}, {"format", orText(s.Format, "postbox")},
 	}
 }
 
@@ -547,8 +526,8 @@ definition under the same name is a conflict (exit status 1).`)
 		verb = "exists:"
 	}
 	fmt.Fprintf(env.stdout, "%s subscription %s on %s (start %s) → inbox %s", verb, s.Name, s.Source, s.startText(), s.Inbox)
-	if s.Target != "" {
-		fmt.Fprintf(env.stdout, " → POST %s", s.Target)
+	if s.Target != nil {
+		fmt.Fprintf(env.stdout, " → POST %s", *s.Target)
 	}
 	fmt.Fprintln(env.stdout)
 	return nil
@@ -572,7 +551,7 @@ func runSubscriptionsList(ctx context.Context, env *cmdEnv, args []string) error
 	fmt.Fprintln(tw, "NAME\tSOURCE\tINBOX\tTYPES\tMATCH\tSTART\tTARGET\tNEXT_OFFSET\tLAG\tCREATED")
 	for _, s := range subs {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", s.Name, s.Source, s.Inbox, typesText(s.Types),
-			pairs(s.Metadata), s.startText(), orDash(s.Target), s.NextOffset, s.Lag, s.CreatedAt)
+			stringPairs(s.Metadata), s.startText(), orDash(deref(s.Target)), s.NextOffset, s.Lag, when(s.CreatedAt))
 	}
 	return tw.Flush()
 }
@@ -605,14 +584,14 @@ func runSubscriptionsGet(ctx context.Context, env *cmdEnv, args []string) error 
 	}
 	fields := [][2]string{
 		{"name", s.Name}, {"source", s.Source}, {"stream", s.Stream}, {"inbox", s.Inbox},
-		{"types", typesText(s.Types)}, {"match", pairs(s.Metadata)}, {"start", s.startText()},
-		{"target", orDash(s.Target)},
+		{"types", typesText(s.Types)}, {"match", stringPairs(s.Metadata)}, {"start", s.startText()},
+		{"target", orDash(deref(s.Target))},
 	}
-	if s.Target != "" {
+	if s.Target != nil {
 		fields = append(fields, s.endpointFields()...)
 	}
 	return printFields(env, append(fields, [][2]string{
-		{"created_at", s.CreatedAt.String()},
+		{"created_at", when(s.CreatedAt)},
 		{"next_offset", strconv.FormatInt(s.NextOffset, 10)},
 		{"high_watermark", strconv.FormatInt(s.HighWatermark, 10)},
 		{"lag", strconv.FormatInt(s.Lag, 10)},
@@ -687,8 +666,8 @@ endpoint: its settings apply to every subscription filling the inbox with the ta
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return fmt.Errorf("subscriptions set-target %s: %w", name, err)
 	}
-	fmt.Fprintf(env.stdout, "subscription %s: target %s\n", name, orDash(s.Target))
-	if _, onlyTarget := body["target"]; s.Target != "" && (len(body) > 1 || !onlyTarget) {
+	fmt.Fprintf(env.stdout, "subscription %s: target %s\n", name, orDash(deref(s.Target)))
+	if _, onlyTarget := body["target"]; s.Target != nil && (len(body) > 1 || !onlyTarget) {
 		for _, kv := range s.endpointFields() {
 			fmt.Fprintf(env.stdout, "  %s: %s\n", kv[0], kv[1])
 		}
@@ -745,6 +724,6 @@ until this command. Enabling a closed endpoint changes nothing.`)
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return fmt.Errorf("subscriptions enable %s: %w", name, err)
 	}
-	fmt.Fprintf(env.stdout, "subscription %s: endpoint %s, breaker %s\n", name, orDash(s.Target), s.Breaker)
+	fmt.Fprintf(env.stdout, "subscription %s: endpoint %s, breaker %s\n", name, orDash(deref(s.Target)), breakerText(s.Breaker))
 	return nil
 }
