@@ -240,7 +240,7 @@ func TestRunnerSlowJob(t *testing.T) {
 	var handled atomic.Int64
 	started := make(chan api.Item, 1)
 	release := make(chan struct{})
-	cfg := client.RunnerConfig{Concurrency: 2, VisibilityTimeout: time.Second, Heartbeat: 200 * time.Millisecond, Wait: 100 * time.Millisecond}
+	cfg := client.RunnerConfig{Concurrency: 2, VisibilityTimeout: 2 * time.Second, Heartbeat: 200 * time.Millisecond, Wait: 100 * time.Millisecond}
 	slow := run(t, c.Inbox("webhooks", cfg), func(ctx context.Context, it api.Item) error {
 		handled.Add(1)
 		started <- it
@@ -259,7 +259,7 @@ func TestRunnerSlowJob(t *testing.T) {
 	// Wait until the lease has been extended to well past several
 	// visibility timeouts of the first lease.
 	first := *it.LeaseExpiresAt
-	testenv.Eventually(t, 30*time.Second, "the lease extended past 3 visibility timeouts", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the lease extended past 2 visibility timeouts", func() bool {
 		got, err := c.Item(ctx, "webhooks", it.ID)
 		if err != nil {
 			t.Fatal(err)
@@ -267,7 +267,7 @@ func TestRunnerSlowJob(t *testing.T) {
 		if got.State != api.StateProcessing || got.Attempts != 1 {
 			t.Fatalf("the slow job's item: %s after %d attempts, want processing on its first", got.State, got.Attempts)
 		}
-		return got.LeaseExpiresAt != nil && got.LeaseExpiresAt.Sub(first) > 3*cfg.VisibilityTimeout
+		return got.LeaseExpiresAt != nil && got.LeaseExpiresAt.Sub(first) > 2*cfg.VisibilityTimeout
 	})
 	close(release)
 	testenv.Eventually(t, 30*time.Second, "the slow item completed", func() bool { return counts(t, c).Completed == 1 })
