@@ -248,6 +248,30 @@ func (c *API) Consumers(ctx context.Context) ([]api.Consumer, error) {
 	return out.Consumers, c.get(ctx, "/v1/consumers", &out)
 }
 
+// Consumer returns one consumer (a subscription's position).
+func (c *API) Consumer(ctx context.Context, consumer string) (api.Consumer, error) {
+	var out api.Consumer
+	return out, c.get(ctx, "/v1/consumers/"+name(consumer), &out)
+}
+
+// ResetConsumer moves a consumer to the position req names (exactly one
+// of its fields): its subscription reads the stream again from there.
+func (c *API) ResetConsumer(ctx context.Context, consumer string, req api.ResetRequest) (api.ConsumerReset, error) {
+	var out api.ConsumerReset
+	return out, c.send(ctx, http.MethodPost, "/v1/consumers/"+name(consumer)+"/reset", req, &out)
+}
+
+// ConsumerCommits returns a consumer's newest commits and resets, at most
+// limit (0: the server's default), where the stream backend keeps them.
+func (c *API) ConsumerCommits(ctx context.Context, consumer string, limit int) (api.ConsumerHistory, error) {
+	path := "/v1/consumers/" + name(consumer) + "/commits"
+	if limit > 0 {
+		path += "?limit=" + strconv.Itoa(limit)
+	}
+	var out api.ConsumerHistory
+	return out, c.get(ctx, path, &out)
+}
+
 // Sources lists the sources.
 func (c *API) Sources(ctx context.Context) ([]api.Source, error) {
 	var out api.SourceList

@@ -166,6 +166,20 @@ func TestAPIErrors(t *testing.T) {
 		t.Fatalf("webhook e-0: %+v %v", wh, err)
 	}
 
+	if cons, err := c.Consumer(ctx, "jobs"); err != nil || cons.Subscription != "jobs" {
+		t.Fatalf("consumer jobs: %+v %v", cons, err)
+	}
+	latest := true
+	if res, err := c.ResetConsumer(ctx, "jobs", api.ResetRequest{Latest: &latest}); err != nil || res.Start.Policy != "latest" {
+		t.Fatalf("reset consumer jobs to latest: %+v %v", res, err)
+	}
+	if _, err := c.ResetConsumer(ctx, "jobs", api.ResetRequest{}); !errors.Is(err, client.ErrInvalid) {
+		t.Fatalf("a reset to nowhere: %v, want ErrInvalid", err)
+	}
+	if h, err := c.ConsumerCommits(ctx, "jobs", 10); err != nil || len(h.Commits) == 0 || h.Commits[0].Kind != api.MoveReset {
+		t.Fatalf("history of consumer jobs: %+v %v, want the reset first", h, err)
+	}
+
 	wrong, err := client.NewAPI(s.Base, client.APIOptions{Token: "wrong"})
 	if err != nil {
 		t.Fatal(err)
