@@ -149,5 +149,5 @@ func summary(state string) string {
 	if total == 1 {
 		tests = "test"
 	}
-	return fmt.Sprintf("postbox: %d %s skipped for want of a service; set %s to run them (README, Testing)", total, tests, strings.Join(parts, ", "))
+	return fmt.Sprintf("postbox: %d %s skipped for want of a service; set %s to run them (README, Development)", total, tests, strings.Join(parts, ", "))
 }

@@ -11,9 +11,9 @@ import (
 func TestSummary(t *testing.T) {
 	for state, want := range map[string]string{
 		"":                     "",
-		"POSTBOX_TEST_REDIS\n": "postbox: 1 test skipped for want of a service; set POSTBOX_TEST_REDIS (1) to run them (README, Testing)",
+		"POSTBOX_TEST_REDIS\n": "postbox: 1 test skipped for want of a service; set POSTBOX_TEST_REDIS (1) to run them (README, Development)",
 		"POSTBOX_TEST_REDIS\nPOSTBOX_TEST_POSTGRES\nPOSTBOX_TEST_REDIS\n": "postbox: 3 tests skipped for want of a service; " +
-			"set POSTBOX_TEST_POSTGRES (1), POSTBOX_TEST_REDIS (2) to run them (README, Testing)",
+			"set POSTBOX_TEST_POSTGRES (1), POSTBOX_TEST_REDIS (2) to run them (README, Development)",
 	} {
 		if got := summary(state); got != want {
 			t.Errorf("summary(%q) = %q, want %q", state, got, want)
@@ -49,7 +49,7 @@ func TestGoTestPrintsOneSkipLine(t *testing.T) {
 	}
 	out := run("./a", "./b")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	want := "postbox: 5 tests skipped for want of a service; set POSTBOX_TEST_NATS (1), POSTBOX_TEST_POSTGRES (3), POSTBOX_TEST_REDIS (1) to run them (README, Testing)"
+	want := "postbox: 5 tests skipped for want of a service; set POSTBOX_TEST_NATS (1), POSTBOX_TEST_POSTGRES (3), POSTBOX_TEST_REDIS (1) to run them (README, Development)"
 	if last := lines[len(lines)-1]; last != want || strings.Count(out, "postbox: ") != 1 {
 		t.Errorf("go test output:\n%s\nwant it to end with the one line\n%s", out, want)
 	}

@@ -36,7 +36,7 @@ func URL(t testing.TB, service string) string {
 	if v := os.Getenv(name); v != "" {
 		return v
 	}
-	msg := name + " is not set; this test needs a real " + service + " (see README, Testing)"
+	msg := name + " is not set; this test needs a real " + service + " (see README, Development)"
 	if os.Getenv("POSTBOX_REQUIRE_SERVICES") == "1" {
 		t.Fatal(msg + " and POSTBOX_REQUIRE_SERVICES=1 forbids skipping")
 	}
