@@ -563,6 +563,7 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 			return fmt.Errorf("webhooks: %w", err)
 		}
+		s.deviceGate.arm() // the default sources exist: a missing one was deleted
 		select {
 		case <-recovered:
 		case <-gctx.Done():

@@ -15,49 +15,87 @@ import (
 // sourceGate answers the ingress's question whether its source still
 // takes events (ingress.Config.SourceGone): a source deleted with
 // DELETE /v1/sources/{name} takes none until it is created again, over
-// the WebSocket and gRPC alike. What it read is kept for sourceCacheTTL;
-// this node's own deletes and creates take effect at once (forget).
+// the WebSocket and gRPC alike.
+//
+// The gate is open until the server has made its default sources
+// (arm): on a new store the device source does not exist for the first
+// moments, and a device that connects then is not refused. What it read
+// is kept for sourceCacheTTL; this node's own deletes and creates take
+// effect at once (forget). It runs on every frame's read path, so one
+// caller reads the store while the others take the last answer.
 type sourceGate struct {
 	source string
-	d      atomic.Pointer[delivery.Delivery] // set once delivery is open; nil: open
+	d      atomic.Pointer[delivery.Delivery] // set once delivery is open
 	log    *slog.Logger
 
-	mu  sync.Mutex
-	err error     // the answer read at at
-	at  time.Time // zero: read again
+	armed   atomic.Bool
+	state   atomic.Pointer[gateState] // the last answer; nil: read it
+	reading sync.Mutex                // held by the one caller reading the store
+}
+
+// gateState is an answer of the store and when it was read.
+type gateState struct {
+	err error
+	at  time.Time
+}
+
+// arm closes the gate to events of the source once the server made its
+// default sources: from then on a missing source was deleted.
+func (g *sourceGate) arm() {
+	g.armed.Store(true)
+	g.forget()
 }
 
 // check returns an error naming the source when it was deleted.
 func (g *sourceGate) check() error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if now := time.Now(); now.Sub(g.at) < sourceCacheTTL {
-		return g.err
-	}
-	d := g.d.Load()
-	if d == nil {
+	if !g.armed.Load() {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	_, err := d.Source(ctx, g.source)
-	switch {
-	case errors.Is(err, delivery.ErrNotFound):
-		g.err = fmt.Errorf("source %q was deleted: postbox stores no events of it until it is created again (postbox sources create %s --kind device)", g.source, g.source)
-	case err != nil:
-		// The store cannot say: keep the last answer, which the append
-		// will meet the same store failure after anyway.
-		g.log.Warn("ingress: reading the source failed; its last state holds", "source", g.source, "err", err)
-	default:
-		g.err = nil
+	st := g.state.Load()
+	if st != nil && time.Since(st.at) < sourceCacheTTL {
+		return st.err
 	}
-	g.at = time.Now()
-	return g.err
+	if st != nil && !g.reading.TryLock() {
+		return st.err // another caller is reading; its answer comes soon
+	}
+	if st == nil {
+		g.reading.Lock() // after forget: every caller waits for the new answer
+		if st = g.state.Load(); st != nil {
+			g.reading.Unlock()
+			return st.err
+		}
+	}
+	defer g.reading.Unlock()
+	return g.read(st).err
+}
+
+// read asks the store whether the source exists and keeps the answer.
+// A store that cannot say leaves last (nil: open) in place.
+func (g *sourceGate) read(last *gateState) *gateState {
+	next := &gateState{at: time.Now()}
+	if last != nil {
+		next.err = last.err
+	}
+	if d := g.d.Load(); d != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := d.Source(ctx, g.source)
+		cancel()
+		switch {
+		case errors.Is(err, delivery.ErrNotFound):
+			next.err = fmt.Errorf("source %q was deleted: postbox stores no events of it until it is created again (postbox sources create %s --kind device)", g.source, g.source)
+		case err != nil:
+			// The store cannot say: keep the last answer, which the append
+			// will meet the same store failure after anyway.
+			g.log.Warn("ingress: reading the source failed; its last state holds", "source", g.source, "err", err)
+		default:
+			next.err = nil
+		}
+	}
+	g.state.Store(next)
+	return next
 }
 
 // forget makes the next check read the source again.
 func (g *sourceGate) forget() {
-	g.mu.Lock()
-	g.at = time.Time{}
-	g.mu.Unlock()
+	g.state.Store(nil)
 }
