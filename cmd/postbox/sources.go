@@ -258,7 +258,7 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 }
 
 func runSourcesList(ctx context.Context, env *cmdEnv, args []string) error {
-	fs := newFlags(env, "sources list", "[flags]", "Lists the sources by name, with their kind, stream, where webhooks go and the signature they must carry.")
+	fs := newFlags(env, "sources list", "[flags]", "Lists the sources by name, with their kind, stream, where webhooks go (or, for poll and feed sources, the URL they read)\nand the signature webhooks must carry.")
 	af := addAPIFlags(fs, "print the sources as a JSON array")
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
@@ -272,9 +272,13 @@ func runSourcesList(ctx context.Context, env *cmdEnv, args []string) error {
 		return wrapErr("sources list", err)
 	}
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tKIND\tSTREAM\tPATH\tSIGNATURE\tCREATED")
+	fmt.Fprintln(tw, "NAME\tKIND\tSTREAM\tPATH/UPSTREAM\tSIGNATURE\tCREATED")
 	for _, s := range srcs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Kind, s.Stream, orDash(s.Path), orDash(s.Settings.Signature), s.CreatedAt)
+		where := s.Path
+		if s.Kind == "poll" || s.Kind == "feed" {
+			where = s.Settings.URL // where it reads from
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Kind, s.Stream, orDash(where), orDash(s.Settings.Signature), s.CreatedAt)
 	}
 	return tw.Flush()
 }

@@ -59,6 +59,10 @@ func TestSourcesPollCLI(t *testing.T) {
 	if strings.Contains(out, "Bearer cli") {
 		t.Errorf("sources get shows the header's value:\n%s", out)
 	}
+	out, _, code = runCLI(t, s.Base, "sources", "list")
+	if code != 0 || !strings.Contains(out, "gh ") || !strings.Contains(out, "poll") || !strings.Contains(out, api.URL+"/events") {
+		t.Errorf("sources list: %d\n%s", code, out)
+	}
 	for _, c := range []struct {
 		args []string
 		want string
