@@ -42,6 +42,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
+// start makes the source's series exist from its first poll (a rule on
+// pages that never grew sees a 0).
+func (m *Metrics) start(source string) {
+	if m != nil {
+		m.pages.WithLabelValues(source)
+		m.paused.WithLabelValues(source).Set(0)
+	}
+}
+
 func (m *Metrics) fail(source, reason string) {
 	if m != nil {
 		m.errors.WithLabelValues(source, reason).Inc()

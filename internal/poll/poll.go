@@ -188,6 +188,7 @@ func (p *Poller) Run(ctx context.Context) error {
 	expect := 1 // the events of the last page: the room waited for
 	p.log.Info("poll: polling", "url", p.cfg.Settings.URL, "cursor", p.cp.Cursor)
 	var ahead *prefetch // the next page, asked for while the last one commits
+	p.cfg.Metrics.start(p.cfg.Name)
 	for {
 		if !p.waitRoom(ctx, expect) {
 			return nil
