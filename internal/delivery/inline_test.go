@@ -3,8 +3,10 @@ package delivery_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -17,7 +19,9 @@ func TestInlineItems(t *testing.T) {
 	ctx := context.Background()
 	e := setup(t, sqliteStore, delivery.Config{})
 	e.create(t, delivery.Subscription{Name: "hooked", Source: "devices", Types: []string{"keep.*"}})
-	e.waitLag(t, "hooked", 0) // its loop started: it has a position
+	testenv.Eventually(t, 30*time.Second, "the loop to record its position", func() bool {
+		return e.count(t, `SELECT count(*) FROM positions WHERE subscription_id = 'hooked'`) == 1
+	})
 	fn, err := e.d.InlineHook(ctx, "hooked")
 	if err != nil || fn == nil {
 		t.Fatalf("InlineHook: %v, %v", fn != nil, err)
