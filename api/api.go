@@ -21,26 +21,9 @@ type ErrorResponse struct {
 // Error says what went wrong: Code, for programs to branch on, and
 // Message, for people, naming the field or item at fault.
 type Error struct {
-	Code    string `json:"code"`
+	Code    Code   `json:"code"`
 	Message string `json:"message"`
 }
-
-// Error codes of the API. A status of 4xx comes with one of them; 503
-// with CodeUnavailable.
-const (
-	CodeNotFound       = "not_found"       // 404: no such subscription, stream, inbox item, ...
-	CodeConflict       = "conflict"        // 409: exists already with another definition
-	CodeLeaseLost      = "lease_lost"      // 409 (or per item): the lease expired or another holds the item
-	CodeInvalidState   = "invalid_state"   // 409 (or per item): the item's state does not allow it
-	CodeInvalidField   = "invalid_field"   // 400: a field's value is refused
-	CodeInvalidJSON    = "invalid_json"    // 400: the body is not the JSON asked for
-	CodeMissingField   = "missing_field"   // 400: a required field is absent
-	CodeUnknownField   = "unknown_field"   // 400: a field the endpoint does not know
-	CodeTooLarge       = "too_large"       // 413
-	CodeRequestTimeout = "request_timeout" // 408
-	CodeUnauthorized   = "unauthorized"    // 401: the API token is missing or wrong
-	CodeUnavailable    = "unavailable"     // 503: the store did not answer
-)
 
 // Item states.
 const (

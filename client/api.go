@@ -100,8 +100,8 @@ var (
 
 // APIError is an error answer of the server.
 type APIError struct {
-	Status  int    // the HTTP status
-	Code    string // api.Code…; "" when the answer was not the API's JSON error
+	Status  int      // the HTTP status
+	Code    api.Code // one of api.Codes; "" when the answer was not the API's JSON error
 	Message string
 }
 

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/client"
 )
 
@@ -80,7 +81,7 @@ type apiClient struct {
 }
 
 // isAPIError reports whether err is an API error with this code.
-func isAPIError(err error, code string) bool {
+func isAPIError(err error, code api.Code) bool {
 	var ae *client.APIError
 	return errors.As(err, &ae) && ae.Code == code
 }

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/poll"
 )
 
@@ -227,7 +228,7 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 	var raw json.RawMessage
 	status, err := c.do(ctx, http.MethodPost, "/v1/sources", body, &raw)
 	if err != nil {
-		if isAPIError(err, "conflict") {
+		if isAPIError(err, api.CodeConflict) {
 			return fmt.Errorf("sources create %s: %w (delete it first, or pick another name)", name, err)
 		}
 		return fmt.Errorf("sources create %s: %w", name, err)

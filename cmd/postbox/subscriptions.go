@@ -509,7 +509,7 @@ definition under the same name is a conflict (exit status 1).`)
 	var raw json.RawMessage
 	status, err := c.do(ctx, http.MethodPost, "/v1/subscriptions", withFields(body, settings), &raw)
 	if err != nil {
-		if isAPIError(err, "conflict") {
+		if isAPIError(err, api.CodeConflict) {
 			return fmt.Errorf("subscriptions create %s: %w (delete it first, or pick another name)", name, err)
 		}
 		return fmt.Errorf("subscriptions create %s: %w", name, err)

@@ -74,33 +74,35 @@ func (s *Server) requireToken(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="postbox"`)
-			writeError(w, http.StatusUnauthorized, "unauthorized", "this API needs the server's API token: Authorization: Bearer TOKEN (postbox --token, POSTBOX_API_TOKEN)")
+			writeError(w, api.CodeUnauthorized, "this API needs the server's API token: Authorization: Bearer TOKEN (postbox --token, POSTBOX_API_TOKEN)")
 			return
 		}
 		h(w, r)
 	}
 }
 
-func writeError(w http.ResponseWriter, status int, code, format string, args ...any) {
-	writeJSON(w, status, api.ErrorResponse{Error: api.Error{Code: code, Message: fmt.Sprintf(format, args...)}})
+// writeError answers code, with its status from the table of api.Codes,
+// and a message formatted for people.
+func writeError(w http.ResponseWriter, code api.Code, format string, args ...any) {
+	writeJSON(w, code.Status(), api.ErrorResponse{Error: api.Error{Code: code, Message: fmt.Sprintf(format, args...)}})
 }
 
 // writeErr answers err with the status and code of its kind.
 func (s *Server) writeErr(w http.ResponseWriter, err error) {
 	switch {
 	case errors.Is(err, delivery.ErrNotFound), errors.Is(err, stream.ErrStreamNotFound), errors.Is(err, stream.ErrConsumerNotFound):
-		writeError(w, http.StatusNotFound, "not_found", "%v", err)
+		writeError(w, api.CodeNotFound, "%v", err)
 	case errors.Is(err, delivery.ErrConflict):
-		writeError(w, http.StatusConflict, "conflict", "%v", err)
+		writeError(w, api.CodeConflict, "%v", err)
 	case errors.Is(err, delivery.ErrInvalid), errors.Is(err, stream.ErrOffsetOutOfRange), errors.Is(err, stream.ErrInvalidStart):
-		writeError(w, http.StatusBadRequest, "invalid_field", "%v", err)
+		writeError(w, api.CodeInvalidField, "%v", err)
 	case errors.Is(err, delivery.ErrLeaseLost):
-		writeError(w, http.StatusConflict, "lease_lost", "%v", err)
+		writeError(w, api.CodeLeaseLost, "%v", err)
 	case errors.Is(err, delivery.ErrInvalidState):
-		writeError(w, http.StatusConflict, "invalid_state", "%v", err)
+		writeError(w, api.CodeInvalidState, "%v", err)
 	default:
 		s.log.Error("api: request failed", "err", err)
-		writeError(w, http.StatusServiceUnavailable, "unavailable", "%v", err)
+		writeError(w, api.CodeUnavailable, "%v", err)
 	}
 }
 
@@ -110,33 +112,33 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any, optional bool) bo
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxAPIBody))
 	var tooLarge *http.MaxBytesError
 	if errors.As(err, &tooLarge) {
-		writeError(w, http.StatusRequestEntityTooLarge, "too_large", "the body is over %d bytes", maxAPIBody)
+		writeError(w, api.CodeTooLarge, "the body is over %d bytes", maxAPIBody)
 		return false
 	}
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		writeError(w, http.StatusRequestTimeout, "request_timeout", "the body did not arrive in time (--http-read-timeout)")
+		writeError(w, api.CodeRequestTimeout, "the body did not arrive in time (--http-read-timeout)")
 		return false
 	}
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_json", "the body could not be read: it ended early")
+		writeError(w, api.CodeInvalidJSON, "the body could not be read: it ended early")
 		return false
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		if optional {
 			return true
 		}
-		writeError(w, http.StatusBadRequest, "invalid_json", "the body is empty: send a JSON object")
+		writeError(w, api.CodeInvalidJSON, "the body is empty: send a JSON object")
 		return false
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		code, msg := jsonError(err)
-		writeError(w, http.StatusBadRequest, code, "%s", msg)
+		writeError(w, code, "%s", msg)
 		return false
 	}
 	if dec.More() {
-		writeError(w, http.StatusBadRequest, "invalid_json", "the body holds more than one JSON value")
+		writeError(w, api.CodeInvalidJSON, "the body holds more than one JSON value")
 		return false
 	}
 	return true
@@ -144,23 +146,23 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any, optional bool) bo
 
 // jsonError says in plain words what is wrong with a body the decoder
 // refused, naming the field, never a Go type.
-func jsonError(err error) (code, msg string) {
+func jsonError(err error) (code api.Code, msg string) {
 	var typeErr *json.UnmarshalTypeError
 	var syntaxErr *json.SyntaxError
 	switch {
 	case errors.As(err, &typeErr):
 		if typeErr.Field == "" {
-			return "invalid_json", fmt.Sprintf("the body: want %s, got a JSON %s", jsonKind(typeErr.Type), typeErr.Value)
+			return api.CodeInvalidJSON, fmt.Sprintf("the body: want %s, got a JSON %s", jsonKind(typeErr.Type), typeErr.Value)
 		}
-		return "invalid_json", fmt.Sprintf("field %q: want %s, got a JSON %s", typeErr.Field, jsonKind(typeErr.Type), typeErr.Value)
+		return api.CodeInvalidJSON, fmt.Sprintf("field %q: want %s, got a JSON %s", typeErr.Field, jsonKind(typeErr.Type), typeErr.Value)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		return "unknown_field", strings.TrimPrefix(err.Error(), "json: ")
+		return api.CodeUnknownField, strings.TrimPrefix(err.Error(), "json: ")
 	case errors.As(err, &syntaxErr):
-		return "invalid_json", fmt.Sprintf("invalid JSON at byte %d of the body", syntaxErr.Offset)
+		return api.CodeInvalidJSON, fmt.Sprintf("invalid JSON at byte %d of the body", syntaxErr.Offset)
 	case errors.Is(err, io.ErrUnexpectedEOF):
-		return "invalid_json", "invalid JSON: the body ends inside its value"
+		return api.CodeInvalidJSON, "invalid JSON: the body ends inside its value"
 	}
-	return "invalid_json", "invalid JSON in the body"
+	return api.CodeInvalidJSON, "invalid JSON in the body"
 }
 
 // jsonKind names the JSON value a Go type decodes from.
@@ -218,7 +220,7 @@ func checkName(w http.ResponseWriter, field, v string) bool {
 	if len(v) > maxNameLen {
 		v = v[:maxNameLen] + "…"
 	}
-	writeError(w, http.StatusBadRequest, "invalid_field", "%s %q: use 1 to %d of A-Z a-z 0-9 . _ -", field, v, maxNameLen)
+	writeError(w, api.CodeInvalidField, "%s %q: use 1 to %d of A-Z a-z 0-9 . _ -", field, v, maxNameLen)
 	return false
 }
 
@@ -227,12 +229,12 @@ func checkName(w http.ResponseWriter, field, v string) bool {
 func checkAPIText(w http.ResponseWriter, field, v string, max int, allowEmpty bool) bool {
 	if v == "" {
 		if !allowEmpty {
-			writeError(w, http.StatusBadRequest, "invalid_field", "%s: empty", field)
+			writeError(w, api.CodeInvalidField, "%s: empty", field)
 		}
 		return allowEmpty
 	}
 	if err := checkText(field, v, max); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_field", "%v", err)
+		writeError(w, api.CodeInvalidField, "%v", err)
 		return false
 	}
 	return true
@@ -246,11 +248,11 @@ func durationField(w http.ResponseWriter, name string, v *string, def, lo, hi ti
 	}
 	d, err := time.ParseDuration(*v)
 	if err != nil || d < 0 {
-		writeError(w, http.StatusBadRequest, "invalid_json", "%s %q: want a duration such as \"30s\", from %s to %s", name, *v, lo, hi)
+		writeError(w, api.CodeInvalidJSON, "%s %q: want a duration such as \"30s\", from %s to %s", name, *v, lo, hi)
 		return 0, false
 	}
 	if d < lo || d > hi {
-		writeError(w, http.StatusBadRequest, "invalid_field", "%s %s: want a duration from %s to %s", name, d, lo, hi)
+		writeError(w, api.CodeInvalidField, "%s %s: want a duration from %s to %s", name, d, lo, hi)
 		return 0, false
 	}
 	return d, true
@@ -299,10 +301,10 @@ func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case req.Name == nil:
-		writeError(w, http.StatusBadRequest, "missing_field", "name: required")
+		writeError(w, api.CodeMissingField, "name: required")
 		return
 	case req.Source == nil:
-		writeError(w, http.StatusBadRequest, "missing_field", "source: required")
+		writeError(w, api.CodeMissingField, "source: required")
 		return
 	}
 	if !checkName(w, "name", *req.Name) || !checkName(w, "source", *req.Source) ||
@@ -311,7 +313,7 @@ func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(req.Types) > maxTypes {
-		writeError(w, http.StatusBadRequest, "invalid_field", "types: %d patterns, at most %d", len(req.Types), maxTypes)
+		writeError(w, api.CodeInvalidField, "types: %d patterns, at most %d", len(req.Types), maxTypes)
 		return
 	}
 	for _, t := range req.Types {
@@ -320,7 +322,7 @@ func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if len(req.Metadata) > maxMetadata {
-		writeError(w, http.StatusBadRequest, "invalid_field", "metadata: %d keys, at most %d", len(req.Metadata), maxMetadata)
+		writeError(w, api.CodeInvalidField, "metadata: %d keys, at most %d", len(req.Metadata), maxMetadata)
 		return
 	}
 	for k, v := range req.Metadata {
@@ -336,17 +338,17 @@ func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
 	if req.StartTime != "" {
 		t, err := time.Parse(time.RFC3339Nano, req.StartTime)
 		if err != nil {
-			writeError(w, http.StatusBadRequest, "invalid_field", "start_time %q: want an RFC 3339 time such as 2026-11-21T10:00:00Z", req.StartTime)
+			writeError(w, api.CodeInvalidField, "start_time %q: want an RFC 3339 time such as 2026-11-21T10:00:00Z", req.StartTime)
 			return
 		}
 		sub.Start.Time = t
 	}
 	if req.StartOffset != 0 && req.Start != stream.StartAtOffset {
-		writeError(w, http.StatusBadRequest, "invalid_field", "start_offset is for start at_offset, not %q", req.Start)
+		writeError(w, api.CodeInvalidField, "start_offset is for start at_offset, not %q", req.Start)
 		return
 	}
 	if req.StartTime != "" && req.Start != stream.StartAtTime {
-		writeError(w, http.StatusBadRequest, "invalid_field", "start_time is for start at_time, not %q", req.Start)
+		writeError(w, api.CodeInvalidField, "start_time is for start at_time, not %q", req.Start)
 		return
 	}
 	got, created, err := s.delivery.Create(r.Context(), sub)
@@ -399,14 +401,14 @@ func (s *Server) patchSubscription(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(req.Target) == 0 && !req.endpointRequest.any() {
-		writeError(w, http.StatusBadRequest, "missing_field", "target: required (a URL, or null for none), or an endpoint setting (docs/API.md)")
+		writeError(w, api.CodeMissingField, "target: required (a URL, or null for none), or an endpoint setting (docs/API.md)")
 		return
 	}
 	var change delivery.Change
 	if len(req.Target) > 0 {
 		var target *string
 		if err := json.Unmarshal(req.Target, &target); err != nil {
-			writeError(w, http.StatusBadRequest, "invalid_json", "field \"target\": want a string or null")
+			writeError(w, api.CodeInvalidJSON, "field \"target\": want a string or null")
 			return
 		}
 		if target != nil && !checkAPIText(w, "target", *target, maxTargetLen, true) {
@@ -507,7 +509,7 @@ func (s *Server) getStream(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	writeError(w, http.StatusNotFound, "not_found", "no stream %q", r.PathValue("stream"))
+	writeError(w, api.CodeNotFound, "no stream %q", r.PathValue("stream"))
 }
 
 func (s *Server) listConsumers(w http.ResponseWriter, r *http.Request) {
@@ -577,7 +579,7 @@ func (s *Server) listItems(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	state := q.Get("state")
 	if state != "" && !delivery.ValidState(state) {
-		writeError(w, http.StatusBadRequest, "invalid_field", "state %q: use pending, processing, completed or failed", state)
+		writeError(w, api.CodeInvalidField, "state %q: use pending, processing, completed or failed", state)
 		return
 	}
 	limit, ok := intParam(w, q.Get("limit"), "limit", 100, 1, maxListLimit)
@@ -608,7 +610,7 @@ func intParam(w http.ResponseWriter, v, name string, def, lo, hi int64) (int64, 
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || n < lo || n > hi {
-		writeError(w, http.StatusBadRequest, "invalid_field", "%s %q: want a whole number from %d to %d", name, v, lo, hi)
+		writeError(w, api.CodeInvalidField, "%s %q: want a whole number from %d to %d", name, v, lo, hi)
 		return 0, false
 	}
 	return n, true
@@ -620,7 +622,7 @@ func (s *Server) getItem(w http.ResponseWriter, r *http.Request) {
 	}
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id < 1 {
-		writeError(w, http.StatusBadRequest, "invalid_field", "item id %q: want a positive whole number", r.PathValue("id"))
+		writeError(w, api.CodeInvalidField, "item id %q: want a positive whole number", r.PathValue("id"))
 		return
 	}
 	it, err := s.delivery.Item(r.Context(), r.PathValue("inbox"), id)
@@ -644,7 +646,7 @@ func (s *Server) leaseItems(w http.ResponseWriter, r *http.Request) {
 		n = *req.Max
 	}
 	if n < 1 || n > maxLease {
-		writeError(w, http.StatusBadRequest, "invalid_field", "max %d: want 1 to %d", n, maxLease)
+		writeError(w, api.CodeInvalidField, "max %d: want 1 to %d", n, maxLease)
 		return
 	}
 	visibility, ok := durationField(w, "visibility_timeout", req.VisibilityTimeout, delivery.DefaultVisibilityTimeout, time.Millisecond, MaxVisibilityTimeout)
@@ -687,7 +689,7 @@ func (s *Server) ackItems(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Delay != nil || req.Reason != "" || req.Dead {
-		writeError(w, http.StatusBadRequest, "unknown_field", "delay, reason and dead are for nack, not ack")
+		writeError(w, api.CodeUnknownField, "delay, reason and dead are for nack, not ack")
 		return
 	}
 	res, err := s.delivery.Ack(r.Context(), r.PathValue("inbox"), req.IDs, req.Lease)
@@ -701,7 +703,7 @@ func (s *Server) nackItems(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.Dead {
 		if req.Delay != nil {
-			writeError(w, http.StatusBadRequest, "invalid_field", "delay: a dead letter has no next attempt (dead is true)")
+			writeError(w, api.CodeInvalidField, "delay: a dead letter has no next attempt (dead is true)")
 			return
 		}
 		res, err := s.delivery.NackDead(r.Context(), r.PathValue("inbox"), req.IDs, req.Lease, req.Reason)
@@ -742,16 +744,16 @@ const maxSettle = 1000
 
 func checkIDs(w http.ResponseWriter, ids []int64) bool {
 	if len(ids) == 0 {
-		writeError(w, http.StatusBadRequest, "missing_field", "ids: give the ids of one or more items")
+		writeError(w, api.CodeMissingField, "ids: give the ids of one or more items")
 		return false
 	}
 	if len(ids) > maxSettle {
-		writeError(w, http.StatusBadRequest, "invalid_field", "ids: %d ids, at most %d per request", len(ids), maxSettle)
+		writeError(w, api.CodeInvalidField, "ids: %d ids, at most %d per request", len(ids), maxSettle)
 		return false
 	}
 	for _, id := range ids {
 		if id < 1 {
-			writeError(w, http.StatusBadRequest, "invalid_field", "ids: %d is not an item id", id)
+			writeError(w, api.CodeInvalidField, "ids: %d is not an item id", id)
 			return false
 		}
 	}
@@ -772,12 +774,12 @@ func itemResults(res []delivery.Result) []api.ItemResult {
 	for i, r := range res {
 		out[i] = api.ItemResult{ID: r.ID, State: r.State}
 		if r.Err != nil {
-			code := "invalid_state"
+			code := api.CodeInvalidState
 			switch {
 			case errors.Is(r.Err, delivery.ErrNotFound):
-				code = "not_found"
+				code = api.CodeNotFound
 			case errors.Is(r.Err, delivery.ErrLeaseLost):
-				code = "lease_lost"
+				code = api.CodeLeaseLost
 			}
 			out[i].Error = &api.Error{Code: code, Message: r.Err.Error()}
 		}

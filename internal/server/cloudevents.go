@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/tracing"
 )
 
@@ -50,17 +51,17 @@ type cloudEvent struct {
 	trace   [2]string       // traceparent, tracestate extension attributes
 }
 
-// ceError is a CloudEvent the request is not: HTTP status, code, message.
+// ceError is a CloudEvent the request is not: its code (which says the
+// HTTP status) and message.
 type ceError struct {
-	status  int
-	code    string
+	code    api.Code
 	message string
 }
 
 func (e *ceError) Error() string { return e.message }
 
-func ceInvalid(code, format string, args ...any) *ceError {
-	return &ceError{status: http.StatusBadRequest, code: code, message: fmt.Sprintf(format, args...)}
+func ceInvalid(code api.Code, format string, args ...any) *ceError {
+	return &ceError{code: code, message: fmt.Sprintf(format, args...)}
 }
 
 // isCloudEvent reports whether a request carries a CloudEvent, in binary
@@ -86,7 +87,7 @@ func parseCloudEvent(r *http.Request, body []byte, maxType int) (*cloudEvent, *c
 	var err *ceError
 	switch mt {
 	case ceBatchMediaType:
-		return nil, &ceError{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type",
+		return nil, &ceError{code: api.CodeUnsupportedMediaType,
 			message: "CloudEvents batched mode is not supported: send one event per request, in binary or structured mode"}
 	case ceMediaType:
 		ce, err = structuredCloudEvent(body)
@@ -108,7 +109,7 @@ func binaryCloudEvent(r *http.Request, body []byte) (*cloudEvent, *ceError) {
 		}
 		attr := strings.ToLower(name[3:])
 		if len(values) > 1 {
-			return nil, ceInvalid("invalid_field", "CloudEvents attribute %s: the ce-%s header is given %d times", attr, attr, len(values))
+			return nil, ceInvalid(api.CodeInvalidField, "CloudEvents attribute %s: the ce-%s header is given %d times", attr, attr, len(values))
 		}
 		ce.attrs[attr] = values[0]
 	}
@@ -122,7 +123,7 @@ func binaryCloudEvent(r *http.Request, body []byte) (*cloudEvent, *ceError) {
 func structuredCloudEvent(body []byte) (*cloudEvent, *ceError) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(body, &fields); err != nil {
-		return nil, ceInvalid("invalid_json", "a structured CloudEvent is a JSON object: %v", err)
+		return nil, ceInvalid(api.CodeInvalidJSON, "a structured CloudEvent is a JSON object: %v", err)
 	}
 	ce := &cloudEvent{attrs: map[string]any{}}
 	for name, raw := range fields {
@@ -133,14 +134,14 @@ func structuredCloudEvent(body []byte) (*cloudEvent, *ceError) {
 		case "data_base64":
 			var s string
 			if json.Unmarshal(raw, &s) != nil {
-				return nil, ceInvalid("invalid_field", "CloudEvents data_base64: must be a string")
+				return nil, ceInvalid(api.CodeInvalidField, "CloudEvents data_base64: must be a string")
 			}
 			b, err := base64.StdEncoding.DecodeString(s)
 			if err != nil {
-				return nil, ceInvalid("invalid_field", "CloudEvents data_base64: %v", err)
+				return nil, ceInvalid(api.CodeInvalidField, "CloudEvents data_base64: %v", err)
 			}
 			if !json.Valid(b) {
-				return nil, &ceError{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type",
+				return nil, &ceError{code: api.CodeUnsupportedMediaType,
 					message: "CloudEvents data_base64: postbox stores JSON data; this is not JSON"}
 			}
 			ce.data = b
@@ -150,12 +151,12 @@ func structuredCloudEvent(body []byte) (*cloudEvent, *ceError) {
 		dec := json.NewDecoder(bytes.NewReader(raw))
 		dec.UseNumber()
 		if dec.Decode(&v) != nil {
-			return nil, ceInvalid("invalid_field", "CloudEvents attribute %s: not valid JSON", name)
+			return nil, ceInvalid(api.CodeInvalidField, "CloudEvents attribute %s: not valid JSON", name)
 		}
 		switch v.(type) {
 		case string, json.Number, bool, nil:
 		default:
-			return nil, ceInvalid("invalid_field", "CloudEvents attribute %s: must be a string, number or boolean", name)
+			return nil, ceInvalid(api.CodeInvalidField, "CloudEvents attribute %s: must be a string, number or boolean", name)
 		}
 		if v != nil {
 			ce.attrs[name] = v
@@ -163,7 +164,7 @@ func structuredCloudEvent(body []byte) (*cloudEvent, *ceError) {
 	}
 	if _, ok := fields["data"]; ok {
 		if _, ok := fields["data_base64"]; ok {
-			return nil, ceInvalid("invalid_field", "CloudEvents data and data_base64: give one of them")
+			return nil, ceInvalid(api.CodeInvalidField, "CloudEvents data and data_base64: give one of them")
 		}
 	}
 	if ce.data == nil {
@@ -177,14 +178,14 @@ func (ce *cloudEvent) check(maxType int) *ceError {
 	str := func(name string) (string, *ceError) {
 		v, ok := ce.attrs[name]
 		if !ok {
-			return "", ceInvalid("missing_field", "CloudEvents attribute %s: required", name)
+			return "", ceInvalid(api.CodeMissingField, "CloudEvents attribute %s: required", name)
 		}
 		s, ok := v.(string)
 		if !ok {
-			return "", ceInvalid("invalid_field", "CloudEvents attribute %s: must be a string", name)
+			return "", ceInvalid(api.CodeInvalidField, "CloudEvents attribute %s: must be a string", name)
 		}
 		if strings.TrimSpace(s) == "" {
-			return "", ceInvalid("missing_field", "CloudEvents attribute %s: required, and empty", name)
+			return "", ceInvalid(api.CodeMissingField, "CloudEvents attribute %s: required, and empty", name)
 		}
 		return s, nil
 	}
@@ -193,13 +194,13 @@ func (ce *cloudEvent) check(maxType int) *ceError {
 		return err
 	}
 	if spec != ceSpecVersion {
-		return ceInvalid("invalid_field", "CloudEvents attribute specversion: %q is not supported (postbox reads %s)", spec, ceSpecVersion)
+		return ceInvalid(api.CodeInvalidField, "CloudEvents attribute specversion: %q is not supported (postbox reads %s)", spec, ceSpecVersion)
 	}
 	if ce.id, err = str("id"); err != nil {
 		return err
 	}
 	if e := checkText("CloudEvents attribute id", ce.id, maxKeyLength); e != nil {
-		return ceInvalid("invalid_field", "%v", e)
+		return ceInvalid(api.CodeInvalidField, "%v", e)
 	}
 	if _, err = str("source"); err != nil {
 		return err
@@ -208,19 +209,19 @@ func (ce *cloudEvent) check(maxType int) *ceError {
 		return err
 	}
 	if e := checkText("CloudEvents attribute type", ce.typ, maxType); e != nil {
-		return ceInvalid("invalid_field", "%v", e)
+		return ceInvalid(api.CodeInvalidField, "%v", e)
 	}
 	if v, ok := ce.attrs["time"]; ok {
 		s, _ := v.(string)
 		t, e := time.Parse(time.RFC3339Nano, s)
 		if e != nil {
-			return ceInvalid("invalid_field", "CloudEvents attribute time: %q is not an RFC 3339 timestamp", s)
+			return ceInvalid(api.CodeInvalidField, "CloudEvents attribute time: %q is not an RFC 3339 timestamp", s)
 		}
 		ce.time = t
 	}
 	if v, ok := ce.attrs["datacontenttype"].(string); ok && v != "" {
 		if mt, _, e := mime.ParseMediaType(v); e != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
-			return &ceError{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type",
+			return &ceError{code: api.CodeUnsupportedMediaType,
 				message: fmt.Sprintf("CloudEvents datacontenttype %q: postbox stores JSON data; send application/json", v)}
 		}
 	}

@@ -58,7 +58,7 @@ func (s *Server) consumerOf(ctx context.Context, name string) (api.Consumer, err
 // consumerErr answers err of consumer name: an unknown one is 404 naming it.
 func (s *Server) consumerErr(w http.ResponseWriter, name string, err error) {
 	if errors.Is(err, delivery.ErrNotFound) || errors.Is(err, stream.ErrConsumerNotFound) {
-		writeError(w, http.StatusNotFound, "not_found", "no consumer %q: a consumer has its subscription's name (postbox consumers list)", name)
+		writeError(w, api.CodeNotFound, "no consumer %q: a consumer has its subscription's name (postbox consumers list)", name)
 		return
 	}
 	s.writeErr(w, err)
@@ -134,11 +134,11 @@ func (s *Server) resetConsumer(w http.ResponseWriter, r *http.Request) {
 	}
 	start, err := resetStart(req)
 	if err != nil {
-		code := "invalid_field"
+		code := api.CodeInvalidField
 		if req == (api.ResetRequest{}) {
-			code = "missing_field"
+			code = api.CodeMissingField
 		}
-		writeError(w, http.StatusBadRequest, code, "%v", err)
+		writeError(w, code, "%v", err)
 		return
 	}
 	before, err := s.consumerOf(r.Context(), name)
@@ -149,7 +149,7 @@ func (s *Server) resetConsumer(w http.ResponseWriter, r *http.Request) {
 	c, err := s.delivery.Reset(r.Context(), name, start)
 	if err != nil {
 		if start.Policy == stream.StartAtOffset && (errors.Is(err, stream.ErrOffsetOutOfRange) || errors.Is(err, delivery.ErrInvalid)) {
-			writeError(w, http.StatusBadRequest, "invalid_field", "to_offset %d: past the end of stream %s, whose next offset is %d",
+			writeError(w, api.CodeInvalidField, "to_offset %d: past the end of stream %s, whose next offset is %d",
 				start.Offset, before.Stream, before.HighWatermark+1)
 			return
 		}
@@ -175,7 +175,7 @@ func (s *Server) consumerCommits(w http.ResponseWriter, r *http.Request) {
 	if v := r.URL.Query().Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > maxHistoryLimit {
-			writeError(w, http.StatusBadRequest, "invalid_field", "limit %q: want 1 to %d", v, maxHistoryLimit)
+			writeError(w, api.CodeInvalidField, "limit %q: want 1 to %d", v, maxHistoryLimit)
 			return
 		}
 		limit = n
@@ -187,7 +187,7 @@ func (s *Server) consumerCommits(w http.ResponseWriter, r *http.Request) {
 	}
 	a, ok := s.streams.(stream.Auditor)
 	if !ok {
-		writeError(w, http.StatusNotImplemented, "not_kept", "this server's stream backend keeps no history of consumer commits: the sqlite and postgres stream backends keep one")
+		writeError(w, api.CodeNotKept, "this server's stream backend keeps no history of consumer commits: the sqlite and postgres stream backends keep one")
 		return
 	}
 	moves, err := a.Moves(r.Context(), name, limit)

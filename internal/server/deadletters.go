@@ -29,13 +29,13 @@ func deadLetterFilter(w http.ResponseWriter, q url.Values) (delivery.DeadLetters
 		if v := q.Get(name); v != "" {
 			var err error
 			if *t, err = time.Parse(time.RFC3339Nano, v); err != nil {
-				writeError(w, http.StatusBadRequest, "invalid_field", "%s %q: want an RFC 3339 time such as 2026-11-21T10:00:00Z", name, v)
+				writeError(w, api.CodeInvalidField, "%s %q: want an RFC 3339 time such as 2026-11-21T10:00:00Z", name, v)
 				return f, false
 			}
 		}
 	}
 	if !f.From.IsZero() && !f.To.IsZero() && !f.From.Before(f.To) {
-		writeError(w, http.StatusBadRequest, "invalid_field", "from %s is not before to %s", q.Get("from"), q.Get("to"))
+		writeError(w, api.CodeInvalidField, "from %s is not before to %s", q.Get("from"), q.Get("to"))
 		return f, false
 	}
 	return f, true
@@ -71,7 +71,7 @@ func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request) {
 func deadLetterID(w http.ResponseWriter, r *http.Request) (int64, bool) {
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id < 1 {
-		writeError(w, http.StatusBadRequest, "invalid_field", "item id %q: want a positive whole number", r.PathValue("id"))
+		writeError(w, api.CodeInvalidField, "item id %q: want a positive whole number", r.PathValue("id"))
 		return 0, false
 	}
 	return id, true
@@ -88,7 +88,7 @@ func (s *Server) getDeadLetter(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if it.State != delivery.StateFailed {
-		writeError(w, http.StatusNotFound, "not_found", "item %d is %s, not a dead letter", id, it.State)
+		writeError(w, api.CodeNotFound, "item %d is %s, not a dead letter", id, it.State)
 		return
 	}
 	writeJSON(w, http.StatusOK, itemsJSON([]delivery.Item{it})[0])
@@ -112,7 +112,7 @@ func (s *Server) replayDeadLetter(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(ids) == 0 {
-		writeError(w, http.StatusConflict, "invalid_state", "item %d is %s, not a dead letter: only failed items are replayed", id, it.State)
+		writeError(w, api.CodeInvalidState, "item %d is %s, not a dead letter: only failed items are replayed", id, it.State)
 		return
 	}
 	writeJSON(w, http.StatusOK, itemsJSON([]delivery.Item{it})[0])
@@ -130,7 +130,7 @@ func (s *Server) replayDeadLetters(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if f == (delivery.DeadLetters{}) && !req.All {
-		writeError(w, http.StatusBadRequest, "missing_field", "name an inbox, a subscription or a time range (from, to), or send \"all\": true to replay every dead letter")
+		writeError(w, api.CodeMissingField, "name an inbox, a subscription or a time range (from, to), or send \"all\": true to replay every dead letter")
 		return
 	}
 	ids, err := s.delivery.Replay(r.Context(), f)

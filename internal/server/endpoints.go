@@ -55,14 +55,14 @@ func (r *endpointRequest) apply(w http.ResponseWriter, ep *delivery.Endpoint) (s
 	str := func(name string, raw json.RawMessage) (string, bool) {
 		var v *string
 		if err := json.Unmarshal(raw, &v); err != nil {
-			writeError(w, http.StatusBadRequest, "invalid_json", "field %q: want a string or null", name)
+			writeError(w, api.CodeInvalidJSON, "field %q: want a string or null", name)
 			return "", false
 		}
 		if v == nil {
 			return "", true
 		}
 		if *v == "" {
-			writeError(w, http.StatusBadRequest, "invalid_field", "%s: empty (null resets it)", name)
+			writeError(w, api.CodeInvalidField, "%s: empty (null resets it)", name)
 			return "", false
 		}
 		return *v, true
@@ -81,7 +81,7 @@ func (r *endpointRequest) apply(w http.ResponseWriter, ep *delivery.Endpoint) (s
 		}
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
-			writeError(w, http.StatusBadRequest, "invalid_field", "%s %q: want a positive duration such as \"30s\"", name, v)
+			writeError(w, api.CodeInvalidField, "%s %q: want a positive duration such as \"30s\"", name, v)
 			return false
 		}
 		*into = d
@@ -99,13 +99,13 @@ func (r *endpointRequest) apply(w http.ResponseWriter, ep *delivery.Endpoint) (s
 		return nil, 0, false
 	}
 	if given(r.SecretOverlap) && secret == nil {
-		writeError(w, http.StatusBadRequest, "invalid_field", "secret_overlap: goes with a new secret")
+		writeError(w, api.CodeInvalidField, "secret_overlap: goes with a new secret")
 		return nil, 0, false
 	}
 	if given(r.Headers) {
 		var h map[string]string
 		if err := json.Unmarshal(r.Headers, &h); err != nil {
-			writeError(w, http.StatusBadRequest, "invalid_json", "field \"headers\": want an object of strings or null")
+			writeError(w, api.CodeInvalidJSON, "field \"headers\": want an object of strings or null")
 			return nil, 0, false
 		}
 		for k, v := range h {
@@ -124,7 +124,7 @@ func (r *endpointRequest) apply(w http.ResponseWriter, ep *delivery.Endpoint) (s
 		if v != "" {
 			sched, err := delivery.ParseSchedule(v)
 			if err != nil {
-				writeError(w, http.StatusBadRequest, "invalid_field", "%v", err)
+				writeError(w, api.CodeInvalidField, "%v", err)
 				return nil, 0, false
 			}
 			ep.RetrySchedule = sched
@@ -138,13 +138,13 @@ func (r *endpointRequest) apply(w http.ResponseWriter, ep *delivery.Endpoint) (s
 		}
 		var n *int
 		if err := json.Unmarshal(raw, &n); err != nil {
-			writeError(w, http.StatusBadRequest, "invalid_json", "field %q: want a whole number or null", name)
+			writeError(w, api.CodeInvalidJSON, "field %q: want a whole number or null", name)
 			return false
 		}
 		*into = 0
 		if n != nil {
 			if *n < least {
-				writeError(w, http.StatusBadRequest, "invalid_field", "%s %d: want %d or more", name, *n, least)
+				writeError(w, api.CodeInvalidField, "%s %d: want %d or more", name, *n, least)
 				return false
 			}
 			*into = *n
@@ -174,7 +174,7 @@ func (r *endpointRequest) apply(w http.ResponseWriter, ep *delivery.Endpoint) (s
 		if v != "" {
 			rate, err := delivery.ParseRate(v)
 			if err != nil {
-				writeError(w, http.StatusBadRequest, "invalid_field", "%v", err)
+				writeError(w, api.CodeInvalidField, "%v", err)
 				return nil, 0, false
 			}
 			ep.Rate = rate
@@ -187,7 +187,7 @@ func (r *endpointRequest) apply(w http.ResponseWriter, ep *delivery.Endpoint) (s
 		}
 		format, err := delivery.ParseFormat(v)
 		if err != nil {
-			writeError(w, http.StatusBadRequest, "invalid_field", "%v", err)
+			writeError(w, api.CodeInvalidField, "%v", err)
 			return nil, 0, false
 		}
 		ep.Format = format
@@ -301,7 +301,7 @@ func (s *Server) listAttempts(w http.ResponseWriter, r *http.Request) {
 	}
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id < 1 {
-		writeError(w, http.StatusBadRequest, "invalid_field", "item id %q: want a positive whole number", r.PathValue("id"))
+		writeError(w, api.CodeInvalidField, "item id %q: want a positive whole number", r.PathValue("id"))
 		return
 	}
 	log, err := s.delivery.Attempts(r.Context(), r.PathValue("inbox"), id)

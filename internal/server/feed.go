@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/feed"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -43,19 +44,19 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	after, err := queryInt(q.Get("after"), 0)
 	if err != nil || after < 0 {
-		writeError(w, http.StatusBadRequest, "invalid_field", "after %q: want the offset to read after, 0 or more (0: from the first event)", q.Get("after"))
+		writeError(w, api.CodeInvalidField, "after %q: want the offset to read after, 0 or more (0: from the first event)", q.Get("after"))
 		return
 	}
 	limit, err := queryInt(q.Get("limit"), 0)
 	if err != nil || limit < 0 {
-		writeError(w, http.StatusBadRequest, "invalid_field", "limit %q: want how many events to send before the answer ends, 1 or more (none: no end)", q.Get("limit"))
+		writeError(w, api.CodeInvalidField, "limit %q: want how many events to send before the answer ends, 1 or more (none: no end)", q.Get("limit"))
 		return
 	}
 	heartbeat := feed.DefaultHeartbeat
 	if v := q.Get("heartbeat"); v != "" {
 		heartbeat, err = time.ParseDuration(v)
 		if err != nil || heartbeat < minFeedHeartbeat || heartbeat > maxFeedHeartbeat {
-			writeError(w, http.StatusBadRequest, "invalid_field", "heartbeat %q: want a duration from %s to %s", v, minFeedHeartbeat, maxFeedHeartbeat)
+			writeError(w, api.CodeInvalidField, "heartbeat %q: want a duration from %s to %s", v, minFeedHeartbeat, maxFeedHeartbeat)
 			return
 		}
 	}

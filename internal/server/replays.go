@@ -38,7 +38,7 @@ func (s *Server) replaySubscription(w http.ResponseWriter, r *http.Request) {
 	}
 	rr := delivery.ReplayRange{Subscription: name, States: req.States, BatchSize: req.BatchSize}
 	if req.Since == "" {
-		writeError(w, http.StatusBadRequest, "missing_field", "since: required: the RFC 3339 time the range starts at, such as 2026-11-21T10:00:00Z")
+		writeError(w, api.CodeMissingField, "since: required: the RFC 3339 time the range starts at, such as 2026-11-21T10:00:00Z")
 		return
 	}
 	for _, f := range []struct {
@@ -50,14 +50,14 @@ func (s *Server) replaySubscription(w http.ResponseWriter, r *http.Request) {
 		}
 		t, err := time.Parse(time.RFC3339Nano, f.v)
 		if err != nil {
-			writeError(w, http.StatusBadRequest, "invalid_field", "%s %q: want an RFC 3339 time such as 2026-11-21T10:00:00Z", f.name, f.v)
+			writeError(w, api.CodeInvalidField, "%s %q: want an RFC 3339 time such as 2026-11-21T10:00:00Z", f.name, f.v)
 			return
 		}
 		*f.t = t
 	}
 	for _, st := range req.States {
 		if st != delivery.StateCompleted && st != delivery.StateFailed {
-			writeError(w, http.StatusBadRequest, "invalid_field", "states: %q: use completed, failed or both (pending and processing items are delivered already)", st)
+			writeError(w, api.CodeInvalidField, "states: %q: use completed, failed or both (pending and processing items are delivered already)", st)
 			return
 		}
 	}

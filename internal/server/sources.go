@@ -201,7 +201,7 @@ func (c *sourceCache) forget(name string) {
 // is no such source and 400 when it is not of kind webhook.
 func (s *Server) webhookIntake(w http.ResponseWriter, r *http.Request, source string) (intake, bool) {
 	if !namePattern.MatchString(source) {
-		writeError(w, http.StatusNotFound, "not_found", "no source %q", source)
+		writeError(w, api.CodeNotFound, "no source %q", source)
 		return intake{}, false
 	}
 	now := time.Now()
@@ -209,12 +209,12 @@ func (s *Server) webhookIntake(w http.ResponseWriter, r *http.Request, source st
 	if !ok {
 		src, err := s.delivery.Source(r.Context(), source)
 		if errors.Is(err, delivery.ErrNotFound) {
-			writeError(w, http.StatusNotFound, "not_found", "no source %q: create it with postbox sources create %s --kind webhook", source, source)
+			writeError(w, api.CodeNotFound, "no source %q: create it with postbox sources create %s --kind webhook", source, source)
 			return intake{}, false
 		}
 		if err != nil {
 			w.Header().Set("Retry-After", "1")
-			writeError(w, http.StatusServiceUnavailable, "unavailable", "reading source %q: %v; send it again", source, err)
+			writeError(w, api.CodeUnavailable, "reading source %q: %v; send it again", source, err)
 			return intake{}, false
 		}
 		e = cachedSource{kind: src.Kind, at: now}
@@ -222,7 +222,7 @@ func (s *Server) webhookIntake(w http.ResponseWriter, r *http.Request, source st
 			var ws webhookSettings
 			if err := json.Unmarshal(src.Settings, &ws); err != nil {
 				s.log.Error("webhooks: a source's settings do not decode", "source", source, "err", err)
-				writeError(w, http.StatusServiceUnavailable, "unavailable", "source %q: its settings do not decode", source)
+				writeError(w, api.CodeUnavailable, "source %q: its settings do not decode", source)
 				return intake{}, false
 			}
 			e.in = s.intakeOf(ws)
@@ -230,7 +230,7 @@ func (s *Server) webhookIntake(w http.ResponseWriter, r *http.Request, source st
 		s.sources.put(source, e)
 	}
 	if e.kind != delivery.KindWebhook {
-		writeError(w, http.StatusBadRequest, "invalid_source", "source %q is of kind %s, not webhook: it takes no webhooks", source, e.kind)
+		writeError(w, api.CodeInvalidSource, "source %q is of kind %s, not webhook: it takes no webhooks", source, e.kind)
 		return intake{}, false
 	}
 	return e.in, true
@@ -359,10 +359,10 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case req.Name == nil:
-		writeError(w, http.StatusBadRequest, "missing_field", "name: required")
+		writeError(w, api.CodeMissingField, "name: required")
 		return
 	case req.Kind == nil:
-		writeError(w, http.StatusBadRequest, "missing_field", "kind: required (webhook, poll, feed, or device for the source devices)")
+		writeError(w, api.CodeMissingField, "kind: required (webhook, poll, feed, or device for the source devices)")
 		return
 	}
 	if !checkName(w, "name", *req.Name) {
@@ -381,32 +381,32 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 			dec.DisallowUnknownFields()
 			if err := dec.Decode(&ws); err != nil {
 				_, msg := jsonError(err)
-				writeError(w, http.StatusBadRequest, "invalid_field", "settings: %s", msg)
+				writeError(w, api.CodeInvalidField, "settings: %s", msg)
 				return
 			}
 		}
 		if err := ws.validate(); err != nil {
-			writeError(w, http.StatusBadRequest, "invalid_field", "%v", err)
+			writeError(w, api.CodeInvalidField, "%v", err)
 			return
 		}
 		src.Settings, _ = json.Marshal(ws)
 	case delivery.KindPoll, delivery.KindFeed:
 		var err error
 		if src.Settings, err = upstreamSettings(*req.Kind, settings); err != nil {
-			writeError(w, http.StatusBadRequest, "invalid_field", "%v", err)
+			writeError(w, api.CodeInvalidField, "%v", err)
 			return
 		}
 	case delivery.KindDevice:
 		if *req.Name != DeviceSource {
-			writeError(w, http.StatusBadRequest, "invalid_field", "kind device: the WebSocket ingress stores every device's events in the source %s; create that one, or a webhook source", DeviceSource)
+			writeError(w, api.CodeInvalidField, "kind device: the WebSocket ingress stores every device's events in the source %s; create that one, or a webhook source", DeviceSource)
 			return
 		}
 		if len(settings) > 0 && !bytes.Equal(settings, []byte("{}")) {
-			writeError(w, http.StatusBadRequest, "invalid_field", "settings: a device source has none")
+			writeError(w, api.CodeInvalidField, "settings: a device source has none")
 			return
 		}
 	default:
-		writeError(w, http.StatusBadRequest, "invalid_field", "kind %q: use webhook, poll, feed, or device for the source %s", *req.Kind, DeviceSource)
+		writeError(w, api.CodeInvalidField, "kind %q: use webhook, poll, feed, or device for the source %s", *req.Kind, DeviceSource)
 		return
 	}
 	got, created, err := s.delivery.CreateSource(r.Context(), src)

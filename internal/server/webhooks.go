@@ -94,7 +94,7 @@ func (s *Server) postSourceWebhook(w http.ResponseWriter, r *http.Request) {
 func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source string) {
 	if !s.isReady() {
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, "unavailable", "not ready yet (starting or shutting down): send it again")
+		writeError(w, api.CodeUnavailable, "not ready yet (starting or shutting down): send it again")
 		return
 	}
 	in, ok := s.webhookIntake(w, r, source)
@@ -103,33 +103,33 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 	}
 	cfg := in.cfg
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
-		writeError(w, http.StatusUnsupportedMediaType, "unsupported_media_type", "Content-Type %q: send application/json", r.Header.Get("Content-Type"))
+		writeError(w, api.CodeUnsupportedMediaType, "Content-Type %q: send application/json", r.Header.Get("Content-Type"))
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, cfg.MaxBytes))
 	var tooLarge *http.MaxBytesError
 	if errors.As(err, &tooLarge) {
-		writeError(w, http.StatusRequestEntityTooLarge, "too_large", "the body is over %d bytes", cfg.MaxBytes)
+		writeError(w, api.CodeTooLarge, "the body is over %d bytes", cfg.MaxBytes)
 		return
 	}
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_json", "reading the body: %v", err)
+		writeError(w, api.CodeInvalidJSON, "reading the body: %v", err)
 		return
 	}
 	if len(bytes.TrimSpace(body)) == 0 || !json.Valid(body) {
-		writeError(w, http.StatusBadRequest, "invalid_json", "the body is not valid JSON")
+		writeError(w, api.CodeInvalidJSON, "the body is not valid JSON")
 		return
 	}
 	if err := in.verify(r, body, time.Now()); err != nil {
 		s.metrics.Count(source, "unauthorized", 1)
-		writeError(w, http.StatusUnauthorized, "invalid_signature", "%v", err)
+		writeError(w, api.CodeInvalidSignature, "%v", err)
 		return
 	}
 	var ce *cloudEvent // a CloudEvent gives the key, type, time and payload (cloudevents.go)
 	if in.from == fromAny && isCloudEvent(r) {
 		var cerr *ceError
 		if ce, cerr = parseCloudEvent(r, body, s.maxTypeBytes()); cerr != nil {
-			writeError(w, cerr.status, cerr.code, "%s", cerr.message)
+			writeError(w, cerr.code, "%s", cerr.message)
 			return
 		}
 		body = ce.data
@@ -140,7 +140,7 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		key, err = ce.id, nil
 	}
 	if err == nil && key == "" { // a signed webhook has a webhook-id
-		writeError(w, http.StatusBadRequest, "missing_field", "idempotency key: %s", keyHint(cfg, in.from))
+		writeError(w, api.CodeMissingField, "idempotency key: %s", keyHint(cfg, in.from))
 		return
 	}
 	var typ string
@@ -152,7 +152,7 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		meta, err = webhookMetadata(r, cfg)
 	}
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_field", "%v", err)
+		writeError(w, api.CodeInvalidField, "%v", err)
 		return
 	}
 	occurred := time.Now()
@@ -186,11 +186,11 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 	case errors.Is(err, groupcommit.ErrFull):
 		s.metrics.Count(source, "throttled", 1)
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusTooManyRequests, "queue_full", "the write queue is full: send it again after Retry-After")
+		writeError(w, api.CodeQueueFull, "the write queue is full: send it again after Retry-After")
 		return
 	case err != nil:
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, "unavailable", "not stored (%v): send it again", err)
+		writeError(w, api.CodeUnavailable, "not stored (%v): send it again", err)
 		return
 	}
 	var o outcome
@@ -202,7 +202,7 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 	if o.err != nil {
 		s.metrics.Count(source, "unavailable", 1)
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, "unavailable", "not stored (%v): send it again", o.err)
+		writeError(w, api.CodeUnavailable, "not stored (%v): send it again", o.err)
 		return
 	}
 	res, stored := o.res[0], stream.StoredEvent{Event: ev, Offset: o.res[0].Offset, StoredAt: o.res[0].StoredAt}
@@ -220,7 +220,7 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		default: // ErrNotFound: trimmed since; sent again, it is stored anew
 			s.metrics.Count(source, "unavailable", 1)
 			w.Header().Set("Retry-After", "1")
-			writeError(w, http.StatusServiceUnavailable, "unavailable", "idempotency key %q: reading the stored webhook to compare: %v; send it again", key, err)
+			writeError(w, api.CodeUnavailable, "idempotency key %q: reading the stored webhook to compare: %v; send it again", key, err)
 			return
 		}
 	}
@@ -231,10 +231,10 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		if c, ok := errors.AsType[*stream.ConflictError](res.Err); ok {
 			field = c.Field
 		}
-		writeError(w, http.StatusConflict, "conflict", "idempotency key %q was stored with a different %s; nothing was changed", key, field)
+		writeError(w, api.CodeConflict, "idempotency key %q was stored with a different %s; nothing was changed", key, field)
 	case res.Err != nil: // stream.ErrTooLarge: the backend cannot store it, ever
 		s.metrics.Count(source, "rejected", 1)
-		writeError(w, http.StatusRequestEntityTooLarge, "too_large", "%v; nothing was stored", res.Err)
+		writeError(w, api.CodeTooLarge, "%v; nothing was stored", res.Err)
 	case res.Duplicate:
 		s.metrics.Count(source, "duplicate", 1)
 		j := s.webhookJSON(r.Context(), source, stored)
@@ -477,12 +477,12 @@ func (s *Server) getWebhook(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("source") // GET /webhooks/{source}: a webhook id, wh_42
 	offset, err := strconv.ParseInt(strings.TrimPrefix(id, "wh_"), 10, 64)
 	if !strings.HasPrefix(id, "wh_") || err != nil || offset < 1 {
-		writeError(w, http.StatusNotFound, "not_found", "no webhook %q: ids look like wh_42", id)
+		writeError(w, api.CodeNotFound, "no webhook %q: ids look like wh_42", id)
 		return
 	}
 	ev, err := s.streams.Event(r.Context(), WebhookSource, offset)
 	if errors.Is(err, stream.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "not_found", "no webhook %q", id)
+		writeError(w, api.CodeNotFound, "no webhook %q", id)
 		return
 	}
 	if err != nil {
@@ -495,12 +495,12 @@ func (s *Server) getWebhook(w http.ResponseWriter, r *http.Request) {
 func (s *Server) findWebhook(w http.ResponseWriter, r *http.Request) {
 	key := r.URL.Query().Get("idempotency_key")
 	if key == "" {
-		writeError(w, http.StatusBadRequest, "missing_field", "idempotency_key: GET /webhooks?idempotency_key=KEY, or GET /webhooks/{id}")
+		writeError(w, api.CodeMissingField, "idempotency_key: GET /webhooks?idempotency_key=KEY, or GET /webhooks/{id}")
 		return
 	}
 	ev, err := s.streams.Lookup(r.Context(), WebhookSource, key, "")
 	if errors.Is(err, stream.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "not_found", "no webhook with idempotency key %q", key)
+		writeError(w, api.CodeNotFound, "no webhook with idempotency key %q", key)
 		return
 	}
 	if err != nil {
