@@ -28,6 +28,10 @@ sending events with pipelining (many frames in flight) to a server it starts its
 temporary database (or to --server), then checks the store holds every event exactly once. Progress goes to stderr; --json prints
 one JSON object as the last line of stdout.
 
+--raw measures the ceiling instead: the same events, prepared as the server prepares them, inserted
+into a fresh database with the same table and index (same disk, same --synchronous and --max-batch)
+by one writer in plain group commits of 4-row INSERTs, with no server, WebSocket or decoding.
+
 With --streams nats://host:4222 the started server keeps its streams in NATS JetStream, under
 a prefix of the run's own (BENCH_<run>_, unless the URL sets prefix=) whose streams and
 consumer bucket are deleted at the end; the store check then reads the stream back through
@@ -67,7 +71,7 @@ bench delivery the workers delivering items to a target (postbox bench delivery 
 	streams := fs.String("streams", "sqlite", "the started server's stream `backend`: sqlite (its temporary database), nats://host:4222[?replicas=3&prefix=NAME] or kafka://host:9092[?replication_factor=3&prefix=NAME]")
 	queueSize := positiveInt(groupcommit.DefaultQueueSize)
 	fs.Var(&queueSize, "queue-size", "the started server's writer queue bound in `events`")
-	raw := fs.Bool("raw", false, "with --streams nats://… or kafka://…: publish the events straight to JetStream or Kafka (the baseline), without a postbox server")
+	raw := fs.Bool("raw", false, "the baseline, without a postbox server: insert the events into a fresh SQLite database in plain group commits, or with --streams nats://… or kafka://… publish them straight to JetStream or Kafka")
 	if err := parse(env, fs, args); err != nil {
 		return err
 	}
@@ -80,9 +84,6 @@ bench delivery the workers delivering items to a target (postbox bench delivery 
 	}
 	if *srvURL != "" && isSet(fs, "transport") {
 		return usagef("--transport is for the server bench starts; with --server its URL's scheme says")
-	}
-	if *raw && kind != "nats" && kind != "kafka" {
-		return usagef("--raw publishes to JetStream or Kafka: give --streams nats://host:4222 or kafka://host:9092")
 	}
 	var kcfg streamkafka.Config
 	if kind == "kafka" {

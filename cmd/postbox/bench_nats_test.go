@@ -74,11 +74,30 @@ func TestBenchStreamsNATS(t *testing.T) {
 	}
 }
 
-// TestBenchRawNeedsNATS: --raw without a nats:// --streams is a usage
-// error.
-func TestBenchRawNeedsNATS(t *testing.T) {
-	out, err := exec.Command(binary, "bench", "--raw", "--events", "10").CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "--streams nats://") {
-		t.Errorf("bench --raw without --streams: %v, want a usage error naming --streams nats://, got:\n%s", err, out)
+// TestBenchRawSQLite: --raw with the default streams inserts the events
+// into a fresh SQLite database without a server (the ceiling), every one
+// stored once; with --rate it is a usage error.
+func TestBenchRawSQLite(t *testing.T) {
+	out, err := exec.Command(binary, "bench", "--raw", "--devices", "4", "--events", "600", "--json").Output()
+	if err != nil {
+		t.Fatalf("bench --raw: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var res struct {
+		Acked       int64  `json:"acked"`
+		Stored      int64  `json:"stored"`
+		Duplicates  int64  `json:"duplicates_stored"`
+		Server      string `json:"server"`
+		Synchronous string `json:"synchronous"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+		t.Fatalf("last line is not the JSON result: %q: %v", lines[len(lines)-1], err)
+	}
+	if res.Server != "raw-sqlite" || res.Synchronous != "FULL" || res.Acked != 600 || res.Stored != 600 || res.Duplicates != 0 {
+		t.Errorf("bench --raw: want raw-sqlite, FULL, 600 acked and stored once each, got %+v", res)
+	}
+	out, err = exec.Command(binary, "bench", "--raw", "--rate", "1000", "--events", "10").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--rate") {
+		t.Errorf("bench --raw --rate: %v, want a usage error naming --rate, got:\n%s", err, out)
 	}
 }

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -52,8 +53,10 @@ type IngestConfig struct {
 	Streams, StreamsKind string
 	Kafka                streamkafka.Config
 
-	// Raw, with nats or kafka streams, publishes the events straight to
-	// JetStream or Kafka, without a postbox server: the baseline.
+	// Raw publishes the events straight to JetStream or Kafka (with nats
+	// or kafka streams) or inserts them into a fresh SQLite database in
+	// plain group commits (with sqlite streams), without a postbox server:
+	// the baseline.
 	Raw bool
 
 	CPUProfile string    // a file for a CPU profile of the run; empty: none
@@ -88,8 +91,9 @@ type IngestResult struct {
 	Window       int     `json:"window"`
 	Rate         float64 `json:"offered_rate"`
 	PeakRSSMB    float64 `json:"peak_rss_mb"` // of this process (server and loader when in-process)
-	// Server is in-process, the --server URL, or raw-jetstream or
-	// raw-kafka for the --raw baseline (no postbox server at all).
+	// Server is in-process, the --server URL, or raw-sqlite,
+	// raw-jetstream or raw-kafka for the --raw baseline (no postbox
+	// server at all).
 	Server string `json:"server"`
 	// Transport is websocket or grpc; empty for the --raw baseline.
 	Transport string `json:"transport,omitempty"`
@@ -177,7 +181,8 @@ func Ingest(ctx context.Context, cfg IngestConfig) (*IngestResult, error) {
 		case bn != nil:
 			res.Server, err = "raw-jetstream", runRawJetStream(ctx, progress, bn, rb, res)
 		default:
-			return nil, usagef("--raw publishes to JetStream or Kafka: give --streams nats://host:4222 or kafka://host:9092")
+			res.Server, res.MaxBatch, res.Synchronous = "raw-sqlite", cfg.MaxBatch, strings.ToUpper(cmp.Or(cfg.Synchronous, "FULL"))
+			err = runRawSQLite(ctx, progress, rb, cfg.MaxBatch, cfg.QueueSize, cfg.Synchronous, res)
 		}
 		if err != nil {
 			return nil, err
