@@ -43,12 +43,14 @@ const (
 	CodeInvalidState Code = "invalid_state"
 	// CodeTooLarge: the body is over the server's limit. 413.
 	CodeTooLarge Code = "too_large"
-	// CodeUnsupportedMediaType: the Content-Type is not one the endpoint
-	// takes. 415.
+	// CodeUnsupportedMediaType: a CloudEvents webhook in a mode or with
+	// data postbox does not take. 415.
 	CodeUnsupportedMediaType Code = "unsupported_media_type"
-	// CodeQueueFull: the server's write queue is full; send again later. 429.
+	// CodeQueueFull: the server's write queue is full; send again after
+	// Retry-After. 429.
 	CodeQueueFull Code = "queue_full"
-	// CodeNotKept: the server does not keep what was asked for. 501.
+	// CodeNotKept: the server does not keep what was asked for (the
+	// stream backend keeps no history of consumer commits). 501.
 	CodeNotKept Code = "not_kept"
 	// CodeUnavailable: the store did not answer, or the server is
 	// shutting down; send again later. 503.
@@ -81,10 +83,10 @@ var codes = []CodeInfo{
 	{CodeLeaseLost, http.StatusConflict, "an item no longer holds the lease"},
 	{CodeInvalidState, http.StatusConflict, "an item is not in a state the request needs"},
 	{CodeTooLarge, http.StatusRequestEntityTooLarge, "the body is over 1 MiB"},
-	{CodeUnsupportedMediaType, http.StatusUnsupportedMediaType, "a webhook's `Content-Type` says CloudEvents in a mode or format postbox does not take"},
-	{CodeQueueFull, http.StatusTooManyRequests, "the server's write queue is full: send again after `Retry-After`"},
-	{CodeNotKept, http.StatusNotImplemented, "the server does not keep what was asked for"},
-	{CodeUnavailable, http.StatusServiceUnavailable, "the server is shutting down, or its store failed: send again"},
+	{CodeUnsupportedMediaType, http.StatusUnsupportedMediaType, "a webhook is a CloudEvent in batched mode, or its data is not JSON"},
+	{CodeQueueFull, http.StatusTooManyRequests, "a webhook found the server's write queue full: send it again after `Retry-After`"},
+	{CodeNotKept, http.StatusNotImplemented, "the stream backend keeps no history of consumer commits"},
+	{CodeUnavailable, http.StatusServiceUnavailable, "the server is starting or shutting down, or its store failed: send it again"},
 	{CodeTooManyConnections, http.StatusServiceUnavailable, "the WebSocket ingress holds as many connections as it allows: connect again after `Retry-After`"},
 }
 

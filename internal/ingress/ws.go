@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/wsping"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -54,7 +55,7 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		d, known := in.cfg.Tokens.Device(strings.TrimSpace(token))
 		if !ok || !known {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="postbox"`)
-			writeError(w, http.StatusUnauthorized, "unauthorized", "Authorization: a known bearer token is required")
+			writeError(w, api.CodeUnauthorized, "Authorization: a known bearer token is required")
 			in.log.Warn("ingress: refused connection with unknown token", "remote", r.RemoteAddr)
 			return
 		}
@@ -63,7 +64,7 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !in.admit(device) {
 		in.m.refused.Inc()
 		w.Header().Set("Retry-After", retryAfterFull)
-		writeError(w, http.StatusServiceUnavailable, "too_many_connections",
+		writeError(w, api.CodeTooManyConnections,
 			"the server holds as many WebSocket connections as it allows; connect again later")
 		in.log.Warn("ingress: refused connection over the connection limit", "remote", r.RemoteAddr, "limit", in.cfg.MaxConnections)
 		return
@@ -171,11 +172,12 @@ func wsSend(c *websocket.Conn) func(context.Context, []postbox.Reply) error {
 	}
 }
 
-// writeError answers a refused connection with the server's JSON error.
-func writeError(w http.ResponseWriter, status int, code, message string) {
+// writeError answers a refused connection with the server's JSON error,
+// its status from the table of api.Codes.
+func writeError(w http.ResponseWriter, code api.Code, message string) {
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": message}})
+	w.WriteHeader(code.Status())
+	json.NewEncoder(w).Encode(api.ErrorResponse{Error: api.Error{Code: code, Message: message}})
 }
 
 // admit counts a new connection in, unless MaxConnections are open; a
