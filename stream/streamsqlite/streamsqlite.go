@@ -103,6 +103,10 @@ type streamState struct {
 	last int64 // the writer's high watermark, ahead of the commit inside a batch
 	prev int64 // last at the start of the batch, to undo a failed one
 
+	// ids is ID and SourceID as bound INSERT arguments, boxed once (the
+	// writer's).
+	ids [2]any
+
 	committed atomic.Int64 // the committed high watermark
 	mu        sync.Mutex
 	grew      chan struct{} // closed when committed grows
@@ -120,6 +124,10 @@ type item struct {
 	sha      [32]byte
 	occurred string
 	res      *stream.AppendResult
+	// row is the event's own INSERT arguments (source_native_id through
+	// source_sequence), converted and boxed by the caller's goroutine:
+	// each costs the writer an allocation otherwise.
+	row [rowArgs]any
 
 	fn    func(*sql.Tx) error
 	fnErr error
@@ -130,7 +138,7 @@ func (it *item) Size() int {
 	if it.ev == nil {
 		return 256
 	}
-	return len(it.ev.Payload) + len(it.ev.Metadata) + len(it.ev.NativeID) + len(it.ev.DeliveryHandle) + 256
+	return 2*(len(it.ev.Payload)+len(it.ev.Metadata)+len(it.ev.DeliveryHandle)) + len(it.ev.NativeID) + 256
 }
 
 // Open opens (creating and migrating) the database at path. Call Run to
@@ -425,17 +433,41 @@ func (b *Backend) prepare(streamID string, events []stream.Event) ([]*item, []st
 	items := make([]*item, len(events))
 	backing := make([]item, len(events))
 	for i := range events {
-		sum := sha256.Sum256(events[i].Payload)
-		backing[i] = item{
+		it := &backing[i]
+		*it = item{
 			st:       st,
 			ev:       &events[i],
-			sha:      sum,
+			sha:      sha256.Sum256(events[i].Payload),
 			occurred: events[i].OccurredAt.UTC().Format(sqlitedb.Time),
 			res:      &results[i],
 		}
-		items[i] = &backing[i]
+		it.prepareRow()
+		items[i] = it
 	}
 	return items, results, nil
+}
+
+// rowArgs is how many of an INSERT row's arguments item.row holds.
+const rowArgs = 9
+
+// emptyMetadata is the metadata stored for an event without any, boxed.
+var emptyMetadata any = "{}"
+
+// prepareRow fills it.row.
+func (it *item) prepareRow() {
+	ev := it.ev
+	var handle, seq any
+	if len(ev.DeliveryHandle) > 0 {
+		handle = string(ev.DeliveryHandle)
+	}
+	metadata := emptyMetadata
+	if len(ev.Metadata) > 0 {
+		metadata = string(ev.Metadata)
+	}
+	if ev.Sequence != nil {
+		seq = *ev.Sequence
+	}
+	it.row = [rowArgs]any{ev.NativeID, ev.Variant, ev.Type, it.occurred, metadata, string(ev.Payload), handle, it.sha[:], seq}
 }
 
 // chunk is how many events one INSERT statement writes.
@@ -472,6 +504,7 @@ func (b *Backend) flush(ctx context.Context, batch []*item) (err error) {
 		now = b.lastNow // the clock went back: stored times still only grow
 	}
 	nowText := now.Format(sqlitedb.Time)
+	var nowArg any = nowText // boxed once for every row
 	tx, err := b.write.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("append: begin: %w", err)
@@ -505,7 +538,7 @@ func (b *Backend) flush(ctx context.Context, batch []*item) (err error) {
 		if n < chunk {
 			ins = tx.StmtContext(ctx, b.inserts[n])
 		}
-		inserted, err := b.insert(ctx, ins, part, nowText)
+		inserted, err := b.insert(ctx, ins, part, nowArg)
 		if err != nil {
 			return err
 		}
@@ -541,25 +574,21 @@ func (b *Backend) flush(ctx context.Context, batch []*item) (err error) {
 
 // insert writes part with one statement, each row under the next offset
 // of its stream, and returns how many rows it inserted.
-func (b *Backend) insert(ctx context.Context, ins *sql.Stmt, part []*item, nowText string) (int64, error) {
+//
+// Only pos is converted here: the rest was boxed before (item.row,
+// streamState.ids, now once per batch), so that the writer, the one
+// goroutine every event waits for, does not allocate for it.
+func (b *Backend) insert(ctx context.Context, ins *sql.Stmt, part []*item, now any) (int64, error) {
 	args := b.args[:0]
 	for _, it := range part {
-		ev := it.ev
-		var handle any
-		if len(ev.DeliveryHandle) > 0 {
-			handle = string(ev.DeliveryHandle)
+		st := it.st
+		if st.ids[0] == nil {
+			st.ids = [2]any{st.ID, st.SourceID}
 		}
-		metadata := "{}"
-		if len(ev.Metadata) > 0 {
-			metadata = string(ev.Metadata)
-		}
-		var seq any
-		if ev.Sequence != nil {
-			seq = *ev.Sequence
-		}
-		it.res.Offset = b.nextOffset(it.st)
-		args = append(args, it.st.base+it.res.Offset, it.st.ID, it.st.SourceID, ev.NativeID, ev.Variant,
-			ev.Type, it.occurred, metadata, string(ev.Payload), handle, it.sha[:], seq, nowText, nowText)
+		it.res.Offset = b.nextOffset(st)
+		args = append(args, st.base+it.res.Offset, st.ids[0], st.ids[1])
+		args = append(args, it.row[:]...)
+		args = append(args, now, now)
 	}
 	b.args = args
 	r, err := ins.ExecContext(ctx, args...)
