@@ -120,24 +120,9 @@ func runRawKafka(ctx context.Context, progress io.Writer, bk *benchKafka, rb raw
 		return fmt.Errorf("bench --raw: create topic %s: %w", topic, err)
 	}
 
-	var acked, nacked atomic.Int64
-	lat := &latencies{}
-	start := time.Now()
-	progressDone := make(chan struct{})
-	go ackProgress(progress, &acked, int64(rb.events), start, progressDone)
-	load, lctx := errgroup.WithContext(ctx)
-	for d := 0; d < rb.devices; d++ {
-		n := rb.events / rb.devices
-		if d < rb.events%rb.devices {
-			n++
-		}
-		load.Go(func() error {
-			return rawKafkaProducer(lctx, cl, rb, fmt.Sprintf("bench-%03d", d), n, &acked, &nacked, lat)
-		})
-	}
-	err = load.Wait()
-	close(progressDone)
-	res.measured(start, &acked, &nacked, lat)
+	err = rb.load(ctx, progress, res, func(ctx context.Context, device string, n int, acked, nacked *atomic.Int64, lat *latencies) error {
+		return rawKafkaProducer(ctx, cl, rb, device, n, acked, nacked, lat)
+	})
 	if err != nil {
 		return fmt.Errorf("bench --raw: %w", err)
 	}

@@ -120,12 +120,38 @@ func countThroughBackend(ctx context.Context, b stream.Backend, streamID, prefix
 	return int64(len(seen)), dups, nil
 }
 
-// rawBench is a raw JetStream or Kafka baseline run: the bench's events
-// published straight to a stream or topic made as the backend makes them.
+// rawBench is a --raw baseline run: the bench's events written straight
+// to the engine (a JetStream stream, a Kafka topic, a SQLite table) as the
+// backend would make them, with no server between.
 type rawBench struct {
 	devices, events, frame, window int
 	payload                        []byte
 	idPrefix                       string
+}
+
+// load runs a --raw run's loaders: one producer per device, each sending
+// its share of rb.events, with the progress lines on progress, and records
+// what they measured in res.
+func (rb rawBench) load(ctx context.Context, progress io.Writer, res *IngestResult,
+	produce func(ctx context.Context, device string, n int, acked, nacked *atomic.Int64, lat *latencies) error) error {
+	var acked, nacked atomic.Int64
+	lat := &latencies{}
+	start := time.Now()
+	progressDone := make(chan struct{})
+	go ackProgress(progress, &acked, int64(rb.events), start, progressDone)
+	g, gctx := errgroup.WithContext(ctx)
+	for d := 0; d < rb.devices; d++ {
+		n := rb.events / rb.devices
+		if d < rb.events%rb.devices {
+			n++
+		}
+		device := fmt.Sprintf("bench-%03d", d)
+		g.Go(func() error { return produce(gctx, device, n, &acked, &nacked, lat) })
+	}
+	err := g.Wait()
+	close(progressDone)
+	res.measured(start, &acked, &nacked, lat)
+	return err
 }
 
 // runRawJetStream publishes the run's events with JetStream async publish
@@ -158,24 +184,9 @@ func runRawJetStream(ctx context.Context, progress io.Writer, bn *benchNATS, rb 
 		return err
 	}
 
-	var acked, nacked atomic.Int64
-	lat := &latencies{}
-	start := time.Now()
-	progressDone := make(chan struct{})
-	go ackProgress(progress, &acked, int64(rb.events), start, progressDone)
-	load, lctx := errgroup.WithContext(ctx)
-	for d := 0; d < rb.devices; d++ {
-		n := rb.events / rb.devices
-		if d < rb.events%rb.devices {
-			n++
-		}
-		load.Go(func() error {
-			return rawProducer(lctx, js, name+".", rb, fmt.Sprintf("bench-%03d", d), n, &acked, &nacked, lat)
-		})
-	}
-	err = load.Wait()
-	close(progressDone)
-	res.measured(start, &acked, &nacked, lat)
+	err = rb.load(ctx, progress, res, func(ctx context.Context, device string, n int, acked, nacked *atomic.Int64, lat *latencies) error {
+		return rawProducer(ctx, js, name+".", rb, device, n, acked, nacked, lat)
+	})
 	if err != nil {
 		return fmt.Errorf("bench --raw: %w", err)
 	}

@@ -12,8 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/postbox-events/postbox/internal/groupcommit"
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
@@ -129,25 +127,9 @@ func runRawSQLite(ctx context.Context, progress io.Writer, rb rawBench, maxBatch
 	writerDone := make(chan error, 1)
 	go func() { writerDone <- w.Run(wctx) }()
 
-	var acked, nacked atomic.Int64
-	lat := &latencies{}
-	start := time.Now()
-	progressDone := make(chan struct{})
-	go ackProgress(progress, &acked, int64(rb.events), start, progressDone)
-	load, lctx := errgroup.WithContext(ctx)
-	for d := 0; d < rb.devices; d++ {
-		n := rb.events / rb.devices
-		if d < rb.events%rb.devices {
-			n++
-		}
-		device := fmt.Sprintf("bench-%03d", d)
-		load.Go(func() error {
-			return rawSQLiteProducer(lctx, w, rb, device, n, &acked, &nacked, lat)
-		})
-	}
-	err = load.Wait()
-	close(progressDone)
-	res.measured(start, &acked, &nacked, lat)
+	err = rb.load(ctx, progress, res, func(ctx context.Context, device string, n int, acked, nacked *atomic.Int64, lat *latencies) error {
+		return rawSQLiteProducer(ctx, w, rb, device, n, acked, nacked, lat)
+	})
 	stopWriter()
 	<-writerDone
 	if err != nil {
