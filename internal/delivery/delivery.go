@@ -47,6 +47,7 @@ import (
 	"regexp"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -204,6 +205,7 @@ type Delivery struct {
 	now     func() time.Time
 	inboxes notifier
 	inline  inlineState
+	tallies atomic.Int64 // rows written to inbox_tallies since this process last folded them
 
 	jobs        chan job        // leased items for the workers
 	completions chan completion // items the workers completed, to ack
@@ -330,6 +332,9 @@ func (d *Delivery) Run(ctx context.Context) error {
 		case <-t.C:
 			if err := d.reap(ctx); err != nil && ctx.Err() == nil {
 				d.log.Warn("delivery: ending expired leases failed; retrying", "err", err)
+			}
+			if err := d.foldTallies(ctx, false); err != nil && ctx.Err() == nil {
+				d.log.Warn("delivery: folding the counts of completed items failed; retrying", "err", err)
 			}
 		}
 	}

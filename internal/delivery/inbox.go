@@ -163,64 +163,6 @@ func (d *Delivery) oneItem(ctx context.Context, where string, args []any, notFou
 	return items[0], nil
 }
 
-// InboxCounts is how many items an inbox holds in each state.
-type InboxCounts struct {
-	Inbox                                  string
-	Pending, Processing, Completed, Failed int64
-	OldestPending                          time.Time // created_at of the oldest pending item; zero when none
-}
-
-// Inboxes returns the item counts of every inbox that has items or a
-// subscription.
-func (d *Delivery) Inboxes(ctx context.Context) ([]InboxCounts, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT inbox_id, state, count(*) FROM inbox_items GROUP BY inbox_id, state
-		UNION ALL SELECT DISTINCT inbox_id, '', 0 FROM subscriptions`)
-	if err != nil {
-		return nil, fmt.Errorf("inboxes: %w", err)
-	}
-	defer rows.Close()
-	by := map[string]*InboxCounts{}
-	for rows.Next() {
-		var inbox, state string
-		var n int64
-		if err := rows.Scan(&inbox, &state, &n); err != nil {
-			return nil, err
-		}
-		c := by[inbox]
-		if c == nil {
-			c = &InboxCounts{Inbox: inbox}
-			by[inbox] = c
-		}
-		switch state {
-		case StatePending:
-			c.Pending = n
-		case StateProcessing:
-			c.Processing = n
-		case StateCompleted:
-			c.Completed = n
-		case StateFailed:
-			c.Failed = n
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	rows.Close()
-	out := make([]InboxCounts, 0, len(by))
-	for _, c := range by {
-		if c.Pending > 0 {
-			var created string
-			if err := d.db.QueryRowContext(ctx, `SELECT created_at FROM inbox_items WHERE inbox_id = ? AND state = 'pending'
-				ORDER BY item_id LIMIT 1`, c.Inbox).Scan(&created); err == nil {
-				c.OldestPending, _ = sqlitedb.ParseTime(created)
-			}
-		}
-		out = append(out, *c)
-	}
-	slices.SortFunc(out, func(a, b InboxCounts) int { return strings.Compare(a.Inbox, b.Inbox) })
-	return out, nil
-}
-
 // Backlog is the work inboxes hold, as Recover reports it at startup.
 type Backlog struct {
 	Recovered     int       // items a previous process left processing, returned to pending (or failed)
@@ -523,6 +465,9 @@ func (d *Delivery) settleAll(ctx context.Context, sts ...*settlement) error {
 			}
 			if len(st.moves) > 0 {
 				if err := st.apply(tx, nowText, st.moves); err != nil {
+					return err
+				}
+				if err := d.tally(ctx, tx, map[string]int64{st.inbox: completedMoves(st.moves)}); err != nil {
 					return err
 				}
 			}

@@ -359,26 +359,40 @@ func (d *Delivery) replayBatch(ctx context.Context, id string) (replayProgress, 
 		}
 		if len(moves) > 0 {
 			// The state is checked again: an item may have moved since the
-			// walk read it (on PostgreSQL, where writers run at once).
-			args := []any{now}
-			for _, s := range wanted {
-				args = append(args, s)
+			// walk read it (on PostgreSQL, where writers run at once). One
+			// statement a state, so that the completed ones are counted.
+			completed := map[string]int64{}
+			for _, state := range wanted {
+				args := []any{now, state}
+				for _, m := range moves {
+					args = append(args, m.id)
+				}
+				rows, err := tx.QueryContext(ctx, `UPDATE inbox_items SET state = 'pending', attempts = 0, next_attempt_at = ?1,
+					lease_token = NULL, lease_expires_at = NULL, failed_at = NULL, completed_at = NULL,
+					replayed_at = ?1, replays = replays + 1, updated_at = ?1
+					WHERE state = ?2 AND item_id IN (`+strings.Repeat(",?", len(moves))[1:]+`) RETURNING inbox_id`, args...)
+				if err != nil {
+					return err
+				}
+				for rows.Next() {
+					var inbox string
+					if err := rows.Scan(&inbox); err != nil {
+						rows.Close()
+						return err
+					}
+					p.replayed++
+					if state == StateCompleted {
+						completed[inbox]--
+					}
+				}
+				rows.Close()
+				if err := rows.Err(); err != nil {
+					return err
+				}
 			}
-			for _, m := range moves {
-				args = append(args, m.id)
-			}
-			res, err := tx.ExecContext(ctx, `UPDATE inbox_items SET state = 'pending', attempts = 0, next_attempt_at = ?1,
-				lease_token = NULL, lease_expires_at = NULL, failed_at = NULL, completed_at = NULL,
-				replayed_at = ?1, replays = replays + 1, updated_at = ?1
-				WHERE state IN (`+strings.Repeat(",?", len(wanted))[1:]+`) AND item_id IN (`+strings.Repeat(",?", len(moves))[1:]+`)`, args...)
-			if err != nil {
+			if err := d.tally(ctx, tx, completed); err != nil {
 				return err
 			}
-			n, err := res.RowsAffected()
-			if err != nil {
-				return err
-			}
-			p.replayed = int(n)
 		}
 		p.total += int64(p.replayed)
 		p.batches++

@@ -34,18 +34,23 @@ func (d *Delivery) Cleanup(ctx context.Context, cutoff time.Time) (Cleaned, erro
 		var n int64
 		err := d.update(ctx, func(tx conn) error {
 			rows, err := tx.QueryContext(ctx, `DELETE FROM inbox_items WHERE item_id IN (SELECT item_id FROM inbox_items
-				WHERE state IN ('completed', 'failed') AND updated_at < ? LIMIT ?) RETURNING item_id`, before, cleanupBatch)
+				WHERE state IN ('completed', 'failed') AND updated_at < ? LIMIT ?) RETURNING item_id, inbox_id, state`, before, cleanupBatch)
 			if err != nil {
 				return err
 			}
 			var gone []move
+			completed := map[string]int64{}
 			for rows.Next() {
 				var m move
-				if err := rows.Scan(&m.id); err != nil {
+				var inbox string
+				if err := rows.Scan(&m.id, &inbox, &m.to); err != nil {
 					rows.Close()
 					return err
 				}
 				gone = append(gone, m)
+				if m.to == StateCompleted {
+					completed[inbox]--
+				}
 			}
 			rows.Close()
 			if err := rows.Err(); err != nil {
@@ -54,6 +59,9 @@ func (d *Delivery) Cleanup(ctx context.Context, cutoff time.Time) (Cleaned, erro
 			n = int64(len(gone))
 			if n == 0 {
 				return nil
+			}
+			if err := d.tally(ctx, tx, completed); err != nil {
+				return err
 			}
 			// Their attempt log goes with them.
 			return execIn(ctx, tx, `DELETE FROM delivery_attempts WHERE item_id IN (%s)`, gone)
