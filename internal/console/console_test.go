@@ -279,8 +279,8 @@ func TestPages(t *testing.T) {
 	if got := text(t, ctx, `#items-shown`); got != "5 pending items." {
 		t.Errorf("inbox: %q, want 5 pending items.", got)
 	}
-	if got := text(t, ctx, `#inbox-states a.active`); got != "pending" {
-		t.Errorf("inbox: the state shown is %q, want pending", got)
+	if got := text(t, ctx, `#inbox-states a.active`); got != "pending 5" {
+		t.Errorf("inbox: the state shown is %q, want pending and its count, 5", got)
 	}
 	shot(t, ctx, "inbox")
 
@@ -563,7 +563,7 @@ func TestLoadTimes(t *testing.T) {
 		}
 	}
 	for _, path := range []string{"/v1/stats", "/v1/sources", "/v1/streams", "/v1/subscriptions",
-		"/v1/inboxes", "/v1/inboxes/planner/items?limit=50", // not called by the console: each scans the inbox
+		"/v1/inboxes", "/v1/inboxes/planner/items?limit=50", // the second is not called by the console: it scans the inbox
 		"/v1/inboxes/planner/items?state=pending&limit=50", "/v1/inboxes/planner/items?state=completed&limit=50",
 		"/v1/inboxes/billing/items?state=failed&limit=50", "/v1/inboxes/planner/items/1",
 		"/v1/inboxes/planner/items/1/attempts", "/v1/dead-letters?limit=50", "/v1/dead-letters?inbox=billing&limit=50",

@@ -246,12 +246,14 @@ function breaker(s, rerender) {
 const STATES = ['pending', 'processing', 'completed', 'failed'];
 
 // The inbox page lists one state of one inbox at a time: a page of items
-// by id read through the (inbox, state, id) index. It shows no counts:
-// counting a million items is a scan, and the page must not wait for one.
+// by id read through the (inbox, state, id) index, and the count of each
+// state on its tab. The counts do not scan the inbox: the server counts
+// pending, processing and failed items in the index (the queue and the
+// dead letters) and keeps the count of completed ones as items complete.
 async function inbox(live, params) {
   const { view } = live;
-  const subs = (await api('/v1/subscriptions')).subscriptions;
-  const names = [...new Set(subs.map((s) => s.inbox))].sort();
+  const inboxes = (await api('/v1/inboxes')).inboxes;
+  const names = inboxes.map((i) => i.inbox);
   const name = params.get('inbox') || names[0] || '';
   if (name && !names.includes(name)) names.push(name);
   const st = STATES.includes(params.get('state')) ? params.get('state') : 'pending';
@@ -264,8 +266,10 @@ async function inbox(live, params) {
     e.preventDefault();
     location.hash = '#/inbox' + q({ inbox: new FormData(form).get('inbox'), state: st });
   });
+  const counts = inboxes.find((i) => i.inbox === name) || {};
   const tabs = h('nav', { class: 'tabs', id: 'inbox-states', 'aria-label': 'state' },
-    STATES.map((s) => h('a', { href: '#/inbox' + q({ inbox: name, state: s }), class: s === st ? 'active' : '', dataset: { state: s } }, s)));
+    STATES.map((s) => h('a', { href: '#/inbox' + q({ inbox: name, state: s }), class: s === st ? 'active' : '', dataset: { state: s } },
+      s, ' ', h('span', { class: 'count muted' }, counts[s] === undefined ? '–' : counts[s].toLocaleString('en')))));
   const parts = [h('h1', {}, 'Inbox'), form, tabs];
   if (name) {
     const page = await api(`/v1/inboxes/${encodeURIComponent(name)}/items` + q({ state: st, after, limit: 50 }));
