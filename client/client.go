@@ -37,6 +37,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/wsping"
 )
 
@@ -151,7 +152,11 @@ func URL(rawURL string) (string, error) {
 func isGRPC(scheme string) bool { return scheme == "grpc" || scheme == "grpcs" }
 
 // Dial connects to the ingress at rawURL: ws://host:port (wss:// for TLS),
-// with or without a path, or grpc://host:port (grpcs:// for TLS).
+// with or without a path, or grpc://host:port (grpcs:// for TLS). A
+// connection the server refuses is an *APIError whose Code says why
+// (api.CodeUnauthorized, which errors.Is matches to ErrUnauthorized, or
+// api.CodeTooManyConnections), read from the WebSocket's JSON error or
+// gRPC's status details.
 func Dial(ctx context.Context, rawURL string, opts Options) (*Conn, error) {
 	u, err := URL(rawURL)
 	if err != nil {
@@ -175,6 +180,9 @@ func Dial(ctx context.Context, rawURL string, opts Options) (*Conn, error) {
 	}
 	c, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: opts.HTTPClient, HTTPHeader: h, Subprotocols: []string{"postbox.v1"}})
 	if err != nil {
+		if refused := wsRefusal(resp); refused != nil {
+			return nil, fmt.Errorf("dial %s: %w", u, refused)
+		}
 		if resp != nil && resp.StatusCode == http.StatusUnauthorized {
 			return nil, fmt.Errorf("dial %s: %w", u, ErrUnauthorized)
 		}
@@ -223,6 +231,19 @@ func (t wsTransport) close() error { return t.c.Close(websocket.StatusNormalClos
 
 // ErrUnauthorized is returned by Dial when the server refuses the token.
 var ErrUnauthorized = errors.New("client: server refused the token (401)")
+
+// wsRefusal returns the server's refusal of a WebSocket upgrade, its JSON
+// error, as an *APIError; nil when resp holds none.
+func wsRefusal(resp *http.Response) error {
+	if resp == nil || resp.Body == nil {
+		return nil
+	}
+	var e api.ErrorResponse
+	if json.NewDecoder(resp.Body).Decode(&e) != nil || e.Error.Code == "" {
+		return nil
+	}
+	return &APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+}
 
 // Send writes msgs as one frame and waits for a reply to each, returned in
 // the order of msgs. It returns ErrClosed (wrapped) if the connection breaks
@@ -317,6 +338,11 @@ func (c *Conn) readLoop(ctx context.Context) {
 	for {
 		replies, err := c.t.read(ctx)
 		if err != nil {
+			var refused *APIError
+			if errors.As(err, &refused) { // the server said why (gRPC's status details)
+				c.fail(fmt.Errorf("%w: %w", ErrClosed, refused))
+				return
+			}
 			c.fail(fmt.Errorf("%w: %v", ErrClosed, err))
 			return
 		}

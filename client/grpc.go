@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/ingresspb"
 )
 
@@ -85,6 +87,9 @@ func dialGRPC(ctx context.Context, u string, opts Options) (*Conn, error) {
 	if o.err != nil {
 		cancel()
 		cc.Close()
+		if refused := grpcRefusal(o.err); refused != o.err {
+			return nil, fmt.Errorf("dial %s: %w", u, refused)
+		}
 		if status.Code(o.err) == codes.Unauthenticated {
 			return nil, fmt.Errorf("dial %s: %w", u, ErrUnauthorized)
 		}
@@ -111,9 +116,27 @@ func (t *grpcTransport) write(_ context.Context, frame []byte) error {
 func (t *grpcTransport) read(context.Context) ([]postbox.Reply, error) {
 	m, err := t.stream.Recv()
 	if err != nil {
-		return nil, err
+		return nil, grpcRefusal(err)
 	}
 	return m.Postbox(), nil
+}
+
+// grpcRefusal returns err, the status a call ended with, as an *APIError
+// when the server said why in the status details (an errdetails.ErrorInfo
+// whose Reason is an api.Code: unauthorized, too_many_connections,
+// unavailable at shutdown), as the WebSocket's refusals are; otherwise err.
+func grpcRefusal(err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Reason != "" {
+			code := api.Code(info.Reason)
+			return &APIError{Status: code.Status(), Code: code, Message: st.Message()}
+		}
+	}
+	return err
 }
 
 // close ends the stream and the connection under it; replies not received

@@ -6,10 +6,10 @@ import (
 	"crypto/x509"
 	"errors"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/client"
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/servertest"
@@ -80,7 +80,9 @@ func TestGRPCServerShutdown(t *testing.T) {
 	if d := time.Since(stopped); d >= server.ShutdownTimeout {
 		t.Errorf("the server took %v to stop, its whole shutdown timeout: the gRPC connection was not drained", d)
 	}
-	if _, err := c.Send(ctx, []client.Message{message(t, "shut-2", true)}); !errors.Is(err, client.ErrClosed) || !strings.Contains(err.Error(), "Unavailable") {
-		t.Errorf("Send after the server stopped: %v, want ErrClosed by Unavailable", err)
+	_, err = c.Send(ctx, []client.Message{message(t, "shut-2", true)})
+	var refused *client.APIError
+	if !errors.Is(err, client.ErrClosed) || !errors.As(err, &refused) || refused.Code != api.CodeUnavailable {
+		t.Errorf("Send after the server stopped: %v, want ErrClosed by the code unavailable", err)
 	}
 }

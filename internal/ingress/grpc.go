@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/ingresspb"
 )
 
@@ -73,14 +75,31 @@ type grpcIngress struct {
 	in *Ingress
 }
 
+// GRPCErrorDomain is the Domain of the errdetails.ErrorInfo a refusal's
+// status carries; its Reason is the api.Code the WebSocket's refusal
+// carries in its JSON error.
+const GRPCErrorDomain = "postbox"
+
 // The gRPC transport's statuses, by why a stream ends (the WebSocket's
-// HTTP statuses and close codes in ws.go).
+// HTTP statuses and close codes in ws.go). A refusal carries its api.Code
+// in the status details (errdetails.ErrorInfo's Reason), so that a client
+// reads it without parsing the message; a replaced stream has no code, as
+// on the WebSocket.
 var (
-	errGRPCUnauthenticated = status.Error(codes.Unauthenticated, "authorization: a known bearer token is required")
-	errGRPCTooMany         = status.Error(codes.ResourceExhausted, "too_many_connections: the server holds as many ingress connections as it allows; connect again later")
-	errGRPCShuttingDown    = status.Error(codes.Unavailable, "server shutting down")
+	errGRPCUnauthenticated = grpcRefusal(codes.Unauthenticated, api.CodeUnauthorized, "authorization: a known bearer token is required")
+	errGRPCTooMany         = grpcRefusal(codes.ResourceExhausted, api.CodeTooManyConnections, "too_many_connections: the server holds as many ingress connections as it allows; connect again later")
+	errGRPCShuttingDown    = grpcRefusal(codes.Unavailable, api.CodeUnavailable, "server shutting down")
 	errGRPCReplaced        = status.Error(codes.Aborted, "replaced by a newer connection of this device")
 )
+
+// grpcRefusal is a status of c with message, whose details carry code.
+func grpcRefusal(c codes.Code, code api.Code, message string) error {
+	st, err := status.New(c, message).WithDetails(&errdetails.ErrorInfo{Reason: string(code), Domain: GRPCErrorDomain})
+	if err != nil {
+		panic(err) // an ErrorInfo always marshals
+	}
+	return st.Err()
+}
 
 // Send runs the envelope/ACK protocol on one stream.
 func (g grpcIngress) Send(stream ingresspb.Ingress_SendServer) error {
