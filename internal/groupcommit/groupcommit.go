@@ -8,6 +8,13 @@
 // so the cost of an fsync is paid once per batch instead of once per item,
 // and the store sees exactly one writer.
 //
+// With Config.Sync the fsync leaves the writer's path: flush commits
+// without waiting for the disk, a goroutine of the Writer's own calls Sync
+// once for every commit made since its last call, and only then are those
+// commits' callers told. The next batch is written while the disk syncs
+// the last, so the writer is busy for the CPU a batch costs, not for it and
+// an fsync in turn.
+//
 // The queue is bounded by QueueSize items, and by QueueBytes when the items
 // implement Sizer: Enqueue blocks while it is full
 // (a stream transport stops reading, which is backpressure) and TryEnqueue
@@ -48,6 +55,14 @@ type Config struct {
 	// Observe, when set, is called after each flush with the batch size,
 	// how long the flush took and its error.
 	Observe func(items int, took time.Duration, err error)
+	// Sync, when set, makes what flush committed durable (an fsync of the
+	// write-ahead log). A flush's callers are answered after a Sync that
+	// began after the flush returned; one call covers every flush since
+	// the last. A failed Sync answers those callers with its error.
+	Sync func() error
+	// ObserveSync, when set, is called after each Sync with the flushes
+	// it covered, how long it took and its error.
+	ObserveSync func(flushes int, took time.Duration, err error)
 }
 
 // Sizer is implemented by items that know how much memory they hold.
@@ -69,6 +84,8 @@ type Writer[T any] struct {
 	space  chan struct{} // closed when items leave the queue
 	ready  chan struct{} // wakes Run
 	closed bool
+
+	sync *syncer // nil without Config.Sync
 }
 
 type entry[T any] struct {
@@ -96,12 +113,16 @@ func New[T any](flush FlushFunc[T], cfg Config) *Writer[T] {
 	if cfg.QueueSize <= 0 {
 		cfg.QueueSize = DefaultQueueSize
 	}
-	return &Writer[T]{
+	w := &Writer[T]{
 		flush: flush,
 		cfg:   cfg,
 		space: make(chan struct{}),
 		ready: make(chan struct{}, 1),
 	}
+	if cfg.Sync != nil {
+		w.sync = &syncer{sync: cfg.Sync, observe: cfg.ObserveSync, wake: make(chan struct{}, 1), taken: make(chan struct{})}
+	}
+	return w
 }
 
 // Len returns the number of items waiting to be written.
@@ -257,6 +278,18 @@ func (w *Writer[T]) push(items []T, done func(error), ctx context.Context) {
 // and returns. Items are flushed with a context that is not cancelled by
 // ctx, so a batch in progress at shutdown still commits and is answered.
 func (w *Writer[T]) Run(ctx context.Context) error {
+	if w.sync != nil {
+		flushed := make(chan struct{})
+		stopped := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			w.sync.run(flushed)
+		}()
+		defer func() {
+			close(flushed) // no flush follows: the syncer answers the last and stops
+			<-stopped
+		}()
+	}
 	fctx := context.WithoutCancel(ctx)
 	batch := make([]entry[T], 0, w.cfg.MaxBatch)
 	items := make([]T, 0, w.cfg.MaxBatch)
@@ -279,6 +312,12 @@ func (w *Writer[T]) Run(ctx context.Context) error {
 // writeBatch flushes up to MaxBatch queued items; it reports whether it
 // found any.
 func (w *Writer[T]) writeBatch(ctx context.Context, batch []entry[T], items []T) bool {
+	if w.sync != nil {
+		// A commit no Sync has taken yet is answered by the next Sync
+		// anyway: committing again before it is taken would only make
+		// smaller batches.
+		w.sync.waitTaken()
+	}
 	w.mu.Lock()
 	n := min(len(w.queue), w.cfg.MaxBatch)
 	if n == 0 {
@@ -339,10 +378,104 @@ func (w *Writer[T]) writeBatch(ctx context.Context, batch []entry[T], items []T)
 		}
 		r.remaining--
 		if r.remaining == 0 && r.done != nil {
-			r.done(r.err)
+			if w.sync != nil && r.err == nil {
+				w.sync.add(r)
+			} else {
+				r.done(r.err)
+			}
 		}
+	}
+	if w.sync != nil && err == nil {
+		w.sync.flushed()
 	}
 	clear(items)
 	clear(batch[:n]) // let the items go before the next batch
 	return true
+}
+
+// syncer answers the callers of committed flushes once Sync has made them
+// durable, on a goroutine of its own so that the writer goes on meanwhile.
+type syncer struct {
+	sync    func() error
+	observe func(flushes int, took time.Duration, err error)
+	wake    chan struct{} // has a token when flushes wait for a Sync
+
+	mu      sync.Mutex
+	waiting []*request    // answered after the next Sync
+	flushes int           // flushes since the last Sync
+	taken   chan struct{} // closed when the syncer takes the flushes
+	spare   []*request
+}
+
+// waitTaken returns once no committed flush waits for a Sync to begin
+// (writer goroutine).
+func (s *syncer) waitTaken() {
+	s.mu.Lock()
+	for s.flushes > 0 {
+		taken := s.taken
+		s.mu.Unlock()
+		<-taken
+		s.mu.Lock()
+	}
+	s.mu.Unlock()
+}
+
+// add queues r's answer for after the next Sync (writer goroutine).
+func (s *syncer) add(r *request) {
+	s.mu.Lock()
+	s.waiting = append(s.waiting, r)
+	s.mu.Unlock()
+}
+
+// flushed records a committed flush and wakes the syncer (writer goroutine).
+func (s *syncer) flushed() {
+	s.mu.Lock()
+	s.flushes++
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run syncs and answers until last is closed (no flush follows), then
+// syncs once more for what the last flushes committed.
+func (s *syncer) run(last <-chan struct{}) {
+	for {
+		select {
+		case <-s.wake:
+			s.once()
+		case <-last:
+			s.once()
+			return
+		}
+	}
+}
+
+// once calls Sync for the flushes committed so far and answers their
+// callers.
+func (s *syncer) once() {
+	s.mu.Lock()
+	reqs, flushes := s.waiting, s.flushes
+	s.waiting, s.spare, s.flushes = s.spare[:0], nil, 0
+	close(s.taken)
+	s.taken = make(chan struct{})
+	s.mu.Unlock()
+	if flushes == 0 && len(reqs) == 0 {
+		return
+	}
+	start := time.Now()
+	err := s.sync()
+	if s.observe != nil {
+		s.observe(flushes, time.Since(start), err)
+	}
+	for i, r := range reqs {
+		r.done(err)
+		reqs[i] = nil
+	}
+	s.mu.Lock()
+	if s.spare == nil {
+		s.spare = reqs[:0]
+	}
+	s.mu.Unlock()
 }

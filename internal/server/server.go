@@ -175,6 +175,12 @@ type observer interface {
 	Observe(fn func(events int, took time.Duration, err error))
 }
 
+// syncObserver is a Writer that syncs its commits to the disk apart from
+// them (streamsqlite with FULL) and reports each sync.
+type syncObserver interface {
+	ObserveSync(fn func(commits int, took time.Duration, err error))
+}
+
 // Server is a running control plane.
 type Server struct {
 	cfg      Config
@@ -269,6 +275,11 @@ func New(cfg Config) (*Server, error) {
 		Name: "postbox_writer_failures_total",
 		Help: "Group commits that failed; their events were NACKed as retryable.",
 	})
+	syncs := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "postbox_writer_sync_seconds",
+		Help:    "Time to make group commits durable: one sync of the SQLite write-ahead log, covering every commit since the last.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 12),
+	})
 	reg.MustRegister(batch, commit, failures)
 	statsReg := prometheus.NewRegistry() // what GET /v1/stats reads
 	statsReg.MustRegister(commit)
@@ -295,6 +306,18 @@ func New(cfg Config) (*Server, error) {
 	if native {
 		if o, ok := writer.(observer); ok {
 			o.Observe(observe)
+		}
+		if o, ok := writer.(syncObserver); ok {
+			reg.MustRegister(syncs)
+			o.ObserveSync(func(commits int, took time.Duration, err error) {
+				syncs.Observe(took.Seconds())
+				if err != nil {
+					failures.Inc()
+					health.fail(err)
+					cfg.Logger.Error("writer: sync of the write-ahead log failed; the events of its commits are NACKed as retryable",
+						"commits", commits, "err", err)
+				}
+			})
 		}
 	} else {
 		writer = appendq.New(cfg.Streams, appendq.Config{MaxBatch: cfg.MaxBatch, QueueSize: cfg.QueueSize,

@@ -334,7 +334,10 @@ func scanConsumer(row *sql.Row, id string) (stream.Consumer, error) {
 // sqlitedb.Migrate) to this database, so that its tables can be written in
 // the same group commits as the streams' (Update).
 func (b *Backend) Migrate(ctx context.Context, component string, fsys fs.FS) error {
-	return sqlitedb.Migrate(ctx, b.write, component, fsys)
+	if err := sqlitedb.Migrate(ctx, b.write, component, fsys); err != nil {
+		return err
+	}
+	return b.sync()
 }
 
 // Trim implements stream.Trimmer. The high watermark is recorded in streams.last_offset first, so offsets

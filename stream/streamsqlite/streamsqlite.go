@@ -61,19 +61,24 @@ type Config struct {
 	QueueBytes int
 	// Observe is called after each group commit (see groupcommit.Config).
 	Observe func(events int, took time.Duration, err error)
+	// ObserveSync is called after each sync of the write-ahead log with
+	// FULL (see groupcommit.Config).
+	ObserveSync func(commits int, took time.Duration, err error)
 	// Now returns the current time. Defaults to time.Now.
 	Now func() time.Time
 }
 
 // Backend stores streams in one SQLite database.
 type Backend struct {
-	path       string
-	write      *sql.DB // one connection: the writer's
-	read       *sql.DB // readers, on their own connections
-	checkpoint *sql.DB // one connection that checkpoints the WAL
-	writer     *groupcommit.Writer[*item]
-	now        func() time.Time
-	observe    func(events int, took time.Duration, err error) // Config.Observe, or what Observe set
+	path        string
+	write       *sql.DB // one connection: the writer's
+	read        *sql.DB // readers, on their own connections
+	checkpoint  *sql.DB // one connection that checkpoints the WAL
+	writer      *groupcommit.Writer[*item]
+	now         func() time.Time
+	observe     func(events int, took time.Duration, err error)  // Config.Observe, or what Observe set
+	observeSync func(commits int, took time.Duration, err error) // Config.ObserveSync, or what ObserveSync set
+	wal         *sqlitedb.WALSyncer                              // with FULL: syncs what the writer committed
 
 	// used by the writer goroutine only
 	inserts             [chunk + 1]*sql.Stmt // by row count
@@ -143,13 +148,28 @@ func (it *item) Size() int {
 
 // Open opens (creating and migrating) the database at path. Call Run to
 // start the writer and Close when done.
+//
+// With synchronous FULL (the default) the writer's connection commits as
+// NORMAL does, and the group commit syncs the write-ahead log itself
+// (sqlitedb.WALSyncer) before it answers the commit's callers: an append
+// is acknowledged only once it is on the disk, as with FULL, but the
+// writer writes the next batch while the disk syncs the last.
 func Open(path string, cfg Config) (*Backend, error) {
-	write, err := sqlitedb.Open(path, sqlitedb.Options{Synchronous: cfg.Synchronous, MaxConns: 1, ManualCheckpoint: true})
+	writeSync := strings.ToUpper(cfg.Synchronous)
+	var wal *sqlitedb.WALSyncer
+	if writeSync == "" || writeSync == sqlitedb.SyncFull {
+		writeSync, wal = sqlitedb.SyncNormal, sqlitedb.NewWALSyncer(path)
+	}
+	write, err := sqlitedb.Open(path, sqlitedb.Options{Synchronous: writeSync, MaxConns: 1, ManualCheckpoint: true})
 	if err != nil {
 		return nil, err
 	}
 	sub, _ := fs.Sub(migrations, "migrations")
-	if err := sqlitedb.Migrate(context.Background(), write, "streams", sub); err != nil {
+	err = sqlitedb.Migrate(context.Background(), write, "streams", sub)
+	if err == nil && wal != nil {
+		err = wal.Sync()
+	}
+	if err != nil {
 		write.Close()
 		return nil, err
 	}
@@ -165,13 +185,15 @@ func Open(path string, cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{
-		path:       path,
-		write:      write,
-		read:       read,
-		checkpoint: checkpoint,
-		now:        cfg.Now,
-		observe:    cfg.Observe,
-		streams:    map[string]*streamState{},
+		path:        path,
+		write:       write,
+		read:        read,
+		checkpoint:  checkpoint,
+		now:         cfg.Now,
+		observe:     cfg.Observe,
+		observeSync: cfg.ObserveSync,
+		wal:         wal,
+		streams:     map[string]*streamState{},
 	}
 	if b.now == nil {
 		b.now = time.Now
@@ -204,12 +226,21 @@ func Open(path string, cfg Config) (*Backend, error) {
 	if cfg.QueueBytes <= 0 {
 		cfg.QueueBytes = DefaultQueueBytes
 	}
-	b.writer = groupcommit.New(b.flush, groupcommit.Config{MaxBatch: cfg.MaxBatch, QueueSize: cfg.QueueSize, QueueBytes: cfg.QueueBytes,
+	gc := groupcommit.Config{MaxBatch: cfg.MaxBatch, QueueSize: cfg.QueueSize, QueueBytes: cfg.QueueBytes,
 		Observe: func(events int, took time.Duration, err error) {
 			if b.observe != nil {
 				b.observe(events, took, err)
 			}
-		}})
+		}}
+	if wal != nil {
+		gc.Sync = wal.Sync
+		gc.ObserveSync = func(commits int, took time.Duration, err error) {
+			if b.observeSync != nil {
+				b.observeSync(commits, took, err)
+			}
+		}
+	}
+	b.writer = groupcommit.New(b.flush, gc)
 	return b, nil
 }
 
@@ -217,6 +248,21 @@ func Open(path string, cfg Config) (*Backend, error) {
 // Config.Observe, for a caller that did not open the backend (a server
 // that counts commits and watches for failed ones). Call it before Run.
 func (b *Backend) Observe(fn func(events int, took time.Duration, err error)) { b.observe = fn }
+
+// ObserveSync sets the function called after each sync of the
+// write-ahead log, replacing Config.ObserveSync. Call it before Run.
+func (b *Backend) ObserveSync(fn func(commits int, took time.Duration, err error)) {
+	b.observeSync = fn
+}
+
+// sync makes what the writer's connection committed outside the group
+// commit durable, with FULL.
+func (b *Backend) sync() error {
+	if b.wal == nil {
+		return nil
+	}
+	return b.wal.Sync()
+}
 
 // loadStreams reads every stream into memory with its high watermark.
 func (b *Backend) loadStreams(ctx context.Context) error {
@@ -306,7 +352,11 @@ func (b *Backend) Run(ctx context.Context) error {
 // Close checkpoints and closes the database. Run must have returned.
 func (b *Backend) Close() error {
 	sqlitedb.Checkpoint(context.Background(), b.checkpoint)
-	return errors.Join(b.write.Close(), b.read.Close(), b.checkpoint.Close())
+	err := errors.Join(b.write.Close(), b.read.Close(), b.checkpoint.Close())
+	if b.wal != nil {
+		err = errors.Join(err, b.wal.Close())
+	}
+	return err
 }
 
 // QueueLen returns the events waiting for the writer; QueueCap its bound.
@@ -340,6 +390,9 @@ func (b *Backend) EnsureStream(ctx context.Context, sourceID string) (stream.Str
 	if _, err := b.write.ExecContext(ctx, `INSERT INTO streams (stream_id, source_id, stream_key, backend, created_at, stream_no, last_offset)
 		VALUES (?1, ?1, ?1, ?2, ?3, (SELECT coalesce(max(stream_no), 0) + 1 FROM streams), 0) ON CONFLICT DO NOTHING`,
 		sourceID, BackendName, now.Format(sqlitedb.Time)); err != nil {
+		return stream.Stream{}, fmt.Errorf("ensure stream %s: %w", sourceID, err)
+	}
+	if err := b.sync(); err != nil {
 		return stream.Stream{}, fmt.Errorf("ensure stream %s: %w", sourceID, err)
 	}
 	st, err := scanStream(b.write.QueryRowContext(ctx, `SELECT stream_id, source_id, backend, created_at, stream_no, last_offset
