@@ -32,6 +32,7 @@ a store and streams they share: --store postgres://… with --streams nats://…
 	sign := fs.Bool("sign", false, "give the target a signing secret: every request carries Standard Webhooks signatures")
 	asJSON := fs.Bool("json", false, "print the result as one JSON object on the last line")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the delivery part of the run to this file")
+	traceFile := fs.String("trace", "", "write an execution trace (go tool trace) of the delivery part of the run to this file")
 	if err := parse(env, fs, args); err != nil {
 		return err
 	}
@@ -58,7 +59,7 @@ a store and streams they share: --store postgres://… with --streams nats://…
 	res, err := bench.Delivery(ctx, bench.DeliveryConfig{
 		Store: *storeSpec, Streams: *streams, StreamsKind: kind,
 		Nodes: int(nodes), Items: int(items), Workers: int(workers),
-		Secret: secret, CPUProfile: *cpuprofile, Open: openBench, Progress: env.stderr,
+		Secret: secret, CPUProfile: *cpuprofile, Trace: *traceFile, Open: openBench, Progress: env.stderr,
 	})
 	if err != nil {
 		return benchErr(err)

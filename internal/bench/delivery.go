@@ -9,8 +9,11 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"runtime/trace"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -44,6 +47,7 @@ type DeliveryConfig struct {
 	Secret string
 
 	CPUProfile string    // a file for a CPU profile of the delivery part; empty: none
+	Trace      string    // a file for an execution trace of the delivery part; empty: none
 	Open       OpenFunc  // opens each node's backends
 	Progress   io.Writer // progress lines; nil: discarded
 }
@@ -153,6 +157,11 @@ func Delivery(ctx context.Context, cfg DeliveryConfig) (*DeliveryResult, error) 
 		return nil, err
 	}
 	defer stopProfile()
+	stopTrace, err := startTrace(cfg.Trace)
+	if err != nil {
+		return nil, err
+	}
+	defer stopTrace()
 	start := time.Now()
 	patch := map[string]any{"target": "http://" + tln.Addr().String() + "/"}
 	if cfg.Secret != "" {
@@ -173,6 +182,7 @@ func Delivery(ctx context.Context, cfg DeliveryConfig) (*DeliveryResult, error) 
 		return nil, err
 	}
 	took := time.Since(start)
+	stopTrace()
 	if cfg.Secret != "" && signed.Load() != posts.Load() {
 		return nil, fmt.Errorf("bench delivery: %d of %d requests carried no webhook-signature", posts.Load()-signed.Load(), posts.Load())
 	}
@@ -285,4 +295,28 @@ func waitInbox(ctx context.Context, base, inbox string, done func(inboxCount) bo
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// startTrace starts an execution trace (runtime/trace) into the file at
+// path, and returns what stops it; a second call of stop does nothing. An
+// empty path traces nothing.
+func startTrace(path string) (stop func(), _ error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := trace.Start(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			trace.Stop()
+			f.Close()
+		})
+	}, nil
 }
