@@ -103,8 +103,12 @@ func (d *Delivery) Replay(ctx context.Context, f DeadLetters) ([]int64, error) {
 		d.cfg.Metrics.replayed(inbox, n)
 	}
 	if len(all) > 0 {
-		d.log.Info("delivery: dead letters replayed", "items", len(all), "id", f.ID, "inbox", f.Inbox, "subscription", f.Subscription,
-			"from", f.From, "to", f.To)
+		var id any // the filter's fields that are set
+		if f.ID != 0 {
+			id = f.ID
+		}
+		d.log.Info("delivery: dead letters replayed", setAttrs("items", len(all), "id", id, "inbox", f.Inbox,
+			"subscription", f.Subscription, "from", f.From, "to", f.To)...)
 	}
 	return all, nil
 }

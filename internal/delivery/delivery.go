@@ -251,7 +251,7 @@ func New(ctx context.Context, streams stream.Backend, store Store, cfg Config) (
 	d := &Delivery{streams: streams, waiter: waiter, store: store, db: conn{c: store.ReadDB(), pg: pg}, shared: shared, pg: pg,
 		cfg: cfg, log: cfg.Logger, now: cfg.Now,
 		loops: map[string]*loop{}, held: map[string]bool{},
-		jobs: make(chan job), completions: make(chan completion, ackQueue*cfg.Workers), slots: newSlots(2 * cfg.Workers),
+		jobs: make(chan job), completions: make(chan completion, ackQueue*cfg.Workers), slots: newSlots(slotsPerWorker * cfg.Workers),
 		handlers: map[string]Handler{}, targets: map[string]string{}, dispatchers: map[string]*loop{}}
 	if pg {
 		d.cluster = newCluster(d)
@@ -538,8 +538,8 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 	d.mu.Unlock()
 	d.forgetEndpoint(s.Inbox)
 	d.broadcast(ctx, "subs")
-	d.log.Info("delivery: subscription created", "subscription", s.Name, "source", s.Source, "inbox", s.Inbox,
-		"types", s.Types, "start", s.Start.Policy, "target", s.Target)
+	d.log.Info("delivery: subscription created", setAttrs("subscription", s.Name, "source", s.Source, "inbox", s.Inbox,
+		"types", s.Types, "start", s.Start.Policy, "target", s.Target)...)
 	return s, true, nil
 }
 
@@ -766,7 +766,10 @@ func (d *Delivery) Update(ctx context.Context, name string, c Change) (Subscript
 	d.setTargetLocked(s.Inbox, s.Target)
 	d.mu.Unlock()
 	d.broadcast(ctx, "subs")
-	if s.Target != old.Target {
+	switch {
+	case s.Target != old.Target && s.Target == "":
+		d.log.Info("delivery: subscription target removed; runtimes lease its items", "subscription", name, "inbox", s.Inbox)
+	case s.Target != old.Target:
 		d.log.Info("delivery: subscription target set", "subscription", name, "inbox", s.Inbox, "target", s.Target)
 	}
 	if c.Secret != nil {

@@ -537,8 +537,8 @@ func (d *Delivery) Enable(ctx context.Context, name string) (Breaker, error) {
 	fl.mu.Unlock()
 	if changed || was.State != BreakerClosed {
 		d.cfg.Metrics.breakerMoved(s.Inbox, BreakerClosed)
-		d.log.Info("delivery: endpoint enabled by an operator; delivering again", "subscription", name, "inbox", s.Inbox,
-			"target", s.Target, "was", was.State, "since", was.Since)
+		d.log.Info("delivery: endpoint enabled by an operator; delivering again", setAttrs("subscription", name, "inbox", s.Inbox,
+			"target", s.Target, "was", was.State, "since", was.Since)...)
 	}
 	d.forgetEndpoint(s.Inbox)
 	d.inboxes.notify(s.Inbox)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,7 +79,11 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.SetReadLimit(in.cfg.MaxFrameBytes)
 	in.m.connections.Inc()
 	defer in.m.connections.Dec()
-	in.log.Debug("ingress: connection open", "remote", r.RemoteAddr, "device", device)
+	peer := []any{"remote", r.RemoteAddr} // and its device, with tokens
+	if device != "" {
+		peer = slices.Clip(append(peer, "device", device)) // each append below makes its own copy
+	}
+	in.log.Debug("ingress: connection open", peer...)
 
 	if !in.enterSession() {
 		c.Close(websocket.StatusGoingAway, "server shutting down")
@@ -122,7 +127,7 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if in.cfg.PingInterval > 0 {
 		wg.Go(func() {
 			if err := wsping.RunStalls(ctx, c, in.cfg.PingInterval, in.cfg.PingTimeout, &s.stalls); err != nil {
-				in.log.Warn("ingress: closing a connection whose peer is gone", "remote", r.RemoteAddr, "device", device, "err", err)
+				in.log.Warn("ingress: closing a connection whose peer is gone", append(peer, "err", err)...)
 				cancel()
 			}
 		})
@@ -140,8 +145,7 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case status == websocket.StatusNormalClosure || status == websocket.StatusGoingAway:
 		c.Close(websocket.StatusNormalClosure, "")
 	case errors.Is(err, errFrameTimeout):
-		in.log.Warn("ingress: frame not received within the frame timeout, connection closed", "remote", r.RemoteAddr,
-			"device", device, "timeout", in.cfg.FrameTimeout)
+		in.log.Warn("ingress: frame not received within the frame timeout, connection closed", append(peer, "timeout", in.cfg.FrameTimeout)...)
 		c.CloseNow()
 	case errors.Is(err, errFrameTooBig):
 		in.log.Warn("ingress: frame over the size limit, connection closed", "remote", r.RemoteAddr, "limit", in.cfg.MaxFrameBytes)

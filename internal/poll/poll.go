@@ -186,7 +186,11 @@ type page struct {
 func (p *Poller) Run(ctx context.Context) error {
 	bo := newBackoff(p.cfg.MinBackoff, p.cfg.MaxBackoff)
 	expect := 1 // the events of the last page: the room waited for
-	p.log.Info("poll: polling", "url", p.cfg.Settings.URL, "cursor", p.cp.Cursor)
+	if p.cp.Cursor == "" {
+		p.log.Info("poll: polling", "url", p.cfg.Settings.URL) // the first poll: no cursor yet
+	} else {
+		p.log.Info("poll: polling", "url", p.cfg.Settings.URL, "cursor", p.cp.Cursor)
+	}
 	var ahead *prefetch // the next page, asked for while the last one commits
 	p.cfg.Metrics.start(p.cfg.Name)
 	for {
@@ -212,7 +216,11 @@ func (p *Poller) Run(ctx context.Context) error {
 			if wait == 0 {
 				wait = bo.next()
 			}
-			p.log.Warn("poll: polling failed; asking again", "err", err, "after", wait, "cursor", p.cp.Cursor)
+			at := []any{"err", err, "after", wait}
+			if p.cp.Cursor != "" {
+				at = append(at, "cursor", p.cp.Cursor)
+			}
+			p.log.Warn("poll: polling failed; asking again", at...)
 			cp := p.cp
 			cp.LastError, cp.LastPollAt = err.Error(), p.cfg.Now().UTC()
 			if _, err := p.cfg.Sink.Commit(ctx, nil, cp); err == nil {

@@ -152,7 +152,11 @@ func (r *sourceRunner) start(ctx context.Context, src delivery.Source) *activeSo
 		defer close(a.done)
 		run, err := r.adapter(ctx, src)
 		if err == nil {
-			log.Info("sources: running the source's adapter", "checkpoint", src.Checkpoint.Cursor)
+			if src.Checkpoint.Cursor == "" { // nothing read yet
+				log.Info("sources: running the source's adapter")
+			} else {
+				log.Info("sources: running the source's adapter", "checkpoint", src.Checkpoint.Cursor)
+			}
 			err = run(ctx)
 		}
 		if err != nil && ctx.Err() == nil {
