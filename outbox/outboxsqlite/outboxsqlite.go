@@ -8,10 +8,17 @@
 // written by an older postbox, whose rows held whole envelopes, is
 // converted when it is opened (migration 0002).
 //
-// Inserts are group-committed: concurrent Insert calls share one
-// transaction and one fsync, and each returns only after its commit. A row
-// is deleted only when its ACK arrives; a row the receiver refused for
-// good is kept with state "rejected" and the reason, until Requeue.
+// Writes are group-committed: concurrent Insert and Settle calls share one
+// transaction and one fsync, and each returns only after its commit is on
+// the disk. With synchronous FULL (the default) the writer's connection
+// commits as NORMAL does and the group commit syncs the write-ahead log
+// itself before it answers (as the server's stream store does), so the
+// next batch is written while the disk syncs the last. Inserts go four
+// rows to a statement and the deletes of delivered rows up to 64 to a
+// statement; the relay's reads (Due) and the counts take a read-only
+// connection of their own and do not wait for the writer. A row is
+// deleted only when its ACK arrives; a row the receiver refused for good
+// is kept with state "rejected" and the reason, until Requeue.
 //
 // On a full disk the write-ahead log must not keep the space it took: a
 // write that fails for space (SQLITE_FULL, an I/O error) is followed by a
@@ -70,14 +77,28 @@ const DefaultCheckpointInterval = time.Minute
 
 // Store is an edge outbox in one SQLite file.
 type Store struct {
-	db     *sql.DB
-	stmts  map[string]*sql.Stmt // prepared at Open: the pool's one connection is busy inside a transaction
-	writer *groupcommit.Writer[*insert]
-	now    func() time.Time
-	notify chan struct{}
-	every  time.Duration
-	writes atomic.Int64 // writes tried; Run truncates the log when it stood still
+	db      *sql.DB // the writer's one connection
+	read    *sql.DB // read-only connections: Due, Counts, List, OldestPending
+	wal     *sqlitedb.WALSyncer
+	stmts   map[string]*sql.Stmt // prepared at Open: the pool's one connection is busy inside a transaction
+	inserts [insertChunk + 1]*sql.Stmt
+	deletes map[int]*sql.Stmt // DELETE … WHERE event_id IN (n ids), for each n of deleteSizes
+	due     *sql.Stmt
+	writer  *groupcommit.Writer[*write]
+	running atomic.Bool // Run started the writer: settles go through it
+	now     func() time.Time
+	notify  chan struct{}
+	every   time.Duration
+	writes  atomic.Int64 // writes tried; Run truncates the log when it stood still
 }
+
+// insertChunk is how many rows one INSERT writes, as the server's stream
+// store does: fewer statements to step through for the same rows.
+const insertChunk = 4
+
+// deleteSizes are the id counts of the prepared deletes of delivered rows,
+// largest first: a settle of n delivered rows takes them greedily.
+var deleteSizes = []int{64, 16, 4, 1}
 
 var (
 	_ outbox.Store    = (*Store)(nil)
@@ -85,12 +106,23 @@ var (
 	_ outbox.Admin    = (*Store)(nil)
 )
 
-type insert struct {
+// write is one item of the group commit: an envelope to insert, or the
+// outcomes of one Settle.
+type write struct {
+	// An insert: the envelope, its row's INSERT arguments (boxed by the
+	// caller's goroutine, so that the writer only binds and executes) and
+	// what the insert found.
 	env       postbox.Envelope
 	payload   []byte // env.Payload, compacted
+	args      [insertArgs]any
 	duplicate bool
 	err       error
+
+	settle []outbox.Outcome // a Settle's outcomes, written in the same transaction
 }
+
+// insertArgs is the number of arguments of one row of qInsert.
+const insertArgs = 11
 
 // Migrate creates or upgrades the outbox table in db. A service that writes
 // its events with Insert calls it once on its own database; a relay then
@@ -136,36 +168,91 @@ func Insert(ctx context.Context, tx *sql.Tx, events ...outbox.Event) error {
 // Open opens (creating and migrating) the outbox at path. Call Run for
 // inserts to be written, and Close when done.
 func Open(path string, cfg Config) (*Store, error) {
-	db, err := sqlitedb.Open(path, sqlitedb.Options{Synchronous: cfg.Synchronous, MaxConns: 1})
+	writeSync := strings.ToUpper(cfg.Synchronous)
+	var wal *sqlitedb.WALSyncer
+	if writeSync == "" || writeSync == sqlitedb.SyncFull {
+		// Commits as NORMAL, and the group commit syncs the log before
+		// it answers: durable as FULL.
+		writeSync, wal = sqlitedb.SyncNormal, sqlitedb.NewWALSyncer(path)
+	}
+	db, err := sqlitedb.Open(path, sqlitedb.Options{Synchronous: writeSync, MaxConns: 1})
 	if err != nil {
 		return nil, err
 	}
-	if err := Migrate(context.Background(), db); err != nil {
+	err = Migrate(context.Background(), db)
+	if err == nil && wal != nil {
+		err = wal.Sync()
+	}
+	if err != nil {
 		db.Close()
 		return nil, err
 	}
-	s := &Store{db: db, now: cfg.Now, notify: make(chan struct{}, 1), stmts: map[string]*sql.Stmt{}, every: cfg.CheckpointInterval}
+	read, err := sqlitedb.Open(path, sqlitedb.Options{Synchronous: cfg.Synchronous, MaxConns: 2, ReadOnly: true})
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	s := &Store{db: db, read: read, wal: wal, now: cfg.Now, notify: make(chan struct{}, 1), stmts: map[string]*sql.Stmt{},
+		deletes: map[int]*sql.Stmt{}, every: cfg.CheckpointInterval}
 	if s.every <= 0 {
 		s.every = DefaultCheckpointInterval
 	}
-	for _, q := range []string{qInsert, qStored, qDelivered, qRejected, qRetry, qUnanswered} {
-		st, err := db.Prepare(q)
-		if err != nil {
-			db.Close()
-			return nil, fmt.Errorf("outbox: prepare: %w", err)
-		}
-		s.stmts[q] = st
+	if err := s.prepare(); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("outbox: prepare: %w", err)
 	}
 	if s.now == nil {
 		s.now = time.Now
 	}
-	s.writer = groupcommit.New(s.flush, groupcommit.Config{QueueSize: cfg.QueueSize})
+	gc := groupcommit.Config{QueueSize: cfg.QueueSize}
+	if wal != nil {
+		gc.Sync = wal.Sync
+	}
+	s.writer = groupcommit.New(s.flush, gc)
 	return s, nil
+}
+
+// prepare prepares the statements of the write path and of Due.
+func (s *Store) prepare() error {
+	for _, q := range []string{qStored, qRejected, qRetry, qUnanswered} {
+		st, err := s.db.Prepare(q)
+		if err != nil {
+			return err
+		}
+		s.stmts[q] = st
+	}
+	for n := 1; n <= insertChunk; n++ {
+		st, err := s.db.Prepare(qInsertRows(n))
+		if err != nil {
+			return err
+		}
+		s.inserts[n] = st
+	}
+	for _, n := range deleteSizes {
+		st, err := s.db.Prepare(`DELETE FROM outbox WHERE event_id IN (?` + strings.Repeat(",?", n-1) + `)`)
+		if err != nil {
+			return err
+		}
+		s.deletes[n] = st
+	}
+	var err error
+	s.due, err = s.read.Prepare(qDue)
+	return err
+}
+
+// sync makes what the writer's connection committed outside the group
+// commit durable, as FULL would have.
+func (s *Store) sync() error {
+	if s.wal == nil {
+		return nil
+	}
+	return s.wal.Sync()
 }
 
 // Run writes inserts until ctx ends, and truncates the write-ahead log
 // every CheckpointInterval in which nothing was written.
 func (s *Store) Run(ctx context.Context) error {
+	s.running.Store(true)
 	idle := make(chan struct{})
 	go func() {
 		defer close(idle)
@@ -224,7 +311,16 @@ func noSpace(err error) bool {
 }
 
 // Close closes the database. Run must have returned.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	err := s.db.Close()
+	if s.read != nil {
+		s.read.Close()
+	}
+	if s.wal != nil {
+		s.wal.Close()
+	}
+	return err
+}
 
 // Notify returns a channel that receives after inserted rows commit.
 func (s *Store) Notify() <-chan struct{} { return s.notify }
@@ -234,12 +330,23 @@ const (
 	qInsert = `INSERT INTO outbox (event_id, event_type, payload_json, created_at, next_attempt_at,
 			occurred_at, correlation_id, tenant_id, source_seq, traceparent, tracestate)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`
-	qStored     = `SELECT payload_json FROM outbox WHERE event_id = ?`
-	qDelivered  = `DELETE FROM outbox WHERE event_id = ?`
+	qInsertRow = `(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	qStored    = `SELECT payload_json FROM outbox WHERE event_id = ?`
+	// qDue reads rows by seq, the rowid, not through the (state, seq)
+	// index: that would cost a lookup in the table for every row.
+	qDue = `SELECT seq, event_id, event_type, payload_json, occurred_at, created_at, correlation_id, tenant_id, source_seq, attempt_count,
+			traceparent, tracestate
+		FROM outbox NOT INDEXED WHERE state = 'pending' AND seq > ? AND next_attempt_at <= ? ORDER BY seq LIMIT ?`
 	qRejected   = `UPDATE outbox SET state = 'rejected', rejected_at = ?, last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ?`
 	qRetry      = `UPDATE outbox SET next_attempt_at = ?, last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ?`
 	qUnanswered = `UPDATE outbox SET last_error = ? WHERE event_id = ?`
 )
+
+// qInsertRows is qInsert with n rows.
+func qInsertRows(n int) string {
+	q, _, _ := strings.Cut(qInsert, "VALUES")
+	return q + "VALUES " + qInsertRow + strings.Repeat(", "+qInsertRow, n-1) + " ON CONFLICT (event_id) DO NOTHING"
+}
 
 // samePayload reports whether the stored payload is payload, compared as
 // compact JSON. Like the control plane, the outbox judges a redelivery by
@@ -263,12 +370,20 @@ type Result struct {
 // whose event_id is queued already is a duplicate when its payload is the
 // same and ErrConflict otherwise; either way the queued row is unchanged.
 func (s *Store) Insert(ctx context.Context, envs []postbox.Envelope) ([]Result, error) {
-	items := make([]*insert, len(envs))
+	items := make([]*write, len(envs))
+	now := s.now().UTC().Format(sqlitedb.Time)
 	for i, env := range envs {
 		if !json.Valid(env.Payload) {
 			return nil, fmt.Errorf("outbox: insert %s: the payload is not valid JSON", env.EventID)
 		}
-		items[i] = &insert{env: env, payload: postbox.AppendCompact(nil, env.Payload)}
+		it := &write{env: env, payload: postbox.AppendCompact(nil, env.Payload)}
+		var seq any
+		if env.Seq != nil {
+			seq = *env.Seq
+		}
+		it.args = [insertArgs]any{env.EventID, env.Type, string(it.payload), now, now,
+			env.TS, env.SessionID, env.DeviceID, seq, env.TraceParent, env.TraceState}
+		items[i] = it
 	}
 	if err := s.writer.Do(ctx, items); err != nil {
 		return nil, err
@@ -284,43 +399,137 @@ func (s *Store) Insert(ctx context.Context, envs []postbox.Envelope) ([]Result, 
 	return out, nil
 }
 
-func (s *Store) flush(ctx context.Context, batch []*insert) (err error) {
+// flush writes a batch of inserts and settles in one transaction: the
+// inserts first, four rows to a statement, then the settles.
+func (s *Store) flush(ctx context.Context, batch []*write) (err error) {
 	s.writes.Add(1)
 	defer func() { s.failed(err) }()
-	now := s.now().UTC().Format(sqlitedb.Time)
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("outbox insert: %w", err)
+		return fmt.Errorf("outbox write: %w", err)
 	}
 	defer tx.Rollback()
+	inserts := make([]*write, 0, len(batch))
+	var settles []*write
 	for _, it := range batch {
-		e := &it.env
-		var seq any
-		if e.Seq != nil {
-			seq = *e.Seq
-		}
-		r, err := tx.StmtContext(ctx, s.stmts[qInsert]).ExecContext(ctx, e.EventID, e.Type, string(it.payload), now, now,
-			e.TS, e.SessionID, e.DeviceID, seq, e.TraceParent, e.TraceState)
-		if err != nil {
-			return fmt.Errorf("outbox insert %s: %w", it.env.EventID, err)
-		}
-		if n, _ := r.RowsAffected(); n == 1 {
-			continue
-		}
-		var body string
-		if err := tx.StmtContext(ctx, s.stmts[qStored]).QueryRowContext(ctx, it.env.EventID).Scan(&body); err != nil {
-			return fmt.Errorf("outbox insert %s: %w", it.env.EventID, err)
-		}
-		if samePayload(body, it.payload) {
-			it.duplicate = true
+		if it.settle != nil {
+			settles = append(settles, it)
 		} else {
-			it.err = ErrConflict
+			inserts = append(inserts, it)
+		}
+	}
+	if err := s.insertRows(ctx, tx, inserts); err != nil {
+		return err
+	}
+	if len(settles) > 0 {
+		now := s.now().UTC().Format(sqlitedb.Time)
+		for _, it := range settles {
+			if err := s.settleTx(ctx, tx, now, it.settle); err != nil {
+				return err
+			}
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("outbox insert: commit: %w", err)
+		return fmt.Errorf("outbox write: commit: %w", err)
 	}
 	return nil
+}
+
+// insertRows inserts rows in statements of insertChunk rows; a chunk
+// that did not insert every row (an event id queued already), or that
+// names an id twice, is done again a row at a time to tell each row's
+// outcome.
+func (s *Store) insertRows(ctx context.Context, tx *sql.Tx, rows []*write) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	// high is at least the seq of every row in the table and below the
+	// seq of every row inserted after it was read (AUTOINCREMENT): the
+	// rows of a chunk are those above the high before it.
+	var high int64
+	if err := tx.QueryRowContext(ctx, `SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'outbox'), 0)`).Scan(&high); err != nil {
+		return fmt.Errorf("outbox insert: %w", err)
+	}
+	args := make([]any, 0, insertChunk*insertArgs)
+	for len(rows) > 0 {
+		n := min(insertChunk, len(rows))
+		chunk := rows[:n]
+		rows = rows[n:]
+		if n > 1 && distinct(chunk) {
+			args = args[:0]
+			for _, it := range chunk {
+				args = append(args, it.args[:]...)
+			}
+			r, err := tx.StmtContext(ctx, s.inserts[n]).ExecContext(ctx, args...)
+			if err != nil {
+				return fmt.Errorf("outbox insert %s: %w", chunk[0].env.EventID, err)
+			}
+			got, _ := r.RowsAffected()
+			if got == int64(n) {
+				if high, err = r.LastInsertId(); err != nil {
+					return fmt.Errorf("outbox insert %s: %w", chunk[0].env.EventID, err)
+				}
+				continue
+			}
+			// Some ids were queued already (rare). Undo the rows this
+			// chunk added, which nothing else can have written to, and
+			// insert it a row at a time to tell each row's outcome.
+			if got > 0 {
+				if _, err := tx.ExecContext(ctx, `DELETE FROM outbox WHERE seq > ?`, high); err != nil {
+					return fmt.Errorf("outbox insert %s: %w", chunk[0].env.EventID, err)
+				}
+			}
+		}
+		for _, it := range chunk {
+			inserted, err := s.insertOne(ctx, tx, it)
+			if err != nil {
+				return err
+			}
+			if inserted > 0 {
+				high = inserted
+			}
+		}
+	}
+	return nil
+}
+
+// distinct reports whether the rows' event ids differ from each other.
+func distinct(rows []*write) bool {
+	for i := range rows {
+		for j := range i {
+			if rows[i].env.EventID == rows[j].env.EventID {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// insertOne inserts one row and returns its seq; when its id is queued
+// already, it returns 0 and records whether it is a duplicate or a
+// conflict.
+func (s *Store) insertOne(ctx context.Context, tx *sql.Tx, it *write) (int64, error) {
+	r, err := tx.StmtContext(ctx, s.inserts[1]).ExecContext(ctx, it.args[:]...)
+	if err != nil {
+		return 0, fmt.Errorf("outbox insert %s: %w", it.env.EventID, err)
+	}
+	if n, _ := r.RowsAffected(); n == 1 {
+		seq, err := r.LastInsertId()
+		if err != nil {
+			return 0, fmt.Errorf("outbox insert %s: %w", it.env.EventID, err)
+		}
+		return seq, nil
+	}
+	var body string
+	if err := tx.StmtContext(ctx, s.stmts[qStored]).QueryRowContext(ctx, it.env.EventID).Scan(&body); err != nil {
+		return 0, fmt.Errorf("outbox insert %s: %w", it.env.EventID, err)
+	}
+	if samePayload(body, it.payload) {
+		it.duplicate = true
+	} else {
+		it.err = ErrConflict
+	}
+	return 0, nil
 }
 
 // Due implements outbox.Store. A message's CreatedAt is the event's ts,
@@ -328,15 +537,12 @@ func (s *Store) flush(ctx context.Context, batch []*insert) (err error) {
 // the time the row was queued); CorrelationID its session_id, TenantID its
 // device_id and SourceSeq its seq.
 func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) ([]outbox.Message, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT seq, event_id, event_type, payload_json, occurred_at, created_at, correlation_id, tenant_id, source_seq, attempt_count,
-			traceparent, tracestate
-		FROM outbox WHERE state = 'pending' AND seq > ? AND next_attempt_at <= ? ORDER BY seq LIMIT ?`,
-		after, now.UTC().Format(sqlitedb.Time), limit)
+	rows, err := s.due.QueryContext(ctx, after, now.UTC().Format(sqlitedb.Time), limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox due: %w", err)
 	}
 	defer rows.Close()
-	var out []outbox.Message
+	out := make([]outbox.Message, 0, min(limit, 1024))
 	for rows.Next() {
 		var m outbox.Message
 		var body, occurred, created string
@@ -359,21 +565,48 @@ func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) 
 }
 
 // Settle implements outbox.Store: delivered rows are deleted, rejected
-// ones kept with their reason.
+// ones kept with their reason. While Run runs, the outcomes are written
+// by its group commit, in one transaction with the inserts and settles
+// queued beside them, and Settle returns once that is on the disk.
 func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) (err error) {
+	if len(outcomes) == 0 {
+		return nil
+	}
+	if s.running.Load() {
+		ch := make(chan error, 1)
+		if err := s.writer.EnqueueWhole(ctx, []*write{{settle: outcomes}}, func(err error) { ch <- err }); err != nil {
+			return fmt.Errorf("outbox settle: %w", err)
+		}
+		if err := <-ch; err != nil {
+			return fmt.Errorf("outbox settle: %w", err)
+		}
+		return nil
+	}
 	s.writes.Add(1)
 	defer func() { s.failed(err) }()
-	now := s.now().UTC().Format(sqlitedb.Time)
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("outbox settle: %w", err)
 	}
 	defer tx.Rollback()
+	if err := s.settleTx(ctx, tx, s.now().UTC().Format(sqlitedb.Time), outcomes); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("outbox settle: commit: %w", err)
+	}
+	return s.sync()
+}
+
+// settleTx writes outcomes in tx: the deletes of delivered rows up to 64
+// to a statement, the other outcomes a statement each.
+func (s *Store) settleTx(ctx context.Context, tx *sql.Tx, now string, outcomes []outbox.Outcome) error {
+	var delivered []any
 	for _, o := range outcomes {
 		var err error
 		switch o.Kind {
 		case outbox.Delivered:
-			_, err = tx.StmtContext(ctx, s.stmts[qDelivered]).ExecContext(ctx, o.EventID)
+			delivered = append(delivered, o.EventID)
 		case outbox.Rejected:
 			_, err = tx.StmtContext(ctx, s.stmts[qRejected]).ExecContext(ctx, now, o.Error, o.EventID)
 		case outbox.Retry:
@@ -385,8 +618,17 @@ func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) (err erro
 			return fmt.Errorf("outbox settle %s: %w", o.EventID, err)
 		}
 	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("outbox settle: commit: %w", err)
+	for len(delivered) > 0 {
+		for _, n := range deleteSizes {
+			if n > len(delivered) {
+				continue
+			}
+			if _, err := tx.StmtContext(ctx, s.deletes[n]).ExecContext(ctx, delivered[:n]...); err != nil {
+				return fmt.Errorf("outbox settle %s: %w", delivered[0], err)
+			}
+			delivered = delivered[n:]
+			break
+		}
 	}
 	return nil
 }
@@ -404,7 +646,7 @@ func (s *Store) List(ctx context.Context, state string, limit int) ([]Row, error
 	}
 	q += ` ORDER BY seq LIMIT ?`
 	args = append(args, limit)
-	rows, err := s.db.QueryContext(ctx, q, args...)
+	rows, err := s.read.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox list: %w", err)
 	}
@@ -426,7 +668,7 @@ func (s *Store) List(ctx context.Context, state string, limit int) ([]Row, error
 
 // Counts returns how many rows are in each state.
 func (s *Store) Counts(ctx context.Context) (pending, rejected int64, err error) {
-	err = s.db.QueryRowContext(ctx, `SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'rejected') FROM outbox`).
+	err = s.read.QueryRowContext(ctx, `SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'rejected') FROM outbox`).
 		Scan(&pending, &rejected)
 	return
 }
@@ -435,7 +677,7 @@ func (s *Store) Counts(ctx context.Context) (pending, rejected int64, err error)
 // false when nothing is pending.
 func (s *Store) OldestPending(ctx context.Context) (t time.Time, ok bool, err error) {
 	var created sql.NullString
-	if err := s.db.QueryRowContext(ctx, `SELECT min(created_at) FROM outbox WHERE state = 'pending'`).Scan(&created); err != nil {
+	if err := s.read.QueryRowContext(ctx, `SELECT min(created_at) FROM outbox WHERE state = 'pending'`).Scan(&created); err != nil {
 		return time.Time{}, false, fmt.Errorf("outbox oldest pending: %w", err)
 	}
 	if !created.Valid {
@@ -460,6 +702,9 @@ func (s *Store) Requeue(ctx context.Context, ids []string) (int64, error) {
 		}
 	}
 	r, err := s.db.ExecContext(ctx, q, args...)
+	if err == nil {
+		err = s.sync()
+	}
 	if err != nil {
 		return 0, fmt.Errorf("outbox requeue: %w", err)
 	}

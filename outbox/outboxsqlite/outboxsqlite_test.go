@@ -128,15 +128,19 @@ func TestPragmas(t *testing.T) {
 	for _, tc := range []struct {
 		sync string
 		want int
-	}{{"", 2}, {"FULL", 2}, {"NORMAL", 1}} {
+		wal  bool // the group commit syncs the log itself
+	}{{"", 1, true}, {"FULL", 1, true}, {"NORMAL", 1, false}} {
+		// FULL: the connection commits as NORMAL and the group commit
+		// syncs the write-ahead log before it answers.
 		s, _ := open(t, "", Config{Synchronous: tc.sync})
 		insertOK(t, s, "evt-1") // the writer has used the connection
 		mode, sync, busy, err := sqlitedb.Pragmas(context.Background(), s.db)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if mode != "wal" || sync != tc.want || busy != 5000 {
-			t.Fatalf("Synchronous %q: journal_mode=%s synchronous=%d busy_timeout=%d; want wal, %d, 5000", tc.sync, mode, sync, busy, tc.want)
+		if mode != "wal" || sync != tc.want || busy != 5000 || (s.wal != nil) != tc.wal {
+			t.Fatalf("Synchronous %q: journal_mode=%s synchronous=%d busy_timeout=%d, syncs the log itself %v; want wal, %d, 5000, %v",
+				tc.sync, mode, sync, busy, s.wal != nil, tc.want, tc.wal)
 		}
 	}
 	if _, err := Open(filepath.Join(t.TempDir(), "outbox.db"), Config{Synchronous: "OFF"}); err == nil {
@@ -465,5 +469,54 @@ func TestInsertTxInTheCallersTransaction(t *testing.T) {
 	env := m.Envelope()
 	if err := env.Validate(postbox.Limits{}); err != nil || env.DeviceID != "acme" || env.SessionID != "order-committed" {
 		t.Fatalf("its envelope %+v: %v", env, err)
+	}
+}
+
+// TestInsertChunksWithQueuedIDs: rows go in four to a statement; a chunk
+// holding an id queued already, or one id twice, still answers each row
+// as a single insert would, keeps the queued rows unchanged and queues
+// the rest once, in the order given.
+func TestInsertChunksWithQueuedIDs(t *testing.T) {
+	s, _ := open(t, "", Config{})
+	ctx := context.Background()
+	insertOK(t, s, "evt-q1", "evt-q2")
+	envs := []postbox.Envelope{
+		env("evt-1", `{}`), env("evt-2", `{}`), env("evt-q1", `{"n":1}`), env("evt-3", `{}`), // a duplicate
+		env("evt-4", `{}`), env("evt-5", `{}`), env("evt-6", `{}`), env("evt-7", `{}`), // new
+		env("evt-8", `{}`), env("evt-8", `{}`), env("evt-q2", `{"n":2}`), env("evt-9", `{}`), // an id twice, a conflict
+		env("evt-10", `{}`),
+	}
+	res, err := s.Insert(ctx, envs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		var want string
+		switch i {
+		case 2, 9:
+			want = "duplicate"
+		case 10:
+			want = "conflict"
+		default:
+			want = "queued"
+		}
+		got := "queued"
+		if r.Duplicate {
+			got = "duplicate"
+		}
+		if errors.Is(r.Err, ErrConflict) {
+			got = "conflict"
+		}
+		if got != want || r.EventID != envs[i].EventID {
+			t.Fatalf("row %d (%s): %+v, want %s", i, envs[i].EventID, r, want)
+		}
+	}
+	ids, _ := dueIDs(t, s, time.Now().Add(time.Hour), 0, 100)
+	want := []string{"evt-q1", "evt-q2", "evt-1", "evt-2", "evt-3", "evt-4", "evt-5", "evt-6", "evt-7", "evt-8", "evt-9", "evt-10"}
+	if !reflect.DeepEqual(ids, want) {
+		t.Fatalf("due: %v, want %v", ids, want)
+	}
+	if r := list(t, s, "")["evt-q2"]; string(r.Payload) != `{"n":1}` {
+		t.Fatalf("evt-q2 after the conflict: %+v; want the first payload", r)
 	}
 }
