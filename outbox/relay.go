@@ -34,7 +34,9 @@ type RelayConfig struct {
 	// BatchBytes is published alone. Defaults to 4 MiB.
 	BatchBytes int
 	// MaxInFlight bounds the messages published and not yet answered
-	// (the window). Defaults to 4096.
+	// (the window). Defaults to 4096. Answered messages whose outcome
+	// the store is recording do not count, up to another MaxInFlight of
+	// them: the next batches are sent while the store writes.
 	//
 	// The window adapts to what the receiver achieves: it starts at
 	// MinInFlight, grows by one message for every message answered
@@ -190,7 +192,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	// only for a Claimer, whose row may be claimed again (after its settle
 	// committed) before this loop heard of that settle.
 	inFlight := map[string]int{}
-	inFlightN := 0
+	// inFlightN counts the messages published and not yet answered (what
+	// the window bounds), settling those answered whose outcome is not
+	// yet recorded: still in inFlight, so not read again, but no longer
+	// in the window, so that the next batches do not wait for the store.
+	inFlightN, settling := 0, 0
 	var cursor int64 // rows up to here were handed out in this sweep
 	running := 0     // batches published and not yet settled, and retries of held outcomes
 	results := make(chan published)
@@ -230,7 +236,9 @@ func (r *Relay) Run(ctx context.Context) error {
 				settled <- r.settleAgain(ctx, outs)
 			}()
 		}
-		room := window - inFlightN
+		// At most MaxInFlight answered messages wait for the store
+		// beyond the window.
+		room := min(window-inFlightN, 2*r.cfg.MaxInFlight-inFlightN-settling)
 		if ctx.Err() == nil && room > 0 && !now.Before(pausedUntil) {
 			msgs, last, err := r.due(ctx, now, cursor, min(room, r.cfg.BatchSize), inFlight)
 			cursor = max(cursor, last)
@@ -273,6 +281,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		timer.Reset(wait)
 		select {
 		case p := <-results:
+			inFlightN -= len(p.msgs)
+			settling += len(p.msgs)
 			err := p.outage()
 			switch {
 			case err == nil:
@@ -299,7 +309,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			}()
 		case s := <-settled:
 			running--
-			inFlightN -= len(s.released)
+			settling -= len(s.released)
 			for _, m := range s.released {
 				if inFlight[m.EventID]--; inFlight[m.EventID] <= 0 {
 					delete(inFlight, m.EventID)
