@@ -109,6 +109,12 @@ func New(cfg Config) (*Agent, error) {
 	rcfg := cfg.Relay
 	rcfg.Logger = cfg.Logger
 	rcfg.Observe = m.relay.Observe
+	if observe := cfg.Relay.Observe; observe != nil {
+		rcfg.Observe = func(st outbox.Stats) {
+			m.relay.Observe(st)
+			observe(st)
+		}
+	}
 	relay, err := outbox.NewRelay(store, pub, rcfg)
 	if err != nil {
 		store.Close()

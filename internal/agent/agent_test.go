@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/agent"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/server"
@@ -381,6 +383,9 @@ func TestIntakeRefusesBadInputNamingTheField(t *testing.T) {
 			}
 			decodeStrict(t, body, &resp)
 			e := resp.Error
+			if !typedCode(e.Code) {
+				t.Fatalf("error %s: code %q is neither in api.Codes nor a NACK code", body, e.Code)
+			}
 			if e.Code != tc.code || e.Field != tc.field || e.Message == "" {
 				t.Fatalf("error %s, want code %q field %q and a message", body, tc.code, tc.field)
 			}
@@ -397,6 +402,110 @@ func TestIntakeRefusesBadInputNamingTheField(t *testing.T) {
 				t.Fatalf("after a refused request the outbox holds %d pending, %d rejected; want nothing queued", p, r)
 			}
 		})
+	}
+}
+
+// typedCode reports whether code is one of the API's (api.Codes) or a
+// NACK code of the protocol (postbox.Code).
+func typedCode(code string) bool {
+	for _, ci := range api.Codes() {
+		if string(ci.Code) == code {
+			return true
+		}
+	}
+	switch postbox.Code(code) {
+	case postbox.CodeInvalidJSON, postbox.CodeMissingField, postbox.CodeInvalidField, postbox.CodeUnknownField,
+		postbox.CodeUnsupportedVersion, postbox.CodeTooLarge, postbox.CodeConflict, postbox.CodeForbidden,
+		postbox.CodeUnavailable, postbox.CodeOutage:
+		return true
+	}
+	return false
+}
+
+// TestIntakeRefusesWithTypedCodes: the answers that are not about one
+// envelope (a body over the limit, a body cut short, a store that fails)
+// carry the API's codes too, with their statuses.
+func TestIntakeRefusesWithTypedCodes(t *testing.T) {
+	ta := startAgent(t, agent.Config{Server: unreachable})
+	errorCode := func(resp *http.Response) string {
+		t.Helper()
+		defer resp.Body.Close()
+		var e struct {
+			Error struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if err := json.Unmarshal(b, &e); err != nil || !typedCode(e.Error.Code) {
+			t.Fatalf("%s %s: want an error with a typed code (%v)", resp.Status, b, err)
+		}
+		return e.Error.Code
+	}
+	// Over the limit: a body that never ends is cut at MaxIntakeBytes.
+	resp, err := http.Post(ta.url+"/v1/events", "application/json", io.LimitReader(zeros{}, agent.MaxIntakeBytes+1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := errorCode(resp); resp.StatusCode != http.StatusRequestEntityTooLarge || code != string(api.CodeTooLarge) {
+		t.Fatalf("a body over the limit: %s %s, want 413 %s", resp.Status, code, api.CodeTooLarge)
+	}
+	// A body shorter than its Content-Length: the read fails.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(ta.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"type\":")
+	conn.(*net.TCPConn).CloseWrite()
+	resp, err = http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := errorCode(resp); resp.StatusCode != http.StatusBadRequest || code != string(api.CodeInvalidJSON) {
+		t.Fatalf("a body cut short: %s %s, want 400 %s", resp.Status, code, api.CodeInvalidJSON)
+	}
+}
+
+// zeros is an endless reader of spaces.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = ' '
+	}
+	return len(p), nil
+}
+
+// TestIntakeTakesTraceparentHeader: events without a trace context of
+// their own take the request's traceparent and tracestate headers; an
+// event's own is kept; a header that is not valid is ignored.
+func TestIntakeTakesTraceparentHeader(t *testing.T) {
+	ta := startAgent(t, agent.Config{Server: unreachable})
+	const header = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	const own = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	post := func(traceparent, tracestate, body string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, ta.url+"/v1/events", strings.NewReader(body))
+		req.Header.Set("traceparent", traceparent)
+		req.Header.Set("tracestate", tracestate)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("POST: %s %s", resp.Status, b)
+		}
+	}
+	post(header, "vendor=1", `[{"event_id":"evt-h","type":"t","payload":{}},{"event_id":"evt-own","type":"t","traceparent":"`+own+`","payload":{}}]`)
+	post("00-not-a-traceparent", "vendor=1", `{"event_id":"evt-bad","type":"t","payload":{}}`)
+	envs := ta.envelopes(t)
+	for id, want := range map[string][2]string{"evt-h": {header, "vendor=1"}, "evt-own": {own, ""}, "evt-bad": {"", ""}} {
+		e, ok := envs[id]
+		if !ok || e.TraceParent != want[0] || e.TraceState != want[1] {
+			t.Fatalf("%s: queued %+v (found %v), want traceparent %q tracestate %q", id, e, ok, want[0], want[1])
+		}
 	}
 }
 

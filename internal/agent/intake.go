@@ -8,12 +8,15 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/api"
+	"github.com/postbox-events/postbox/internal/tracing"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
 )
@@ -58,34 +61,41 @@ func (in *intake) handleEvents(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxIntakeBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			writeError(w, http.StatusRequestEntityTooLarge, string(postbox.CodeTooLarge), "", fmt.Sprintf("request body over %d bytes", MaxIntakeBytes), -1)
-			return
+		switch {
+		case errors.As(err, &mbe):
+			writeError(w, http.StatusRequestEntityTooLarge, api.CodeTooLarge, "", fmt.Sprintf("request body over %d bytes", MaxIntakeBytes), -1)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			writeError(w, http.StatusRequestTimeout, api.CodeRequestTimeout, "", "reading the request body: "+err.Error(), -1)
+		default: // the body ended before its JSON did
+			writeError(w, http.StatusBadRequest, api.CodeInvalidJSON, "", "reading the request body: "+err.Error(), -1)
 		}
-		writeError(w, http.StatusBadRequest, "bad_request", "", "reading the request body: "+err.Error(), -1)
 		return
 	}
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
-		writeError(w, http.StatusBadRequest, string(postbox.CodeInvalidJSON), "", "empty body: send an event object or an array of them", -1)
+		writeError(w, http.StatusBadRequest, api.CodeInvalidJSON, "", "empty body: send an event object or an array of them", -1)
 		return
 	}
 	single := trimmed[0] != '['
 	raws, err := postbox.SplitFrame(trimmed)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, string(postbox.CodeInvalidJSON), "", err.Error(), -1)
+		writeError(w, http.StatusBadRequest, api.CodeInvalidJSON, "", err.Error(), -1)
 		return
 	}
 	if len(raws) == 0 {
-		writeError(w, http.StatusBadRequest, string(postbox.CodeInvalidJSON), "", "empty array: send at least one event", -1)
+		writeError(w, http.StatusBadRequest, api.CodeInvalidJSON, "", "empty array: send at least one event", -1)
 		return
 	}
+	traceparent, tracestate := requestTrace(r)
 	envs := make([]postbox.Envelope, len(raws))
 	now := time.Now().UTC().Format(time.RFC3339Nano)
 	for i, raw := range raws {
 		env, err := postbox.ParseEnvelope(raw, in.limits)
 		if err == nil {
 			in.fill(&env, now)
+			if env.TraceParent == "" && env.TraceState == "" {
+				env.TraceParent, env.TraceState = traceparent, tracestate
+			}
 			err = env.Validate(in.limits)
 		}
 		if err == nil && env.DeviceID != in.deviceID {
@@ -98,7 +108,11 @@ func (in *intake) handleEvents(w http.ResponseWriter, r *http.Request) {
 				idx = -1
 			}
 			in.m.intake.WithLabelValues("invalid").Inc()
-			writeError(w, http.StatusBadRequest, string(fe.Code), fe.Field, fe.Message, idx)
+			code := fe.Code
+			if code == postbox.CodeUnavailable { // not an envelope's fault: Nack's code for an error without one
+				code = postbox.CodeInvalidField
+			}
+			writeError(w, http.StatusBadRequest, code, fe.Field, fe.Message, idx)
 			return
 		}
 		envs[i] = env
@@ -106,7 +120,7 @@ func (in *intake) handleEvents(w http.ResponseWriter, r *http.Request) {
 	results, err := in.store.Insert(r.Context(), envs)
 	if err != nil {
 		in.log.Error("agent intake: outbox insert failed", "err", err, "events", len(envs))
-		writeError(w, http.StatusServiceUnavailable, string(postbox.CodeUnavailable), "", "the outbox could not store the events; nothing was queued: "+err.Error(), -1)
+		writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "", "the outbox could not store the events; nothing was queued: "+err.Error(), -1)
 		return
 	}
 	out := make([]eventStatus, len(results))
@@ -131,6 +145,21 @@ func (in *intake) handleEvents(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, map[string]any{"events": out})
 }
 
+// requestTrace returns the W3C trace context of the request's traceparent
+// and tracestate headers, which events without one of their own take. One
+// that is not valid is ignored, as W3C Trace Context asks of a receiver.
+func requestTrace(r *http.Request) (traceparent, tracestate string) {
+	traceparent = r.Header.Get(tracing.HeaderTraceParent)
+	if traceparent == "" || postbox.CheckTraceParent(traceparent) != nil {
+		return "", ""
+	}
+	tracestate = r.Header.Get(tracing.HeaderTraceState)
+	if postbox.CheckTraceState(tracestate) != nil {
+		tracestate = ""
+	}
+	return traceparent, tracestate
+}
+
 // fill sets the fields a producer may leave out.
 func (in *intake) fill(env *postbox.Envelope, now string) {
 	if env.SchemaVersion == 0 {
@@ -153,7 +182,7 @@ func (in *intake) fill(env *postbox.Envelope, now string) {
 func (in *intake) handleOutbox(w http.ResponseWriter, r *http.Request) {
 	pending, rejected, err := in.store.Counts(r.Context())
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, string(postbox.CodeUnavailable), "", err.Error(), -1)
+		writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "", err.Error(), -1)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]int64{"pending": pending, "rejected": rejected})
@@ -165,10 +194,16 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
+// intakeCode is a code the intake answers an error with: one of the API's
+// (api.Codes) or, for an envelope refused, the protocol's NACK codes
+// (postbox.Code), so that a client of the server and of the agent reads
+// the same codes.
+type intakeCode interface{ api.Code | postbox.Code }
+
 // writeError writes {"error":{"code","message","field","index"}}; index
 // is the position of the refused event in an array, or -1.
-func writeError(w http.ResponseWriter, status int, code, field, msg string, index int) {
-	e := map[string]any{"code": code, "message": msg}
+func writeError[C intakeCode](w http.ResponseWriter, status int, code C, field, msg string, index int) {
+	e := map[string]any{"code": string(code), "message": msg}
 	if field != "" {
 		e["field"] = field
 	}
