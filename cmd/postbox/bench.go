@@ -23,6 +23,9 @@ func runBench(ctx context.Context, env *cmdEnv, args []string) error {
 	if len(args) > 0 && args[0] == "delivery" {
 		return runBenchDelivery(ctx, env, args[1:])
 	}
+	if len(args) > 0 && args[0] == "agent" {
+		return runBenchAgent(ctx, env, args[1:])
+	}
 	fs := newFlags(env, "bench", "[flags]", `Plays N devices, each on its own WebSocket connection (or gRPC stream, --transport grpc),
 sending events with pipelining (many frames in flight) to a server it starts itself on a
 temporary database (or to --server), then checks the store holds every event exactly once. Progress goes to stderr; --json prints
@@ -45,8 +48,9 @@ the run's temporary directory, and --raw produces the same events with franz-go 
 idempotent producer) straight to a fresh topic made as postbox makes them.
 
 postbox bench webhooks measures POST /webhooks instead (postbox bench webhooks --help),
-postbox bench relay a transactional outbox relay (postbox bench relay --help), and postbox
-bench delivery the workers delivering items to a target (postbox bench delivery --help).`)
+postbox bench relay a transactional outbox relay (postbox bench relay --help), postbox bench
+delivery the workers delivering items to a target (postbox bench delivery --help), and postbox
+bench agent the agent path against direct ingest (postbox bench agent --help).`)
 	devices := positiveInt(50)
 	fs.Var(&devices, "devices", "`devices` (connections)")
 	events := positiveInt(200000)

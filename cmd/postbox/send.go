@@ -9,9 +9,19 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/postbox-events/postbox"
 )
+
+// sendChunk is how many events send posts in one request.
+const sendChunk = 1000
+
+// defaultSendParallel is send's --parallel: requests in flight, so that
+// the agent's group commit takes several at once.
+const defaultSendParallel = 4
 
 func runSend(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "send", "--type TYPE --payload JSON [flags]", `Hands events to a running agent's intake. The agent fills in event_id, ts, session_id and
@@ -25,6 +35,8 @@ device_id when they are not given, and answers after its outbox commit. Prints o
 	eventID := fs.String("event-id", "", "event id (only with --count 1); default: the agent makes one")
 	device := fs.String("device-id", "", "device id; default: the agent's")
 	session := fs.String("session-id", "", "session id; default: the agent's")
+	parallel := positiveInt(defaultSendParallel)
+	fs.Var(&parallel, "parallel", "with --count above 1: `requests` of 1,000 events in flight at once")
 	asJSON := fs.Bool("json", false, "print the agent's answers as JSON")
 	if err := parse(env, fs, args); err != nil {
 		return err
@@ -42,10 +54,15 @@ device_id when they are not given, and answers after its outbox commit. Prints o
 	if err != nil {
 		return err
 	}
-	var statuses []map[string]any
-	const chunk = 1000
-	for sent := 0; sent < int(count); sent += chunk {
-		n := min(chunk, int(count)-sent)
+	// Requests of sendChunk events, up to --parallel in flight; the
+	// statuses keep the order of the events.
+	chunks := (int(count) + sendChunk - 1) / sendChunk
+	got := make([][]map[string]any, chunks)
+	var queued atomic.Int64
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(int(parallel))
+	for c := range chunks {
+		n := min(sendChunk, int(count)-c*sendChunk)
 		envs := make([]postbox.Envelope, n)
 		for i := range envs {
 			envs[i] = postbox.Envelope{EventID: *eventID, Type: *typ, DeviceID: *device, SessionID: *session, Payload: body}
@@ -54,14 +71,23 @@ device_id when they are not given, and answers after its outbox commit. Prints o
 		if err != nil {
 			return err
 		}
-		got, err := postEvents(ctx, *agentURL, reqBody)
-		if err != nil {
-			return err
-		}
-		statuses = append(statuses, got...)
-		if count > chunk {
-			fmt.Fprintf(env.stderr, "send: %d/%d queued\n", len(statuses), count)
-		}
+		g.Go(func() error {
+			var err error
+			if got[c], err = postEvents(gctx, *agentURL, reqBody); err != nil {
+				return err
+			}
+			if count > sendChunk {
+				fmt.Fprintf(env.stderr, "send: %d/%d queued\n", queued.Add(int64(n)), count)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	var statuses []map[string]any
+	for _, s := range got {
+		statuses = append(statuses, s...)
 	}
 	switch {
 	case *asJSON:
