@@ -51,7 +51,9 @@ const grpcMinPingInterval = 5 * time.Second
 // When the client closes its side, the stream ends (OK) once every
 // envelope it sent is answered. At Drain a frame read gets outage NACKs,
 // and once every envelope read is answered the stream ends with
-// Unavailable.
+// Unavailable. Unauthenticated, ResourceExhausted and Unavailable carry
+// their api.Code (unauthorized, too_many_connections, unavailable) as the
+// Reason of an errdetails.ErrorInfo in the status details.
 func (in *Ingress) GRPC() ingresspb.IngressServer { return grpcIngress{in: in} }
 
 // ServerOptions returns the grpc.Server options the gRPC ingress needs:
