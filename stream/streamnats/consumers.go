@@ -57,7 +57,21 @@ func (b *Backend) openConsumers(ctx context.Context) error {
 	if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		return fmt.Errorf("streamnats: create consumer bucket %s: %w", bucket, err)
 	}
-	if b.kv, err = b.js.KeyValue(ctx, bucket); err != nil {
+	// In a cluster another node may have just created the bucket: its
+	// stream can be in use and not yet found while its replicas form.
+	give := time.Now().Add(30 * time.Second)
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		b.kv, err = b.js.KeyValue(ctx, bucket)
+		if !errors.Is(err, jetstream.ErrBucketNotFound) || time.Now().After(give) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("streamnats: consumer bucket %s: %w (%w)", bucket, err, ctx.Err())
+		case <-time.After(wait):
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("streamnats: consumer bucket %s: %w", bucket, err)
 	}
 	return nil
