@@ -67,9 +67,10 @@ func ceInvalid(code api.Code, format string, args ...any) *ceError {
 // isCloudEvent reports whether a request carries a CloudEvent, in binary
 // (a ce- header) or structured mode (its media type).
 func isCloudEvent(r *http.Request) bool {
-	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	if mt == ceMediaType || mt == ceBatchMediaType {
-		return true
+	if ct := r.Header.Get("Content-Type"); ct != "application/json" { // the common case, parsed without allocating
+		if mt, _, _ := mime.ParseMediaType(ct); mt == ceMediaType || mt == ceBatchMediaType {
+			return true
+		}
 	}
 	for name := range r.Header {
 		if len(name) > 3 && strings.EqualFold(name[:3], "ce-") {
@@ -231,12 +232,19 @@ func (ce *cloudEvent) check(maxType int) *ceError {
 	return nil
 }
 
+// The trace context's headers in canonical form, so that looking them up
+// does not canonicalise (and allocate) each time.
+var (
+	traceParentHeader = http.CanonicalHeaderKey(tracing.HeaderTraceParent)
+	traceStateHeader  = http.CanonicalHeaderKey(tracing.HeaderTraceState)
+)
+
 // webhookTrace returns the trace context a webhook brings: its traceparent
 // and tracestate headers, else a CloudEvent's distributed tracing
 // extension. One that is not valid is ignored, as W3C Trace Context asks
 // of a receiver (the webhook then starts no trace of its own).
 func webhookTrace(r *http.Request, ce *cloudEvent) (traceparent, tracestate string) {
-	traceparent, tracestate = r.Header.Get(tracing.HeaderTraceParent), r.Header.Get(tracing.HeaderTraceState)
+	traceparent, tracestate = r.Header.Get(traceParentHeader), r.Header.Get(traceStateHeader)
 	if traceparent == "" && ce != nil {
 		traceparent, tracestate = ce.trace[0], ce.trace[1]
 	}

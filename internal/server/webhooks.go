@@ -9,8 +9,10 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -102,13 +104,12 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		return
 	}
 	cfg := in.cfg
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+	if !jsonMediaType(r.Header.Get("Content-Type")) {
 		writeError(w, api.CodeUnsupportedMediaType, "Content-Type %q: send application/json", r.Header.Get("Content-Type"))
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, cfg.MaxBytes))
-	var tooLarge *http.MaxBytesError
-	if errors.As(err, &tooLarge) {
+	body, err := readBody(w, r, cfg.MaxBytes)
+	if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 		writeError(w, api.CodeTooLarge, "the body is over %d bytes", cfg.MaxBytes)
 		return
 	}
@@ -176,12 +177,8 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		Metadata:   meta,
 		Payload:    body, // the bytes as received: what a provider signed, and what a target gets
 	}
-	type outcome struct {
-		res []stream.AppendResult
-		err error
-	}
-	done := make(chan outcome, 1)
-	err = s.writer.TryAppendAsync(source, []stream.Event{ev}, func(res []stream.AppendResult, err error) { done <- outcome{res, err} })
+	wait := appendWaits.Get().(*appendWait)
+	err = s.writer.TryAppendAsync(source, []stream.Event{ev}, wait.done)
 	switch {
 	case errors.Is(err, groupcommit.ErrFull):
 		s.metrics.Count(source, "throttled", 1)
@@ -193,11 +190,12 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		writeError(w, api.CodeUnavailable, "not stored (%v): send it again", err)
 		return
 	}
-	var o outcome
+	var o appendOutcome
 	select {
-	case o = <-done:
+	case o = <-wait.c:
+		appendWaits.Put(wait)
 	case <-r.Context().Done():
-		return // the sender left; it will send again and get 200 if it was stored
+		return // the sender left; it will send again and get 200 if it was stored (wait is the writer's until then)
 	}
 	if o.err != nil {
 		s.metrics.Count(source, "unavailable", 1)
@@ -242,8 +240,109 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		writeJSON(w, http.StatusOK, j)
 	default:
 		s.metrics.Count(source, "stored", 1)
-		writeJSON(w, http.StatusAccepted, api.Webhook{ID: webhookID(res.Offset), IdempotencyKey: key, Status: delivery.StatePending, CreatedAt: res.StoredAt})
+		writeAccepted(w, res.Offset, key, res.StoredAt)
 	}
+}
+
+// appendOutcome is what the writer reports of a webhook's append.
+type appendOutcome struct {
+	res []stream.AppendResult
+	err error
+}
+
+// appendWait is where receiveWebhook waits for its append: done, the
+// callback given to the writer (which calls it once), sends its outcome
+// on c. A handler puts it back into appendWaits once it received the
+// outcome, and drops it when it stops waiting first (the writer calls
+// done later) or the writer refused the append.
+type appendWait struct {
+	c    chan appendOutcome
+	done func([]stream.AppendResult, error)
+}
+
+var appendWaits = sync.Pool{New: func() any {
+	w := &appendWait{c: make(chan appendOutcome, 1)}
+	w.done = func(res []stream.AppendResult, err error) { w.c <- appendOutcome{res, err} }
+	return w
+}}
+
+// jsonMediaType reports whether a Content-Type is application/json or
+// another JSON type (+json), parameters aside.
+func jsonMediaType(ct string) bool {
+	if ct == "application/json" {
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
+}
+
+// readBody reads r's body, at most max bytes (a longer one fails with
+// *http.MaxBytesError, as http.MaxBytesReader has it), into a buffer
+// sized by its Content-Length when it has one, up to readBodyPresize:
+// io.ReadAll would start at 512 bytes and grow.
+func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error) {
+	rd := http.MaxBytesReader(w, r.Body, max)
+	size := int64(512)
+	if n := r.ContentLength; n >= 0 && n < max {
+		size = min(n+1, readBodyPresize) // room to read io.EOF without growing
+	}
+	b := make([]byte, 0, size)
+	for {
+		n, err := rd.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+	}
+}
+
+// readBodyPresize bounds the buffer readBody allocates before the body
+// arrives: a sender that announces a megabyte and sends nothing holds
+// no more than this.
+const readBodyPresize = 64 << 10
+
+// writeAccepted answers 202 for a webhook stored at offset: what
+// writeJSON writes of api.Webhook{ID, IdempotencyKey, Status pending,
+// CreatedAt}, appended without reflection.
+func writeAccepted(w http.ResponseWriter, offset int64, key string, created time.Time) {
+	bp := answerBufs.Get().(*[]byte)
+	b := append((*bp)[:0], `{"id":"wh_`...)
+	b = strconv.AppendInt(b, offset, 10)
+	b = append(b, `","idempotency_key":`...)
+	b = appendJSONString(b, key)
+	b = append(b, `,"status":"`+delivery.StatePending+`","created_at":"`...)
+	b = created.AppendFormat(b, time.RFC3339Nano)
+	b = append(b, "\"}\n"...)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusAccepted)
+	w.Write(b)
+	*bp = b
+	answerBufs.Put(bp)
+}
+
+// answerBufs are the buffers of writeAccepted.
+var answerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
+
+// appendJSONString appends s as encoding/json writes a string: the same
+// bytes, escapes included (HTML characters, invalid UTF-8, U+2028 and
+// U+2029). Plain ASCII is copied as it is; anything else goes through
+// encoding/json.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if !plainJSON(s[i]) {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // identityFrom says where a webhook's key and type may come from.
@@ -284,7 +383,7 @@ func webhookKey(r *http.Request, fields map[string]json.RawMessage, cfg WebhookC
 	for _, h := range headers {
 		if h != "" {
 			if v := strings.TrimSpace(r.Header.Get(h)); v != "" {
-				return v, checkText(h+" header", v, maxKeyLength)
+				return v, checkHeader(h, v, maxKeyLength)
 			}
 		}
 	}
@@ -331,6 +430,15 @@ func checkText(from, v string, max int) error {
 	return nil
 }
 
+// checkHeader is checkText for the value of header h, named "h header"
+// in its error; the name is put together only for an error.
+func checkHeader(h, v string, max int) error {
+	if checkText("", v, max) == nil {
+		return nil
+	}
+	return checkText(h+" header", v, max)
+}
+
 // keyHint says where a webhook's idempotency key is looked for.
 func keyHint(cfg WebhookConfig, from identityFrom) string {
 	var where []string
@@ -368,7 +476,7 @@ func webhookType(r *http.Request, fields map[string]json.RawMessage, cfg Webhook
 	for _, h := range headers {
 		if h != "" {
 			if v := strings.TrimSpace(r.Header.Get(h)); v != "" {
-				return v, checkText(h+" header", v, max)
+				return v, checkHeader(h, v, max)
 			}
 		}
 	}
@@ -427,17 +535,37 @@ func keptHeader(name string, cfg WebhookConfig) bool {
 	case "Content-Type", "User-Agent", "X-Event-Type", "Idempotency-Key":
 		return true
 	}
-	return delivery.ForwardedHeader(name) || (cfg.KeyHeader != "" && strings.EqualFold(name, cfg.KeyHeader)) ||
-		(cfg.TypeHeader != "" && strings.EqualFold(name, cfg.TypeHeader))
+	if (cfg.KeyHeader != "" && strings.EqualFold(name, cfg.KeyHeader)) || (cfg.TypeHeader != "" && strings.EqualFold(name, cfg.TypeHeader)) {
+		return true
+	}
+	// ForwardedHeader lower-cases the name; a short ASCII one is lowered
+	// here, on the stack, so that it need not allocate.
+	var buf [32]byte
+	if len(name) > len(buf) || !isASCII(name) {
+		return delivery.ForwardedHeader(name)
+	}
+	lower := buf[:len(name)]
+	for i := range lower {
+		lower[i] = lowerASCII(name[i])
+	}
+	return delivery.ForwardedHeader(string(lower))
 }
+
+// metaHeader is a header kept in a webhook's metadata: its name, lower
+// case but for ASCII letters, and its values.
+type metaHeader struct{ name, value string }
 
 // webhookMetadata keeps the request's kept headers (keptHeader) in the
 // event's metadata, each at most maxHeaderValue bytes and all together at
 // most maxHeadersBytes: more is refused, not cut (a cut signature is
-// useless).
+// useless). The JSON is what encoding/json makes of
+// {"headers": {lower-case name: values joined by ", "}, "remote_addr": …}
+// (keys sorted, strings escaped alike), appended without maps or
+// reflection.
 func webhookMetadata(r *http.Request, cfg WebhookConfig) (json.RawMessage, error) {
-	headers := map[string]string{}
-	total := 0
+	var arr [16]metaHeader
+	kept := arr[:0]
+	total, size := 0, len(`{"headers":{},"remote_addr":""}`)+len(r.RemoteAddr)
 	for name, values := range r.Header {
 		if !keptHeader(name, cfg) {
 			continue
@@ -449,10 +577,77 @@ func webhookMetadata(r *http.Request, cfg WebhookConfig) (json.RawMessage, error
 		if total += len(name) + len(v); total > maxHeadersBytes {
 			return nil, fmt.Errorf("headers: the ones kept with a webhook (provider ids, events, signatures) exceed %d bytes", maxHeadersBytes)
 		}
-		headers[strings.ToLower(name)] = v
+		if !isASCII(name) {
+			name = strings.ToLower(name)
+		}
+		kept = append(kept, metaHeader{name, v})
+		size += len(name) + len(v) + len(`"":"",`)
 	}
-	meta, _ := json.Marshal(map[string]any{"headers": headers, "remote_addr": r.RemoteAddr})
-	return meta, nil
+	slices.SortFunc(kept, func(a, b metaHeader) int { return compareLowerASCII(a.name, b.name) })
+	b := make([]byte, 0, size)
+	b = append(b, `{"headers":{`...)
+	for i, h := range kept {
+		if i > 0 {
+			if compareLowerASCII(kept[i-1].name, h.name) == 0 {
+				continue // two names of one lower case: one value, as a map keeps
+			}
+			b = append(b, ',')
+		}
+		b = appendJSONLowerASCII(b, h.name)
+		b = append(b, ':')
+		b = appendJSONString(b, h.value)
+	}
+	b = append(b, `},"remote_addr":`...)
+	b = appendJSONString(b, r.RemoteAddr)
+	return append(b, '}'), nil
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
+}
+
+func lowerASCII(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+// compareLowerASCII compares a and b with their ASCII letters in lower
+// case: for ASCII strings, as strings.ToLower(a) and strings.ToLower(b)
+// compare.
+func compareLowerASCII(a, b string) int {
+	for i := 0; i < len(a) && i < len(b); i++ {
+		if ca, cb := lowerASCII(a[i]), lowerASCII(b[i]); ca != cb {
+			return int(ca) - int(cb)
+		}
+	}
+	return len(a) - len(b)
+}
+
+// appendJSONLowerASCII appends s with its ASCII letters in lower case as
+// a JSON string (appendJSONString).
+func appendJSONLowerASCII(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if !plainJSON(s[i]) {
+			return appendJSONString(b, strings.ToLower(s))
+		}
+	}
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		b = append(b, lowerASCII(s[i]))
+	}
+	return append(b, '"')
+}
+
+// plainJSON reports whether encoding/json writes c, in a string, as it is.
+func plainJSON(c byte) bool {
+	return c >= 0x20 && c < 0x7f && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
 }
 
 // webhookJSON describes a stored webhook of source with the state of its
