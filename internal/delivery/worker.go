@@ -90,6 +90,8 @@ func (l *loop) ended() bool {
 // job is one leased item for a worker: for h, or for the endpoint ep.
 type job struct {
 	inbox, lease string
+	expires      time.Time // the lease's end
+	timeout      time.Duration
 	item         Item
 	h            Handler
 	ep           *endpoint
@@ -99,7 +101,25 @@ type job struct {
 
 // dispatch leases the items of inbox as workers become free and hands them
 // to the workers, for h or for the endpoint of target, until ctx ends.
+//
+// Leasing and handing out are two goroutines: a lease is a write
+// transaction, waiting for a commit, and while it waits the workers
+// take the items of the leases before it (those the slots hold) from the
+// feeder. Run one after the other, the workers went idle during every
+// lease once they had handled what the last one took.
 func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler, target string) {
+	// At most one lease per slot is waiting for the feeder: sending never
+	// blocks.
+	leased := make(chan batch, d.slots.size)
+	fed := make(chan struct{})
+	go func() {
+		defer close(fed)
+		d.feed(ctx, leased)
+	}()
+	defer func() {
+		close(leased)
+		<-fed
+	}()
 	for ctx.Err() == nil {
 		changed := d.inboxes.channel(inbox) // before looking, so no wake-up is missed
 		var ep *endpoint
@@ -117,8 +137,10 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler, target
 			timeout, maxAttempts = ep.timeout, ep.maxAttempts
 			fl = d.flow(inbox)
 		}
-		// A leased item may wait briefly for a worker, and its handler may
-		// take its timeout: the lease outlasts both.
+		// A leased item may wait for a worker, and its handler may take
+		// its timeout: the lease outlasts both, unless the workers are
+		// slow enough that the item waits longer than its handler's
+		// timeout and 10 seconds; the worker then hands it back.
 		visibility := 2*timeout + 10*time.Second
 		most, probe := cleanupBatch, false
 		if fl != nil {
@@ -160,42 +182,103 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler, target
 			}
 			fl.took(len(l.Items), ep)
 		}
-		for i, it := range l.Items {
-			select {
-			case d.jobs <- job{inbox: inbox, lease: l.Token, item: it, h: h, ep: ep, fl: fl, probe: probe}:
-			case <-ctx.Done(): // stopping: hand back what no worker took
-				d.slots.release(len(l.Items) - i)
-				fl.release(len(l.Items) - i)
-				d.handBack(inbox, l.Token, l.Items[i:])
-				return
+		if len(l.Items) > 0 {
+			b := batch{job: job{inbox: inbox, lease: l.Token, expires: l.ExpiresAt, timeout: timeout, h: h, ep: ep, fl: fl, probe: probe},
+				items: l.Items}
+			if ep != nil && !ep.rate.IsZero() {
+				// A rate takes its tokens at the lease: the next lease waits
+				// until the workers took this one's items, so that items
+				// waiting for a worker do not go out in a bunch with the next
+				// lease's.
+				b.taken = make(chan struct{})
 			}
+			leased <- b
+			if b.taken != nil {
+				select {
+				case <-b.taken:
+				case <-ctx.Done():
+				}
+			}
+			continue
 		}
-		if len(l.Items) == 0 {
-			// Items due later (a retry's backoff) wake no one: look again
-			// every second.
-			t := time.NewTimer(time.Second)
+		// Items due later (a retry's backoff) wake no one: look again
+		// every second.
+		t := time.NewTimer(time.Second)
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+}
+
+// batch is the items of one lease for the feeder, and what their jobs
+// share.
+type batch struct {
+	job   job // without its item
+	items []Item
+	taken chan struct{} // when not nil, closed once the workers took the items, or the feeder stopped
+}
+
+// feed hands the items of the leases from leased to the workers, in
+// order, until leased is closed. Once ctx ended it hands back, to
+// pending, every item no worker took.
+func (d *Delivery) feed(ctx context.Context, leased <-chan batch) {
+	for b := range leased {
+		for i, it := range b.items {
+			j := b.job
+			j.item = it
 			select {
-			case <-changed:
-			case <-t.C:
+			case d.jobs <- j:
+				continue
 			case <-ctx.Done():
 			}
-			t.Stop()
+			d.untake(b, i) // stopping: hand back what no worker took
+			for b := range leased {
+				d.untake(b, 0)
+			}
+			return
+		}
+		if b.taken != nil {
+			close(b.taken)
 		}
 	}
 }
 
-// slots counts the items the workers hold: those being handled and those
-// leased and waiting for a worker, at most 2·Workers. Leasing waits until
-// half of them are free, so that under load a lease takes a batch of
-// Workers items or more, not one at a time (each lease is a write); idle,
-// it takes what there is at once.
+// untake hands back the items of b from the i-th on, which no worker took.
+func (d *Delivery) untake(b batch, i int) {
+	n := len(b.items) - i
+	d.slots.release(n)
+	b.job.fl.release(n)
+	d.handBack(b.job.inbox, b.job.lease, b.items[i:])
+}
+
+// slotsPerWorker is how many items the workers hold per worker: those
+// being handled and those leased and waiting for a worker.
+//
+// A lease is a write, whose commit every lease and ack waits for: with
+// 2·Workers items held, the items in the hands of the workers and the
+// feeders ran out while one lease waited for its commit, and the workers
+// idled. With more held, the next lease commits while the workers still
+// have items, and each commit (one lease, one ack of a batch) carries
+// more items. An item that waits long enough for its lease to end before
+// its handler's timeout is handed back, not attempted (see work).
+const slotsPerWorker = 8
+
+// slots counts the items the workers hold, at most
+// slotsPerWorker·Workers. A lease waits until Workers of them are free,
+// so that under load it takes a batch of Workers items or more, not one
+// at a time (each lease is a write); idle, it takes what there is at
+// once.
 type slots struct {
+	size  int // slots in all
 	mu    sync.Mutex
 	free  int
 	freed chan struct{} // signalled when slots are released
 }
 
-func newSlots(n int) *slots { return &slots{free: n, freed: make(chan struct{}, 1)} }
+func newSlots(n int) *slots { return &slots{size: n, free: n, freed: make(chan struct{}, 1)} }
 
 // acquire waits until at least atLeast slots are free and takes them all
 // (at most most). It returns how many, 0 when ctx ended.
@@ -237,7 +320,15 @@ func (d *Delivery) work(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case j := <-d.jobs:
-			d.attempt(ctx, j)
+			if d.now().Add(j.timeout).After(j.expires) {
+				// It waited for a worker so long that its lease could end
+				// during the attempt: another lease would then take it
+				// while this one is still at work on it.
+				d.handBack(j.inbox, j.lease, []Item{j.item})
+				d.inboxes.notify(j.inbox)
+			} else {
+				d.attempt(ctx, j)
+			}
 			d.slots.release(1)
 			j.fl.release(1)
 		}
@@ -352,8 +443,10 @@ type completion struct {
 	rec          *Attempt // the endpoint's attempt to record; nil: none
 }
 
-// ackQueue is how many completions per worker may wait for the acker.
-const ackQueue = 4
+// ackQueue is how many completions per worker may wait for the acker:
+// as many as the items the workers hold, so that a worker never waits
+// for the acker while it has items.
+const ackQueue = slotsPerWorker
 
 // ack acks the items the workers completed, a batch of those waiting at a
 // time in one transaction, until completions is closed: PostgreSQL

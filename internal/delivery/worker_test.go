@@ -3,6 +3,7 @@ package delivery_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -339,5 +340,58 @@ func testRetention(t *testing.T, kind storeKind) {
 	st, _ := e.streams.Stats(ctx, "devices")
 	if st.LastOffset != 2510 {
 		t.Errorf("high watermark %d after trimming, want 2510", st.LastOffset)
+	}
+}
+
+// TestWaitedPastLease: an item leased for the workers that waits for one
+// so long that its lease could end during its attempt is handed back,
+// not attempted: another lease could take it while the attempt runs. It
+// goes out again under a new lease, its attempt not counted twice.
+func TestWaitedPastLease(t *testing.T) { eachStore(t, testWaitedPastLease) }
+
+func testWaitedPastLease(t *testing.T, kind storeKind) {
+	const timeout = 10 * time.Second // the lease: 2·timeout + 10s
+	e := setup(t, kind, delivery.Config{Workers: 1, HandlerTimeout: timeout})
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	var mu sync.Mutex
+	var late []string // attempts whose lease could end during them
+	e.d.Handle("slow", func(ctx context.Context, it *delivery.Item) error {
+		if it.LeaseExpiresAt == nil || e.clock.Now().Add(timeout).After(*it.LeaseExpiresAt) {
+			mu.Lock()
+			late = append(late, fmt.Sprintf("item %d at %v, its lease ends %v", it.ID, e.clock.Now(), it.LeaseExpiresAt))
+			mu.Unlock()
+		}
+		select {
+		case started <- struct{}{}:
+			<-release // the first attempt holds the one worker
+		default:
+		}
+		return nil
+	})
+	e.create(t, delivery.Subscription{Name: "slow", Source: "devices"})
+	e.appendEvents(t, "s", "t", 3)
+	<-started
+	ctx := context.Background()
+	testenv.Eventually(t, 10*time.Second, "three items leased", func() bool {
+		items, err := e.d.List(ctx, "slow", delivery.StateProcessing, 0, 10)
+		return err == nil && len(items) == 3
+	})
+	e.clock.Advance(25 * time.Second) // the two waiting can no longer finish within their lease
+	close(release)
+	testenv.Eventually(t, 10*time.Second, "three items completed", func() bool {
+		items, err := e.d.List(ctx, "slow", delivery.StateCompleted, 0, 10)
+		return err == nil && len(items) == 3
+	})
+	items, _ := e.d.List(ctx, "slow", "", 0, 10)
+	for _, it := range items {
+		if it.Attempts != 1 {
+			t.Errorf("item %d completed after %d attempts, want 1: a hand-back counts none", it.ID, it.Attempts)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(late) > 0 {
+		t.Fatalf("attempts started too late in their lease: %v", late)
 	}
 }
