@@ -70,6 +70,7 @@ type openOptions struct {
 	state string
 	wrap  func(stream.Backend) stream.Backend // what delivery reads the streams through; nil: the backend itself
 	cfg   delivery.Config
+	sync  string // the SQLite databases' synchronous mode; "": FULL
 }
 
 // setup runs delivery with its state in a store of kind until the test
@@ -95,7 +96,7 @@ func open(t testing.TB, kind storeKind, o openOptions) *env {
 	var running sync.WaitGroup
 	var closers []func() error
 	openSQLite := func(path string) *streamsqlite.Backend {
-		b, err := streamsqlite.Open(path, streamsqlite.Config{Now: c.Now})
+		b, err := streamsqlite.Open(path, streamsqlite.Config{Now: c.Now, Synchronous: o.sync})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -50,6 +50,7 @@ type inliner struct {
 	sub       *Subscription // cached; nil: look it up, from lookAfter on
 	lookAfter time.Time
 	m         *matcher
+	subArgs   [3]any // sub's Inbox, Name and UID as bound arguments, boxed once
 	items     []pendingItem
 	args      []any
 }
@@ -72,7 +73,7 @@ func (d *Delivery) InlineHook(ctx context.Context, name string) (func(tx *sql.Tx
 	if in.position, err = p.PrepareWrite(ctx, `SELECT next_offset FROM positions WHERE subscription_uid = ?`); err != nil {
 		return nil, fmt.Errorf("inline items of %s: %w", name, err)
 	}
-	if in.move, err = p.PrepareWrite(ctx, `UPDATE positions SET next_offset = ?, updated_at = ? WHERE subscription_uid = ?`); err != nil {
+	if in.move, err = p.PrepareWrite(ctx, `UPDATE positions SET next_offset = ?, updated_at = ? WHERE subscription_uid = ? AND next_offset = ?`); err != nil {
 		return nil, fmt.Errorf("inline items of %s: %w", name, err)
 	}
 	for n := 1; n <= itemChunk; n++ {
@@ -87,6 +88,11 @@ func (d *Delivery) InlineHook(ctx context.Context, name string) (func(tx *sql.Tx
 // the subscription's position is at the first of them, and moves the
 // position past the last. The function it returns tells the loop and
 // wakes the inbox once tx committed.
+//
+// It runs on the writer, which every webhook waits for, so it binds few
+// boxed values: the subscription's once, the stream's and the time's once
+// a call; and it moves the position with one conditional UPDATE, reading
+// the position only when that moved nothing.
 func (in *inliner) write(tx *sql.Tx, events []stream.StoredEvent) (func(), error) {
 	ctx := context.Background()
 	d := in.d
@@ -100,22 +106,17 @@ func (in *inliner) write(tx *sql.Tx, events []stream.StoredEvent) (func(), error
 			return nil, nil
 		}
 		in.sub, in.m = &s, newMatcher(s)
+		in.subArgs = [3]any{s.Inbox, s.Name, s.UID}
 	}
 	s := in.sub
-	var next int64
-	err := tx.StmtContext(ctx, in.position).QueryRowContext(ctx, s.UID).Scan(&next)
-	if errors.Is(err, sql.ErrNoRows) {
-		// Deleted (one created again has another uid), or its loop has not
-		// started yet: look it up again in a while.
-		in.sub, in.lookAfter = nil, time.Now().Add(time.Second)
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("inline items of %s: %w", s.Name, err)
-	}
 	first, last := events[0].Offset, events[len(events)-1].Offset
-	if next != first {
-		return nil, nil // the loop is behind (or was moved): it takes these
+	now := any(d.now().UTC().Format(sqlitedb.Time))
+	r, err := tx.StmtContext(ctx, in.move).ExecContext(ctx, last+1, now, in.subArgs[2], first)
+	if err != nil {
+		return nil, fmt.Errorf("inline items of %s: move position: %w", s.Name, err)
+	}
+	if n, err := r.RowsAffected(); err != nil || n == 0 {
+		return nil, in.notAt(ctx, tx, err)
 	}
 	items := in.items[:0]
 	for i := range events {
@@ -125,13 +126,13 @@ func (in *inliner) write(tx *sql.Tx, events []stream.StoredEvent) (func(), error
 	}
 	in.items = items
 	defer clear(items)
-	now := d.now().UTC().Format(sqlitedb.Time)
+	rows := inlineRows{stream: events[0].StreamID, now: now}
 	for rest := items; len(rest) > 0; {
 		part := rest[:min(itemChunk, len(rest))]
 		rest = rest[len(part):]
 		args := in.args[:0]
 		for _, it := range part {
-			args = appendItemArgs(args, s, it.ev, now)
+			args = rows.append(args, &in.subArgs, it.ev)
 		}
 		in.args = args
 		_, err := tx.StmtContext(ctx, in.inserts[len(part)]).ExecContext(ctx, args...)
@@ -139,9 +140,6 @@ func (in *inliner) write(tx *sql.Tx, events []stream.StoredEvent) (func(), error
 		if err != nil {
 			return nil, fmt.Errorf("inline items of %s: %w", s.Name, err)
 		}
-	}
-	if _, err := tx.StmtContext(ctx, in.move).ExecContext(ctx, last+1, now, s.UID); err != nil {
-		return nil, fmt.Errorf("inline items of %s: move position: %w", s.Name, err)
 	}
 	uid, inbox, added, read := s.UID, s.Inbox, len(items), len(events)
 	return func() {
@@ -151,6 +149,53 @@ func (in *inliner) write(tx *sql.Tx, events []stream.StoredEvent) (func(), error
 		}
 		d.cfg.Metrics.materialised(in.name, read, added)
 	}, nil
+}
+
+// notAt is write's answer when moving the position moved nothing (or
+// failed to say, err): the position is not where the events start, the
+// loop is behind (or was moved) and takes them; or there is none, and the
+// subscription was deleted (one created again has another uid) or its
+// loop has not started yet, so it is looked up again in a while.
+func (in *inliner) notAt(ctx context.Context, tx *sql.Tx, err error) error {
+	if err == nil {
+		var next int64
+		err = tx.StmtContext(ctx, in.position).QueryRowContext(ctx, in.sub.UID).Scan(&next)
+	}
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		in.sub, in.lookAfter = nil, time.Now().Add(time.Second)
+		return nil
+	case err != nil:
+		return fmt.Errorf("inline items of %s: %w", in.sub.Name, err)
+	}
+	return nil
+}
+
+// inlineRows boxes the values of itemRow that one call of write shares:
+// the stream, the time, and the time the events were stored (the same for
+// a group commit's events), formatted once.
+type inlineRows struct {
+	stream, now any
+	stored      time.Time
+	storedArg   any
+}
+
+// append appends the values of itemRow for ev's item, of the subscription
+// whose Inbox, Name and UID sub holds boxed: what appendItemArgs appends.
+func (r *inlineRows) append(args []any, sub *[3]any, ev *stream.StoredEvent) []any {
+	var handle, seq any
+	if len(ev.DeliveryHandle) > 0 {
+		handle = string(ev.DeliveryHandle)
+	}
+	if ev.Sequence != nil {
+		seq = *ev.Sequence
+	}
+	if r.storedArg == nil || !ev.StoredAt.Equal(r.stored) {
+		r.stored, r.storedArg = ev.StoredAt, ev.StoredAt.UTC().Format(sqlitedb.Time)
+	}
+	return append(args, sub[0], sub[1], sub[2], r.stream, ev.Offset, ev.NativeID, ev.Type,
+		ev.OccurredAt.UTC().Format(sqlitedb.Time), r.storedArg,
+		string(ev.Metadata), string(ev.Payload), handle, r.now, r.now, r.now, seq)
 }
 
 // appendItemArgs appends the values of itemRow for ev's item in s.
