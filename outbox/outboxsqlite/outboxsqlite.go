@@ -86,6 +86,7 @@ type Store struct {
 	due     *sql.Stmt
 	writer  *groupcommit.Writer[*write]
 	running atomic.Bool // Run started the writer: settles go through it
+	recent  recent      // rows just inserted, for Due
 	now     func() time.Time
 	notify  chan struct{}
 	every   time.Duration
@@ -117,6 +118,12 @@ type write struct {
 	args      [insertArgs]any
 	duplicate bool
 	err       error
+
+	// The row as Due hands it out (for recent), when next_attempt_at
+	// is, and, once inserted, its seq.
+	msg  outbox.Message
+	next time.Time
+	seq  int64
 
 	settle []outbox.Outcome // a Settle's outcomes, written in the same transaction
 }
@@ -372,6 +379,7 @@ type Result struct {
 func (s *Store) Insert(ctx context.Context, envs []postbox.Envelope) ([]Result, error) {
 	items := make([]*write, len(envs))
 	now := s.now().UTC().Format(sqlitedb.Time)
+	next, _ := time.Parse(sqlitedb.Time, now)
 	for i, env := range envs {
 		if !json.Valid(env.Payload) {
 			return nil, fmt.Errorf("outbox: insert %s: the payload is not valid JSON", env.EventID)
@@ -383,6 +391,14 @@ func (s *Store) Insert(ctx context.Context, envs []postbox.Envelope) ([]Result, 
 		}
 		it.args = [insertArgs]any{env.EventID, env.Type, string(it.payload), now, now,
 			env.TS, env.SessionID, env.DeviceID, seq, env.TraceParent, env.TraceState}
+		// As Due reads it back.
+		it.next = next
+		it.msg = outbox.Message{EventID: env.EventID, Type: env.Type, Body: it.payload, CorrelationID: env.SessionID, TenantID: env.DeviceID,
+			SourceSeq: env.Seq, TraceParent: env.TraceParent, TraceState: env.TraceState}
+		var err error
+		if it.msg.CreatedAt, err = time.Parse(time.RFC3339Nano, env.TS); err != nil {
+			it.msg.CreatedAt = next
+		}
 		items[i] = it
 	}
 	if err := s.writer.Do(ctx, items); err != nil {
@@ -418,7 +434,8 @@ func (s *Store) flush(ctx context.Context, batch []*write) (err error) {
 			inserts = append(inserts, it)
 		}
 	}
-	if err := s.insertRows(ctx, tx, inserts); err != nil {
+	from, to, err := s.insertRows(ctx, tx, inserts)
+	if err != nil {
 		return err
 	}
 	if len(settles) > 0 {
@@ -432,24 +449,29 @@ func (s *Store) flush(ctx context.Context, batch []*write) (err error) {
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("outbox write: commit: %w", err)
 	}
+	s.recent.committed(from, to, inserts, settles)
 	return nil
 }
 
 // insertRows inserts rows in statements of insertChunk rows; a chunk
 // that did not insert every row (an event id queued already), or that
 // names an id twice, is done again a row at a time to tell each row's
-// outcome.
-func (s *Store) insertRows(ctx context.Context, tx *sql.Tx, rows []*write) error {
+// outcome. It sets each inserted row's seq, and returns the
+// sqlite_sequence value before the rows (from; -1 without rows) and
+// after them (to).
+func (s *Store) insertRows(ctx context.Context, tx *sql.Tx, rows []*write) (from, to int64, _ error) {
 	if len(rows) == 0 {
-		return nil
+		return -1, -1, nil
 	}
 	// high is at least the seq of every row in the table and below the
 	// seq of every row inserted after it was read (AUTOINCREMENT): the
 	// rows of a chunk are those above the high before it.
 	var high int64
-	if err := tx.QueryRowContext(ctx, `SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'outbox'), 0)`).Scan(&high); err != nil {
-		return fmt.Errorf("outbox insert: %w", err)
+	if err := tx.QueryRowContext(ctx, qSequence).Scan(&high); err != nil {
+		return 0, 0, fmt.Errorf("outbox insert: %w", err)
 	}
+	from = high
+	single := false // a row was inserted alone: ids refused may have used up seqs
 	args := make([]any, 0, insertChunk*insertArgs)
 	for len(rows) > 0 {
 		n := min(insertChunk, len(rows))
@@ -462,12 +484,15 @@ func (s *Store) insertRows(ctx context.Context, tx *sql.Tx, rows []*write) error
 			}
 			r, err := tx.StmtContext(ctx, s.inserts[n]).ExecContext(ctx, args...)
 			if err != nil {
-				return fmt.Errorf("outbox insert %s: %w", chunk[0].env.EventID, err)
+				return 0, 0, fmt.Errorf("outbox insert %s: %w", chunk[0].env.EventID, err)
 			}
 			got, _ := r.RowsAffected()
 			if got == int64(n) {
 				if high, err = r.LastInsertId(); err != nil {
-					return fmt.Errorf("outbox insert %s: %w", chunk[0].env.EventID, err)
+					return 0, 0, fmt.Errorf("outbox insert %s: %w", chunk[0].env.EventID, err)
+				}
+				for i, it := range chunk { // one statement's rows take consecutive seqs
+					it.seq = high - int64(n-1-i)
 				}
 				continue
 			}
@@ -476,22 +501,31 @@ func (s *Store) insertRows(ctx context.Context, tx *sql.Tx, rows []*write) error
 			// insert it a row at a time to tell each row's outcome.
 			if got > 0 {
 				if _, err := tx.ExecContext(ctx, `DELETE FROM outbox WHERE seq > ?`, high); err != nil {
-					return fmt.Errorf("outbox insert %s: %w", chunk[0].env.EventID, err)
+					return 0, 0, fmt.Errorf("outbox insert %s: %w", chunk[0].env.EventID, err)
 				}
 			}
 		}
+		single = true
 		for _, it := range chunk {
 			inserted, err := s.insertOne(ctx, tx, it)
 			if err != nil {
-				return err
+				return 0, 0, err
 			}
 			if inserted > 0 {
-				high = inserted
+				high, it.seq = inserted, inserted
 			}
 		}
 	}
-	return nil
+	if single {
+		if err := tx.QueryRowContext(ctx, qSequence).Scan(&high); err != nil {
+			return 0, 0, fmt.Errorf("outbox insert: %w", err)
+		}
+	}
+	return from, high, nil
 }
+
+// qSequence reads the last seq the table handed out.
+const qSequence = `SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'outbox'), 0)`
 
 // distinct reports whether the rows' event ids differ from each other.
 func distinct(rows []*write) bool {
@@ -536,13 +570,31 @@ func (s *Store) insertOne(ctx context.Context, tx *sql.Tx, it *write) (int64, er
 // with the offset its producer gave (or, were the stored ts not RFC 3339,
 // the time the row was queued); CorrelationID its session_id, TenantID its
 // device_id and SourceSeq its seq.
+//
+// Rows this Store inserted come from memory while the relay reads just
+// behind the inserts (recent), the rest from the file.
 func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) ([]outbox.Message, error) {
+	out, hi, ok := s.recent.due(now, after, limit)
+	if !ok {
+		return s.dueFile(ctx, now, after, limit, nil)
+	}
+	if len(out) == limit {
+		return out, nil
+	}
+	return s.dueFile(ctx, now, max(after, hi), limit-len(out), out)
+}
+
+// dueFile appends up to limit due rows after seq after, read from the
+// file, to out.
+func (s *Store) dueFile(ctx context.Context, now time.Time, after int64, limit int, out []outbox.Message) ([]outbox.Message, error) {
 	rows, err := s.due.QueryContext(ctx, after, now.UTC().Format(sqlitedb.Time), limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox due: %w", err)
 	}
 	defer rows.Close()
-	out := make([]outbox.Message, 0, min(limit, 1024))
+	if out == nil {
+		out = make([]outbox.Message, 0, min(limit, 1024))
+	}
 	for rows.Next() {
 		var m outbox.Message
 		var body, occurred, created string
@@ -595,6 +647,7 @@ func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) (err erro
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("outbox settle: commit: %w", err)
 	}
+	s.recent.committed(-1, -1, nil, []*write{{settle: outcomes}})
 	return s.sync()
 }
 
@@ -702,6 +755,9 @@ func (s *Store) Requeue(ctx context.Context, ids []string) (int64, error) {
 		}
 	}
 	r, err := s.db.ExecContext(ctx, q, args...)
+	s.recent.mu.Lock()
+	s.recent.invalidate() // rows behind the range are due again
+	s.recent.mu.Unlock()
 	if err == nil {
 		err = s.sync()
 	}
