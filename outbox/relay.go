@@ -44,7 +44,8 @@ type RelayConfig struct {
 	// MaxInFlight; after an outage (a transport failure, or an outage
 	// NACK) it starts again from the number of messages answered since
 	// the previous outage, never below MinInFlight, and from there grows
-	// by about MinInFlight per round trip. On a good link it
+	// by about MinInFlight per round trip (in steps of BatchSize, so that
+	// the room it makes is sent as whole batches). On a good link it
 	// reaches MaxInFlight within a few round trips; on a link cut every
 	// few hundred milliseconds each connection is sent what the last one
 	// managed, so the oldest rows are not resent on every connection.
@@ -210,6 +211,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	// connection that ends loses little more than the last one carried.
 	floor := r.cfg.MinInFlight
 	window, answered, threshold := floor, 0, r.cfg.MaxInFlight
+	grown := 0 // slots the window has grown by beyond threshold, not yet added
 	// held are answered outcomes the store failed to record: their rows
 	// stay in flight, not sent again, and are recorded again at retryAt.
 	var held []Outcome
@@ -237,8 +239,16 @@ func (r *Relay) Run(ctx context.Context) error {
 			}()
 		}
 		// At most MaxInFlight answered messages wait for the store
-		// beyond the window.
-		room := min(window-inFlightN, 2*r.cfg.MaxInFlight-inFlightN-settling)
+		// beyond the window; when they hold the room back, it is taken a
+		// whole batch at a time, or each settle's few freed slots would
+		// be sent as a small batch, and stay one.
+		room := window - inFlightN
+		if spare := 2*r.cfg.MaxInFlight - inFlightN - settling; spare < room {
+			room = spare
+			if room < min(r.cfg.BatchSize, window) {
+				room = 0
+			}
+		}
 		if ctx.Err() == nil && room > 0 && !now.Before(pausedUntil) {
 			msgs, last, err := r.due(ctx, now, cursor, min(room, r.cfg.BatchSize), inFlight)
 			cursor = max(cursor, last)
@@ -296,7 +306,7 @@ func (r *Relay) Run(ctx context.Context) error {
 				failures++
 				pausedUntil = r.cfg.Now().Add(delay)
 				// The next connection is sent what this one managed.
-				window, answered = min(max(answered, floor), r.cfg.MaxInFlight), 0
+				window, answered, grown = min(max(answered, floor), r.cfg.MaxInFlight), 0, 0
 				threshold = window
 				r.log.Warn("outbox: publish failed; pausing before the next attempt", "err", err, "events", len(p.msgs), "pause", delay.Round(time.Millisecond), "failures", failures, "window", window)
 			}
@@ -332,7 +342,15 @@ func (r *Relay) Run(ctx context.Context) error {
 				if window < threshold {
 					window = min(window+n, threshold)
 				} else {
-					window += max(1, n*floor/window)
+					// About MinInFlight a round trip, in steps of a whole
+					// batch: the room a step of a few slots makes is sent
+					// as a batch of its own, and its answer frees only as
+					// much again, so every such step would stay a small
+					// batch for as long as the window stays full.
+					grown += max(1, n*floor/window)
+					if grown >= min(r.cfg.BatchSize, r.cfg.MaxInFlight-window) {
+						window, grown = window+grown, 0
+					}
 				}
 				window = min(window, r.cfg.MaxInFlight)
 			}
