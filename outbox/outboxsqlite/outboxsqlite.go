@@ -15,15 +15,18 @@
 // itself before it answers (as the server's stream store does), so the
 // next batch is written while the disk syncs the last. Inserts go four
 // rows to a statement and the deletes of delivered rows up to 64 to a
-// statement; the relay's reads (Due) and the counts take a read-only
-// connection of their own and do not wait for the writer. A row is
-// deleted only when its ACK arrives; a row the receiver refused for good
-// is kept with state "rejected" and the reason, until Requeue.
+// statement; the write-ahead log is checkpointed on a connection of its
+// own. The relay's reads (Due) take the rows this Store just inserted
+// from memory, and the rest, like the counts, from a read-only connection
+// that does not wait for the writer. A row is deleted only when its ACK
+// arrives; a row the receiver refused for good is kept with state
+// "rejected" and the reason, until Requeue.
 //
 // On a full disk the write-ahead log must not keep the space it took: a
 // write that fails for space (SQLITE_FULL, an I/O error) is followed by a
 // checkpoint that truncates the log (PRAGMA wal_checkpoint(TRUNCATE)), and
-// Run truncates it too whenever nothing was written for CheckpointInterval.
+// Run truncates it too whenever nothing was written for
+// Config.CheckpointInterval.
 package outboxsqlite
 
 import (
@@ -77,20 +80,25 @@ const DefaultCheckpointInterval = time.Minute
 
 // Store is an edge outbox in one SQLite file.
 type Store struct {
-	db      *sql.DB // the writer's one connection
-	read    *sql.DB // read-only connections: Due, Counts, List, OldestPending
-	wal     *sqlitedb.WALSyncer
-	stmts   map[string]*sql.Stmt // prepared at Open: the pool's one connection is busy inside a transaction
-	inserts [insertChunk + 1]*sql.Stmt
-	deletes map[int]*sql.Stmt // DELETE … WHERE event_id IN (n ids), for each n of deleteSizes
-	due     *sql.Stmt
-	writer  *groupcommit.Writer[*write]
-	running atomic.Bool // Run started the writer: settles go through it
-	recent  recent      // rows just inserted, for Due
-	now     func() time.Time
-	notify  chan struct{}
-	every   time.Duration
-	writes  atomic.Int64 // writes tried; Run truncates the log when it stood still
+	db   *sql.DB // the writer's one connection
+	read *sql.DB // read-only connections: Due, Counts, List, OldestPending
+	// checkpoint is the connection that checkpoints the write-ahead log,
+	// every CheckpointEvery while Run runs, so that the writer never
+	// does inside a commit.
+	checkpoint *sql.DB
+	commits    atomic.Int64
+	wal        *sqlitedb.WALSyncer
+	stmts      map[string]*sql.Stmt // prepared at Open: the pool's one connection is busy inside a transaction
+	inserts    [insertChunk + 1]*sql.Stmt
+	deletes    map[int]*sql.Stmt // DELETE … WHERE event_id IN (n ids), for each n of deleteSizes
+	due        *sql.Stmt
+	writer     *groupcommit.Writer[*write]
+	running    atomic.Bool // Run started the writer: settles go through it
+	recent     recent      // rows just inserted, for Due
+	now        func() time.Time
+	notify     chan struct{}
+	every      time.Duration
+	writes     atomic.Int64 // writes tried; Run truncates the log when it stood still
 }
 
 // insertChunk is how many rows one INSERT writes, as the server's stream
@@ -182,7 +190,7 @@ func Open(path string, cfg Config) (*Store, error) {
 		// it answers: durable as FULL.
 		writeSync, wal = sqlitedb.SyncNormal, sqlitedb.NewWALSyncer(path)
 	}
-	db, err := sqlitedb.Open(path, sqlitedb.Options{Synchronous: writeSync, MaxConns: 1})
+	db, err := sqlitedb.Open(path, sqlitedb.Options{Synchronous: writeSync, MaxConns: 1, ManualCheckpoint: true})
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +207,13 @@ func Open(path string, cfg Config) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
-	s := &Store{db: db, read: read, wal: wal, now: cfg.Now, notify: make(chan struct{}, 1), stmts: map[string]*sql.Stmt{},
+	checkpoint, err := sqlitedb.Open(path, sqlitedb.Options{Synchronous: cfg.Synchronous, MaxConns: 1})
+	if err != nil {
+		db.Close()
+		read.Close()
+		return nil, err
+	}
+	s := &Store{db: db, read: read, checkpoint: checkpoint, wal: wal, now: cfg.Now, notify: make(chan struct{}, 1), stmts: map[string]*sql.Stmt{},
 		deletes: map[int]*sql.Stmt{}, every: cfg.CheckpointInterval}
 	if s.every <= 0 {
 		s.every = DefaultCheckpointInterval
@@ -211,7 +225,7 @@ func Open(path string, cfg Config) (*Store, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	gc := groupcommit.Config{QueueSize: cfg.QueueSize}
+	gc := groupcommit.Config{QueueSize: cfg.QueueSize, MaxBatch: maxBatch}
 	if wal != nil {
 		gc.Sync = wal.Sync
 	}
@@ -256,10 +270,45 @@ func (s *Store) sync() error {
 	return s.wal.Sync()
 }
 
-// Run writes inserts until ctx ends, and truncates the write-ahead log
-// every CheckpointInterval in which nothing was written.
+// CheckpointEvery is how often Run checkpoints the write-ahead log
+// when something was committed, on a connection of its own, as the
+// server's stream store does; less often than the server, because an
+// outbox's pages are written and freed again within moments (a row is
+// deleted once its ACK arrives) and each checkpoint copies a page once.
+const CheckpointEvery = 100 * time.Millisecond
+
+// maxBatch bounds the inserts and settles of one group commit: larger
+// than the server's, because the intake hands over a whole request (up
+// to 1,000 events from postbox send) at a time.
+const maxBatch = 8192
+
+// Run writes inserts and settles until ctx ends, checkpoints the
+// write-ahead log beside the writer (CheckpointEvery), and truncates it
+// every Config.CheckpointInterval in which nothing was written.
 func (s *Store) Run(ctx context.Context) error {
 	s.running.Store(true)
+	stop, checkpointed := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(checkpointed)
+		t := time.NewTicker(CheckpointEvery)
+		defer t.Stop()
+		var seen int64
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			if n := s.commits.Load(); n != seen {
+				seen = n
+				sqlitedb.Checkpoint(context.Background(), s.checkpoint) // a failure is tried again after the next commit
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		<-checkpointed
+	}()
 	idle := make(chan struct{})
 	go func() {
 		defer close(idle)
@@ -319,6 +368,10 @@ func noSpace(err error) bool {
 
 // Close closes the database. Run must have returned.
 func (s *Store) Close() error {
+	if s.checkpoint != nil {
+		sqlitedb.Checkpoint(context.Background(), s.checkpoint)
+		s.checkpoint.Close()
+	}
 	err := s.db.Close()
 	if s.read != nil {
 		s.read.Close()
@@ -449,6 +502,7 @@ func (s *Store) flush(ctx context.Context, batch []*write) (err error) {
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("outbox write: commit: %w", err)
 	}
+	s.commits.Add(1)
 	s.recent.committed(from, to, inserts, settles)
 	return nil
 }
@@ -721,9 +775,10 @@ func (s *Store) List(ctx context.Context, state string, limit int) ([]Row, error
 
 // Counts returns how many rows are in each state.
 func (s *Store) Counts(ctx context.Context) (pending, rejected int64, err error) {
-	err = s.read.QueryRowContext(ctx, `SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'rejected') FROM outbox`).
-		Scan(&pending, &rejected)
-	return
+	var all int64
+	err = s.read.QueryRowContext(ctx, `SELECT count(*), (SELECT count(*) FROM outbox WHERE state = 'rejected') FROM outbox`).
+		Scan(&all, &rejected)
+	return all - rejected, rejected, err
 }
 
 // OldestPending returns when the oldest pending row was queued; ok is
