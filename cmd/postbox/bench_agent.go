@@ -7,7 +7,6 @@ import (
 
 	"github.com/postbox-events/postbox/internal/bench"
 	"github.com/postbox-events/postbox/internal/groupcommit"
-	"github.com/postbox-events/postbox/outbox"
 )
 
 func runBenchAgent(ctx context.Context, env *cmdEnv, args []string) error {
@@ -31,9 +30,9 @@ the last line of stdout.`)
 	fs.Var(&chunk, "chunk", "`events` per POST to the intake (as postbox send)")
 	senders := positiveInt(defaultSendParallel)
 	fs.Var(&senders, "senders", "POSTs to the intake in flight at once (postbox send --parallel)")
-	batch := positiveInt(outbox.DefaultBatchSize)
+	batch := positiveInt(agentBatch)
 	fs.Var(&batch, "batch", "the agent's most `events` per frame (postbox agent --batch)")
-	window := positiveInt(outbox.DefaultMaxInFlight)
+	window := positiveInt(agentWindow)
 	fs.Var(&window, "window", "the agent's most `events` in flight (postbox agent --window)")
 	devices := positiveInt(50)
 	fs.Var(&devices, "devices", "direct ingest's `devices` (connections)")

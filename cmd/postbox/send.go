@@ -21,7 +21,7 @@ const sendChunk = 1000
 
 // defaultSendParallel is send's --parallel: requests in flight, so that
 // the agent's group commit takes several at once.
-const defaultSendParallel = 4
+const defaultSendParallel = 8
 
 func runSend(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "send", "--type TYPE --payload JSON [flags]", `Hands events to a running agent's intake. The agent fills in event_id, ts, session_id and
