@@ -15,8 +15,7 @@
 // itself before it answers (as the server's stream store does), so the
 // next batch is written while the disk syncs the last. Inserts go four
 // rows to a statement and the deletes of delivered rows up to 64 to a
-// statement; the write-ahead log is checkpointed on a connection of its
-// own. The relay's reads (Due) take the rows this Store just inserted
+// statement. The relay's reads (Due) take the rows this Store just inserted
 // from memory, and the rest, like the counts, from a read-only connection
 // that does not wait for the writer. A row is deleted only when its ACK
 // arrives; a row the receiver refused for good is kept with state
@@ -80,25 +79,20 @@ const DefaultCheckpointInterval = time.Minute
 
 // Store is an edge outbox in one SQLite file.
 type Store struct {
-	db   *sql.DB // the writer's one connection
-	read *sql.DB // read-only connections: Due, Counts, List, OldestPending
-	// checkpoint is the connection that checkpoints the write-ahead log,
-	// every CheckpointEvery while Run runs, so that the writer never
-	// does inside a commit.
-	checkpoint *sql.DB
-	commits    atomic.Int64
-	wal        *sqlitedb.WALSyncer
-	stmts      map[string]*sql.Stmt // prepared at Open: the pool's one connection is busy inside a transaction
-	inserts    [insertChunk + 1]*sql.Stmt
-	deletes    map[int]*sql.Stmt // DELETE … WHERE event_id IN (n ids), for each n of deleteSizes
-	due        *sql.Stmt
-	writer     *groupcommit.Writer[*write]
-	running    atomic.Bool // Run started the writer: settles go through it
-	recent     recent      // rows just inserted, for Due
-	now        func() time.Time
-	notify     chan struct{}
-	every      time.Duration
-	writes     atomic.Int64 // writes tried; Run truncates the log when it stood still
+	db      *sql.DB // the writer's one connection
+	read    *sql.DB // read-only connections: Due, Counts, List, OldestPending
+	wal     *sqlitedb.WALSyncer
+	stmts   map[string]*sql.Stmt // prepared at Open: the pool's one connection is busy inside a transaction
+	inserts [insertChunk + 1]*sql.Stmt
+	deletes map[int]*sql.Stmt // DELETE … WHERE event_id IN (n ids), for each n of deleteSizes
+	due     *sql.Stmt
+	writer  *groupcommit.Writer[*write]
+	running atomic.Bool // Run started the writer: settles go through it
+	recent  recent      // rows just inserted, for Due
+	now     func() time.Time
+	notify  chan struct{}
+	every   time.Duration
+	writes  atomic.Int64 // writes tried; Run truncates the log when it stood still
 }
 
 // insertChunk is how many rows one INSERT writes, as the server's stream
@@ -190,7 +184,7 @@ func Open(path string, cfg Config) (*Store, error) {
 		// it answers: durable as FULL.
 		writeSync, wal = sqlitedb.SyncNormal, sqlitedb.NewWALSyncer(path)
 	}
-	db, err := sqlitedb.Open(path, sqlitedb.Options{Synchronous: writeSync, MaxConns: 1, ManualCheckpoint: true})
+	db, err := sqlitedb.Open(path, sqlitedb.Options{Synchronous: writeSync, MaxConns: 1})
 	if err != nil {
 		return nil, err
 	}
@@ -207,13 +201,7 @@ func Open(path string, cfg Config) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
-	checkpoint, err := sqlitedb.Open(path, sqlitedb.Options{Synchronous: cfg.Synchronous, MaxConns: 1})
-	if err != nil {
-		db.Close()
-		read.Close()
-		return nil, err
-	}
-	s := &Store{db: db, read: read, checkpoint: checkpoint, wal: wal, now: cfg.Now, notify: make(chan struct{}, 1), stmts: map[string]*sql.Stmt{},
+	s := &Store{db: db, read: read, wal: wal, now: cfg.Now, notify: make(chan struct{}, 1), stmts: map[string]*sql.Stmt{},
 		deletes: map[int]*sql.Stmt{}, every: cfg.CheckpointInterval}
 	if s.every <= 0 {
 		s.every = DefaultCheckpointInterval
@@ -270,45 +258,16 @@ func (s *Store) sync() error {
 	return s.wal.Sync()
 }
 
-// CheckpointEvery is how often Run checkpoints the write-ahead log
-// when something was committed, on a connection of its own, as the
-// server's stream store does; less often than the server, because an
-// outbox's pages are written and freed again within moments (a row is
-// deleted once its ACK arrives) and each checkpoint copies a page once.
-const CheckpointEvery = 100 * time.Millisecond
-
 // maxBatch bounds the inserts and settles of one group commit: larger
 // than the server's, because the intake hands over a whole request (up
 // to 1,000 events from postbox send) at a time.
 const maxBatch = 8192
 
-// Run writes inserts and settles until ctx ends, checkpoints the
-// write-ahead log beside the writer (CheckpointEvery), and truncates it
-// every Config.CheckpointInterval in which nothing was written.
+// Run writes inserts and settles until ctx ends, and truncates the
+// write-ahead log every Config.CheckpointInterval in which nothing was
+// written.
 func (s *Store) Run(ctx context.Context) error {
 	s.running.Store(true)
-	stop, checkpointed := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(checkpointed)
-		t := time.NewTicker(CheckpointEvery)
-		defer t.Stop()
-		var seen int64
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-			}
-			if n := s.commits.Load(); n != seen {
-				seen = n
-				sqlitedb.Checkpoint(context.Background(), s.checkpoint) // a failure is tried again after the next commit
-			}
-		}
-	}()
-	defer func() {
-		close(stop)
-		<-checkpointed
-	}()
 	idle := make(chan struct{})
 	go func() {
 		defer close(idle)
@@ -368,10 +327,6 @@ func noSpace(err error) bool {
 
 // Close closes the database. Run must have returned.
 func (s *Store) Close() error {
-	if s.checkpoint != nil {
-		sqlitedb.Checkpoint(context.Background(), s.checkpoint)
-		s.checkpoint.Close()
-	}
 	err := s.db.Close()
 	if s.read != nil {
 		s.read.Close()
@@ -502,7 +457,6 @@ func (s *Store) flush(ctx context.Context, batch []*write) (err error) {
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("outbox write: commit: %w", err)
 	}
-	s.commits.Add(1)
 	s.recent.committed(from, to, inserts, settles)
 	return nil
 }
