@@ -637,10 +637,20 @@ func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) (err erro
 		if err := s.writer.EnqueueWhole(ctx, []*write{{settle: outcomes}}, func(err error) { ch <- err }); err != nil {
 			return fmt.Errorf("outbox settle: %w", err)
 		}
-		if err := <-ch; err != nil {
-			return fmt.Errorf("outbox settle: %w", err)
+		select {
+		case err := <-ch:
+			if err != nil {
+				return fmt.Errorf("outbox settle: %w", err)
+			}
+			return nil
+		case <-ctx.Done():
+			// The writer has not answered in time (the relay bounds a
+			// settle by its SettleTimeout, so that a stuck store cannot
+			// hold up its shutdown). The outcomes may still be written;
+			// written again, a delete finds nothing, and a refused
+			// row's attempt may count twice.
+			return fmt.Errorf("outbox settle: %w", ctx.Err())
 		}
-		return nil
 	}
 	s.writes.Add(1)
 	defer func() { s.failed(err) }()

@@ -520,3 +520,21 @@ func TestInsertChunksWithQueuedIDs(t *testing.T) {
 		t.Fatalf("evt-q2 after the conflict: %+v; want the first payload", r)
 	}
 }
+
+// TestSettleEndsWithItsContext: a settle the writer does not answer (here
+// one whose Run is not taking writes) returns when its context ends,
+// instead of holding up the relay's shutdown.
+func TestSettleEndsWithItsContext(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "outbox.db"), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	s.running.Store(true) // as if Run ran, but nothing writes
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	err = s.Settle(ctx, []outbox.Outcome{{EventID: "evt-1", Kind: outbox.Delivered}})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Settle with no writer: %v, want the context's deadline", err)
+	}
+}
