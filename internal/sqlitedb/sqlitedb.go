@@ -39,10 +39,12 @@ type Options struct {
 	MaxConns int
 	// ReadOnly opens connections that refuse writes.
 	ReadOnly bool
-	// ManualCheckpoint turns off the automatic WAL checkpoint that SQLite
-	// runs inside a committing writer; the caller runs Checkpoint from
-	// another connection instead, off the writer's path.
-	ManualCheckpoint bool
+	// AutoCheckpoint is the size of the WAL, in pages, from which a
+	// committing connection checkpoints it itself (PRAGMA
+	// wal_autocheckpoint). Zero keeps SQLite's default, 1000 pages; a
+	// negative value turns it off, for a caller that runs Checkpoint from
+	// another connection instead.
+	AutoCheckpoint int
 }
 
 // Open opens (creating if needed) the SQLite database at path and its
@@ -84,8 +86,11 @@ func Open(path string, opts Options) (*sql.DB, error) {
 	if opts.ReadOnly {
 		q.Add("_pragma", "query_only(1)")
 	}
-	if opts.ManualCheckpoint {
+	switch {
+	case opts.AutoCheckpoint < 0:
 		q.Add("_pragma", "wal_autocheckpoint(0)")
+	case opts.AutoCheckpoint > 0:
+		q.Add("_pragma", "wal_autocheckpoint("+strconv.Itoa(opts.AutoCheckpoint)+")")
 	}
 	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
 	if err != nil {
