@@ -302,9 +302,12 @@ func testSharedWorkers(t *testing.T, kind storeKind) {
 	ctx := context.Background()
 	healthy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	t.Cleanup(healthy.Close)
+	// Long enough runs, and the best of several, that a burst of other
+	// work on the machine (CI runs packages side by side) does not decide
+	// the ratio: 600 items on SQLite took half a second and once gave 0.71×.
 	n := 2000
 	if kind == sqliteStore { // slower under the race detector
-		n = 600
+		n = 1200
 	}
 	// measure creates a subscription of type typ's items, lets it
 	// materialise them, then gives it the healthy target and times their
@@ -327,11 +330,11 @@ func testSharedWorkers(t *testing.T, kind storeKind) {
 		Endpoint: delivery.Endpoint{Timeout: time.Second, Concurrency: 2, BreakerFailures: delivery.BreakerOff,
 			RetrySchedule: []time.Duration{10 * time.Millisecond}, MaxAttempts: 1000}})
 	e.appendEvents(t, "slow", "slow", 200)
-	// Alone and beside the hanging endpoint in turn, three times, the best of
+	// Alone and beside the hanging endpoint in turn, four times, the best of
 	// each: what the store gains in rows, and what else the machine runs,
 	// weigh on both sides.
 	var alone, together time.Duration
-	for round := range 3 {
+	for round := range 4 {
 		if err := e.d.SetTarget(ctx, "slow", ""); err != nil {
 			t.Fatal(err)
 		}
