@@ -341,17 +341,7 @@ func postIntake(ctx context.Context, hc *http.Client, url string, body []byte) e
 // agentProgress prints, once a second until done closes, how many of
 // total events are queued in the outbox and delivered.
 func agentProgress(w io.Writer, queued, delivered *atomic.Int64, total int64, start time.Time, done chan struct{}) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	last, lastT := int64(0), start
-	for {
-		select {
-		case <-done:
-			return
-		case now := <-t.C:
-			n := delivered.Load()
-			fmt.Fprintf(w, "bench agent: %d/%d queued, %d delivered, %.0f events/s now\n", queued.Load(), total, n, float64(n-last)/now.Sub(lastT).Seconds())
-			last, lastT = n, now
-		}
-	}
+	everySecond(delivered, start, done, func(n int64, rate float64) {
+		fmt.Fprintf(w, "bench agent: %d/%d queued, %d delivered, %.0f events/s now\n", queued.Load(), total, n, rate)
+	})
 }

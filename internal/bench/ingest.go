@@ -371,6 +371,14 @@ func deviceFrame(idPrefix, device, ts string, payload []byte, size int) []client
 // ackProgress prints, once a second until done closes, how many of total
 // events are acked and the rate of the last second.
 func ackProgress(w io.Writer, acked *atomic.Int64, total int64, start time.Time, done chan struct{}) {
+	everySecond(acked, start, done, func(n int64, rate float64) {
+		fmt.Fprintf(w, "bench: %d/%d acked, %.0f events/s now\n", n, total, rate)
+	})
+}
+
+// everySecond calls line, once a second until done closes, with count's
+// value and its rate over the last second (the first from start).
+func everySecond(count *atomic.Int64, start time.Time, done chan struct{}, line func(n int64, rate float64)) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	last, lastT := int64(0), start
@@ -379,8 +387,8 @@ func ackProgress(w io.Writer, acked *atomic.Int64, total int64, start time.Time,
 		case <-done:
 			return
 		case now := <-t.C:
-			n := acked.Load()
-			fmt.Fprintf(w, "bench: %d/%d acked, %.0f events/s now\n", n, total, float64(n-last)/now.Sub(lastT).Seconds())
+			n := count.Load()
+			line(n, float64(n-last)/now.Sub(lastT).Seconds())
 			last, lastT = n, now
 		}
 	}

@@ -380,17 +380,7 @@ func webhookPayload(size int) []byte {
 // webhookProgress prints, once a second until done closes, how many of
 // total webhooks are answered and the rate of the last second.
 func webhookProgress(w io.Writer, label string, answered *atomic.Int64, total int64, start time.Time, done chan struct{}) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	last, lastT := int64(0), start
-	for {
-		select {
-		case <-done:
-			return
-		case now := <-t.C:
-			n := answered.Load()
-			fmt.Fprintf(w, "bench webhooks: %s: %d/%d answered, %.0f/s now\n", label, n, total, float64(n-last)/now.Sub(lastT).Seconds())
-			last, lastT = n, now
-		}
-	}
+	everySecond(answered, start, done, func(n int64, rate float64) {
+		fmt.Fprintf(w, "bench webhooks: %s: %d/%d answered, %.0f/s now\n", label, n, total, rate)
+	})
 }
