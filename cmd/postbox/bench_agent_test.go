@@ -1,7 +1,6 @@
 package main_test
 
 import (
-	"encoding/json"
 	"os/exec"
 	"strings"
 	"testing"
@@ -21,7 +20,6 @@ func TestBenchAgentJSON(t *testing.T) {
 	if !strings.Contains(stderr.String(), "bench agent: round 2: agent path 3000 events") {
 		t.Errorf("stderr has no progress of the second round's agent path:\n%s", stderr.String())
 	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	var res struct {
 		Events  int    `json:"events"`
 		Chunk   int    `json:"chunk"`
@@ -42,9 +40,7 @@ func TestBenchAgentJSON(t *testing.T) {
 		Ratio      float64   `json:"ratio"`
 		Components string    `json:"components"`
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
-		t.Fatalf("last line is not the JSON result: %q: %v", lines[len(lines)-1], err)
-	}
+	lastJSON(t, out, &res)
 	if res.Events != 3000 || res.Chunk != 500 || res.Senders < 1 || res.Sync != "FULL" || res.Components != "in-process" {
 		t.Errorf("settings: %+v", res)
 	}

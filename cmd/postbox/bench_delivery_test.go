@@ -1,7 +1,6 @@
 package main_test
 
 import (
-	"encoding/json"
 	"os/exec"
 	"strings"
 	"testing"
@@ -28,10 +27,7 @@ func benchDelivery(t *testing.T, args ...string) (res struct {
 		}
 		t.Fatalf("bench delivery %v: %v\n%s%s", args, err, out, stderr)
 	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
-		t.Fatalf("last line is not the JSON result: %q: %v", lines[len(lines)-1], err)
-	}
+	lastJSON(t, out, &res)
 	return res
 }
 

@@ -2,7 +2,6 @@ package main_test
 
 import (
 	"context"
-	"encoding/json"
 	"os/exec"
 	"strings"
 	"testing"
@@ -32,7 +31,6 @@ func TestBenchStreamsNATS(t *testing.T) {
 			}
 			t.Fatalf("postbox %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr)
 		}
-		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 		var res struct {
 			Events     int     `json:"events"`
 			Acked      int64   `json:"acked"`
@@ -42,9 +40,7 @@ func TestBenchStreamsNATS(t *testing.T) {
 			Server     string  `json:"server"`
 			Streams    string  `json:"streams"`
 		}
-		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
-			t.Fatalf("last line is not the JSON result: %q: %v", lines[len(lines)-1], err)
-		}
+		lastJSON(t, out, &res)
 		if res.Events != 600 || res.Acked != 600 || res.Stored != 600 || res.Duplicates != 0 || res.EventsPerS <= 0 {
 			t.Errorf("%v: want 600 events acked and stored once each, got %+v", mode.args, res)
 		}
@@ -82,7 +78,6 @@ func TestBenchRawSQLite(t *testing.T) {
 	if err != nil {
 		t.Fatalf("bench --raw: %v\n%s", err, out)
 	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	var res struct {
 		Acked       int64  `json:"acked"`
 		Stored      int64  `json:"stored"`
@@ -90,9 +85,7 @@ func TestBenchRawSQLite(t *testing.T) {
 		Server      string `json:"server"`
 		Synchronous string `json:"synchronous"`
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
-		t.Fatalf("last line is not the JSON result: %q: %v", lines[len(lines)-1], err)
-	}
+	lastJSON(t, out, &res)
 	if res.Server != "raw-sqlite" || res.Synchronous != "FULL" || res.Acked != 600 || res.Stored != 600 || res.Duplicates != 0 {
 		t.Errorf("bench --raw: want raw-sqlite, FULL, 600 acked and stored once each, got %+v", res)
 	}

@@ -18,7 +18,6 @@ func TestBenchWebhooksJSON(t *testing.T) {
 		}
 		t.Fatalf("bench webhooks: %v\n%s%s", err, out, stderr)
 	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	var res struct {
 		Requests     int              `json:"requests"`
 		Connections  int              `json:"connections"`
@@ -33,9 +32,7 @@ func TestBenchWebhooksJSON(t *testing.T) {
 		BaselinePerS float64          `json:"baseline_per_s"`
 		Ratio        float64          `json:"ratio"`
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
-		t.Fatalf("last line is not the JSON result: %q: %v", lines[len(lines)-1], err)
-	}
+	lastJSON(t, out, &res)
 	if res.Requests != 2000 || res.Connections != 8 {
 		t.Errorf("settings: want 2000 requests on 8 connections, got %+v", res)
 	}
@@ -67,5 +64,15 @@ func TestBenchWebhooksHelp(t *testing.T) {
 		if err != nil || !strings.Contains(string(out), tc.want) || !strings.Contains(string(out), "Usage: postbox bench") {
 			t.Errorf("postbox %s: %v, want %q in:\n%s", strings.Join(tc.args, " "), err, tc.want, out)
 		}
+	}
+}
+
+// lastJSON decodes the last line of a command's output, where --json
+// prints the result, into v.
+func lastJSON(t *testing.T, out []byte, v any) {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), v); err != nil {
+		t.Fatalf("last line is not the JSON result: %q: %v", lines[len(lines)-1], err)
 	}
 }
