@@ -1,8 +1,10 @@
 package sqlitedb
 
 import (
+	"database/sql"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 )
 
@@ -24,13 +26,36 @@ type WALSyncer struct {
 	f  *os.File
 }
 
+// OpenWriter opens the one writer connection of a group-committed store
+// at path (opts.MaxConns is 1). With synchronous FULL, or none given, the
+// connection commits as NORMAL does and the WALSyncer returned makes its
+// commits durable: the group commit's Sync, and a call after any other
+// write on the connection. With NORMAL the WALSyncer is nil, and its Sync
+// does nothing.
+func OpenWriter(path string, opts Options) (*sql.DB, *WALSyncer, error) {
+	var wal *WALSyncer
+	if mode := strings.ToUpper(opts.Synchronous); mode == "" || mode == SyncFull {
+		opts.Synchronous, wal = SyncNormal, NewWALSyncer(path)
+	}
+	opts.MaxConns = 1
+	db, err := Open(path, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	return db, wal, nil
+}
+
 // NewWALSyncer returns a WALSyncer for the database at path. The log is
 // opened at the first Sync, and again when it is not the file at the path
 // any more (the last connection to the database removed it).
 func NewWALSyncer(path string) *WALSyncer { return &WALSyncer{path: path + "-wal"} }
 
-// Sync flushes the log to the disk.
+// Sync flushes the log to the disk. On a nil WALSyncer (NORMAL) it does
+// nothing.
 func (s *WALSyncer) Sync() error {
+	if s == nil {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.f != nil {
@@ -54,8 +79,11 @@ func (s *WALSyncer) Sync() error {
 	return nil
 }
 
-// Close closes the log's file.
+// Close closes the log's file. A nil WALSyncer has none.
 func (s *WALSyncer) Close() error {
+	if s == nil {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.f == nil {

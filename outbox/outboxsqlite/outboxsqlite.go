@@ -177,19 +177,14 @@ func Insert(ctx context.Context, tx *sql.Tx, events ...outbox.Event) error {
 // Open opens (creating and migrating) the outbox at path. Call Run for
 // inserts to be written, and Close when done.
 func Open(path string, cfg Config) (*Store, error) {
-	writeSync := strings.ToUpper(cfg.Synchronous)
-	var wal *sqlitedb.WALSyncer
-	if writeSync == "" || writeSync == sqlitedb.SyncFull {
-		// Commits as NORMAL, and the group commit syncs the log before
-		// it answers: durable as FULL.
-		writeSync, wal = sqlitedb.SyncNormal, sqlitedb.NewWALSyncer(path)
-	}
-	db, err := sqlitedb.Open(path, sqlitedb.Options{Synchronous: writeSync, MaxConns: 1})
+	// With FULL it commits as NORMAL, and the group commit syncs the log
+	// before it answers: durable as FULL.
+	db, wal, err := sqlitedb.OpenWriter(path, sqlitedb.Options{Synchronous: cfg.Synchronous})
 	if err != nil {
 		return nil, err
 	}
 	err = Migrate(context.Background(), db)
-	if err == nil && wal != nil {
+	if err == nil {
 		err = wal.Sync()
 	}
 	if err != nil {
@@ -247,15 +242,6 @@ func (s *Store) prepare() error {
 	var err error
 	s.due, err = s.read.Prepare(qDue)
 	return err
-}
-
-// sync makes what the writer's connection committed outside the group
-// commit durable, as FULL would have.
-func (s *Store) sync() error {
-	if s.wal == nil {
-		return nil
-	}
-	return s.wal.Sync()
 }
 
 // maxBatch bounds the inserts and settles of one group commit: larger
@@ -331,9 +317,7 @@ func (s *Store) Close() error {
 	if s.read != nil {
 		s.read.Close()
 	}
-	if s.wal != nil {
-		s.wal.Close()
-	}
+	s.wal.Close()
 	return err
 }
 
@@ -666,7 +650,7 @@ func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) (err erro
 		return fmt.Errorf("outbox settle: commit: %w", err)
 	}
 	s.recent.committed(-1, -1, nil, []*write{{settle: outcomes}})
-	return s.sync()
+	return s.wal.Sync()
 }
 
 // settleTx writes outcomes in tx: the deletes of delivered rows up to 64
@@ -778,7 +762,7 @@ func (s *Store) Requeue(ctx context.Context, ids []string) (int64, error) {
 	s.recent.invalidate() // rows behind the range are due again
 	s.recent.mu.Unlock()
 	if err == nil {
-		err = s.sync()
+		err = s.wal.Sync()
 	}
 	if err != nil {
 		return 0, fmt.Errorf("outbox requeue: %w", err)

@@ -337,7 +337,7 @@ func (b *Backend) Migrate(ctx context.Context, component string, fsys fs.FS) err
 	if err := sqlitedb.Migrate(ctx, b.write, component, fsys); err != nil {
 		return err
 	}
-	return b.sync()
+	return b.wal.Sync()
 }
 
 // Trim implements stream.Trimmer. The high watermark is recorded in streams.last_offset first, so offsets

@@ -159,21 +159,16 @@ func (it *item) Size() int {
 // is acknowledged only once it is on the disk, as with FULL, but the
 // writer writes the next batch while the disk syncs the last.
 func Open(path string, cfg Config) (*Backend, error) {
-	writeSync := strings.ToUpper(cfg.Synchronous)
-	var wal *sqlitedb.WALSyncer
-	if writeSync == "" || writeSync == sqlitedb.SyncFull {
-		writeSync, wal = sqlitedb.SyncNormal, sqlitedb.NewWALSyncer(path)
-	}
 	if cfg.CheckpointPages <= 0 {
 		cfg.CheckpointPages = WriterCheckpointPages
 	}
-	write, err := sqlitedb.Open(path, sqlitedb.Options{Synchronous: writeSync, MaxConns: 1, AutoCheckpoint: cfg.CheckpointPages})
+	write, wal, err := sqlitedb.OpenWriter(path, sqlitedb.Options{Synchronous: cfg.Synchronous, AutoCheckpoint: cfg.CheckpointPages})
 	if err != nil {
 		return nil, err
 	}
 	sub, _ := fs.Sub(migrations, "migrations")
 	err = sqlitedb.Migrate(context.Background(), write, "streams", sub)
-	if err == nil && wal != nil {
+	if err == nil {
 		err = wal.Sync()
 	}
 	if err != nil {
@@ -260,15 +255,6 @@ func (b *Backend) Observe(fn func(events int, took time.Duration, err error)) { 
 // write-ahead log, replacing Config.ObserveSync. Call it before Run.
 func (b *Backend) ObserveSync(fn func(commits int, took time.Duration, err error)) {
 	b.observeSync = fn
-}
-
-// sync makes what the writer's connection committed outside the group
-// commit durable, with FULL.
-func (b *Backend) sync() error {
-	if b.wal == nil {
-		return nil
-	}
-	return b.wal.Sync()
 }
 
 // loadStreams reads every stream into memory with its high watermark.
@@ -372,10 +358,7 @@ func (b *Backend) Run(ctx context.Context) error {
 func (b *Backend) Close() error {
 	sqlitedb.Checkpoint(context.Background(), b.checkpoint)
 	err := errors.Join(b.write.Close(), b.read.Close(), b.checkpoint.Close())
-	if b.wal != nil {
-		err = errors.Join(err, b.wal.Close())
-	}
-	return err
+	return errors.Join(err, b.wal.Close())
 }
 
 // QueueLen returns the events waiting for the writer; QueueCap its bound.
@@ -411,7 +394,7 @@ func (b *Backend) EnsureStream(ctx context.Context, sourceID string) (stream.Str
 		sourceID, BackendName, now.Format(sqlitedb.Time)); err != nil {
 		return stream.Stream{}, fmt.Errorf("ensure stream %s: %w", sourceID, err)
 	}
-	if err := b.sync(); err != nil {
+	if err := b.wal.Sync(); err != nil {
 		return stream.Stream{}, fmt.Errorf("ensure stream %s: %w", sourceID, err)
 	}
 	st, err := scanStream(b.write.QueryRowContext(ctx, `SELECT stream_id, source_id, backend, created_at, stream_no, last_offset
