@@ -77,7 +77,7 @@ type Message struct {
 
 // Encode returns env as a Message.
 func Encode(env postbox.Envelope) (Message, error) {
-	b, err := json.Marshal(env)
+	b, err := env.AppendJSON(nil)
 	if err != nil {
 		return Message{}, fmt.Errorf("encode envelope %s: %w", env.EventID, err)
 	}

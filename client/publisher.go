@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
@@ -52,9 +51,17 @@ func NewPublisher(url string, opts Options, ackTimeout time.Duration) (*Publishe
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) ([]postbox.Reply, error) {
 	batch := make([]Message, 0, len(msgs))
 	var refused map[int]postbox.Reply // position in msgs → its NACK
+	size := 0
+	for _, m := range msgs {
+		size += len(m.Body) + 256 // and the other fields, in most cases
+	}
+	buf := make([]byte, 0, size) // the envelopes, one after another
 	for i, m := range msgs {
-		env, err := json.Marshal(m.Envelope())
-		if err != nil {
+		env := m.Envelope()
+		start := len(buf)
+		var err error
+		if buf, err = env.AppendJSON(buf); err != nil {
+			buf = buf[:start]
 			if refused == nil {
 				refused = map[int]postbox.Reply{}
 			}
@@ -62,7 +69,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) ([]postb
 				Message: "payload: the envelope cannot be encoded: " + err.Error()})
 			continue
 		}
-		batch = append(batch, Message{EventID: m.EventID, Envelope: env})
+		batch = append(batch, Message{EventID: m.EventID, Envelope: buf[start:len(buf):len(buf)]})
 	}
 	replies, err := p.send(ctx, batch)
 	if err != nil {

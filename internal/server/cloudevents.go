@@ -141,7 +141,7 @@ func structuredCloudEvent(body []byte) (*cloudEvent, *ceError) {
 			if err != nil {
 				return nil, ceInvalid(api.CodeInvalidField, "CloudEvents data_base64: %v", err)
 			}
-			if !json.Valid(b) {
+			if !postbox.Valid(b) {
 				return nil, &ceError{code: api.CodeUnsupportedMediaType,
 					message: "CloudEvents data_base64: postbox stores JSON data; this is not JSON"}
 			}

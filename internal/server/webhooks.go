@@ -23,6 +23,7 @@ import (
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/groupcommit"
+	"github.com/postbox-events/postbox/internal/jsonenc"
 	"github.com/postbox-events/postbox/internal/tracing"
 	"github.com/postbox-events/postbox/stream"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
@@ -117,7 +118,7 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		writeError(w, api.CodeInvalidJSON, "reading the body: %v", err)
 		return
 	}
-	if len(bytes.TrimSpace(body)) == 0 || !json.Valid(body) {
+	if len(bytes.TrimSpace(body)) == 0 || !postbox.Valid(body) {
 		writeError(w, api.CodeInvalidJSON, "the body is not valid JSON")
 		return
 	}
@@ -315,7 +316,7 @@ func writeAccepted(w http.ResponseWriter, offset int64, key string, created time
 	b := append((*bp)[:0], `{"id":"wh_`...)
 	b = strconv.AppendInt(b, offset, 10)
 	b = append(b, `","idempotency_key":`...)
-	b = appendJSONString(b, key)
+	b = jsonenc.AppendString(b, key)
 	b = append(b, `,"status":"`+delivery.StatePending+`","created_at":"`...)
 	b = created.AppendFormat(b, time.RFC3339Nano)
 	b = append(b, "\"}\n"...)
@@ -328,22 +329,6 @@ func writeAccepted(w http.ResponseWriter, offset int64, key string, created time
 
 // answerBufs are the buffers of writeAccepted.
 var answerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
-
-// appendJSONString appends s as encoding/json writes a string: the same
-// bytes, escapes included (HTML characters, invalid UTF-8, U+2028 and
-// U+2029). Plain ASCII is copied as it is; anything else goes through
-// encoding/json.
-func appendJSONString(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if !plainJSON(s[i]) {
-			q, _ := json.Marshal(s)
-			return append(b, q...)
-		}
-	}
-	b = append(b, '"')
-	b = append(b, s...)
-	return append(b, '"')
-}
 
 // identityFrom says where a webhook's key and type may come from.
 type identityFrom int
@@ -595,10 +580,10 @@ func webhookMetadata(r *http.Request, cfg WebhookConfig) (json.RawMessage, error
 		}
 		b = appendJSONLowerASCII(b, h.name)
 		b = append(b, ':')
-		b = appendJSONString(b, h.value)
+		b = jsonenc.AppendString(b, h.value)
 	}
 	b = append(b, `},"remote_addr":`...)
-	b = appendJSONString(b, r.RemoteAddr)
+	b = jsonenc.AppendString(b, r.RemoteAddr)
 	return append(b, '}'), nil
 }
 
@@ -634,8 +619,8 @@ func compareLowerASCII(a, b string) int {
 // a JSON string (appendJSONString).
 func appendJSONLowerASCII(b []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
-		if !plainJSON(s[i]) {
-			return appendJSONString(b, strings.ToLower(s))
+		if !jsonenc.Plain(s[i]) {
+			return jsonenc.AppendString(b, strings.ToLower(s))
 		}
 	}
 	b = append(b, '"')
@@ -643,11 +628,6 @@ func appendJSONLowerASCII(b []byte, s string) []byte {
 		b = append(b, lowerASCII(s[i]))
 	}
 	return append(b, '"')
-}
-
-// plainJSON reports whether encoding/json writes c, in a string, as it is.
-func plainJSON(c byte) bool {
-	return c >= 0x20 && c < 0x7f && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
 }
 
 // webhookJSON describes a stored webhook of source with the state of its
