@@ -143,7 +143,7 @@ func (e *Event) Prepare() error {
 		return fmt.Errorf("%w: type is %d bytes, over %d", ErrInvalidEvent, len(e.Type), MaxEventTypeBytes)
 	case len(e.Payload) == 0:
 		return fmt.Errorf("%w: payload is empty", ErrInvalidEvent)
-	case !json.Valid(e.Payload):
+	case !postbox.Valid(e.Payload):
 		return fmt.Errorf("%w: payload is not valid JSON", ErrInvalidEvent)
 	case !utf8.Valid(e.Payload):
 		return fmt.Errorf("%w: payload is not valid UTF-8", ErrInvalidEvent)
@@ -207,6 +207,10 @@ type Notifier interface {
 // Outcome is what happened to one message.
 type Outcome struct {
 	EventID string
+	// Seq is the Message's Seq, by which a Store may find the row; 0
+	// when the outcome did not come from a Message, and the Store finds
+	// the row by EventID.
+	Seq     int64
 	Kind    OutcomeKind
 	Error   string    // the receiver's reason, or the transport error
 	RetryAt time.Time // for Retry: when to send again

@@ -436,7 +436,7 @@ func (r *Relay) settle(ctx context.Context, p published) settledBatch {
 	now := r.cfg.Now()
 	for i, m := range p.msgs {
 		if p.err != nil {
-			out = append(out, Outcome{EventID: m.EventID, Kind: Unanswered, Error: p.err.Error(), Lease: m.Lease})
+			out = append(out, Outcome{EventID: m.EventID, Seq: m.Seq, Kind: Unanswered, Error: p.err.Error(), Lease: m.Lease})
 			st.Unanswered++
 			continue
 		}
@@ -447,7 +447,7 @@ func (r *Relay) settle(ctx context.Context, p published) settledBatch {
 		if IsOutage(rep) {
 			// The receiver failed, not the event: no attempt, no backoff
 			// of its own; the pause after the outage spaces the next try.
-			out = append(out, Outcome{EventID: m.EventID, Kind: Unanswered, Error: string(rep.Code) + ": " + rep.Message, Lease: m.Lease})
+			out = append(out, Outcome{EventID: m.EventID, Seq: m.Seq, Kind: Unanswered, Error: string(rep.Code) + ": " + rep.Message, Lease: m.Lease})
 			st.Unanswered++
 			continue
 		}
@@ -456,7 +456,7 @@ func (r *Relay) settle(ctx context.Context, p published) settledBatch {
 		if o.Kind == Retry && r.cfg.MaxAttempts > 0 && m.Attempts+1 >= r.cfg.MaxAttempts {
 			o = Outcome{EventID: m.EventID, Kind: Rejected, Error: fmt.Sprintf("parked after %d attempts; last: %s", m.Attempts+1, o.Error)}
 		}
-		o.Lease = m.Lease
+		o.Seq, o.Lease = m.Seq, m.Lease
 		switch o.Kind {
 		case Delivered:
 			st.Delivered++

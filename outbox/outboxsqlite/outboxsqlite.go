@@ -14,12 +14,14 @@
 // commits as NORMAL does and the group commit syncs the write-ahead log
 // itself before it answers (as the server's stream store does), so the
 // next batch is written while the disk syncs the last. Inserts go four
-// rows to a statement and the deletes of delivered rows up to 64 to a
-// statement. The relay's reads (Due) take the rows this Store just inserted
-// from memory, and the rest, like the counts, from a read-only connection
-// that does not wait for the writer. A row is deleted only when its ACK
-// arrives; a row the receiver refused for good is kept with state
-// "rejected" and the reason, until Requeue.
+// rows to a statement; delivered rows are deleted by runs of consecutive
+// seqs (most often one statement for a whole publish), or, for outcomes
+// without a seq, by id up to 64 to a statement. The relay's reads (Due)
+// take the rows this Store just inserted from memory, and the rest, like
+// the counts, from a read-only connection that does not wait for the
+// writer. A row is deleted only when its ACK arrives; a row the receiver
+// refused for good is kept with state "rejected" and the reason, until
+// Requeue.
 //
 // On a full disk the write-ahead log must not keep the space it took: a
 // write that fails for space (SQLITE_FULL, an I/O error) is followed by a
@@ -37,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -218,7 +221,7 @@ func Open(path string, cfg Config) (*Store, error) {
 
 // prepare prepares the statements of the write path and of Due.
 func (s *Store) prepare() error {
-	for _, q := range []string{qStored, qRejected, qRetry, qUnanswered} {
+	for _, q := range []string{qStored, qRejected, qRetry, qUnanswered, qDeleteRun} {
 		st, err := s.db.Prepare(q)
 		if err != nil {
 			return err
@@ -339,6 +342,7 @@ const (
 	qRejected   = `UPDATE outbox SET state = 'rejected', rejected_at = ?, last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ?`
 	qRetry      = `UPDATE outbox SET next_attempt_at = ?, last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ?`
 	qUnanswered = `UPDATE outbox SET last_error = ? WHERE event_id = ?`
+	qDeleteRun  = `DELETE FROM outbox WHERE seq BETWEEN ? AND ?`
 )
 
 // qInsertRows is qInsert with n rows.
@@ -373,7 +377,7 @@ func (s *Store) Insert(ctx context.Context, envs []postbox.Envelope) ([]Result, 
 	now := s.now().UTC().Format(sqlitedb.Time)
 	next, _ := time.Parse(sqlitedb.Time, now)
 	for i, env := range envs {
-		if !json.Valid(env.Payload) {
+		if !postbox.Valid(env.Payload) {
 			return nil, fmt.Errorf("outbox: insert %s: the payload is not valid JSON", env.EventID)
 		}
 		it := &write{env: env, payload: postbox.AppendCompact(nil, env.Payload)}
@@ -653,15 +657,21 @@ func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) (err erro
 	return s.wal.Sync()
 }
 
-// settleTx writes outcomes in tx: the deletes of delivered rows up to 64
-// to a statement, the other outcomes a statement each.
+// settleTx writes outcomes in tx: the deletes of delivered rows a run of
+// seqs or up to 64 ids to a statement, the other outcomes a statement
+// each.
 func (s *Store) settleTx(ctx context.Context, tx *sql.Tx, now string, outcomes []outbox.Outcome) error {
 	var delivered []any
+	var seqs []int64
 	for _, o := range outcomes {
 		var err error
 		switch o.Kind {
 		case outbox.Delivered:
-			delivered = append(delivered, o.EventID)
+			if o.Seq > 0 {
+				seqs = append(seqs, o.Seq)
+			} else {
+				delivered = append(delivered, o.EventID)
+			}
 		case outbox.Rejected:
 			_, err = tx.StmtContext(ctx, s.stmts[qRejected]).ExecContext(ctx, now, o.Error, o.EventID)
 		case outbox.Retry:
@@ -672,6 +682,20 @@ func (s *Store) settleTx(ctx context.Context, tx *sql.Tx, now string, outcomes [
 		if err != nil {
 			return fmt.Errorf("outbox settle %s: %w", o.EventID, err)
 		}
+	}
+	// Delivered rows with their seq go by runs of consecutive seqs, most
+	// often one run for a whole publish: one statement, and no look-up
+	// of each id.
+	slices.Sort(seqs)
+	for len(seqs) > 0 {
+		n := 1
+		for n < len(seqs) && seqs[n] <= seqs[n-1]+1 {
+			n++
+		}
+		if _, err := tx.StmtContext(ctx, s.stmts[qDeleteRun]).ExecContext(ctx, seqs[0], seqs[n-1]); err != nil {
+			return fmt.Errorf("outbox settle seq %d-%d: %w", seqs[0], seqs[n-1], err)
+		}
+		seqs = seqs[n:]
 	}
 	for len(delivered) > 0 {
 		for _, n := range deleteSizes {

@@ -6,8 +6,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -259,6 +261,31 @@ func TestSettleKinds(t *testing.T) {
 	}
 	if _, msgs := dueIDs(t, s, clk.Now(), 0, 1); len(msgs) != 1 || msgs[0].EventID != "evt-unanswered" || msgs[0].Attempts != 1 || list(t, s, "")["evt-unanswered"].LastError != "unavailable: busy" {
 		t.Fatalf("after a refusal, Due = %+v; want evt-unanswered with 1 attempt", msgs)
+	}
+}
+
+// Delivered outcomes with their seq delete their rows by runs of
+// consecutive seqs, out of order and with gaps, and no other row; those
+// without a seq go by id.
+func TestSettleDeliveredBySeq(t *testing.T) {
+	clk := newClock()
+	s, _ := open(t, "", Config{Now: clk.Now})
+	ids := []string{"evt-1", "evt-2", "evt-3", "evt-4", "evt-5", "evt-6", "evt-7", "evt-8"}
+	insertOK(t, s, ids...)
+	_, msgs := dueIDs(t, s, clk.Now(), 0, 10)
+	if len(msgs) != len(ids) {
+		t.Fatalf("Due = %d messages, want %d", len(msgs), len(ids))
+	}
+	var out []outbox.Outcome
+	for _, i := range []int{5, 1, 0, 2, 6, 4, 2} { // evt-4 and evt-8 not; evt-3 twice
+		out = append(out, outbox.Outcome{EventID: msgs[i].EventID, Seq: msgs[i].Seq, Kind: outbox.Delivered})
+	}
+	out = append(out, outbox.Outcome{EventID: "evt-8", Kind: outbox.Delivered}) // no seq: by id
+	if err := s.Settle(context.Background(), out); err != nil {
+		t.Fatal(err)
+	}
+	if got := slices.Sorted(maps.Keys(list(t, s, ""))); !reflect.DeepEqual(got, []string{"evt-4"}) {
+		t.Fatalf("rows left = %v, want [evt-4]", got)
 	}
 }
 

@@ -207,7 +207,7 @@ func sameJSON(a, b []byte) bool {
 
 // outcome is the outcome the Relay would settle m with.
 func outcome(m outbox.Message, kind outbox.OutcomeKind, err string, retryAt time.Time) outbox.Outcome {
-	return outbox.Outcome{EventID: m.EventID, Kind: kind, Error: err, RetryAt: retryAt, Lease: m.Lease}
+	return outbox.Outcome{EventID: m.EventID, Seq: m.Seq, Kind: kind, Error: err, RetryAt: retryAt, Lease: m.Lease}
 }
 
 func testDueOrder(h *storeHarness) {
