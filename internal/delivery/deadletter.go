@@ -67,9 +67,12 @@ func (d *Delivery) Replay(ctx context.Context, f DeadLetters) ([]int64, error) {
 		now := d.now().UTC().Format(sqlitedb.Time)
 		var ids []int64
 		err := d.update(ctx, func(tx conn) error {
+			// The state is checked again on the row updated: on PostgreSQL
+			// a dead letter another replay took after the subquery read it
+			// is pending by then, and is not replayed twice.
 			rows, err := tx.QueryContext(ctx, `UPDATE inbox_items SET state = 'pending', attempts = 0, next_attempt_at = ?1,
 				failed_at = NULL, replayed_at = ?1, replays = replays + 1, updated_at = ?1
-				WHERE item_id IN (SELECT item_id FROM inbox_items`+where+` ORDER BY item_id LIMIT 1000)
+				WHERE state = 'failed' AND item_id IN (SELECT item_id FROM inbox_items`+where+` ORDER BY item_id LIMIT 1000)
 				RETURNING item_id, inbox_id`, append([]any{now}, args...)...)
 			if err != nil {
 				return err

@@ -33,8 +33,12 @@ func (d *Delivery) Cleanup(ctx context.Context, cutoff time.Time) (Cleaned, erro
 	for {
 		var n int64
 		err := d.update(ctx, func(tx conn) error {
+			// The state is checked again on the row deleted: on PostgreSQL
+			// an item replayed after the subquery read it, and before the
+			// delete locked it, is pending by then and stays.
 			rows, err := tx.QueryContext(ctx, `DELETE FROM inbox_items WHERE item_id IN (SELECT item_id FROM inbox_items
-				WHERE state IN ('completed', 'failed') AND updated_at < ? LIMIT ?) RETURNING item_id, inbox_id, state`, before, cleanupBatch)
+				WHERE state IN ('completed', 'failed') AND updated_at < ?1 LIMIT ?2)
+				AND state IN ('completed', 'failed') AND updated_at < ?1 RETURNING item_id, inbox_id, state`, before, cleanupBatch)
 			if err != nil {
 				return err
 			}

@@ -575,17 +575,7 @@ func TestRetentionOnTheLeader(t *testing.T) {
 	// the one that leads at the end.
 	cfg := delivery.Config{Retention: time.Hour, CleanupInterval: 50 * time.Millisecond, LeaseTTL: 30 * time.Second}
 	a, b := c.start("a", cfg), c.start("b", cfg)
-	create(t, a, delivery.Subscription{Name: "s", Source: "devices"})
-	c.appendEvents("e", 50)
-	c.waitOnce("s", 50)
-	ctx := context.Background()
-	l, err := a.d.Lease(ctx, "s", 50, time.Minute, 0)
-	if err != nil || len(l.Items) != 50 {
-		t.Fatalf("lease: %d items, %v", len(l.Items), err)
-	}
-	if _, err := b.d.Ack(ctx, "s", ids(l.Items), l.Token); err != nil {
-		t.Fatal(err)
-	}
+	settledItems(t, c, a, b, 50, false)
 	c.clock.Advance(2 * time.Hour)
 	// The deleted items are counted after their delete commits: wait for
 	// the count too, not only for the rows to be gone.
@@ -675,4 +665,96 @@ func TestStartTogether(t *testing.T) {
 	if _, err := d.d.Subscriptions(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestRetentionSparesAReplayedItem: an item replayed while retention's
+// delete waits for its row is not deleted. The delete chose the item while
+// it was completed; the replay committed first, and the delete checks the
+// state again on the row it then locks.
+func TestRetentionSparesAReplayedItem(t *testing.T) {
+	c := newCluster(t)
+	a := c.start("a", delivery.Config{Retention: -1})
+	item := settledItems(t, c, a, a, 1, false)[0]
+	err := c.afterHeldUpdate(`DELETE FROM inbox_items`, `UPDATE inbox_items SET state = 'pending', updated_at = $1 WHERE item_id = $2`,
+		[]any{c.clock.Now().Add(3 * time.Hour).Format(time.RFC3339Nano), item}, func() error {
+			_, err := a.d.Cleanup(context.Background(), c.clock.Now().Add(2*time.Hour))
+			return err
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := c.count(`SELECT count(*) FROM inbox_items WHERE state = 'pending'`); n != 1 {
+		t.Fatalf("after the replay and retention, %d pending items, want the replayed one", n)
+	}
+}
+
+// TestReplayOnce: a dead letter that two replays chose at once is
+// replayed once: the second, which waited for the row, finds it pending.
+func TestReplayOnce(t *testing.T) {
+	c := newCluster(t)
+	a := c.start("a", delivery.Config{Retention: -1})
+	item := settledItems(t, c, a, a, 1, true)[0]
+	var replayed []int64
+	err := c.afterHeldUpdate(`UPDATE inbox_items SET state = 'pending'`, `UPDATE inbox_items SET state = 'pending', replays = replays + 1 WHERE item_id = $1`,
+		[]any{item}, func() error {
+			var err error
+			replayed, err = a.d.Replay(context.Background(), delivery.DeadLetters{})
+			return err
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(replayed) != 0 || c.count(`SELECT replays FROM inbox_items WHERE item_id = $1`, item) != 1 {
+		t.Fatalf("the second replay replayed %v; replays = %d, want 1", replayed, c.count(`SELECT replays FROM inbox_items WHERE item_id = $1`, item))
+	}
+}
+
+// settledItems makes n items of a new subscription "s" on leaser, which
+// leases them, and has acker ack them, or dead-letter them; it returns
+// their ids.
+func settledItems(t *testing.T, c *cluster, leaser, acker *node, n int, dead bool) []int64 {
+	t.Helper()
+	create(t, leaser, delivery.Subscription{Name: "s", Source: "devices"})
+	c.appendEvents("e", n)
+	c.waitOnce("s", n)
+	ctx := context.Background()
+	l, err := leaser.d.Lease(ctx, "s", n, time.Minute, 0)
+	if err != nil || len(l.Items) != n {
+		t.Fatalf("lease: %d items, %v", len(l.Items), err)
+	}
+	if dead {
+		_, err = acker.d.NackDead(ctx, "s", ids(l.Items), l.Token, "refused")
+	} else {
+		_, err = acker.d.Ack(ctx, "s", ids(l.Items), l.Token)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids(l.Items)
+}
+
+// afterHeldUpdate runs update in a transaction of its own, runs fn beside
+// it until fn's statement starting with waiter waits for the rows update
+// locked, then commits update and returns fn's error.
+func (c *cluster) afterHeldUpdate(waiter, update string, args []any, fn func() error) error {
+	c.t.Helper()
+	ctx := context.Background()
+	tx, err := c.admin.ReadDB().BeginTx(ctx, nil)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, update, args...); err != nil {
+		c.t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	testenv.Eventually(c.t, 10*time.Second, "a statement to wait for the held rows", func() bool {
+		return c.count(`SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+			WHERE NOT l.granted AND a.query LIKE $1`, waiter+"%") > 0
+	})
+	if err := tx.Commit(); err != nil {
+		c.t.Fatal(err)
+	}
+	return <-done
 }
