@@ -72,6 +72,7 @@ bench agent the agent path against direct ingest (postbox bench agent --help).`)
 	token := fs.String("token", "", "bearer token for --server")
 	asJSON := fs.Bool("json", false, "print the result as one JSON object on the last line")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (server and loader) to this file")
+	traceFile := fs.String("trace", "", "write an execution trace (go tool trace) of the run (server and loader) to this file")
 	streams := fs.String("streams", "sqlite", "the started server's stream `backend`: sqlite (its temporary database), nats://host:4222[?replicas=3&prefix=NAME] or kafka://host:9092[?replication_factor=3&prefix=NAME]")
 	queueSize := positiveInt(groupcommit.DefaultQueueSize)
 	fs.Var(&queueSize, "queue-size", "the started server's writer queue bound in `events`")
@@ -101,7 +102,7 @@ bench agent the agent path against direct ingest (postbox bench agent --help).`)
 		Server: *srvURL, Token: *token, DBPath: *dbPath, Transport: transport.value,
 		MaxBatch: int(maxBatch), QueueSize: int(queueSize), Synchronous: *sync,
 		Streams: *streams, StreamsKind: kind, Kafka: kcfg, Raw: *raw,
-		CPUProfile: *cpuprofile, Open: openBench, Progress: env.stderr,
+		CPUProfile: *cpuprofile, Trace: *traceFile, Open: openBench, Progress: env.stderr,
 	})
 	if err != nil {
 		return benchErr(err)

@@ -60,6 +60,7 @@ type IngestConfig struct {
 	Raw bool
 
 	CPUProfile string    // a file for a CPU profile of the run; empty: none
+	Trace      string    // a file for an execution trace of the run; empty: none
 	Open       OpenFunc  // opens the started server's backends
 	Progress   io.Writer // progress lines, one a second; nil: discarded
 }
@@ -165,6 +166,11 @@ func Ingest(ctx context.Context, cfg IngestConfig) (*IngestResult, error) {
 		return nil, err
 	}
 	defer stopProfile()
+	stopTrace, err := startTrace(cfg.Trace)
+	if err != nil {
+		return nil, err
+	}
+	defer stopTrace()
 	res := &IngestResult{Devices: cfg.Devices, Events: cfg.Events, MaxBatch: cfg.MaxBatch, Synchronous: strings.ToUpper(cfg.Synchronous),
 		PayloadBytes: cfg.PayloadBytes, FrameEvents: cfg.Frame, Window: cfg.Window, Rate: cfg.Rate, Stored: -1, Streams: cfg.StreamsKind}
 	prefix := "evt_bench_" + run + "_"
@@ -262,6 +268,7 @@ func Ingest(ctx context.Context, cfg IngestConfig) (*IngestResult, error) {
 		})
 	}
 	err = load.Wait()
+	stopTrace()
 	close(progressDone)
 	res.measured(start, &acked, &nacked, lat)
 	if err != nil {
