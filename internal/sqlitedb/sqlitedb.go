@@ -41,9 +41,7 @@ type Options struct {
 	ReadOnly bool
 	// AutoCheckpoint is the size of the WAL, in pages, from which a
 	// committing connection checkpoints it itself (PRAGMA
-	// wal_autocheckpoint). Zero keeps SQLite's default, 1000 pages; a
-	// negative value turns it off, for a caller that runs Checkpoint from
-	// another connection instead.
+	// wal_autocheckpoint). Zero keeps SQLite's default, 1000 pages.
 	AutoCheckpoint int
 }
 
@@ -86,10 +84,7 @@ func Open(path string, opts Options) (*sql.DB, error) {
 	if opts.ReadOnly {
 		q.Add("_pragma", "query_only(1)")
 	}
-	switch {
-	case opts.AutoCheckpoint < 0:
-		q.Add("_pragma", "wal_autocheckpoint(0)")
-	case opts.AutoCheckpoint > 0:
+	if opts.AutoCheckpoint > 0 {
 		q.Add("_pragma", "wal_autocheckpoint("+strconv.Itoa(opts.AutoCheckpoint)+")")
 	}
 	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())

@@ -308,14 +308,13 @@ const maxOffset = 1<<offsetBits - 1
 
 // WriterCheckpointPages is the default of Config.CheckpointPages: the
 // size of the WAL (64 MiB in 16 KiB pages) from which the writer
-// checkpoints it itself after a commit. The
-// checkpointer beside it (CheckpointInterval) copies the pages into the
-// database file but never finishes while the writer keeps appending, and
-// SQLite starts the log anew only after a checkpoint that finished: under
-// steady load the log grew by every page written (225 MB in 300,000
-// events). The writer's own checkpoint finds all but the last few
-// milliseconds' pages copied, finishes, and the next commit starts the
-// log from its beginning.
+// checkpoints it itself after a commit. The checkpointer beside it
+// (CheckpointInterval) copies the pages into the database file but never
+// finishes while the writer keeps appending, and SQLite starts the log
+// anew only after a checkpoint that finished: under steady load the log
+// grew by every page written (225 MB in 300,000 events). The writer's own
+// checkpoint finds all but the last few milliseconds' pages copied,
+// finishes, and the next commit starts the log from its beginning.
 const WriterCheckpointPages = 4096
 
 // CheckpointInterval is how often Run checkpoints the WAL when something
