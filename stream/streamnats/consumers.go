@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -237,22 +238,35 @@ func (b *Backend) update(ctx context.Context, id string, fn func(*consumerRecord
 	}
 }
 
-// streamConsumers returns the lowest next offset of streamID's consumers,
+// minNextOffset returns the lowest next offset of streamID's consumers,
 // and whether it has any.
+//
+// The keys come from the bucket stream's subjects, one answer the server
+// gives under the stream's lock, and not from ListKeys: its watcher ends
+// the initial keys at the first message with nothing pending after it,
+// and a key updated meanwhile (a consumer committing) came after that
+// and was missed, so Trim deleted events that consumer had not read. A
+// consumer created after the list is read is not counted: it starts
+// from what the trim leaves.
 func (b *Backend) minNextOffset(ctx context.Context, streamID string) (int64, bool, error) {
-	keys, err := b.kv.ListKeys(ctx)
+	bucket := BucketName(b.cfg.Prefix)
+	kvs, err := b.js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		return 0, false, err
+	}
+	prefix := "$KV." + bucket + "."
+	info, err := kvs.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
 	if err != nil {
 		return 0, false, err
 	}
 	var lowest int64
 	found := false
-	for key := range keys.Keys() {
-		e, err := b.kv.Get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
+	for subject := range info.State.Subjects {
+		e, err := b.kv.Get(ctx, strings.TrimPrefix(subject, prefix))
+		if errors.Is(err, jetstream.ErrKeyNotFound) { // deleted
 			continue
 		}
 		if err != nil {
-			keys.Stop()
 			return 0, false, err
 		}
 		var r consumerRecord

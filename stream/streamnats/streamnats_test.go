@@ -327,3 +327,66 @@ func streamLeader(t *testing.T, ctx context.Context, c *natstest.Cluster, name s
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestTrimWhileConsumersCommit: Trim never deletes an event a consumer
+// has not read, also while that consumer commits. Listing the consumers
+// with a KV watcher missed a key being updated at that moment, and the
+// slow consumer's events went with the trim.
+func TestTrimWhileConsumersCommit(t *testing.T) {
+	b := open(t, streamnats.Config{URL: natstest.Start(t)})
+	ctx := testContext(t)
+	s, _ := b.EnsureStream(ctx, "source")
+	const n = 200
+	var evs []stream.Event
+	for i := range n {
+		evs = append(evs, ev(fmt.Sprint(i), `{}`))
+	}
+	if _, err := b.Append(ctx, s.ID, evs); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"slow", "done"} {
+		if _, err := b.EnsureConsumer(ctx, stream.ConsumerConfig{ID: id, StreamID: s.ID, Start: stream.Start{Policy: stream.StartEarliest}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.Commit(ctx, "done", n); err != nil {
+		t.Fatal(err)
+	}
+	committed := make(chan error, 1)
+	go func() {
+		for off := int64(1); off <= n; off++ {
+			if _, err := b.Commit(ctx, "slow", off); err != nil {
+				committed <- err
+				return
+			}
+		}
+		committed <- nil
+	}()
+	later := time.Now().Add(time.Hour)
+	for done := false; !done; {
+		select {
+		case err := <-committed:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done = true
+		default:
+		}
+		if _, err := b.Trim(ctx, s.ID, later, n); err != nil {
+			t.Fatal(err)
+		}
+		// slow's offset only grows: read after the trim, it bounds what
+		// the trim may have deleted.
+		c, err := b.Consumer(ctx, "slow")
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := b.Stats(ctx, s.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first := st.LastOffset - int64(st.Events) + 1; first > c.NextOffset {
+			t.Fatalf("trimmed up to offset %d while consumer slow is at %d: it lost events it had not read", first-1, c.NextOffset)
+		}
+	}
+}
