@@ -85,9 +85,9 @@ type Store struct {
 	db      *sql.DB // the writer's one connection
 	read    *sql.DB // read-only connections: Due, Counts, List, OldestPending
 	wal     *sqlitedb.WALSyncer
-	stmts   map[string]*sql.Stmt // prepared at Open: the pool's one connection is busy inside a transaction
-	inserts [insertChunk + 1]*sql.Stmt
-	deletes map[int]*sql.Stmt // DELETE … WHERE event_id IN (n ids), for each n of deleteSizes
+	stmts   map[string]*sql.Stmt          // prepared at Open: the pool's one connection is busy inside a transaction
+	inserts [2][insertChunk + 1]*sql.Stmt // [traced][rows]: without the trace columns when no row has them
+	deletes map[int]*sql.Stmt             // DELETE … WHERE event_id IN (n ids), for each n of deleteSizes
 	due     *sql.Stmt
 	writer  *groupcommit.Writer[*write]
 	running atomic.Bool // Run started the writer: settles go through it
@@ -121,6 +121,7 @@ type write struct {
 	env       postbox.Envelope
 	payload   []byte // env.Payload, compacted
 	args      [insertArgs]any
+	traced    bool // the envelope has a traceparent or a tracestate
 	duplicate bool
 	err       error
 
@@ -133,8 +134,15 @@ type write struct {
 	settle []outbox.Outcome // a Settle's outcomes, written in the same transaction
 }
 
-// insertArgs is the number of arguments of one row of qInsert.
+// insertArgs is the number of arguments of one row of qInsert; the
+// last two are the trace columns, which a row without them leaves to
+// their default, the empty string.
 const insertArgs = 11
+
+// untracedArgs is the number of arguments of a row without the trace
+// columns: two strings fewer to bind, each copied by the driver into
+// memory of its own.
+const untracedArgs = insertArgs - 2
 
 // Migrate creates or upgrades the outbox table in db. A service that writes
 // its events with Insert calls it once on its own database; a relay then
@@ -181,8 +189,11 @@ func Insert(ctx context.Context, tx *sql.Tx, events ...outbox.Event) error {
 // inserts to be written, and Close when done.
 func Open(path string, cfg Config) (*Store, error) {
 	// With FULL it commits as NORMAL, and the group commit syncs the log
-	// before it answers: durable as FULL.
-	db, wal, err := sqlitedb.OpenWriter(path, sqlitedb.Options{Synchronous: cfg.Synchronous})
+	// before it answers: durable as FULL. The writer checkpoints once the
+	// log reaches 64 MiB, not SQLite's 16: rows live for moments, so a
+	// longer log copies each page once for more of its versions, and the
+	// agent path ran faster (BENCHMARKS.md).
+	db, wal, err := sqlitedb.OpenWriter(path, sqlitedb.Options{Synchronous: cfg.Synchronous, AutoCheckpoint: checkpointPages})
 	if err != nil {
 		return nil, err
 	}
@@ -228,12 +239,14 @@ func (s *Store) prepare() error {
 		}
 		s.stmts[q] = st
 	}
-	for n := 1; n <= insertChunk; n++ {
-		st, err := s.db.Prepare(qInsertRows(n))
-		if err != nil {
-			return err
+	for traced, cols := range []int{untracedArgs, insertArgs} {
+		for n := 1; n <= insertChunk; n++ {
+			st, err := s.db.Prepare(qInsertRows(n, cols))
+			if err != nil {
+				return err
+			}
+			s.inserts[traced][n] = st
 		}
-		s.inserts[n] = st
 	}
 	for _, n := range deleteSizes {
 		st, err := s.db.Prepare(`DELETE FROM outbox WHERE event_id IN (?` + strings.Repeat(",?", n-1) + `)`)
@@ -246,6 +259,10 @@ func (s *Store) prepare() error {
 	s.due, err = s.read.Prepare(qDue)
 	return err
 }
+
+// checkpointPages is the size of the write-ahead log, in pages of 16 KiB,
+// from which the writer checkpoints it after a commit.
+const checkpointPages = 4096
 
 // maxBatch bounds the inserts and settles of one group commit: larger
 // than the server's, because the intake hands over a whole request (up
@@ -332,8 +349,7 @@ const (
 	qInsert = `INSERT INTO outbox (event_id, event_type, payload_json, created_at, next_attempt_at,
 			occurred_at, correlation_id, tenant_id, source_seq, traceparent, tracestate)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`
-	qInsertRow = `(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
-	qStored    = `SELECT payload_json FROM outbox WHERE event_id = ?`
+	qStored = `SELECT payload_json FROM outbox WHERE event_id = ?`
 	// qDue reads rows by seq, the rowid, not through the (state, seq)
 	// index: that would cost a lookup in the table for every row.
 	qDue = `SELECT seq, event_id, event_type, payload_json, occurred_at, created_at, correlation_id, tenant_id, source_seq, attempt_count,
@@ -345,10 +361,13 @@ const (
 	qDeleteRun  = `DELETE FROM outbox WHERE seq BETWEEN ? AND ?`
 )
 
-// qInsertRows is qInsert with n rows.
-func qInsertRows(n int) string {
+// qInsertRows is qInsert with n rows of its first cols columns.
+func qInsertRows(n, cols int) string {
 	q, _, _ := strings.Cut(qInsert, "VALUES")
-	return q + "VALUES " + qInsertRow + strings.Repeat(", "+qInsertRow, n-1) + " ON CONFLICT (event_id) DO NOTHING"
+	names := strings.Split(q[strings.Index(q, "(")+1:strings.Index(q, ")")], ",")
+	row := "(?" + strings.Repeat(", ?", cols-1) + ")"
+	return "INSERT INTO outbox (" + strings.Join(names[:cols], ",") + ") VALUES " + row + strings.Repeat(", "+row, n-1) +
+		" ON CONFLICT (event_id) DO NOTHING"
 }
 
 // samePayload reports whether the stored payload is payload, compared as
@@ -387,6 +406,7 @@ func (s *Store) Insert(ctx context.Context, envs []postbox.Envelope) ([]Result, 
 		}
 		it.args = [insertArgs]any{env.EventID, env.Type, string(it.payload), now, now,
 			env.TS, env.SessionID, env.DeviceID, seq, env.TraceParent, env.TraceState}
+		it.traced = env.TraceParent != "" || env.TraceState != ""
 		// As Due reads it back.
 		it.next = next
 		it.msg = outbox.Message{EventID: env.EventID, Type: env.Type, Body: it.payload, CorrelationID: env.SessionID, TenantID: env.DeviceID,
@@ -474,11 +494,15 @@ func (s *Store) insertRows(ctx context.Context, tx *sql.Tx, rows []*write) (from
 		chunk := rows[:n]
 		rows = rows[n:]
 		if n > 1 && distinct(chunk) {
+			stmts, cols := s.inserts[0], untracedArgs
+			if slices.ContainsFunc(chunk, func(it *write) bool { return it.traced }) {
+				stmts, cols = s.inserts[1], insertArgs
+			}
 			args = args[:0]
 			for _, it := range chunk {
-				args = append(args, it.args[:]...)
+				args = append(args, it.args[:cols]...)
 			}
-			r, err := tx.StmtContext(ctx, s.inserts[n]).ExecContext(ctx, args...)
+			r, err := tx.StmtContext(ctx, stmts[n]).ExecContext(ctx, args...)
 			if err != nil {
 				return 0, 0, fmt.Errorf("outbox insert %s: %w", chunk[0].env.EventID, err)
 			}
@@ -539,7 +563,7 @@ func distinct(rows []*write) bool {
 // already, it returns 0 and records whether it is a duplicate or a
 // conflict.
 func (s *Store) insertOne(ctx context.Context, tx *sql.Tx, it *write) (int64, error) {
-	r, err := tx.StmtContext(ctx, s.inserts[1]).ExecContext(ctx, it.args[:]...)
+	r, err := tx.StmtContext(ctx, s.inserts[1][1]).ExecContext(ctx, it.args[:]...)
 	if err != nil {
 		return 0, fmt.Errorf("outbox insert %s: %w", it.env.EventID, err)
 	}

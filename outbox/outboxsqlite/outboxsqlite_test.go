@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"path/filepath"
 	"reflect"
@@ -563,5 +564,46 @@ func TestSettleEndsWithItsContext(t *testing.T) {
 	err = s.Settle(ctx, []outbox.Outcome{{EventID: "evt-1", Kind: outbox.Delivered}})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Settle with no writer: %v, want the context's deadline", err)
+	}
+}
+
+// TestTraceColumnsByChunk: rows without a trace context are inserted
+// without the trace columns, rows with one with them, and a chunk that
+// mixes both with them; read back from the file, each row has its own.
+func TestTraceColumnsByChunk(t *testing.T) {
+	clk := newClock()
+	path := filepath.Join(t.TempDir(), "outbox.db")
+	s, closeStore := open(t, path, Config{Now: clk.Now})
+	var envs []postbox.Envelope
+	for i := range 10 {
+		e := env(fmt.Sprintf("evt-%02d", i), `{"n":1}`)
+		switch i {
+		case 5: // the second chunk of four mixes both
+			e.TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+		case 9: // in the last chunk, of two, with a tracestate alone
+			e.TraceState = "vendor=v1"
+		}
+		envs = append(envs, e)
+	}
+	res, err := s.Insert(context.Background(), envs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		if r.Err != nil || r.Duplicate {
+			t.Fatalf("insert %s: %+v", r.EventID, r)
+		}
+	}
+	closeStore()
+	s2, _ := open(t, path, Config{Now: clk.Now})
+	_, msgs := dueIDs(t, s2, clk.Now(), 0, 100)
+	if len(msgs) != len(envs) {
+		t.Fatalf("Due after reopening: %d messages, want %d", len(msgs), len(envs))
+	}
+	for i, m := range msgs {
+		if m.EventID != envs[i].EventID || m.TraceParent != envs[i].TraceParent || m.TraceState != envs[i].TraceState ||
+			m.CorrelationID != "sess-1" || m.TenantID != "dev-1" {
+			t.Errorf("message %d: %+v; want %s with traceparent %q, tracestate %q", i, m, envs[i].EventID, envs[i].TraceParent, envs[i].TraceState)
+		}
 	}
 }
