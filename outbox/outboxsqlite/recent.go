@@ -23,13 +23,18 @@ const maxRecent = 1 << 16
 // makes it invalid; so does a row some other connection inserted (the
 // next flush finds sqlite_sequence past hi), and so does growing past
 // maxRecent. The next flush with inserts starts a new range.
+//
+// Outcomes find their row by seq; one without a seq (not from a Message)
+// makes the range invalid too, rather than have every row indexed by id
+// for it.
 type recent struct {
 	mu    sync.Mutex
 	valid bool
 	lo    int64
 	hi    int64
-	rows  []*recentRow // by seq
-	byID  map[string]*recentRow
+	rows  []recentRow // by seq from head on; delivered rows leave from the front
+	head  int
+	live  int // rows not gone
 }
 
 type recentRow struct {
@@ -52,26 +57,43 @@ func (r *recent) committed(from, to int64, inserted []*write, settles []*write) 
 			if it.seq == 0 {
 				continue // a duplicate or a conflict: not written
 			}
-			row := &recentRow{msg: it.msg, next: it.next}
-			row.msg.Seq = it.seq
-			r.rows = append(r.rows, row)
-			r.byID[row.msg.EventID] = row
+			if len(r.rows) == cap(r.rows) && r.head >= len(r.rows)/2 {
+				// Full, half of it left behind: move the rest to the
+				// front rather than grow.
+				n := copy(r.rows, r.rows[r.head:])
+				clear(r.rows[n:])
+				r.rows, r.head = r.rows[:n], 0
+			}
+			r.rows = append(r.rows, recentRow{msg: it.msg, next: it.next})
+			r.rows[len(r.rows)-1].msg.Seq = it.seq
+			r.live++
 		}
 		r.hi = to
-		if len(r.byID) > maxRecent {
+		if r.live > maxRecent {
 			r.invalidate()
 		}
 	}
 	for _, it := range settles {
 		for _, o := range it.settle {
-			row := r.byID[o.EventID]
-			if row == nil {
-				continue // not in range: Due reads it from the file
+			if !r.valid {
+				return
+			}
+			if o.Seq == 0 {
+				r.invalidate()
+				return
+			}
+			row := r.row(o.Seq)
+			if row == nil || row.gone {
+				continue // not in range (Due reads it from the file), or delivered before
+			}
+			if row.msg.EventID != o.EventID { // not this store's row: trust the file
+				r.invalidate()
+				return
 			}
 			switch o.Kind {
 			case outbox.Delivered:
 				row.gone = true
-				delete(r.byID, o.EventID)
+				r.live--
 			case outbox.Unanswered: // unchanged but for its last error
 			default:
 				r.invalidate()
@@ -79,22 +101,32 @@ func (r *recent) committed(from, to int64, inserted []*write, settles []*write) 
 			}
 		}
 	}
-	for len(r.rows) > 0 && r.rows[0].gone {
-		r.rows[0] = nil
-		r.rows = r.rows[1:]
+	for r.head < len(r.rows) && r.rows[r.head].gone {
+		r.rows[r.head] = recentRow{} // its payload is free to go
+		r.head++
 	}
+}
+
+// row returns the row of seq, or nil when the range does not hold it.
+func (r *recent) row(seq int64) *recentRow {
+	rows := r.rows[r.head:]
+	i := sort.Search(len(rows), func(i int) bool { return rows[i].msg.Seq >= seq })
+	if i == len(rows) || rows[i].msg.Seq != seq {
+		return nil
+	}
+	return &rows[i]
 }
 
 func (r *recent) reset(from int64) {
 	r.valid, r.lo, r.hi = true, from, from
-	r.rows, r.byID = nil, map[string]*recentRow{}
+	r.rows, r.head, r.live = nil, 0, 0
 }
 
 // invalidate drops the range: Due reads the file until the next flush
 // with inserts starts a new one.
 func (r *recent) invalidate() {
 	r.valid = false
-	r.rows, r.byID = nil, nil
+	r.rows, r.head, r.live = nil, 0, 0
 }
 
 // due returns up to limit rows after seq due at now, and hi; ok is false
@@ -106,9 +138,10 @@ func (r *recent) due(now time.Time, after int64, limit int) (out []outbox.Messag
 	if !r.valid || after < r.lo {
 		return nil, 0, false
 	}
-	i := sort.Search(len(r.rows), func(i int) bool { return r.rows[i].msg.Seq > after })
-	for ; i < len(r.rows) && len(out) < limit; i++ {
-		if row := r.rows[i]; !row.gone && !row.next.After(now) {
+	rows := r.rows[r.head:]
+	i := sort.Search(len(rows), func(i int) bool { return rows[i].msg.Seq > after })
+	for ; i < len(rows) && len(out) < limit; i++ {
+		if row := &rows[i]; !row.gone && !row.next.After(now) {
 			out = append(out, row.msg)
 		}
 	}

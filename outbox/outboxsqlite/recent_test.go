@@ -66,7 +66,10 @@ func TestDueFromMemoryIsDueFromTheFile(t *testing.T) {
 			}
 			var outs []outbox.Outcome
 			for _, m := range msgs {
-				o := outbox.Outcome{EventID: m.EventID, Kind: outbox.Delivered}
+				o := outbox.Outcome{EventID: m.EventID, Seq: m.Seq, Kind: outbox.Delivered}
+				if rng.IntN(20) == 0 {
+					o.Seq = 0 // not from a Message: found by id
+				}
 				switch rng.IntN(12) {
 				case 0:
 					o.Kind, o.Error = outbox.Rejected, "refused"
