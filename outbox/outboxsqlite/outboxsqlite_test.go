@@ -90,6 +90,20 @@ func insertOK(t testing.TB, s *Store, ids ...string) {
 	}
 }
 
+// insertNew inserts envs in one call and fails unless each is new.
+func insertNew(t testing.TB, s *Store, envs ...postbox.Envelope) {
+	t.Helper()
+	res, err := s.Insert(context.Background(), envs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		if r.Err != nil || r.Duplicate {
+			t.Fatalf("insert %s: %+v", r.EventID, r)
+		}
+	}
+}
+
 func list(t testing.TB, s *Store, state string) map[string]Row {
 	t.Helper()
 	rows, err := s.List(context.Background(), state, 1000)
@@ -585,15 +599,7 @@ func TestTraceColumnsByChunk(t *testing.T) {
 		}
 		envs = append(envs, e)
 	}
-	res, err := s.Insert(context.Background(), envs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range res {
-		if r.Err != nil || r.Duplicate {
-			t.Fatalf("insert %s: %+v", r.EventID, r)
-		}
-	}
+	insertNew(t, s, envs...)
 	closeStore()
 	s2, _ := open(t, path, Config{Now: clk.Now})
 	_, msgs := dueIDs(t, s2, clk.Now(), 0, 100)
