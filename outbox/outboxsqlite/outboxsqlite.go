@@ -346,9 +346,6 @@ func (s *Store) Notify() <-chan struct{} { return s.notify }
 
 // The statements of the insert and settle paths.
 const (
-	qInsert = `INSERT INTO outbox (event_id, event_type, payload_json, created_at, next_attempt_at,
-			occurred_at, correlation_id, tenant_id, source_seq, traceparent, tracestate)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING`
 	qStored = `SELECT payload_json FROM outbox WHERE event_id = ?`
 	// qDue reads rows by seq, the rowid, not through the (state, seq)
 	// index: that would cost a lookup in the table for every row.
@@ -361,13 +358,19 @@ const (
 	qDeleteRun  = `DELETE FROM outbox WHERE seq BETWEEN ? AND ?`
 )
 
-// qInsertRows is qInsert with n rows of its first cols columns.
+// insertColumns are the columns an insert writes, in the order of a
+// write's args: the trace columns last.
+var insertColumns = [insertArgs]string{"event_id", "event_type", "payload_json", "created_at", "next_attempt_at",
+	"occurred_at", "correlation_id", "tenant_id", "source_seq", "traceparent", "tracestate"}
+
+// qInsert inserts one row of every column.
+var qInsert = qInsertRows(1, insertArgs)
+
+// qInsertRows inserts n rows of the first cols of insertColumns.
 func qInsertRows(n, cols int) string {
-	q, _, _ := strings.Cut(qInsert, "VALUES")
-	names := strings.Split(q[strings.Index(q, "(")+1:strings.Index(q, ")")], ",")
 	row := "(?" + strings.Repeat(", ?", cols-1) + ")"
-	return "INSERT INTO outbox (" + strings.Join(names[:cols], ",") + ") VALUES " + row + strings.Repeat(", "+row, n-1) +
-		" ON CONFLICT (event_id) DO NOTHING"
+	return "INSERT INTO outbox (" + strings.Join(insertColumns[:cols], ", ") + ") VALUES " + row +
+		strings.Repeat(", "+row, n-1) + " ON CONFLICT (event_id) DO NOTHING"
 }
 
 // samePayload reports whether the stored payload is payload, compared as

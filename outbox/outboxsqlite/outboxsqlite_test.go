@@ -80,26 +80,25 @@ func env(id, payload string) postbox.Envelope {
 	}
 }
 
+// insertOK inserts an envelope of each id, one call each.
 func insertOK(t testing.TB, s *Store, ids ...string) {
 	t.Helper()
 	for _, id := range ids {
-		res, err := s.Insert(context.Background(), []postbox.Envelope{env(id, `{"n":1}`)})
-		if err != nil || len(res) != 1 || res[0].Err != nil || res[0].Duplicate || res[0].EventID != id {
-			t.Fatalf("insert %s: %+v %v", id, res, err)
-		}
+		insertNew(t, s, env(id, `{"n":1}`))
 	}
 }
 
-// insertNew inserts envs in one call and fails unless each is new.
+// insertNew inserts envs in one call and fails unless each is new,
+// answered in order.
 func insertNew(t testing.TB, s *Store, envs ...postbox.Envelope) {
 	t.Helper()
 	res, err := s.Insert(context.Background(), envs)
-	if err != nil {
-		t.Fatal(err)
+	if err != nil || len(res) != len(envs) {
+		t.Fatalf("insert %d envelopes: %+v %v", len(envs), res, err)
 	}
-	for _, r := range res {
-		if r.Err != nil || r.Duplicate {
-			t.Fatalf("insert %s: %+v", r.EventID, r)
+	for i, r := range res {
+		if r.Err != nil || r.Duplicate || r.EventID != envs[i].EventID {
+			t.Fatalf("insert %s: %+v", envs[i].EventID, r)
 		}
 	}
 }
