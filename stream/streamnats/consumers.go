@@ -75,6 +75,9 @@ func (b *Backend) openConsumers(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("streamnats: consumer bucket %s: %w", bucket, err)
 	}
+	if b.kvs, err = b.js.Stream(ctx, "KV_"+bucket); err != nil {
+		return fmt.Errorf("streamnats: consumer bucket %s: %w", bucket, err)
+	}
 	return nil
 }
 
@@ -249,13 +252,8 @@ func (b *Backend) update(ctx context.Context, id string, fn func(*consumerRecord
 // consumer created after the list is read is not counted: it starts
 // from what the trim leaves.
 func (b *Backend) minNextOffset(ctx context.Context, streamID string) (int64, bool, error) {
-	bucket := BucketName(b.cfg.Prefix)
-	kvs, err := b.js.Stream(ctx, "KV_"+bucket)
-	if err != nil {
-		return 0, false, err
-	}
-	prefix := "$KV." + bucket + "."
-	info, err := kvs.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+	prefix := "$KV." + BucketName(b.cfg.Prefix) + "."
+	info, err := b.kvs.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
 	if err != nil {
 		return 0, false, err
 	}

@@ -185,6 +185,7 @@ type Backend struct {
 	ownsNC bool
 	js     jetstream.JetStream
 	kv     jetstream.KeyValue
+	kvs    jetstream.Stream // kv's stream, whose subjects list the consumers
 
 	pubMu    sync.Mutex // publishes in stamp order
 	lastTime time.Time
