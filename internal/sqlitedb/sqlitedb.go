@@ -66,8 +66,11 @@ func Open(path string, opts Options) (*sql.DB, error) {
 			return nil, fmt.Errorf("open sqlite: %w", err)
 		}
 	}
+	// Pages stay SQLite's 4 KiB: with 16 KiB pages, webhooks (small
+	// commits, rows indexed by random keys) wrote twice the bytes and ran
+	// 15% slower, though large ingest batches ran 7-15% faster
+	// (BENCHMARKS.md).
 	q := url.Values{}
-	q.Add("_pragma", "page_size(16384)")
 	q.Add("_pragma", "busy_timeout(5000)")
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous("+sync+")")
