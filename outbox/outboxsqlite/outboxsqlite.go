@@ -190,7 +190,7 @@ func Insert(ctx context.Context, tx *sql.Tx, events ...outbox.Event) error {
 func Open(path string, cfg Config) (*Store, error) {
 	// With FULL it commits as NORMAL, and the group commit syncs the log
 	// before it answers: durable as FULL. The writer checkpoints once the
-	// log reaches 64 MiB, not SQLite's 16: rows live for moments, so a
+	// log reaches 16 MiB, not SQLite's 4: rows live for moments, so a
 	// longer log copies each page once for more of its versions, and the
 	// agent path ran faster (BENCHMARKS.md).
 	db, wal, err := sqlitedb.OpenWriter(path, sqlitedb.Options{Synchronous: cfg.Synchronous, AutoCheckpoint: checkpointPages})
@@ -260,7 +260,7 @@ func (s *Store) prepare() error {
 	return err
 }
 
-// checkpointPages is the size of the write-ahead log, in pages of 16 KiB,
+// checkpointPages is the size of the write-ahead log, in pages of 4 KiB (16 MiB),
 // from which the writer checkpoints it after a commit.
 const checkpointPages = 4096
 

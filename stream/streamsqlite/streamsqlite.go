@@ -307,7 +307,7 @@ func scanStream(rows interface{ Scan(...any) error }) (*streamState, error) {
 const maxOffset = 1<<offsetBits - 1
 
 // WriterCheckpointPages is the default of Config.CheckpointPages: the
-// size of the WAL (64 MiB in 16 KiB pages) from which the writer
+// size of the WAL (16 MiB in 4 KiB pages) from which the writer
 // checkpoints it itself after a commit. The checkpointer beside it
 // (CheckpointInterval) copies the pages into the database file but never
 // finishes while the writer keeps appending, and SQLite starts the log
