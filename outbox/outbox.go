@@ -187,6 +187,10 @@ type Store interface {
 	// time in the future) that Settle ends.
 	Due(ctx context.Context, now time.Time, after int64, limit int) ([]Message, error)
 	// Settle records the outcomes of one publish in one transaction.
+	// The Relay records Delivered and Rejected outcomes again when Settle
+	// failed, and a Settle that timed out may still have committed: a
+	// Delivered or Rejected outcome recorded twice must count its attempt
+	// once.
 	Settle(ctx context.Context, outcomes []Outcome) error
 }
 

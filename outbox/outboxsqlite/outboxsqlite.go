@@ -352,7 +352,7 @@ const (
 	qDue = `SELECT seq, event_id, event_type, payload_json, occurred_at, created_at, correlation_id, tenant_id, source_seq, attempt_count,
 			traceparent, tracestate
 		FROM outbox NOT INDEXED WHERE state = 'pending' AND seq > ? AND next_attempt_at <= ? ORDER BY seq LIMIT ?`
-	qRejected   = `UPDATE outbox SET state = 'rejected', rejected_at = ?, last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ?`
+	qRejected   = `UPDATE outbox SET state = 'rejected', rejected_at = ?, last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ? AND state = 'pending'`
 	qRetry      = `UPDATE outbox SET next_attempt_at = ?, last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ?`
 	qUnanswered = `UPDATE outbox SET last_error = ? WHERE event_id = ?`
 	qDeleteRun  = `DELETE FROM outbox WHERE seq BETWEEN ? AND ?`
@@ -662,8 +662,8 @@ func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) (err erro
 			// The writer has not answered in time (the relay bounds a
 			// settle by its SettleTimeout, so that a stuck store cannot
 			// hold up its shutdown). The outcomes may still be written;
-			// written again, a delete finds nothing, and a refused
-			// row's attempt may count twice.
+			// written again, a delete finds nothing and a rejected
+			// row is left as it is.
 			return fmt.Errorf("outbox settle: %w", ctx.Err())
 		}
 	}

@@ -59,6 +59,7 @@ func RunStore(t *testing.T, f StoreFeatures, newStore NewStore) {
 		{"retry_counts_the_attempt_and_waits", testRetry},
 		{"outage_counts_no_attempt", testOutage},
 		{"reject_then_requeue", testRejectRequeue},
+		{"answered_outcomes_recorded_twice_count_once", testSettleTwice},
 		{"oldest_pending", testOldestPending},
 		{"claimer_never_hands_a_row_out_twice", testClaims},
 		{"notifier_fires_on_insert_and_requeue", testNotify},
@@ -343,6 +344,24 @@ func testRejectRequeue(h *storeHarness) {
 		h.Fatalf("Requeue(nil): %d, %v; want 1", n, err)
 	}
 	h.wantCounts(1, 0)
+}
+
+// testSettleTwice records answered outcomes twice, as the Relay does when
+// a Settle timed out after its transaction committed.
+func testSettleTwice(h *storeHarness) {
+	evs := h.insert(2)
+	msgs := h.due(time.Now(), 0, 10)
+	h.wantIDs("Due", msgIDs(msgs), evs[0].ID, evs[1].ID)
+	outs := []outbox.Outcome{outcome(msgs[0], outbox.Rejected, "invalid_payload: no total", time.Time{}),
+		outcome(msgs[1], outbox.Delivered, "", time.Time{})}
+	h.settle(outs...)
+	h.settle(outs...)
+	h.wantCounts(0, 1)
+	rows := h.list(outbox.StateRejected)
+	h.wantIDs("List(rejected)", rowIDs(rows), evs[0].ID)
+	if rows[0].Attempts != 1 || rows[0].LastError != "invalid_payload: no total" {
+		h.Fatalf("row rejected twice over: %d attempts, last error %q; want 1 attempt", rows[0].Attempts, rows[0].LastError)
+	}
 }
 
 func testOldestPending(h *storeHarness) {
