@@ -35,6 +35,7 @@ Progress goes to stderr; --json prints one JSON object as the last line of stdou
 	baseline := fs.Bool("baseline", true, "also run the same load against a do-nothing net/http handler")
 	asJSON := fs.Bool("json", false, "print the result as one JSON object on the last line")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the postbox part of the run (server and loader) to this file")
+	traceFile := fs.String("trace", "", "write an execution trace (go tool trace) of the postbox part of the run to this file")
 	if err := parse(env, fs, args); err != nil {
 		return err
 	}
@@ -44,7 +45,7 @@ Progress goes to stderr; --json prints one JSON object as the last line of stdou
 	res, err := bench.Webhooks(ctx, bench.WebhooksConfig{
 		Connections: int(connections), Requests: int(requests), PayloadBytes: int(payloadBytes),
 		Server: *srvURL, DBPath: *dbPath, MaxBatch: int(maxBatch), Synchronous: *sync, Baseline: *baseline,
-		CPUProfile: *cpuprofile, Open: openBench, Progress: env.stderr,
+		CPUProfile: *cpuprofile, Trace: *traceFile, Open: openBench, Progress: env.stderr,
 	})
 	if err != nil {
 		return benchErr(err)

@@ -41,6 +41,7 @@ type WebhooksConfig struct {
 	Baseline bool
 
 	CPUProfile string    // a file for a CPU profile of the postbox part; empty: none
+	Trace      string    // a file for an execution trace of the postbox part; empty: none
 	Open       OpenFunc  // opens the started server's backends
 	Progress   io.Writer // progress lines, one a second per part; nil: discarded
 }
@@ -145,8 +146,14 @@ func Webhooks(ctx context.Context, cfg WebhooksConfig) (*WebhooksResult, error) 
 	if err != nil {
 		return nil, err
 	}
+	stopTrace, err := startTrace(cfg.Trace)
+	if err != nil {
+		stopProfile()
+		return nil, err
+	}
 	before, werr := scrapeWriter(gctx, base+"/metrics")
 	pb, err := load.run(gctx, "postbox", base+"/webhooks", prefix)
+	stopTrace()
 	stopProfile()
 	if err != nil {
 		return nil, serverFailed(err)
