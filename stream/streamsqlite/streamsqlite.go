@@ -87,6 +87,8 @@ type Backend struct {
 	// used by the writer goroutine only
 	inserts             [chunk + 1]*sql.Stmt // by row count
 	find, touch, unmake *sql.Stmt
+	// The savepoint around each function the writer runs (runFn).
+	savepoint, release, rollbackTo *sql.Stmt
 	args                []any
 	events              []*item        // the appends of the batch being written
 	lastNow             time.Time      // StoredAt never goes back along a stream
@@ -209,6 +211,15 @@ func Open(path string, cfg Config) (*Backend, error) {
 	}
 	if err == nil {
 		b.unmake, err = write.Prepare(`DELETE FROM stream_events WHERE pos BETWEEN ? AND ?`)
+	}
+	if err == nil {
+		b.savepoint, err = write.Prepare(`SAVEPOINT fn`)
+	}
+	if err == nil {
+		b.release, err = write.Prepare(`RELEASE fn`)
+	}
+	if err == nil {
+		b.rollbackTo, err = write.Prepare(`ROLLBACK TO fn`)
 	}
 	for n := 1; n <= chunk && err == nil; n++ {
 		b.inserts[n], err = write.Prepare(insertColumns + insertRow + strings.Repeat(","+insertRow, n-1) + insertConflict)
@@ -712,17 +723,18 @@ func (b *Backend) oneByOne(ctx context.Context, tx *sql.Tx, part []*item, now ti
 // runFn runs fn inside a savepoint of tx: when fn fails, what it wrote is
 // undone and the rest of the batch commits.
 func (b *Backend) runFn(ctx context.Context, tx *sql.Tx, fn func(*sql.Tx) error) error {
-	if _, err := tx.ExecContext(ctx, "SAVEPOINT fn"); err != nil {
+	if _, err := tx.StmtContext(ctx, b.savepoint).ExecContext(ctx); err != nil {
 		return err
 	}
+	release := tx.StmtContext(ctx, b.release)
 	if err := fn(tx); err != nil {
-		if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO fn"); rerr != nil {
+		if _, rerr := tx.StmtContext(ctx, b.rollbackTo).ExecContext(ctx); rerr != nil {
 			return errors.Join(err, rerr)
 		}
-		tx.ExecContext(ctx, "RELEASE fn")
+		release.ExecContext(ctx)
 		return err
 	}
-	_, err := tx.ExecContext(ctx, "RELEASE fn")
+	_, err := release.ExecContext(ctx)
 	return err
 }
 
