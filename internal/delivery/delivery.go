@@ -197,6 +197,7 @@ type Delivery struct {
 	waiter  stream.Waiter // streams, when it is one; nil: the loops poll
 	store   Store
 	db      conn        // reads of store
+	stmts   *stmtCache  // statements of the writer's transactions, on SQLite
 	shared  SharedStore // store, when several processes share it; nil: SQLite
 	pg      bool        // the store speaks PostgreSQL
 	cluster *cluster    // leases of loops, with a shared store; nil: every loop runs here
@@ -249,7 +250,7 @@ func New(ctx context.Context, streams stream.Backend, store Store, cfg Config) (
 	}
 	waiter, _ := streams.(stream.Waiter)
 	d := &Delivery{streams: streams, waiter: waiter, store: store, db: conn{c: store.ReadDB(), pg: pg}, shared: shared, pg: pg,
-		cfg: cfg, log: cfg.Logger, now: cfg.Now,
+		stmts: newStmtCache(store, pg), cfg: cfg, log: cfg.Logger, now: cfg.Now,
 		loops: map[string]*loop{}, held: map[string]bool{},
 		jobs: make(chan job), completions: make(chan completion, ackQueue*cfg.Workers), slots: newSlots(slotsPerWorker * cfg.Workers),
 		handlers: map[string]Handler{}, targets: map[string]string{}, dispatchers: map[string]*loop{}}

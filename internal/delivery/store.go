@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // Store is the SQL database delivery keeps its own state in:
@@ -50,6 +51,10 @@ type execer interface {
 type conn struct {
 	c  execer
 	pg bool
+	// On a SQLite writer's transaction: tx, and the statements prepared
+	// on its connection, by which tx runs queries without parsing them.
+	tx    *sql.Tx
+	stmts *stmtCache
 }
 
 func (c conn) q(query string) string {
@@ -60,14 +65,23 @@ func (c conn) q(query string) string {
 }
 
 func (c conn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if st := c.stmts.get(query); st != nil {
+		return c.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+	}
 	return c.c.ExecContext(ctx, c.q(query), args...)
 }
 
 func (c conn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if st := c.stmts.get(query); st != nil {
+		return c.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+	}
 	return c.c.QueryContext(ctx, c.q(query), args...)
 }
 
 func (c conn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if st := c.stmts.get(query); st != nil {
+		return c.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+	}
 	return c.c.QueryRowContext(ctx, c.q(query), args...)
 }
 
@@ -77,7 +91,68 @@ func (c conn) PrepareContext(ctx context.Context, query string) (*sql.Stmt, erro
 
 // update runs fn in a write transaction of the store.
 func (d *Delivery) update(ctx context.Context, fn func(tx conn) error) error {
-	return d.store.Update(ctx, func(tx *sql.Tx) error { return fn(conn{c: tx, pg: d.pg}) })
+	return d.store.Update(ctx, func(tx *sql.Tx) error { return fn(conn{c: tx, pg: d.pg, tx: tx, stmts: d.stmts}) })
+}
+
+// stmtCache keeps the statements of the queries delivery runs in a SQLite
+// writer's transactions, prepared on the writer's one connection: the
+// driver parses every query it is given as text anew, which cost more
+// than many of the queries' own work. A query is prepared the second time
+// it is run, by a goroutine of its own, since the connection is busy with
+// the transaction that ran it; until then it runs as text. The cache
+// holds at most maxCachedStmts queries (a few are built with lists of
+// varying length).
+type stmtCache struct {
+	p writePreparer
+
+	mu    sync.Mutex
+	stmts map[string]*sql.Stmt
+	seen  map[string]bool // run as text: once (false), or twice and being prepared (true)
+}
+
+const maxCachedStmts = 256
+
+// newStmtCache returns a cache of statements prepared by p, or nil (no
+// cache) when store is not a SQLite writer that prepares statements.
+func newStmtCache(store Store, pg bool) *stmtCache {
+	p, ok := store.(writePreparer)
+	if !ok || pg {
+		return nil
+	}
+	return &stmtCache{p: p, stmts: map[string]*sql.Stmt{}, seen: map[string]bool{}}
+}
+
+// get returns the prepared statement of query, or nil: run it as text.
+func (c *stmtCache) get(query string) *sql.Stmt {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st := c.stmts[query]; st != nil {
+		return st
+	}
+	preparing, ok := c.seen[query]
+	switch {
+	case preparing:
+	case ok:
+		c.seen[query] = true
+		go c.prepare(query)
+	case len(c.seen) < maxCachedStmts:
+		c.seen[query] = false
+	}
+	return nil
+}
+
+// prepare prepares query once the writer's connection is free.
+func (c *stmtCache) prepare(query string) {
+	st, err := c.p.PrepareWrite(context.Background(), query)
+	if err != nil {
+		return // the store closed: it stays text
+	}
+	c.mu.Lock()
+	c.stmts[query] = st
+	c.mu.Unlock()
 }
 
 // rebind rewrites SQLite's parameters to PostgreSQL's: ?N becomes $N, and
