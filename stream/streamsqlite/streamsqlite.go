@@ -89,11 +89,12 @@ type Backend struct {
 	find, touch, unmake *sql.Stmt
 	// The savepoint around each function the writer runs (runFn).
 	savepoint, release, rollbackTo *sql.Stmt
-	args                []any
-	events              []*item        // the appends of the batch being written
-	lastNow             time.Time      // StoredAt never goes back along a stream
-	touched             []*streamState // streams whose last offset the batch moved
-	commitCount         int            // for pruning consumer_commits
+
+	args        []any
+	events      []*item        // the appends of the batch being written
+	lastNow     time.Time      // StoredAt never goes back along a stream
+	touched     []*streamState // streams whose last offset the batch moved
+	commitCount int            // for pruning consumer_commits
 
 	readEvents *sql.Stmt // on the readers' pool
 
