@@ -148,7 +148,7 @@ func (c *stmtCache) get(query string) *sql.Stmt {
 func (c *stmtCache) prepare(query string) {
 	st, err := c.p.PrepareWrite(context.Background(), query)
 	if err != nil {
-		return // the store closed: it stays text
+		return // the store closed, or the query does not prepare alone: it stays text
 	}
 	c.mu.Lock()
 	c.stmts[query] = st
