@@ -335,11 +335,17 @@ func testSharedWorkers(t *testing.T, kind storeKind) {
 		Endpoint: delivery.Endpoint{Timeout: time.Second, Concurrency: 2, BreakerFailures: delivery.BreakerOff,
 			RetrySchedule: []time.Duration{10 * time.Millisecond}, MaxAttempts: 1000}})
 	e.appendEvents(t, "slow", "slow", 200)
-	// Alone and beside the hanging endpoint in turn, four times, the best of
-	// each: what the store gains in rows, and what else the machine runs,
-	// weigh on both sides.
+	// Alone and beside the hanging endpoint in turn, the best of each:
+	// what the store gains in rows, and what else the machine runs, weigh
+	// on both sides. At least two rounds, and more (up to eight) while the
+	// ratio is under the bar: CI runs packages side by side, and a burst
+	// of their work during every round beside the hanging endpoint once
+	// gave 0.68× where the test alone gives 0.86 – 1.06×. A healthy
+	// endpoint that the hanging one starves stays under it in every round.
 	var alone, together time.Duration
-	for round := range 4 {
+	rounds := 0
+	for ; rounds < 8 && (rounds < 2 || alone.Seconds()/together.Seconds() < 0.8); rounds++ {
+		round := rounds
 		if err := e.d.SetTarget(ctx, "slow", ""); err != nil {
 			t.Fatal(err)
 		}
