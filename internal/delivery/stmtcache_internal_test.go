@@ -34,7 +34,7 @@ func TestStmtCache(t *testing.T) {
 	}
 	update := func(fn func(tx conn) error) {
 		t.Helper()
-		if err := b.Update(ctx, func(tx *sql.Tx) error { return fn(conn{c: tx, tx: tx, stmts: c}) }); err != nil {
+		if err := b.Update(ctx, func(tx *sql.Tx) error { return fn(conn{c: tx, stmts: c}) }); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -86,7 +86,7 @@ func TestStmtCache(t *testing.T) {
 
 	// A failed statement from the cache fails its function only.
 	err = b.Update(ctx, func(tx *sql.Tx) error {
-		_, err := conn{c: tx, tx: tx, stmts: c}.ExecContext(ctx, insert, 1, "again")
+		_, err := conn{c: tx, stmts: c}.ExecContext(ctx, insert, 1, "again")
 		return err
 	})
 	if err == nil {

@@ -51,9 +51,8 @@ type execer interface {
 type conn struct {
 	c  execer
 	pg bool
-	// On a SQLite writer's transaction: tx, and the statements prepared
-	// on its connection, by which tx runs queries without parsing them.
-	tx    *sql.Tx
+	// On a SQLite writer's transaction (c): the statements prepared on
+	// its connection, by which c runs queries without parsing them.
 	stmts *stmtCache
 }
 
@@ -64,23 +63,32 @@ func (c conn) q(query string) string {
 	return query
 }
 
-func (c conn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+// stmt returns query's prepared statement on the transaction c, or nil:
+// run it as text.
+func (c conn) stmt(ctx context.Context, query string) *sql.Stmt {
 	if st := c.stmts.get(query); st != nil {
-		return c.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+		return c.c.(*sql.Tx).StmtContext(ctx, st)
+	}
+	return nil
+}
+
+func (c conn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if st := c.stmt(ctx, query); st != nil {
+		return st.ExecContext(ctx, args...)
 	}
 	return c.c.ExecContext(ctx, c.q(query), args...)
 }
 
 func (c conn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	if st := c.stmts.get(query); st != nil {
-		return c.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+	if st := c.stmt(ctx, query); st != nil {
+		return st.QueryContext(ctx, args...)
 	}
 	return c.c.QueryContext(ctx, c.q(query), args...)
 }
 
 func (c conn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	if st := c.stmts.get(query); st != nil {
-		return c.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+	if st := c.stmt(ctx, query); st != nil {
+		return st.QueryRowContext(ctx, args...)
 	}
 	return c.c.QueryRowContext(ctx, c.q(query), args...)
 }
@@ -91,7 +99,7 @@ func (c conn) PrepareContext(ctx context.Context, query string) (*sql.Stmt, erro
 
 // update runs fn in a write transaction of the store.
 func (d *Delivery) update(ctx context.Context, fn func(tx conn) error) error {
-	return d.store.Update(ctx, func(tx *sql.Tx) error { return fn(conn{c: tx, pg: d.pg, tx: tx, stmts: d.stmts}) })
+	return d.store.Update(ctx, func(tx *sql.Tx) error { return fn(conn{c: tx, pg: d.pg, stmts: d.stmts}) })
 }
 
 // stmtCache keeps the statements of the queries delivery runs in a SQLite
