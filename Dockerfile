@@ -10,7 +10,8 @@
 #   docker buildx build --platform linux/amd64,linux/arm64 -t postbox --build-arg VERSION=v1.2.3 .
 #
 # VERSION is what postbox version, /health and postbox_build_info say
-# (default "devel"); REVISION and CREATED fill the OCI labels.
+# (default "devel"); REVISION and CREATED fill the OCI labels and are the
+# commit and time postbox version shows (the build context has no .git).
 #
 # PORT=8000 makes serve listen on every interface of the container, so it
 # refuses to start without an API token (POSTBOX_API_TOKEN), unless
@@ -19,7 +20,7 @@
 
 FROM --platform=$BUILDPLATFORM golang:1.26-alpine AS build
 ARG TARGETOS TARGETARCH
-ARG VERSION=devel
+ARG VERSION=devel REVISION="" CREATED=""
 WORKDIR /src
 # Modules first, so that a change to the code does not download them again.
 COPY go.mod go.sum ./
@@ -27,7 +28,7 @@ RUN go mod download
 COPY . .
 # The SQLite driver is pure Go (modernc.org/sqlite): no cgo, no libc.
 RUN CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath \
-    -ldflags="-s -w -X github.com/postbox-events/postbox/internal/buildinfo.version=$VERSION" \
+    -ldflags="-s -w -X github.com/postbox-events/postbox/internal/buildinfo.version=$VERSION -X github.com/postbox-events/postbox/internal/buildinfo.commit=$REVISION -X github.com/postbox-events/postbox/internal/buildinfo.buildTime=$CREATED" \
     -o /out/postbox ./cmd/postbox
 
 FROM alpine:3.22

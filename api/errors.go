@@ -30,6 +30,9 @@ const (
 	// CodeNotFound: no subscription, source, stream, consumer, inbox,
 	// item or webhook has that name or id. 404.
 	CodeNotFound Code = "not_found"
+	// CodeMethodNotAllowed: the path takes other methods (Allow names
+	// them). 405.
+	CodeMethodNotAllowed Code = "method_not_allowed"
 	// CodeRequestTimeout: the body did not arrive in time. 408.
 	CodeRequestTimeout Code = "request_timeout"
 	// CodeConflict: it exists already with another definition, or is in
@@ -78,6 +81,7 @@ var codes = []CodeInfo{
 	{CodeUnauthorized, http.StatusUnauthorized, "the server has an API token and the request did not carry it"},
 	{CodeInvalidSignature, http.StatusUnauthorized, "a webhook's signature is missing or does not verify with its source's secrets"},
 	{CodeNotFound, http.StatusNotFound, "no subscription, source, stream, consumer, inbox, item or webhook has that name or id"},
+	{CodeMethodNotAllowed, http.StatusMethodNotAllowed, "the path takes other methods, which `Allow` names"},
 	{CodeRequestTimeout, http.StatusRequestTimeout, "the body did not arrive within `--http-read-timeout` (30s) of the headers"},
 	{CodeConflict, http.StatusConflict, "a subscription or source of that name exists with another definition, a subscription's inbox has another target, or subscriptions read a source being deleted"},
 	{CodeLeaseLost, http.StatusConflict, "an item no longer holds the lease"},

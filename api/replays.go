@@ -42,7 +42,7 @@ type Replay struct {
 	Until        time.Time  `json:"until"`
 	States       []string   `json:"states"`
 	BatchSize    int        `json:"batch_size"`
-	State        string     `json:"state"` // running, done or failed
+	State        string     `json:"state"` // running, completed or failed
 	Matched      int64      `json:"matched"`
 	Replayed     int64      `json:"replayed"`
 	Batches      int64      `json:"batches"`

@@ -527,15 +527,24 @@ func (c *API) ReplayDeadLetters(ctx context.Context, sel api.ReplayDeadLetters) 
 	return out, c.send(ctx, http.MethodPost, "/v1/dead-letters/replay", sel, &out)
 }
 
-// Webhook returns a webhook taken by POST /webhooks and where its
-// delivery stands, by its id ("wh_…").
+// Webhook returns a webhook taken by POST /webhooks or POST
+// /webhooks/{source} and where its delivery stands, by its id ("wh_42",
+// or "wh_gh_42" for the source gh).
 func (c *API) Webhook(ctx context.Context, id string) (api.Webhook, error) {
 	var out api.Webhook
 	return out, c.get(ctx, "/webhooks/"+name(id), &out)
 }
 
-// WebhookByKey is Webhook by the idempotency key it was sent with.
+// WebhookByKey is Webhook by the idempotency key it was sent to POST
+// /webhooks with.
 func (c *API) WebhookByKey(ctx context.Context, key string) (api.Webhook, error) {
 	var out api.Webhook
 	return out, c.get(ctx, "/webhooks?idempotency_key="+url.QueryEscape(key), &out)
+}
+
+// SourceWebhookByKey is Webhook by the idempotency key it was sent to
+// POST /webhooks/{source} with.
+func (c *API) SourceWebhookByKey(ctx context.Context, source, key string) (api.Webhook, error) {
+	var out api.Webhook
+	return out, c.get(ctx, "/webhooks?idempotency_key="+url.QueryEscape(key)+"&source="+url.QueryEscape(source), &out)
 }

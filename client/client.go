@@ -28,6 +28,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -67,6 +69,9 @@ type Options struct {
 	// and 10s; a negative interval turns pings off.
 	PingInterval time.Duration
 	PingTimeout  time.Duration
+	// Logger, when set, logs each connection lost (Warn) and, for a
+	// Publisher, each connection made (Info).
+	Logger *slog.Logger
 }
 
 // Message is one encoded envelope and its event id.
@@ -96,6 +101,9 @@ type Conn struct {
 	mu      sync.Mutex
 	waiting map[string][]*call // event id → calls waiting for its reply, oldest first
 	err     error
+
+	log *slog.Logger // Options.Logger, or nil
+	url string
 }
 
 // transport is what a Conn sends frames on and reads replies from.
@@ -186,11 +194,15 @@ func Dial(ctx context.Context, rawURL string, opts Options) (*Conn, error) {
 		if resp != nil && resp.StatusCode == http.StatusUnauthorized {
 			return nil, fmt.Errorf("dial %s: %w", u, ErrUnauthorized)
 		}
+		// The network's error, not the layers of the WebSocket's around it.
+		if oe, ok := errors.AsType[*net.OpError](err); ok {
+			err = oe
+		}
 		return nil, fmt.Errorf("dial %s: %w", u, err)
 	}
 	c.SetReadLimit(opts.MaxReplyBytes)
 	rctx, cancel := context.WithCancel(context.Background())
-	conn := newConn(wsTransport{c}, cancel)
+	conn := newConn(wsTransport{c}, cancel, opts.Logger, u)
 	go conn.readLoop(rctx)
 	if opts.PingInterval > 0 {
 		go func() {
@@ -203,8 +215,8 @@ func Dial(ctx context.Context, rawURL string, opts Options) (*Conn, error) {
 	return conn, nil
 }
 
-func newConn(t transport, cancel context.CancelFunc) *Conn {
-	return &Conn{t: t, cancel: cancel, done: make(chan struct{}), waiting: map[string][]*call{}}
+func newConn(t transport, cancel context.CancelFunc, log *slog.Logger, url string) *Conn {
+	return &Conn{t: t, cancel: cancel, done: make(chan struct{}), waiting: map[string][]*call{}, log: log, url: url}
 }
 
 // wsTransport is a Conn's WebSocket.
@@ -374,18 +386,25 @@ func (c *Conn) deliver(replies []postbox.Reply) {
 	}
 }
 
+// errClosedByClient is why a connection Close closed broke.
+var errClosedByClient = fmt.Errorf("%w: closed by the client", ErrClosed)
+
 func (c *Conn) fail(err error) {
 	c.mu.Lock()
-	if c.err == nil {
+	first := c.err == nil
+	if first {
 		c.err = err
 	}
 	c.mu.Unlock()
 	c.cancel()
+	if first && err != errClosedByClient && c.log != nil {
+		c.log.Warn("client: connection lost", "url", c.url, "err", err)
+	}
 }
 
 // Close closes the connection; pending Sends return ErrClosed.
 func (c *Conn) Close() error {
-	c.fail(fmt.Errorf("%w: closed by the client", ErrClosed))
+	c.fail(errClosedByClient)
 	err := c.t.close()
 	<-c.done
 	return err

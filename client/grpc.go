@@ -95,7 +95,7 @@ func dialGRPC(ctx context.Context, u string, opts Options) (*Conn, error) {
 		}
 		return nil, fmt.Errorf("dial %s: %w", u, o.err)
 	}
-	conn := newConn(&grpcTransport{cc: cc, stream: o.stream, cancel: cancel}, cancel)
+	conn := newConn(&grpcTransport{cc: cc, stream: o.stream, cancel: cancel}, cancel, opts.Logger, u)
 	go conn.readLoop(rctx)
 	return conn, nil
 }

@@ -122,6 +122,9 @@ func (p *Publisher) connect(ctx context.Context) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	if p.opts.Logger != nil {
+		p.opts.Logger.Info("client: connected", "url", p.url)
+	}
 	p.conn = conn
 	return conn, nil
 }

@@ -165,6 +165,28 @@ func TestAPIErrors(t *testing.T) {
 	if wh, err := c.WebhookByKey(ctx, "e-0"); err != nil || wh.IdempotencyKey != "e-0" || wh.Status != api.StateCompleted {
 		t.Fatalf("webhook e-0: %+v %v", wh, err)
 	}
+	// A webhook of a source of its own is found by its id and its key.
+	if _, _, err := c.CreateSource(ctx, api.CreateSource{Name: "shop", Kind: "webhook"}); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, s.Base+"/webhooks/shop", strings.NewReader(`{"order": 1}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "e-0")
+	resp, err := s.HTTP.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("a webhook to the source shop: %s", resp.Status)
+	}
+	wh, err := c.SourceWebhookByKey(ctx, "shop", "e-0")
+	if err != nil || wh.ID != "wh_shop_1" {
+		t.Fatalf("the shop's webhook e-0: %+v %v, want wh_shop_1", wh, err)
+	}
+	if byID, err := c.Webhook(ctx, wh.ID); err != nil || byID.IdempotencyKey != "e-0" || byID.ID != wh.ID {
+		t.Fatalf("webhook %s: %+v %v", wh.ID, byID, err)
+	}
 
 	if cons, err := c.Consumer(ctx, "jobs"); err != nil || cons.Subscription != "jobs" {
 		t.Fatalf("consumer jobs: %+v %v", cons, err)

@@ -308,7 +308,15 @@ func (r *Relay) Run(ctx context.Context) error {
 				// The next connection is sent what this one managed.
 				window, answered, grown = min(max(answered, floor), r.cfg.MaxInFlight), 0, 0
 				threshold = window
-				r.log.Warn("outbox: publish failed; pausing before the next attempt", "err", err, "events", len(p.msgs), "pause", delay.Round(time.Millisecond), "failures", failures, "window", window)
+				// Every failure of an outage is logged at first, then
+				// the 4th, 8th, 16th...: a long outage, its pauses
+				// growing, is not a wall of lines that say the same.
+				level := slog.LevelWarn
+				if failures > 2 && failures&(failures-1) != 0 {
+					level = slog.LevelDebug
+				}
+				r.log.Log(ctx, level, "outbox: publish failed; pausing before the next attempt", "err", err, "pause", delay.Round(time.Millisecond),
+					"failures", failures, "batch_events", len(p.msgs), "next_window", window)
 			}
 			// Settling runs beside the next reads and publishes; the rows
 			// stay in flight until it is done.

@@ -477,33 +477,10 @@ func TestCrashWebhooks(t *testing.T) {
 	srv := start(t, "serve", "--addr", addr, "--db", filepath.Join(dir, "postbox.db"), "--log-level", "warn")
 	base := "http://" + addr
 	waitHTTP(t, base+"/ready", srv)
-	postOne := func(hc *http.Client, n int) int {
-		req, _ := http.NewRequest("POST", base+"/webhooks", bytes.NewBufferString(fmt.Sprintf(`{"n":%d}`, n)))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", fmt.Sprint("wh-", n))
-		resp, err := hc.Do(req)
-		if err != nil {
-			return 0
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	var mu sync.Mutex
-	acked := map[int]bool{}
 	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Go(func() {
-			hc := &http.Client{Timeout: 5 * time.Second}
-			for n := w; ctx.Err() == nil; n += 4 {
-				if s := postOne(hc, n); s == http.StatusAccepted || s == http.StatusOK {
-					mu.Lock()
-					acked[n] = true
-					mu.Unlock()
-				}
-			}
-		})
-	}
+	wp := &webhookPoster{base: base}
+	done := make(chan struct{})
+	go func() { defer close(done); wp.run(ctx) }()
 	for range 3 {
 		time.Sleep(time.Duration(200+rand.IntN(400)) * time.Millisecond) // a random moment
 		srv.kill()
@@ -511,17 +488,64 @@ func TestCrashWebhooks(t *testing.T) {
 		waitHTTP(t, base+"/ready", srv)
 	}
 	stop()
+	<-done
+	t.Logf("%d webhooks accepted across 3 SIGKILLs, each stored once", wp.check(t))
+}
+
+// webhookPoster posts webhooks to the server at base, four at a time,
+// each with an Idempotency-Key of its own, and records those answered 202
+// or 200.
+type webhookPoster struct {
+	base  string
+	mu    sync.Mutex
+	acked map[int]bool
+}
+
+func (wp *webhookPoster) post(hc *http.Client, n int) int {
+	req, _ := http.NewRequest("POST", wp.base+"/webhooks", bytes.NewBufferString(fmt.Sprintf(`{"n":%d}`, n)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", fmt.Sprint("wh-", n))
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// run posts until ctx ends.
+func (wp *webhookPoster) run(ctx context.Context) {
+	wp.acked = map[int]bool{}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			hc := &http.Client{Timeout: 5 * time.Second}
+			for n := w; ctx.Err() == nil; n += 4 {
+				if s := wp.post(hc, n); s == http.StatusAccepted || s == http.StatusOK {
+					wp.mu.Lock()
+					wp.acked[n] = true
+					wp.mu.Unlock()
+				}
+			}
+		})
+	}
 	wg.Wait()
-	if len(acked) == 0 {
+}
+
+// check sends every accepted webhook again, once run returned: each must
+// answer 200 (stored), never 202 or 409. It returns how many there were.
+func (wp *webhookPoster) check(t *testing.T) int {
+	t.Helper()
+	if len(wp.acked) == 0 {
 		t.Fatal("no webhook was accepted: the test proved nothing")
 	}
 	hc := &http.Client{Timeout: 5 * time.Second}
-	for n := range acked {
-		if s := postOne(hc, n); s != http.StatusOK {
+	for n := range wp.acked {
+		if s := wp.post(hc, n); s != http.StatusOK {
 			t.Fatalf("webhook %d was accepted before a crash; sent again it answers %d, want 200 (stored)", n, s)
 		}
 	}
-	t.Logf("%d webhooks accepted across 3 SIGKILLs, each stored once", len(acked))
+	return len(wp.acked)
 }
 
 // TestCrashMidProcessing kills postbox serve with SIGKILL while its

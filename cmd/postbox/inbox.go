@@ -279,8 +279,8 @@ that long for an item when none is ready.`)
 	af := addAPIFlags(fs, "print the server's answer: {lease, expires_at, items}")
 	maxItems := positiveInt(10)
 	fs.Var(&maxItems, "max", fmt.Sprintf("most `items` to lease (at most %d)", maxItemsPerCall))
-	visibility := fs.Duration("visibility", 30*time.Second, "how long the lease lasts")
-	wait := fs.Duration("wait", 0, fmt.Sprintf("how long to wait for an item when none is ready (at most %v)", maxLeaseWait))
+	visibility := durationVar(fs, "visibility", 30*time.Second, 1, "how long the lease lasts")
+	wait := durationVar(fs, "wait", 0, 0, fmt.Sprintf("how long to wait for an item when none is ready (at most %v)", maxLeaseWait))
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
 		return err
@@ -292,9 +292,7 @@ that long for an item when none is ready.`)
 	switch {
 	case maxItems > maxItemsPerCall:
 		return usagef("inbox lease: --max is at most %d, not %d", maxItemsPerCall, maxItems)
-	case *visibility <= 0:
-		return usagef("inbox lease: --visibility must be above 0, not %v", *visibility)
-	case *wait < 0 || *wait > maxLeaseWait:
+	case *wait > maxLeaseWait: // the flag refuses under 0
 		return usagef("inbox lease: --wait must be 0s to %v, not %v", maxLeaseWait, *wait)
 	}
 	c.timeout += *wait
@@ -306,7 +304,7 @@ that long for an item when none is ready.`)
 		return printValue(env, out)
 	}
 	if len(out.Items) == 0 {
-		fmt.Fprintf(env.stdout, "no items ready in inbox %s\n", inbox)
+		fmt.Fprintf(env.stdout, "no items ready in inbox %s%s\n", inbox, unknownInbox(ctx, c, inbox))
 		return nil
 	}
 	noun := "items"
@@ -320,6 +318,17 @@ that long for an item when none is ready.`)
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\n", it.ID, it.Type, it.EventID, it.Attempts)
 	}
 	return tw.Flush()
+}
+
+// unknownInbox says, for an inbox with nothing to lease, when it is not
+// one the server knows (a name mistyped, or a subscription not created
+// yet): "" for an inbox that exists or when the list could not be read.
+func unknownInbox(ctx context.Context, c *apiClient, inbox string) string {
+	all, err := c.Inboxes(ctx)
+	if err != nil || slices.ContainsFunc(all, func(ic api.InboxCounts) bool { return ic.Inbox == inbox }) {
+		return ""
+	}
+	return " (no subscription fills an inbox of that name and it holds no items: see postbox subscriptions list)"
 }
 
 func runInboxAck(ctx context.Context, env *cmdEnv, args []string) error {
@@ -343,7 +352,7 @@ error. With --lease, each must still hold that lease. Prints one line per ID wit
 result; if any failed, the exit status is 1.`)
 	af := addAPIFlags(fs, "print the server's answer: {items: [{id, state} or {id, error}]}")
 	lease := fs.String("lease", "", "the `token` of the lease the items hold")
-	delay := fs.Duration("delay", 0, "how long until the items are due again")
+	delay := durationVar(fs, "delay", 0, 0, "how long until the items are due again")
 	reason := fs.String("reason", "", "why, kept as the items' last error")
 	dead := fs.Bool("dead", false, "no further attempt can help: the items become dead letters (failed) at once")
 	c, err := parseAPI(env, fs, af, args)
@@ -368,16 +377,13 @@ still hold the lease: one whose lease expired or was settled says lease_lost. Pr
 one line per ID with its result; if any failed, the exit status is 1.`)
 	af := addAPIFlags(fs, "print the server's answer: {expires_at, items: [{id, state} or {id, error}]}")
 	lease := fs.String("lease", "", "the `token` of the lease the items hold (required)")
-	visibility := fs.Duration("visibility", 30*time.Second, "how long from now the lease lasts")
+	visibility := durationVar(fs, "visibility", 30*time.Second, 1, "how long from now the lease lasts")
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
 		return err
 	}
 	if *lease == "" {
 		return usagef("inbox extend: --lease is required: the token of the lease the items hold")
-	}
-	if *visibility <= 0 {
-		return usagef("inbox extend: --visibility must be above 0, not %v", *visibility)
 	}
 	return settle(ctx, env, c, af, fs.Name(), "extend", fs.Args(), func(inbox string, ids []int64) ([]api.ItemResult, error) {
 		ext, err := c.Extend(ctx, inbox, *lease, *visibility, ids...)

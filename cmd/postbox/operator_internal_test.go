@@ -128,7 +128,8 @@ func TestOperatorUsageErrors(t *testing.T) {
 		{[]string{"inbox", "show", "planner"}, "takes INBOX and one item ID"},
 		{[]string{"inbox", "lease"}, "INBOX is required"},
 		{[]string{"inbox", "lease", "planner", "--wait", "2m"}, "--wait must be"},
-		{[]string{"inbox", "lease", "planner", "--visibility", "0s"}, "--visibility must be above 0"},
+		{[]string{"inbox", "lease", "planner", "--visibility", "0s"}, `"0s" is not a positive duration`},
+		{[]string{"inbox", "lease", "planner", "--visibility", "forever"}, `"forever" is not a duration`},
 		{[]string{"inbox", "ack", "planner"}, "at least one item ID"},
 		{[]string{"inbox", "ack", "planner", "17", "abc"}, `item ID "abc" is not a positive whole number`},
 		{[]string{"inbox", "nack", "planner", "-3"}, "flag provided but not defined: -3"},
@@ -442,7 +443,17 @@ func TestInboxLeaseAckNack(t *testing.T) {
 	if len(items) != 1 || strconv.FormatFloat(items[0]["id"].(float64), 'f', -1, 64) != id1 {
 		t.Fatalf("completed items: %v, want %s only", items, id1)
 	}
-	if r := cli(t, append([]string{"inbox", "lease", "nosuchinbox"}, srv...)...); r.code != 0 || !strings.Contains(r.stdout, "no items ready") {
+	if r := cli(t, append([]string{"inbox", "lease", "nosuchinbox"}, srv...)...); r.code != 0 || !strings.Contains(r.stdout, "no items ready") || !strings.Contains(r.stdout, "no subscription fills an inbox of that name") {
+		t.Fatalf("inbox lease of an inbox the server does not know: %v", r)
+	}
+	// An inbox the server knows, leased until empty, says no more.
+	for range 100 {
+		r = cli(t, append([]string{"inbox", "lease", "worker", "--max", "100"}, srv...)...)
+		if r.code != 0 || strings.Contains(r.stdout, "no items ready") {
+			break
+		}
+	}
+	if r.code != 0 || !strings.Contains(r.stdout, "no items ready") || strings.Contains(r.stdout, "no subscription fills") {
 		t.Fatalf("inbox lease of an empty inbox: %v", r)
 	}
 }

@@ -39,8 +39,9 @@ func runOutbox(ctx context.Context, env *cmdEnv, args []string) error {
   emit      insert events into a transactional outbox, for trials and tests
   migrate   create or upgrade the outbox table in a PostgreSQL database
 
-Each works on the edge agent's outbox (--outbox FILE) or on a transactional
-outbox (--db postgres://... or --db FILE).
+list and requeue work on the edge agent's outbox (--outbox FILE) or on a
+transactional outbox (--db postgres://... or --db FILE); emit and migrate
+on a transactional outbox (--db).
 
 postbox outbox COMMAND --help shows a command's flags.
 `)

@@ -79,10 +79,10 @@ set, each publish is a span exported over OTLP (docs/TRACING.md).`)
 	fs.Var(&claim, "claim", "how long a relay holds the rows it sends; a dead relay's rows are sent again after it")
 	retryMax := positiveDuration(outbox.DefaultRetryMax)
 	fs.Var(&retryMax, "retry-max", "cap of the backoff before resending a refused row")
-	retention := fs.Duration("retention", outboxpg.DefaultRetention, "delete delivered rows older than this; negative: keep them")
+	retention := durationVar(fs, "retention", outboxpg.DefaultRetention, math.MinInt64, "delete delivered rows older than this; negative: keep them")
 	ackTimeout := positiveDuration(10 * time.Second)
 	fs.Var(&ackTimeout, "ack-timeout", "how long to wait for a publish's replies (less than --claim)")
-	progress := fs.Duration("progress", 10*time.Second, "how often to log progress while relaying; 0: never")
+	progress := durationVar(fs, "progress", 10*time.Second, 0, "how often to log progress while relaying; 0: never")
 	level := fs.String("log-level", "info", "debug, info, warn or error [LOG_LEVEL]")
 	format := fs.String("log-format", "pretty", "json or pretty [LOG_FORMAT]")
 	if err := parse(env, fs, args); err != nil {
@@ -255,6 +255,15 @@ func openOutboxDB(ctx context.Context, dsn string, migrate bool, cfg outboxpg.Co
 	if !isPostgres(dsn) {
 		if _, err := os.Stat(dsn); err != nil {
 			return nil, fmt.Errorf("outbox %s: %w (PostgreSQL outboxes are postgres:// URLs)", dsn, err)
+		}
+		if !migrate {
+			ok, err := outboxsqlite.Exists(dsn)
+			if err != nil {
+				return nil, fmt.Errorf("outbox %s: not a SQLite database: %w", dsn, err)
+			}
+			if !ok {
+				return nil, fmt.Errorf("outbox %s: no outbox in this file (an agent's --outbox file, or a database an outbox was created in)", dsn)
+			}
 		}
 		s, err := outboxsqlite.Open(dsn, outboxsqlite.Config{})
 		if err != nil {

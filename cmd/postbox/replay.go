@@ -19,7 +19,7 @@ import (
 func init() {
 	subscriptionCommands = append(subscriptionCommands, subcommand{"replay",
 		"deliver again every completed and failed item a subscription made in a time range", runSubscriptionsReplay})
-	commands["replays"] = command{"show replays of a time range (postbox subscriptions replay starts them)", runReplays}
+	commands["replays"] = command{"show a replay's progress by its id (postbox subscriptions replay starts one)", runReplays}
 }
 
 var replayCommands = []subcommand{

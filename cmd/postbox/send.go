@@ -27,7 +27,9 @@ func runSend(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "send", "--type TYPE --payload JSON [flags]", `Hands events to a running agent's intake. The agent fills in event_id, ts, session_id and
 device_id when they are not given, and answers after its outbox commit. Prints one line per event
 (event_id and status), or with --count above 1 a summary.`)
-	agentURL := fs.String("agent", "http://127.0.0.1:8787", "the agent's intake [POSTBOX_AGENT]")
+	agent := httpURL("http://127.0.0.1:8787")
+	fs.Var(&agent, "agent", "the agent's intake, an http:// `URL` [POSTBOX_AGENT]")
+	agentURL := (*string)(&agent)
 	typ := fs.String("type", "", "event type, e.g. proposal.task")
 	payload := fs.String("payload", "", "the payload: a JSON object, @FILE, or @- for stdin")
 	count := positiveInt(1)
@@ -39,6 +41,9 @@ device_id when they are not given, and answers after its outbox commit. Prints o
 	fs.Var(&parallel, "parallel", "with --count above 1: `requests` of 1,000 events in flight at once")
 	asJSON := fs.Bool("json", false, "print the agent's answers as JSON")
 	if err := parse(env, fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
 		return err
 	}
 	if err := envDefaults(env, fs, map[string]string{"agent": "POSTBOX_AGENT"}); err != nil {
@@ -112,7 +117,7 @@ func readPayload(arg string) (json.RawMessage, error) {
 			data, err = os.ReadFile(name)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("send: --payload: %w", err)
+			return nil, usagef("send: --payload: %v", err)
 		}
 	}
 	data = bytes.TrimSpace(data)

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -48,7 +49,8 @@ of each event's intake, materialisation and delivery attempts are exported over 
 	port := positiveInt(8000)
 	fs.Var(&port, "port", "listen `port` on every interface [PORT]")
 	db := fs.String("db", server.DefaultDBPath, "SQLite database `file`: the streams with --streams sqlite, and always subscriptions, inboxes and their positions [DB_PATH]")
-	sync := fs.String("synchronous", "FULL", "SQLite synchronous mode: FULL (an ACK survives power loss) or NORMAL [POSTBOX_SYNCHRONOUS]")
+	sync := choice{value: "full", choices: []string{"full", "normal"}}
+	fs.Var(&sync, "synchronous", "SQLite synchronous `mode`: full (an ACK survives power loss) or normal [POSTBOX_SYNCHRONOUS]")
 	maxBatch := positiveInt(groupcommit.DefaultMaxBatch)
 	fs.Var(&maxBatch, "max-batch", "most `events` written per group commit; 1 = one transaction per event [POSTBOX_MAX_BATCH]")
 	queue := positiveInt(groupcommit.DefaultQueueSize)
@@ -160,7 +162,7 @@ of each event's intake, materialisation and delivery attempts are exported over 
 		Addr:               *addr,
 		GRPCAddr:           *grpcAddr,
 		DBPath:             *db,
-		Synchronous:        strings.ToUpper(*sync),
+		Synchronous:        strings.ToUpper(sync.value),
 		MaxBatch:           int(maxBatch),
 		QueueSize:          int(queue),
 		QueueBytes:         int(queueBytes),
@@ -499,11 +501,49 @@ type positiveDuration time.Duration
 
 func (p *positiveDuration) String() string { return time.Duration(*p).String() }
 func (p *positiveDuration) Set(s string) error {
-	d, ok := parseDuration(s, time.Second)
-	if !ok {
-		return fmt.Errorf("%q is not a positive duration: use Go syntax such as 5s, 300ms or 2m, or seconds", s)
+	return (&duration{(*time.Duration)(p), 1}).Set(s)
+}
+
+// duration is a flag.Value for a duration of at least min: Go syntax
+// (5s, 300ms, 2m30s) or a bare number of seconds, as every duration
+// flag takes.
+type duration struct {
+	d   *time.Duration
+	min time.Duration
+}
+
+// durationVar defines a duration flag of at least min and returns where
+// its value goes. --help shows its argument as a duration.
+func durationVar(fs *flag.FlagSet, name string, value, min time.Duration, usage string) *time.Duration {
+	d := value
+	if !strings.Contains(usage, "`") {
+		usage += " (`duration`)"
 	}
-	*p = positiveDuration(d)
+	fs.Var(&duration{&d, min}, name, usage)
+	return &d
+}
+
+func (v *duration) String() string {
+	if v.d == nil {
+		return "0s"
+	}
+	return v.d.String()
+}
+
+func (v *duration) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if n, nerr := strconv.ParseFloat(s, 64); nerr == nil {
+		d, err = time.Duration(n*float64(time.Second)), nil
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("%q is not a duration: use Go syntax such as 5s, 300ms or 2m, or seconds", s)
+	case d < v.min && v.min == 1:
+		return fmt.Errorf("%q is not a positive duration", s)
+	case d < v.min:
+		return fmt.Errorf("%q is under %v", s, v.min)
+	}
+	*v.d = d
 	return nil
 }
 

@@ -9,7 +9,7 @@
 //
 //	postbox serve &
 //	go run ./examples/inbox-runner -server http://127.0.0.1:8000 -inbox webhooks
-//	curl -X POST localhost:8000/webhooks -H 'Idempotency-Key: order-1' -d '{"order": 1}'
+//	curl -X POST localhost:8000/webhooks -H 'Content-Type: application/json' -H 'Idempotency-Key: order-1' -d '{"order": 1}'
 //
 // Alone, it starts a server of its own in the process (a SQLite file in a
 // temporary directory), sends it -n webhooks, handles them and exits:

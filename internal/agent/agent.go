@@ -77,7 +77,7 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	opts := client.Options{Token: cfg.Token}
+	opts := client.Options{Token: cfg.Token, Logger: cfg.Logger}
 	if cfg.CACert != "" {
 		tc, err := trusting(cfg.CACert)
 		if err != nil {

@@ -367,11 +367,19 @@ func TestIntakeRefusesBadInputNamingTheField(t *testing.T) {
 		{"one bad in an array", "[" + good + `,{"type":"t","ts":"yesterday","payload":{}},` + good + "]", "invalid_field", "ts", 1},
 		{"first bad in an array", `[{"type":"t","device_id":"dev-9","payload":{}},` + good + "]", "forbidden", "device_id", 0},
 		{"not an object in an array", "[" + good + ",42]", "invalid_json", "", 1},
+		{"an envelope over the limit", "[" + good + `,{"type":"t","payload":{"pad":"` + strings.Repeat("x", 300<<10) + `"}}]`, "too_large", "", 1},
+		// Under the limit as sent, over it once event_id, ts, session_id
+		// and device_id are filled in: the server would refuse it.
+		{"an envelope over the limit once filled", "[" + good + `,{"type":"t","payload":{"pad":"` + strings.Repeat("x", 256<<10-40) + `"}}]`, "too_large", "", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			status, body := ta.post(t, tc.body)
-			if status != http.StatusBadRequest {
-				t.Fatalf("%d %s, want 400", status, body)
+			want := http.StatusBadRequest
+			if tc.code == "too_large" {
+				want = http.StatusRequestEntityTooLarge
+			}
+			if status != want {
+				t.Fatalf("%d %.300s, want %d", status, body, want)
 			}
 			var resp struct {
 				Error struct {
@@ -540,6 +548,24 @@ func TestIntakeDuplicateAndConflict(t *testing.T) {
 	}
 	if p, _ := ta.counts(t); p != 2 {
 		t.Fatalf("outbox holds %d rows, want evt-dup and evt-new", p)
+	}
+
+	// The same id and payload with another type is a conflict too, as the
+	// server would judge it.
+	status, body = ta.post(t, `{"event_id":"evt-dup","type":"other","ts":"2030-01-02T03:04:05Z","payload":{"a":1}}`)
+	decodeStrict(t, body, &resp)
+	if status != http.StatusConflict || resp.Status != "conflict" || !strings.Contains(resp.Message, "type") {
+		t.Fatalf("same id and payload, other type: %d %s, want 409 conflict", status, body)
+	}
+	// An event the server refused is answered rejected, with the reason,
+	// not duplicate: it will not be sent again.
+	if err := ta.a.Store().Settle(context.Background(), []outbox.Outcome{{EventID: "evt-new", Kind: outbox.Rejected, Error: "invalid_field: payload"}}); err != nil {
+		t.Fatal(err)
+	}
+	status, body = ta.post(t, `{"event_id":"evt-new","type":"t","payload":{}}`)
+	decodeStrict(t, body, &resp)
+	if status != http.StatusConflict || resp.Status != "rejected" || !strings.Contains(resp.Message, "invalid_field: payload") || !strings.Contains(resp.Message, "requeue") {
+		t.Fatalf("a refused event sent again: %d %s, want 409 rejected with the reason", status, body)
 	}
 }
 
@@ -926,5 +952,35 @@ func TestOutboxUsedByOneAgentOnly(t *testing.T) {
 	_, err := agent.New(agent.Config{Server: "ws://127.0.0.1:1", OutboxPath: path, DeviceID: device})
 	if err == nil || !strings.Contains(err.Error(), "in use by another agent") {
 		t.Fatalf("second agent on one outbox: got %v, want 'in use by another agent'", err)
+	}
+}
+
+// TestIntakeNoRoute: what the intake has no route for is a JSON 404, a
+// method a path does not take a JSON 405 with Allow, and a body that is
+// no event is named so, not as a WebSocket frame.
+func TestIntakeNoRoute(t *testing.T) {
+	ta := startAgent(t, agent.Config{Server: unreachable})
+	for _, c := range []struct {
+		method, path string
+		status       int
+		code, allow  string
+	}{
+		{"GET", "/v1/nosuch", 404, "not_found", ""},
+		{"PUT", "/v1/events", 405, "method_not_allowed", "POST"},
+		{"POST", "/health", 405, "method_not_allowed", "GET, HEAD"},
+	} {
+		req, _ := http.NewRequest(c.method, ta.url+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || resp.Header.Get("Allow") != c.allow || !strings.Contains(string(body), `"code":"`+c.code+`"`) {
+			t.Errorf("%s %s: %s Allow %q %s, want %d %s Allow %q", c.method, c.path, resp.Status, resp.Header.Get("Allow"), body, c.status, c.code, c.allow)
+		}
+	}
+	if status, body := ta.post(t, `"a string"`); status != 400 || !strings.Contains(string(body), "the body must be an event object") {
+		t.Errorf("a string for a body: %d %s", status, body)
 	}
 }

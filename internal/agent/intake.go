@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,12 +11,14 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/api"
+	"github.com/postbox-events/postbox/internal/httproute"
 	"github.com/postbox-events/postbox/internal/tracing"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
@@ -42,13 +45,22 @@ func (in *intake) handler() http.Handler {
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
+	// What no route takes, in JSON as every other error.
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if allow := httproute.Allowed(mux, r); len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeError(w, http.StatusMethodNotAllowed, api.CodeMethodNotAllowed, "", r.Method+" "+r.URL.Path+": this path takes "+strings.Join(allow, ", "), -1)
+			return
+		}
+		writeError(w, http.StatusNotFound, api.CodeNotFound, "", "no route "+r.Method+" "+r.URL.Path+" (the intake takes POST /v1/events)", -1)
+	})
 	return mux
 }
 
 // eventStatus is the intake's answer for one event.
 type eventStatus struct {
 	EventID string `json:"event_id"`
-	Status  string `json:"status"` // queued, duplicate or conflict
+	Status  string `json:"status"` // queued, duplicate, conflict or rejected
 	Message string `json:"message,omitempty"`
 }
 
@@ -79,7 +91,9 @@ func (in *intake) handleEvents(w http.ResponseWriter, r *http.Request) {
 	single := trimmed[0] != '['
 	raws, err := postbox.SplitFrame(trimmed)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, api.CodeInvalidJSON, "", err.Error(), -1)
+		// The protocol's words for a WebSocket frame, said of a body.
+		msg := strings.Replace(err.Error(), "frame must be an envelope object or an array of envelopes", "the body must be an event object or an array of them", 1)
+		writeError(w, http.StatusBadRequest, api.CodeInvalidJSON, "", msg, -1)
 		return
 	}
 	if len(raws) == 0 {
@@ -89,6 +103,11 @@ func (in *intake) handleEvents(w http.ResponseWriter, r *http.Request) {
 	traceparent, tracestate := requestTrace(r)
 	envs := make([]postbox.Envelope, len(raws))
 	now := time.Now().UTC().Format(time.RFC3339Nano)
+	// What fill and the request's trace context can add to an envelope, at
+	// most: one this close to the limit is measured again once filled, as
+	// the server will measure it.
+	filled := 512 + len(in.deviceID) + len(in.sessionID) + len(traceparent) + len(tracestate)
+	maxBytes := cmp.Or(in.limits.MaxEnvelopeBytes, postbox.DefaultMaxEnvelopeBytes)
 	for i, raw := range raws {
 		env, err := postbox.ParseEnvelope(raw, in.limits)
 		if err == nil {
@@ -97,6 +116,12 @@ func (in *intake) handleEvents(w http.ResponseWriter, r *http.Request) {
 				env.TraceParent, env.TraceState = traceparent, tracestate
 			}
 			err = env.Validate(in.limits)
+		}
+		if err == nil && len(raw)+filled > maxBytes {
+			if b, _ := env.AppendJSON(nil); len(b) > maxBytes {
+				err = &postbox.FieldError{Code: postbox.CodeTooLarge, Message: fmt.Sprintf(
+					"envelope is %d bytes once its missing fields are filled in, over the limit of %d", len(b), maxBytes)}
+			}
 		}
 		if err == nil && env.DeviceID != in.deviceID {
 			err = &postbox.FieldError{Field: "device_id", Code: postbox.CodeForbidden, Message: fmt.Sprintf("device_id: this agent sends for %q, not %q", in.deviceID, env.DeviceID)}
@@ -108,11 +133,14 @@ func (in *intake) handleEvents(w http.ResponseWriter, r *http.Request) {
 				idx = -1
 			}
 			in.m.intake.WithLabelValues("invalid").Inc()
-			code := fe.Code
-			if code == postbox.CodeUnavailable { // not an envelope's fault: Nack's code for an error without one
+			code, status := fe.Code, http.StatusBadRequest
+			switch code {
+			case postbox.CodeUnavailable: // not an envelope's fault: Nack's code for an error without one
 				code = postbox.CodeInvalidField
+			case postbox.CodeTooLarge:
+				status = http.StatusRequestEntityTooLarge
 			}
-			writeError(w, http.StatusBadRequest, code, fe.Field, fe.Message, idx)
+			writeError(w, status, code, fe.Field, fe.Message, idx)
 			return
 		}
 		envs[i] = env
@@ -128,8 +156,15 @@ func (in *intake) handleEvents(w http.ResponseWriter, r *http.Request) {
 	for i, res := range results {
 		out[i] = eventStatus{EventID: res.EventID, Status: "queued"}
 		switch {
+		case errors.Is(res.Err, outboxsqlite.ErrRejected):
+			reason := ""
+			if re, ok := errors.AsType[*outboxsqlite.RejectedError](res.Err); ok {
+				reason = re.Reason
+			}
+			out[i].Status, out[i].Message = "rejected", "event_id is in the outbox, refused by the server ("+reason+"): it is not sent again unless requeued (postbox outbox requeue)"
+			status = http.StatusConflict
 		case res.Err != nil:
-			out[i].Status, out[i].Message = "conflict", "event_id is queued already with a different payload; this one was not queued"
+			out[i].Status, out[i].Message = "conflict", "event_id is queued already with a different type or payload; this one was not queued"
 			status = http.StatusConflict
 		case res.Duplicate:
 			out[i].Status = "duplicate"

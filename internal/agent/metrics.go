@@ -20,7 +20,7 @@ func newMetrics(store *outboxsqlite.Store) *metrics {
 		reg: prometheus.NewRegistry(),
 		intake: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postbox_agent_intake_events_total",
-			Help: "Events handed to the agent's intake, by result (queued, duplicate, conflict, invalid).",
+			Help: "Events handed to the agent's intake, by result (queued, duplicate, conflict, rejected, invalid).",
 		}, []string{"result"}),
 	}
 	m.reg.MustRegister(m.intake)

@@ -7,7 +7,10 @@
 //
 //	go build -ldflags "-X github.com/postbox-events/postbox/internal/buildinfo.version=v1.2.3" ./cmd/postbox
 //
-// (the Dockerfile does), which wins over what the module says.
+// which wins over what the module says, and the commit and its time
+// (buildinfo.commit, buildinfo.buildTime) where the build has no VCS
+// information: the Dockerfile stamps all three, its build context having
+// no .git.
 package buildinfo
 
 import (
@@ -16,8 +19,9 @@ import (
 	"sync"
 )
 
-// version is set by -ldflags -X at release builds.
-var version string
+// version, commit and buildTime are set by -ldflags -X at release
+// builds.
+var version, commit, buildTime string
 
 // Info is what a binary knows of its build.
 type Info struct {
@@ -34,11 +38,13 @@ var (
 
 // Get returns the build information of the running binary.
 func Get() Info {
-	once.Do(func() { info = read(version) })
+	once.Do(func() { info = read(version, commit, buildTime) })
 	return info
 }
 
-func read(stamped string) Info {
+// read reads the build information, with the version, commit and time
+// stamped at build, when set, over what it says.
+func read(stamped, stampedCommit, stampedTime string) Info {
 	i := Info{Version: "devel", GoVersion: runtime.Version()}
 	bi, ok := debug.ReadBuildInfo()
 	if ok {
@@ -62,6 +68,9 @@ func read(stamped string) Info {
 	}
 	if stamped != "" {
 		i.Version = stamped
+	}
+	if stampedCommit != "" {
+		i.Commit, i.BuildTime = stampedCommit, stampedTime
 	}
 	return i
 }

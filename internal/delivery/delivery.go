@@ -46,6 +46,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -128,7 +129,11 @@ type Config struct {
 	// HTTPClient sends the items of subscriptions with a target URL.
 	// Defaults to a client with keep-alive connections for Workers whose
 	// dialer applies the target address policy below; a client given here
-	// is used as it is.
+	// is used as it is, but that it never follows a redirect: a 3xx
+	// answer is a failed attempt, as any answer but a 2xx (followed, a
+	// 301, 302 or 303 would turn the POST into a GET without its body, and
+	// any redirect would carry the signature and the endpoint's headers to
+	// another host).
 	HTTPClient *http.Client
 	// AllowLinkLocalTargets lets targets be link-local addresses
 	// (169.254.0.0/16, among them the cloud metadata address
@@ -177,6 +182,9 @@ func (cfg *Config) setDefaults() {
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = newHTTPClient(cfg)
 	}
+	noRedirects := *cfg.HTTPClient // a copy: the caller's client stays as it was
+	noRedirects.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	cfg.HTTPClient = &noRedirects
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -277,8 +285,10 @@ func (d *Delivery) Run(ctx context.Context) error {
 	}
 	var workers, acker sync.WaitGroup
 	acker.Go(func() { d.ack(d.completions) })
+	attempts, stopAttempts := draining(ctx) // the attempts' context: it outlives ctx by drainGrace
+	defer stopAttempts()
 	for range d.cfg.Workers {
-		workers.Go(func() { d.work(ctx) })
+		workers.Go(func() { d.work(ctx, attempts) })
 	}
 	d.mu.Lock()
 	for _, s := range subs {
@@ -386,13 +396,21 @@ type Subscription struct {
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
 
+// ValidName reports whether s may name a subscription, inbox, source or
+// stream: 1 to 128 of A-Z a-z 0-9 . _ -, and not dots alone ("." and ".."
+// would be steps of a path, not a name in it).
+func ValidName(s string) bool { return namePattern.MatchString(s) && strings.Trim(s, ".") != "" }
+
+// NameRule says what ValidName takes, for messages.
+const NameRule = "use 1 to 128 of A-Z a-z 0-9 . _ -, not dots alone"
+
 // validate checks s and fills its defaults.
 func (s *Subscription) validate() error {
 	if s.Name == "" {
 		return errorf(ErrInvalid, "name: required")
 	}
-	if !namePattern.MatchString(s.Name) {
-		return errorf(ErrInvalid, "name %q: use 1 to 128 of A-Z a-z 0-9 . _ -", s.Name)
+	if !ValidName(s.Name) {
+		return errorf(ErrInvalid, "name %q: %s", s.Name, NameRule)
 	}
 	if s.Source == "" {
 		return errorf(ErrInvalid, "source: required")
@@ -400,8 +418,8 @@ func (s *Subscription) validate() error {
 	if s.Inbox == "" {
 		s.Inbox = s.Name
 	}
-	if !namePattern.MatchString(s.Inbox) {
-		return errorf(ErrInvalid, "inbox %q: use 1 to 128 of A-Z a-z 0-9 . _ -", s.Inbox)
+	if !ValidName(s.Inbox) {
+		return errorf(ErrInvalid, "inbox %q: %s", s.Inbox, NameRule)
 	}
 	for _, t := range s.Types {
 		if t == "" {

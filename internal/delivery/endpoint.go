@@ -121,12 +121,13 @@ func validSecret(key string) error {
 
 // refusedHeaders are headers an endpoint may not set, lower case: the
 // hop-by-hop headers (RFC 9110 §7.6.1), what describes the request's body
-// and the ones the workers set themselves.
+// or asks of its sending (expect), and the ones the workers set
+// themselves (the event's trace context among them).
 var refusedHeaders = []string{
 	"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-	"transfer-encoding", "upgrade", "host", "content-length", "content-type", "content-encoding",
+	"transfer-encoding", "upgrade", "host", "content-length", "content-type", "content-encoding", "expect",
 	"idempotency-key", "user-agent", "x-event-type", "x-postbox-event", "x-postbox-subscription", "x-postbox-item",
-	"x-postbox-attempt",
+	"x-postbox-attempt", "traceparent", "tracestate",
 }
 
 // Bounds of an endpoint's settings.

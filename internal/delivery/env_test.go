@@ -59,6 +59,7 @@ type env struct {
 	d       *delivery.Delivery
 	clock   *clock
 	stop    func() // stops delivery and closes the databases; the end of the test does too
+	halt    func() // stops delivery (Run returns) and leaves the databases open
 }
 
 // openOptions say where an env keeps its data.
@@ -148,7 +149,8 @@ func open(t testing.TB, kind storeKind, o openOptions) *env {
 		})
 	}
 	t.Cleanup(stop)
-	return &env{kind: kind, streams: streams, state: state, stateAt: o.state, d: d, clock: c, stop: stop}
+	halt := func() { stopDelivery(); <-dDone }
+	return &env{kind: kind, streams: streams, state: state, stateAt: o.state, d: d, clock: c, stop: stop, halt: halt}
 }
 
 // schemaOf returns the schema of a URL from testenv.PostgresSchema.

@@ -293,9 +293,10 @@ func testBreakerFourHundreds(t *testing.T, kind storeKind) {
 
 // TestSharedWorkers: an endpoint that hangs (cut by its timeout) shares
 // the workers with a healthy one; with its concurrency bounded, the
-// healthy one keeps at least 0.8 of the throughput it has alone. Then the
-// hanging endpoint's breaker opens, is probed, and closes when it
-// recovers.
+// healthy one keeps at least 0.8 of the throughput it has alone, and a
+// healthy one slow enough to need every worker gets all the workers the
+// hanging one's concurrency leaves. Then the hanging endpoint's breaker
+// opens, is probed, and closes when it recovers.
 func TestSharedWorkers(t *testing.T) { eachStore(t, testSharedWorkers) }
 
 func testSharedWorkers(t *testing.T, kind storeKind) {
@@ -367,6 +368,35 @@ func testSharedWorkers(t *testing.T, kind storeKind) {
 		t.Fatalf("beside a hanging endpoint the healthy one has %.2f× its throughput alone, want ≥ 0.8×", ratio)
 	}
 
+	// The healthy endpoint above is bound by the store, not by workers:
+	// one free worker would keep its rate. One that answers slowly needs
+	// every worker it can get, and gets all but the hanging endpoint's
+	// Concurrency: its attempts in flight at once reach 16 − 2.
+	var cur, peak atomic.Int32
+	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := cur.Add(1)
+		defer cur.Add(-1)
+		for p := peak.Load(); c > p && !peak.CompareAndSwap(p, c); p = peak.Load() {
+		}
+		time.Sleep(40 * time.Millisecond)
+	}))
+	t.Cleanup(busy.Close)
+	e.create(t, delivery.Subscription{Name: "busy", Source: "devices", Types: []string{"busy"}})
+	e.appendEvents(t, "busy", "busy", 400)
+	testenv.Eventually(t, 30*time.Second, "busy's items", func() bool {
+		return e.count(t, `SELECT count(*) FROM inbox_items WHERE inbox_id = 'busy'`) == 400
+	})
+	calls := tg.calls.Load()
+	testenv.Eventually(t, 10*time.Second, "the hanging endpoint to be attempted", func() bool { return tg.calls.Load() >= calls+2 })
+	if err := e.d.SetTarget(ctx, "busy", busy.URL); err != nil {
+		t.Fatal(err)
+	}
+	e.waitCompleted(t, "busy", 400, 60*time.Second)
+	t.Logf("a slow healthy endpoint beside the hanging one: %d attempts in flight at most", peak.Load())
+	if got, want := peak.Load(), int32(16-2); got < want {
+		t.Fatalf("a slow healthy endpoint had at most %d attempts in flight beside a hanging endpoint of concurrency 2, want %d of the 16 workers", got, want)
+	}
+
 	// The breaker of the hanging endpoint opens, is probed, and closes
 	// once it answers.
 	sub, err := e.d.Subscription(ctx, "slow")
@@ -379,7 +409,7 @@ func testSharedWorkers(t *testing.T, kind storeKind) {
 		t.Fatal(err)
 	}
 	e.waitBreaker(t, "slow", delivery.BreakerOpen, 10*time.Second)
-	calls := tg.calls.Load()
+	calls = tg.calls.Load()
 	testenv.Eventually(t, 10*time.Second, "probes", func() bool { return tg.calls.Load() >= calls+2 })
 	tg.mode.Store("ok")
 	e.waitBreaker(t, "slow", delivery.BreakerClosed, 10*time.Second)

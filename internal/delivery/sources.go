@@ -54,8 +54,8 @@ type Checkpoint struct {
 
 // validate checks s and fills its stream and settings defaults.
 func (s *Source) validate() error {
-	if !namePattern.MatchString(s.Name) {
-		return errorf(ErrInvalid, "name %q: use 1 to 128 of A-Z a-z 0-9 . _ -", s.Name)
+	if !ValidName(s.Name) {
+		return errorf(ErrInvalid, "name %q: %s", s.Name, NameRule)
 	}
 	if s.Kind == "" {
 		return errorf(ErrInvalid, "kind: required")

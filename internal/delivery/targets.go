@@ -124,16 +124,23 @@ func (p targetPolicy) checkTarget(target string) error {
 	if target == "" {
 		return nil
 	}
-	u, err := url.Parse(target)
+	return p.checkURL("target", target)
+}
+
+// checkURL refuses, as ErrInvalid naming field, a URL whose host is an IP
+// address p refuses. One that does not parse passes: its caller says what
+// is wrong with it.
+func (p targetPolicy) checkURL(field, rawURL string) error {
+	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil // validTarget says what is wrong
+		return nil
 	}
 	ip, err := netip.ParseAddr(u.Hostname())
 	if err != nil {
 		return nil
 	}
 	if err := p.checkAddr(ip); err != nil {
-		return errorf(ErrInvalid, "target %q: %v", target, err)
+		return errorf(ErrInvalid, "%s %q: %v", field, rawURL, err)
 	}
 	return nil
 }
@@ -147,6 +154,21 @@ func (p targetPolicy) control(network, address string, _ syscall.RawConn) error 
 		return fmt.Errorf("target address %q: %w", address, err)
 	}
 	return p.checkAddr(ap.Addr())
+}
+
+// DialControl is a net.Dialer Control function that refuses the
+// addresses the target policy of Config (AllowLinkLocalTargets,
+// DenyPrivateTargets) refuses, for the server's other connections to URLs
+// an operator gives: poll and feed sources.
+func (d *Delivery) DialControl() func(network, address string, c syscall.RawConn) error {
+	return d.cfg.targetPolicy().control
+}
+
+// CheckURL refuses, as ErrInvalid naming field, a URL whose host is an IP
+// address the target policy refuses; a host name is checked when
+// connecting (DialControl).
+func (d *Delivery) CheckURL(field, rawURL string) error {
+	return d.cfg.targetPolicy().checkURL(field, rawURL)
 }
 
 // newHTTPClient returns the default Config.HTTPClient: keep-alive

@@ -201,9 +201,10 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler, target
 			}
 			continue
 		}
-		// Items due later (a retry's backoff) wake no one: look again
-		// every second.
-		t := time.NewTimer(time.Second)
+		// Items due later (a retry's backoff) wake no one but a wait
+		// shorter than idleLook (the worker that failed the attempt wakes
+		// the dispatcher when it ends): look again every idleLook.
+		t := time.NewTimer(idleLook)
 		select {
 		case <-changed:
 		case <-t.C:
@@ -212,6 +213,10 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler, target
 		t.Stop()
 	}
 }
+
+// idleLook is how often the dispatcher of an inbox with nothing to
+// lease looks again for items come due.
+const idleLook = time.Second
 
 // batch is the items of one lease for the feeder, and what their jobs
 // share.
@@ -313,8 +318,8 @@ func (s *slots) release(n int) {
 	}
 }
 
-// work runs jobs until ctx ends.
-func (d *Delivery) work(ctx context.Context) {
+// work runs jobs until ctx ends, their attempts in actx (draining).
+func (d *Delivery) work(ctx, actx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -327,7 +332,7 @@ func (d *Delivery) work(ctx context.Context) {
 				d.handBack(j.inbox, j.lease, []Item{j.item})
 				d.inboxes.notify(j.inbox)
 			} else {
-				d.attempt(ctx, j)
+				d.attempt(actx, j)
 			}
 			d.slots.release(1)
 			j.fl.release(1)
@@ -335,16 +340,30 @@ func (d *Delivery) work(ctx context.Context) {
 	}
 }
 
-// attempt runs one attempt of a job and settles its item, recording the
-// attempt of an endpoint in the same transaction.
-func (d *Delivery) attempt(ctx context.Context, j job) {
+// drainGrace is how long the attempts in flight when Run's context ends
+// may take to finish, and be recorded as they ended; those still running
+// then are cut short and their items handed back, the attempt not counted.
+const drainGrace = 10 * time.Second
+
+// draining returns a context that ends drainGrace after ctx does, and
+// its cancel: Run's, for the attempts of its workers.
+func draining(ctx context.Context) (context.Context, context.CancelFunc) {
+	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(drainGrace, cancel) })
+	return dctx, func() { stop(); cancel() }
+}
+
+// attempt runs one attempt of a job in actx (Run's draining context) and
+// settles its item, recording the attempt of an endpoint in the same
+// transaction.
+func (d *Delivery) attempt(actx context.Context, j job) {
 	d.log.Debug("delivery: processing", "inbox", j.inbox, "item", j.item.ID, "attempt", j.item.Attempts)
 	start := time.Now()
 	timeout, limit, maxAttempts := d.cfg.HandlerTimeout, d.cfg.RetryMaxDelay, d.cfg.MaxAttempts
 	if j.ep != nil {
 		timeout, limit, maxAttempts = j.ep.timeout, j.ep.most, j.ep.maxAttempts
 	}
-	hctx, cancel := context.WithTimeout(ctx, timeout)
+	hctx, cancel := context.WithTimeout(actx, timeout)
 	var rec *Attempt
 	var err error
 	if j.ep != nil {
@@ -354,10 +373,11 @@ func (d *Delivery) attempt(ctx context.Context, j job) {
 	}
 	cancel()
 	took := time.Since(start)
-	if err != nil && ctx.Err() != nil { // stopping: not the handler's failure
+	if err != nil && actx.Err() != nil { // stopping, past the drain: not the handler's failure
 		d.handBack(j.inbox, j.lease, []Item{j.item})
 		return
 	}
+	ctx := context.WithoutCancel(actx) // an attempt that ended while stopping is recorded all the same
 	if j.fl != nil {
 		d.observe(ctx, j, rec, err)
 	}
@@ -390,10 +410,14 @@ func (d *Delivery) attempt(ctx context.Context, j job) {
 			"retry_after", wait, "max", limit)
 		wait = limit
 	}
+	delay := d.backoff(d.cfg.RetryBaseDelay, limit, wait)
 	if j.ep != nil {
-		f.delay = d.delay(j.ep, wait)
-	} else {
-		f.delay = d.backoff(d.cfg.RetryBaseDelay, limit, wait)
+		delay = d.delay(j.ep, wait)
+	}
+	var next time.Duration // the wait the settle chose
+	f.delay = func(attempts int) time.Duration {
+		next = delay(attempts)
+		return next
 	}
 	var res []Result
 	var serr error
@@ -401,6 +425,11 @@ func (d *Delivery) attempt(ctx context.Context, j job) {
 		res, serr = d.failUncounted(sctx, j.inbox, []int64{j.item.ID}, j.lease, f)
 	} else {
 		res, serr = d.fail(sctx, j.inbox, []int64{j.item.ID}, j.lease, f)
+	}
+	if serr == nil && next > 0 && next < idleLook {
+		// The dispatcher looks for items due later only every idleLook:
+		// a shorter wait wakes it when it ends.
+		time.AfterFunc(next, func() { d.inboxes.notify(j.inbox) })
 	}
 	d.attempted(j, res, serr, err, took)
 }
@@ -691,6 +720,9 @@ func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, 
 		return rec, nil
 	}
 	err = fmt.Errorf("%s answered %s", ep.url, resp.Status)
+	if loc := resp.Header.Get("Location"); resp.StatusCode >= 300 && resp.StatusCode < 400 && loc != "" {
+		err = fmt.Errorf("%w, a redirect to %s, which postbox does not follow: make that the target", err, truncate(loc, 300))
+	}
 	if b := strings.TrimSpace(truncate(string(body), 300)); b != "" {
 		err = fmt.Errorf("%w: %s", err, b)
 	}

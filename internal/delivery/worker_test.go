@@ -191,6 +191,100 @@ func testTargetGoneAndRetryAfter(t *testing.T, kind storeKind) {
 	}
 }
 
+// TestAttemptInFlightAtStop: an attempt in flight when delivery stops
+// may finish, and is recorded as it ended: the target's 200 completes the
+// item, rather than the item going back to pending to be sent again.
+func TestAttemptInFlightAtStop(t *testing.T) { eachStore(t, testAttemptInFlightAtStop) }
+
+func testAttemptInFlightAtStop(t *testing.T, kind storeKind) {
+	e := setup(t, kind, delivery.Config{})
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	tg := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+		<-release
+	}))
+	t.Cleanup(tg.Close)
+	e.create(t, delivery.Subscription{Name: "hook", Source: "devices", Target: tg.URL})
+	e.appendEvents(t, "h", "t", 1)
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no attempt began")
+	}
+	halted := make(chan struct{})
+	go func() { e.halt(); close(halted) }()
+	time.Sleep(200 * time.Millisecond) // delivery is stopping, the attempt in flight
+	close(release)
+	select {
+	case <-halted:
+	case <-time.After(30 * time.Second):
+		t.Fatal("delivery did not stop")
+	}
+	if n := e.count(t, `SELECT count(*) FROM inbox_items WHERE inbox_id = 'hook' AND state = 'completed' AND attempts = 1`); n != 1 {
+		t.Fatalf("the item whose attempt ended during the stop: %d completed with its attempt, want 1", n)
+	}
+}
+
+// TestShortRetryWaits: a retry wait under a second is kept, not rounded
+// up to the dispatcher's look every second: waits of 150, 300 and 600 ms
+// take about a second in all, where each would have taken one.
+func TestShortRetryWaits(t *testing.T) { eachStore(t, testShortRetryWaits) }
+
+func testShortRetryWaits(t *testing.T, kind storeKind) {
+	e := setup(t, kind, delivery.Config{Now: time.Now, RetryBaseDelay: 150 * time.Millisecond, Jitter: retry.NoJitter})
+	var mu sync.Mutex
+	var at []time.Time
+	tg := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if at = append(at, time.Now()); len(at) < 4 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}))
+	t.Cleanup(tg.Close)
+	e.create(t, delivery.Subscription{Name: "hook", Source: "devices", Target: tg.URL})
+	e.appendEvents(t, "h", "t", 1)
+	e.waitItem(t, "hook", delivery.StateCompleted, 4)
+	mu.Lock()
+	defer mu.Unlock()
+	for i, want := range []time.Duration{150 * time.Millisecond, 300 * time.Millisecond, 600 * time.Millisecond} {
+		if got := at[i+1].Sub(at[i]); got < want {
+			t.Errorf("retry %d came after %v, before its wait of %v", i+1, got, want)
+		}
+	}
+	if all := at[3].Sub(at[0]); all > 2*time.Second {
+		t.Errorf("three retries waiting 1.05 s in all took %v: the waits were stretched", all)
+	}
+}
+
+// TestTargetRedirectIsNotFollowed: a 3xx is a failed attempt whose error
+// names where it pointed; the location is never requested (followed, a
+// 302 would turn the POST into a GET without its body, and carry the
+// signature to another host).
+func TestTargetRedirectIsNotFollowed(t *testing.T) { eachStore(t, testTargetRedirectIsNotFollowed) }
+
+func testTargetRedirectIsNotFollowed(t *testing.T, kind storeKind) {
+	e := setup(t, kind, delivery.Config{})
+	landed := newTarget(t, 200)
+	for i, status := range []int{http.StatusFound, http.StatusTemporaryRedirect} {
+		name := fmt.Sprint("redirect", status)
+		tg := newTarget(t, status)
+		tg.header.Set("Location", landed.URL+"/moved")
+		e.create(t, delivery.Subscription{Name: name, Source: "devices", Target: tg.URL, Types: []string{name}})
+		e.appendEvents(t, name, name, 1)
+		it := e.waitItem(t, name, delivery.StatePending, 1)
+		if !strings.Contains(*it.LastError, fmt.Sprintf("answered %d", status)) || !strings.Contains(*it.LastError, "a redirect to "+landed.URL+"/moved, which postbox does not follow") {
+			t.Fatalf("%d: last error %q", status, *it.LastError)
+		}
+		if tg.calls() != 1 || landed.calls() != 0 {
+			t.Fatalf("%d (%d): the target got %d calls and the location %d, want 1 and 0", status, i, tg.calls(), landed.calls())
+		}
+	}
+}
+
 // TestGoHandlerAndReplay: a Go handler that fails dead-letters the item;
 // replay brings it back with its attempts reset, and it completes once the
 // handler works.

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/postbox-events/postbox/stream"
@@ -72,8 +73,12 @@ type Config struct {
 	Writer      Writer      // required
 	Checkpoints Checkpoints // required
 	// Client sends the requests. Defaults to a client without an overall
-	// timeout (a feed does not end) that gives up connecting after 10 s.
+	// timeout (a feed does not end) that gives up connecting after 10 s,
+	// whose dialer calls Control.
 	Client *http.Client
+	// Control, when set, is the default Client's dialer's Control: it
+	// may refuse an address (the server's target policy).
+	Control func(network, address string, c syscall.RawConn) error
 	// BatchSize bounds the events appended at once (and so the events
 	// the follower holds). Defaults to DefaultBatchSize.
 	BatchSize int
@@ -120,7 +125,7 @@ func New(cfg Config) (*Follower, error) {
 	if cfg.Client == nil {
 		cfg.Client = &http.Client{Transport: &http.Transport{
 			Proxy:               http.ProxyFromEnvironment,
-			DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second, Control: cfg.Control}).DialContext,
 			TLSHandshakeTimeout: 10 * time.Second,
 		}}
 	}

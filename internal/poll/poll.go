@@ -32,6 +32,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/postbox-events/postbox/stream"
@@ -77,8 +78,11 @@ type Config struct {
 	// Start is the checkpoint loaded at start.
 	Start Checkpoint
 	// Client sends the requests. Defaults to a client with a timeout of
-	// DefaultTimeout per request.
+	// DefaultTimeout per request, whose dialer calls Control.
 	Client *http.Client
+	// Control, when set, is the default Client's dialer's Control: it
+	// may refuse an address (the server's target policy).
+	Control func(network, address string, c syscall.RawConn) error
 	// MinBackoff and MaxBackoff bound the wait after a failure, doubled
 	// after each, with jitter. Default to DefaultMinBackoff and
 	// DefaultMaxBackoff.
@@ -127,7 +131,7 @@ func New(cfg Config) (*Poller, error) {
 	if p.cfg.Client == nil {
 		p.cfg.Client = &http.Client{Timeout: DefaultTimeout, Transport: &http.Transport{
 			Proxy:               http.ProxyFromEnvironment,
-			DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second, Control: p.cfg.Control}).DialContext,
 			TLSHandshakeTimeout: 10 * time.Second,
 			MaxIdleConnsPerHost: 2,
 		}}

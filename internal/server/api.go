@@ -9,15 +9,16 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"reflect"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/internal/httproute"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -81,6 +82,32 @@ func (s *Server) requireToken(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// noRoute answers what no route takes, in JSON as every other error:
+// 405 with Allow when the path has routes for other methods, else 404.
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
+	if allow := httproute.Allowed(s.mux, r); len(allow) > 0 {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		writeError(w, api.CodeMethodNotAllowed, "%s %s: this path takes %s", r.Method, r.URL.Path, strings.Join(allow, ", "))
+		return
+	}
+	writeError(w, api.CodeNotFound, "no route %s %s (docs/API.md lists them)", r.Method, r.URL.Path)
+}
+
+// withQuery refuses a request whose query does not parse (a bad %
+// escape), which r.URL.Query would read as if the broken pair were not
+// there: GET …/items?limit=%zz would answer the default page.
+func withQuery(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.RawQuery != "" {
+			if _, err := url.ParseQuery(r.URL.RawQuery); err != nil {
+				writeError(w, api.CodeInvalidField, "the query %q: %v", r.URL.RawQuery, err)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // writeError answers code, with its status from the table of api.Codes,
 // and a message formatted for people.
 func writeError(w http.ResponseWriter, code api.Code, format string, args ...any) {
@@ -106,8 +133,8 @@ func (s *Server) writeErr(w http.ResponseWriter, err error) {
 	}
 }
 
-// decodeBody decodes the JSON body of r into v, refusing unknown fields,
-// and answers the error itself when it fails.
+// decodeBody decodes the JSON body of r into v as decodeStrict does, and
+// answers the error itself when it fails.
 func decodeBody(w http.ResponseWriter, r *http.Request, v any, optional bool) bool {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxAPIBody))
 	var tooLarge *http.MaxBytesError
@@ -123,22 +150,18 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any, optional bool) bo
 		writeError(w, api.CodeInvalidJSON, "the body could not be read: it ended early")
 		return false
 	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		if optional {
-			return true
-		}
+	switch trimmed := bytes.TrimSpace(body); {
+	case len(trimmed) == 0 && optional:
+		return true
+	case len(trimmed) == 0:
 		writeError(w, api.CodeInvalidJSON, "the body is empty: send a JSON object")
 		return false
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		code, msg := jsonError(err)
-		writeError(w, code, "%s", msg)
+	case string(trimmed) == "null":
+		writeError(w, api.CodeInvalidJSON, "the body is null: send a JSON object")
 		return false
 	}
-	if dec.More() {
-		writeError(w, api.CodeInvalidJSON, "the body holds more than one JSON value")
+	if code, msg, ok := decodeStrict(body, v); !ok {
+		writeError(w, code, "%s", msg)
 		return false
 	}
 	return true
@@ -193,7 +216,7 @@ const (
 	// MaxNackDelay bounds a nack's delay.
 	MaxNackDelay = 24 * time.Hour
 	// maxNameLen bounds the names of subscriptions, inboxes, sources and
-	// streams (namePattern).
+	// streams (delivery.ValidName).
 	maxNameLen = 128
 	// maxTypes and maxTypeLen bound a subscription's type patterns.
 	maxTypes, maxTypeLen = 100, 128
@@ -208,19 +231,16 @@ const (
 	maxLeaseTokenLen = 256
 )
 
-// namePattern is what a subscription, inbox, source or stream name is
-// made of.
-var namePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
-
-// checkName answers 400 naming field unless v is a valid name.
+// checkName answers 400 naming field unless v is a valid name
+// (delivery.ValidName).
 func checkName(w http.ResponseWriter, field, v string) bool {
-	if namePattern.MatchString(v) {
+	if delivery.ValidName(v) {
 		return true
 	}
 	if len(v) > maxNameLen {
 		v = v[:maxNameLen] + "…"
 	}
-	writeError(w, api.CodeInvalidField, "%s %q: use 1 to %d of A-Z a-z 0-9 . _ -", field, v, maxNameLen)
+	writeError(w, api.CodeInvalidField, "%s %q: %s", field, v, delivery.NameRule)
 	return false
 }
 
@@ -248,7 +268,7 @@ func durationField(w http.ResponseWriter, name string, v *string, def, lo, hi ti
 	}
 	d, err := time.ParseDuration(*v)
 	if err != nil || d < 0 {
-		writeError(w, api.CodeInvalidJSON, "%s %q: want a duration such as \"30s\", from %s to %s", name, *v, lo, hi)
+		writeError(w, api.CodeInvalidField, "%s %q: want a duration such as \"30s\", from %s to %s", name, *v, lo, hi)
 		return 0, false
 	}
 	if d < lo || d > hi {
@@ -344,7 +364,11 @@ func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
 		sub.Start.Time = t
 	}
 	if req.StartOffset != 0 && req.Start != stream.StartAtOffset {
-		writeError(w, api.CodeInvalidField, "start_offset is for start at_offset, not %q", req.Start)
+		start := req.Start
+		if start == "" {
+			start = "latest, the default"
+		}
+		writeError(w, api.CodeInvalidField, "start_offset is for start at_offset, not %s", start)
 		return
 	}
 	if req.StartTime != "" && req.Start != stream.StartAtTime {
@@ -411,7 +435,11 @@ func (s *Server) patchSubscription(w http.ResponseWriter, r *http.Request) {
 			writeError(w, api.CodeInvalidJSON, "field \"target\": want a string or null")
 			return
 		}
-		if target != nil && !checkAPIText(w, "target", *target, maxTargetLen, true) {
+		if target != nil && *target == "" {
+			writeError(w, api.CodeInvalidField, "target: empty: give a URL, or null to remove the target")
+			return
+		}
+		if target != nil && !checkAPIText(w, "target", *target, maxTargetLen, false) {
 			return
 		}
 		t := ptrValue(target)
@@ -677,14 +705,31 @@ func (s *Server) leaseItems(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, api.Lease{Lease: l.Token, ExpiresAt: l.ExpiresAt, Items: itemsJSON(l.Items)})
 }
 
+// settleRequest is api.SettleRequest with its lease told apart: absent
+// (an operator settles) or given, when it must not be empty: a runtime
+// whose token is blank must not settle as an operator.
+type settleRequest struct {
+	api.SettleRequest
+	Lease *string `json:"lease,omitempty"`
+}
+
 // decodeSettle reads the body of an ack or nack, or answers 400.
-func decodeSettle(w http.ResponseWriter, r *http.Request, req *api.SettleRequest) bool {
-	return checkName(w, "inbox", r.PathValue("inbox")) && decodeBody(w, r, req, false) && checkIDs(w, req.IDs) &&
-		checkAPIText(w, "lease", req.Lease, maxLeaseTokenLen, true) && checkAPIText(w, "reason", req.Reason, maxReasonLen, true)
+func decodeSettle(w http.ResponseWriter, r *http.Request, req *settleRequest) bool {
+	if !checkName(w, "inbox", r.PathValue("inbox")) || !decodeBody(w, r, req, false) || !checkIDs(w, req.IDs) {
+		return false
+	}
+	if req.Lease != nil {
+		if *req.Lease == "" {
+			writeError(w, api.CodeInvalidField, "lease: empty: give the lease's token, or leave lease out to settle as an operator")
+			return false
+		}
+		req.SettleRequest.Lease = *req.Lease
+	}
+	return checkAPIText(w, "lease", req.SettleRequest.Lease, maxLeaseTokenLen, true) && checkAPIText(w, "reason", req.Reason, maxReasonLen, true)
 }
 
 func (s *Server) ackItems(w http.ResponseWriter, r *http.Request) {
-	var req api.SettleRequest
+	var req settleRequest
 	if !decodeSettle(w, r, &req) {
 		return
 	}
@@ -692,12 +737,12 @@ func (s *Server) ackItems(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.CodeUnknownField, "delay, reason and dead are for nack, not ack")
 		return
 	}
-	res, err := s.delivery.Ack(r.Context(), r.PathValue("inbox"), req.IDs, req.Lease)
+	res, err := s.delivery.Ack(r.Context(), r.PathValue("inbox"), req.IDs, req.SettleRequest.Lease)
 	s.writeResults(w, res, err)
 }
 
 func (s *Server) nackItems(w http.ResponseWriter, r *http.Request) {
-	var req api.SettleRequest
+	var req settleRequest
 	if !decodeSettle(w, r, &req) {
 		return
 	}
@@ -706,7 +751,7 @@ func (s *Server) nackItems(w http.ResponseWriter, r *http.Request) {
 			writeError(w, api.CodeInvalidField, "delay: a dead letter has no next attempt (dead is true)")
 			return
 		}
-		res, err := s.delivery.NackDead(r.Context(), r.PathValue("inbox"), req.IDs, req.Lease, req.Reason)
+		res, err := s.delivery.NackDead(r.Context(), r.PathValue("inbox"), req.IDs, req.SettleRequest.Lease, req.Reason)
 		s.writeResults(w, res, err)
 		return
 	}
@@ -714,7 +759,7 @@ func (s *Server) nackItems(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	res, err := s.delivery.Nack(r.Context(), r.PathValue("inbox"), req.IDs, req.Lease, delay, req.Reason)
+	res, err := s.delivery.Nack(r.Context(), r.PathValue("inbox"), req.IDs, req.SettleRequest.Lease, delay, req.Reason)
 	s.writeResults(w, res, err)
 }
 
@@ -723,8 +768,14 @@ func (s *Server) nackItems(w http.ResponseWriter, r *http.Request) {
 // or another's).
 func (s *Server) extendItems(w http.ResponseWriter, r *http.Request) {
 	var req api.ExtendRequest
-	if !checkName(w, "inbox", r.PathValue("inbox")) || !decodeBody(w, r, &req, false) || !checkIDs(w, req.IDs) ||
-		!checkAPIText(w, "lease", req.Lease, maxLeaseTokenLen, false) {
+	if !checkName(w, "inbox", r.PathValue("inbox")) || !decodeBody(w, r, &req, false) || !checkIDs(w, req.IDs) {
+		return
+	}
+	if req.Lease == "" {
+		writeError(w, api.CodeMissingField, "lease: required: the token of the lease the items hold")
+		return
+	}
+	if !checkAPIText(w, "lease", req.Lease, maxLeaseTokenLen, false) {
 		return
 	}
 	visibility, ok := durationField(w, "visibility_timeout", req.VisibilityTimeout, delivery.DefaultVisibilityTimeout, time.Millisecond, MaxVisibilityTimeout)

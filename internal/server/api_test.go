@@ -38,6 +38,25 @@ func call(t *testing.T, ts *testServer, method, path, body string) (int, map[str
 	return resp.StatusCode, out
 }
 
+// TestNoRoute: a path no route takes is a JSON 404, and a method the
+// path does not take a JSON 405 whose Allow names those it does.
+func TestNoRoute(t *testing.T) {
+	ts := start(t, server.Config{}, nil)
+	if st, body := call(t, ts, "GET", "/v1/nosuch", ""); st != 404 || body["error"].(map[string]any)["code"] != "not_found" {
+		t.Errorf("GET /v1/nosuch: %d %v, want 404 not_found", st, body)
+	}
+	req, _ := http.NewRequest("PUT", ts.Base+"/webhooks", strings.NewReader("{}"))
+	resp, err := ts.HTTP.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET, HEAD, POST" || !strings.Contains(string(data), `"code":"method_not_allowed"`) {
+		t.Errorf("PUT /webhooks: %s, Allow %q, %s; want 405 method_not_allowed, Allow GET, HEAD, POST", resp.Status, resp.Header.Get("Allow"), data)
+	}
+}
+
 // TestAPIBadInput: every mistake gets its status and a JSON error whose
 // code is the documented one and whose message names what is wrong.
 func TestAPIBadInput(t *testing.T) {
@@ -73,13 +92,40 @@ func TestAPIBadInput(t *testing.T) {
 		{"GET", "/v1/inboxes/x/items/99", ``, 404, "not_found", "99"},
 		{"POST", "/v1/inboxes/x/lease", `{"max":0}`, 400, "invalid_field", "max"},
 		{"POST", "/v1/inboxes/x/lease", `{"max":"ten"}`, 400, "invalid_json", "max"},
-		{"POST", "/v1/inboxes/x/lease", `{"visibility_timeout":"soon"}`, 400, "invalid_json", "soon"},
+		{"POST", "/v1/inboxes/x/lease", `{"visibility_timeout":"soon"}`, 400, "invalid_field", "soon"},
 		{"POST", "/v1/inboxes/x/lease", `{"visibility_timeout":"0s"}`, 400, "invalid_field", "visibility_timeout"},
 		{"POST", "/v1/inboxes/x/lease", `{"wait":"2m"}`, 400, "invalid_field", "wait"},
 		{"POST", "/v1/inboxes/x/ack", `{}`, 400, "missing_field", "ids"},
 		{"POST", "/v1/inboxes/x/ack", `{"ids":[0]}`, 400, "invalid_field", "ids"},
 		{"POST", "/v1/inboxes/x/ack", `{"ids":[1],"delay":"1s"}`, 400, "unknown_field", "nack"},
-		{"POST", "/v1/inboxes/x/nack", `{"ids":[1],"delay":"-1s"}`, 400, "invalid_json", "duration"},
+		{"POST", "/v1/inboxes/x/nack", `{"ids":[1],"delay":"-1s"}`, 400, "invalid_field", "duration"},
+		// Names are case-sensitive, and a name given twice is refused, where
+		// encoding/json alone would take "NAME" for "name" and keep the last.
+		{"POST", "/v1/subscriptions", `{"name":"a","source":"devices","NAME":"x"}`, 400, "unknown_field", `"NAME" (names are case-sensitive: "name")`},
+		{"POST", "/v1/subscriptions", `{"Name":"a","source":"devices"}`, 400, "unknown_field", `"Name"`},
+		{"POST", "/v1/subscriptions", `{"name":"a","name":"b","source":"devices"}`, 400, "invalid_json", `"name" appears twice`},
+		{"POST", "/v1/subscriptions", `{"name":"a","source":"devices","metadata":{"k":"1","k":"2"}}`, 400, "invalid_json", `"metadata.k" appears twice`},
+		{"POST", "/v1/inboxes/x/lease", `{"MAX":1}`, 400, "unknown_field", "MAX"},
+		{"POST", "/v1/subscriptions", `{"name":"..","source":"devices"}`, 400, "invalid_field", "dots alone"},
+		{"GET", "/v1/subscriptions/..a", ``, 404, "not_found", "..a"},
+		// A blank lease token is not an operator's absent one.
+		{"POST", "/v1/inboxes/x/ack", `{"ids":[1],"lease":""}`, 400, "invalid_field", "lease: empty"},
+		{"POST", "/v1/inboxes/x/nack", `{"ids":[1],"lease":"","dead":true}`, 400, "invalid_field", "lease: empty"},
+		{"PATCH", "/v1/subscriptions/webhooks", `{"target":""}`, 400, "invalid_field", "null to remove"},
+		{"GET", "/v1/streams/devices/events?limit=0", ``, 400, "invalid_field", "limit"},
+		{"POST", "/v1/inboxes/x/extend", `{"ids":[1]}`, 400, "missing_field", "lease"},
+		{"POST", "/v1/subscriptions", `null`, 400, "invalid_json", "null"},
+		{"POST", "/v1/subscriptions", `{"name":"a","source":"devices","start_offset":5}`, 400, "invalid_field", "latest, the default"},
+		{"GET", "/v1/consumers/a%20b", ``, 400, "invalid_field", "consumer"},
+		{"GET", "/webhooks?idempotency_key=k&source=a%20b", ``, 400, "invalid_field", "source"},
+		{"GET", "/webhooks?idempotency_key=k&source=nosuch", ``, 404, "not_found", "nosuch"},
+		{"GET", "/v1/inboxes/x/items?limit=%zz", ``, 400, "invalid_field", "query"},
+		{"POST", "/v1/dead-letters/1/replay", `{"bogus":1}`, 400, "unknown_field", "bogus"},
+		{"POST", "/v1/subscriptions/webhooks/enable", `{"bogus":1}`, 400, "unknown_field", "bogus"},
+		{"POST", "/v1/sources", `{"name":"p","kind":"poll","settings":{"url":"http://127.0.0.1:1/","items":"/i","id":"/id","type":"/t","interval":5}}`, 400, "invalid_json", `field "interval": want a string`},
+		{"POST", "/v1/sources", `{"name":"p","kind":"poll","settings":[]}`, 400, "invalid_json", "settings: want an object"},
+		{"POST", "/v1/sources", `{"name":"w","kind":"webhook","settings":{"Preset":"github"}}`, 400, "unknown_field", `"Preset"`},
+		{"POST", "/v1/sources", `{"name":"f","kind":"feed","settings":{"url":"http://127.0.0.1:1/v1/streams/devices","bogus":1}}`, 400, "unknown_field", "bogus"},
 	} {
 		status, body := call(t, ts, c.method, c.path, c.body)
 		e, _ := body["error"].(map[string]any)

@@ -123,8 +123,8 @@ func binaryCloudEvent(r *http.Request, body []byte) (*cloudEvent, *ceError) {
 // structuredCloudEvent reads an application/cloudevents+json body.
 func structuredCloudEvent(body []byte) (*cloudEvent, *ceError) {
 	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil {
-		return nil, ceInvalid(api.CodeInvalidJSON, "a structured CloudEvent is a JSON object: %v", err)
+	if code, msg, ok := decodeStrict(body, &fields); !ok {
+		return nil, ceInvalid(code, "a structured CloudEvent is a JSON object: %s", msg)
 	}
 	ce := &cloudEvent{attrs: map[string]any{}}
 	for name, raw := range fields {

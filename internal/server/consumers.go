@@ -66,6 +66,9 @@ func (s *Server) consumerErr(w http.ResponseWriter, name string, err error) {
 
 func (s *Server) getConsumer(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
+	if !checkName(w, "consumer", name) {
+		return
+	}
 	c, err := s.consumerOf(r.Context(), name)
 	if err != nil {
 		s.consumerErr(w, name, err)
@@ -129,7 +132,7 @@ func startPosition(st stream.Start) api.StartPosition {
 func (s *Server) resetConsumer(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	var req api.ResetRequest
-	if !decodeBody(w, r, &req, false) {
+	if !checkName(w, "consumer", name) || !decodeBody(w, r, &req, false) {
 		return
 	}
 	start, err := resetStart(req)
@@ -171,6 +174,9 @@ func (s *Server) resetConsumer(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) consumerCommits(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
+	if !checkName(w, "consumer", name) {
+		return
+	}
 	limit := defaultHistoryLimit
 	if v := r.URL.Query().Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)

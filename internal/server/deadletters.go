@@ -98,7 +98,8 @@ func (s *Server) getDeadLetter(w http.ResponseWriter, r *http.Request) {
 // pending; 404 when there is no such item; 409 when it is not failed.
 func (s *Server) replayDeadLetter(w http.ResponseWriter, r *http.Request) {
 	id, ok := deadLetterID(w, r)
-	if !ok {
+	var none struct{} // it takes no body: one with a field is refused
+	if !ok || !decodeBody(w, r, &none, true) {
 		return
 	}
 	ids, err := s.delivery.Replay(r.Context(), delivery.DeadLetters{ID: id})

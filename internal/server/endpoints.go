@@ -285,7 +285,8 @@ func (s *Server) breakerJSON(r *http.Request, inbox string) *api.Breaker {
 // enableSubscription closes the breaker of a subscription's endpoint,
 // open or disabled, and answers the subscription.
 func (s *Server) enableSubscription(w http.ResponseWriter, r *http.Request) {
-	if !checkName(w, "subscription", r.PathValue("name")) {
+	var none struct{} // it takes no body: one with a field is refused
+	if !checkName(w, "subscription", r.PathValue("name")) || !decodeBody(w, r, &none, true) {
 		return
 	}
 	if _, err := s.delivery.Enable(r.Context(), r.PathValue("name")); err != nil {

@@ -89,6 +89,8 @@ func TestAPIEndpointBadInput(t *testing.T) {
 		{`"secret": 42`, "invalid_json", "secret"},
 		{`"headers": {"Connection": "close"}`, "invalid_field", "Connection"},
 		{`"headers": {"Transfer-Encoding": "chunked"}`, "invalid_field", "Transfer-Encoding"},
+		{`"headers": {"Expect": "100-continue"}`, "invalid_field", "Expect"},
+		{`"headers": {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}`, "invalid_field", "traceparent"},
 		{`"headers": {"webhook-signature": "v1,x"}`, "invalid_field", "webhook-signature"},
 		{`"headers": {"X-A": "line\nbreak"}`, "invalid_field", "headers"},
 		{`"headers": {"Bad Name": "x"}`, "invalid_field", "headers"},

@@ -48,7 +48,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	limit, err := queryInt(q.Get("limit"), 0)
-	if err != nil || limit < 0 {
+	if err != nil || limit < 0 || limit == 0 && q.Has("limit") {
 		writeError(w, api.CodeInvalidField, "limit %q: want how many events to send before the answer ends, 1 or more (none: no end)", q.Get("limit"))
 		return
 	}

@@ -394,6 +394,7 @@ func New(cfg Config) (*Server, error) {
 	// /metrics names subscriptions and inboxes: it takes the API token
 	// when one is set (Prometheus sends it with authorization.credentials).
 	s.handle("GET /metrics", s.requireToken(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}).ServeHTTP))
+	s.mux.HandleFunc("/", s.noRoute) // what no route takes; not one of Routes
 	return s, nil
 }
 
@@ -439,7 +440,7 @@ func (s *Server) sameStore() bool { return any(s.store) == any(s.streams) }
 
 // Handler returns the server's HTTP handler (without the limits Run adds
 // to its connections).
-func (s *Server) Handler() http.Handler { return withRequestID(s.mux, s.log) }
+func (s *Server) Handler() http.Handler { return withRequestID(withQuery(s.mux), s.log) }
 
 // Listen binds the listener (if Config.Listener is not set) and returns
 // its address. Run calls it if it was not called.
@@ -492,7 +493,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.stopping = gctx // ends long-polling leases when shutdown begins
 	s.mu.Unlock()
 	srv := &http.Server{
-		Handler:           bodyDeadline(withRequestID(s.mux, s.log), s.cfg.ReadTimeout),
+		Handler:           bodyDeadline(s.Handler(), s.cfg.ReadTimeout),
 		ReadHeaderTimeout: min(s.cfg.ReadTimeout, DefaultReadHeaderTimeout),
 		IdleTimeout:       s.cfg.IdleTimeout,
 		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
@@ -658,19 +659,23 @@ func (s *Server) checkOpen(addr net.Addr) error {
 	if tcp, ok := addr.(*net.TCPAddr); !ok || tcp.IP.IsLoopback() {
 		return nil
 	}
+	where := addr.String()
+	if s.cfg.Listener == nil && s.cfg.Addr != "" {
+		where = s.cfg.Addr // as the operator wrote it: 0.0.0.0:8000, not [::]:8000
+	}
 	if s.cfg.APIToken == "" {
 		if !s.cfg.InsecureNoAPIToken {
 			return configErrorf("serving on %s, beyond loopback, without an API token: anyone who can reach it "+
 				"could point subscriptions at any target and read every inbox. Set Config.APIToken, "+
 				"listen on loopback (Config.Addr 127.0.0.1:PORT), or set Config.InsecureNoAPIToken "+
-				"to serve the operator API open anyway", addr)
+				"to serve the operator API open anyway", where)
 		}
 		s.log.Warn("!!! postbox serve listens beyond loopback WITHOUT an API token (--insecure-no-api-token): anyone who can reach " +
-			addr.String() + " may create subscriptions and lease, ack and read inbox items.")
+			where + " may create subscriptions and lease, ack and read inbox items.")
 	}
 	if s.cfg.Tokens == nil {
 		s.log.Warn("!!! postbox serve listens beyond loopback WITHOUT authentication: anyone who can reach " +
-			addr.String() + " may send events. Pass --auth-tokens FILE (and --tls-cert/--tls-key) to require bearer tokens.")
+			where + " may send events. Pass --auth-tokens FILE (and --tls-cert/--tls-key) to require bearer tokens.")
 	}
 	return nil
 }

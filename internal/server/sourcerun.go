@@ -186,7 +186,7 @@ func (r *sourceRunner) adapter(ctx context.Context, src delivery.Source) (func(c
 		c := src.Checkpoint
 		p, err := poll.New(poll.Config{Name: src.Name, Settings: settings, Sink: r.sink(src),
 			Start:   poll.Checkpoint{Cursor: c.Cursor, LastEventAt: c.LastEventAt, LastError: c.LastError, LastPollAt: c.LastPollAt},
-			Metrics: r.polls, Logger: r.s.log})
+			Metrics: r.polls, Logger: r.s.log, Control: r.s.delivery.DialControl()})
 		if err != nil {
 			return nil, err
 		}
@@ -202,7 +202,7 @@ func (r *sourceRunner) adapter(ctx context.Context, src delivery.Source) (func(c
 		}
 		f, err := feed.New(feed.Config{URL: settings.URL, Token: token, Stream: src.Stream, Name: src.Name,
 			Writer: r.s.writer, Checkpoints: feedCheckpoints{d: r.s.delivery, created: src.CreatedAt},
-			Metrics: r.feeds, Logger: r.s.log})
+			Metrics: r.feeds, Logger: r.s.log, Control: r.s.delivery.DialControl()})
 		if err != nil {
 			return nil, err
 		}
@@ -310,31 +310,34 @@ func (c feedCheckpoints) Failed(ctx context.Context, name string, offset int64, 
 }
 
 // upstreamSettings checks the settings a request gives a source of kind
-// poll or feed and returns them as stored, or an error naming the field.
-func upstreamSettings(kind string, raw json.RawMessage) (json.RawMessage, error) {
+// poll or feed, with checkURL the URL it reads, and returns them as
+// stored, or an error naming the field.
+func upstreamSettings(kind string, raw json.RawMessage, checkURL func(field, url string) error) (json.RawMessage, error) {
 	if len(raw) == 0 {
 		return nil, errors.New("settings: required: the upstream to read (for poll: url, items, id, type; for feed: url)")
 	}
+	var s interface{ Validate() error }
+	var url *string // the settings' url, which checkURL checks
 	switch kind {
 	case delivery.KindPoll:
-		s, err := poll.DecodeSettings(raw)
-		if err != nil {
-			return nil, err
-		}
-		return json.Marshal(s)
+		p := &poll.Settings{}
+		s, url = p, &p.URL
 	case delivery.KindFeed:
-		var s feed.Settings
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&s); err != nil {
-			return nil, fmt.Errorf("settings: %w", err)
-		}
-		if err := s.Validate(); err != nil {
-			return nil, err
-		}
-		return json.Marshal(s)
+		f := &feed.Settings{}
+		s, url = f, &f.URL
+	default:
+		return nil, fmt.Errorf("kind %q reads nothing upstream", kind)
 	}
-	return nil, fmt.Errorf("kind %q reads nothing upstream", kind)
+	if err := decodeSettings(raw, s); err != nil {
+		return nil, err
+	}
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkURL("settings.url", *url); err != nil {
+		return nil, err
+	}
+	return json.Marshal(s)
 }
 
 // upstreamSettingsJSON returns a poll or feed source's settings as the

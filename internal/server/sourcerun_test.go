@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/internal/testenv"
@@ -100,11 +101,39 @@ func TestUpstreamSourceBadInput(t *testing.T) {
 		{`{"name": "p", "kind": "poll", "settings": {"url": "http://x/e", "items": "/e", "id": "/id", "type": "/t", "bogus": 1}}`, `unknown field "bogus"`},
 		{`{"name": "f", "kind": "feed", "settings": {"url": "http://x:8000/"}}`, "settings.url"},
 		{`{"name": "f", "kind": "carrier-pigeon"}`, "use webhook, poll, feed"},
+		{`{"name": "p", "kind": "poll", "settings": {"url": "http://169.254.169.254/latest", "items": "/e", "id": "/id", "type": "/t"}}`,
+			"169.254.169.254 is link-local: refused (--allow-link-local-targets)"},
+		{`{"name": "f", "kind": "feed", "settings": {"url": "http://[fe80::1]:8000/v1/streams/devices"}}`, "is link-local: refused"},
 	} {
 		st, body := srcCall(t, ts, "POST", "/v1/sources", c.body, nil)
 		if st != 400 || !strings.Contains(errorMessage(body), c.want) {
 			t.Errorf("%s: %d %q, want 400 with %q", c.body, st, errorMessage(body), c.want)
 		}
+	}
+}
+
+// TestUpstreamSourceTargetPolicy: a poll source reaches only what the
+// server's target policy allows, checked on the address its host name
+// resolved to when it connects: with --deny-private-targets a poll of
+// localhost never reaches it and its checkpoint says why.
+func TestUpstreamSourceTargetPolicy(t *testing.T) {
+	var requests atomic.Int64
+	api := pagedAPI(t, 10, 10, &requests)
+	ts := servertest.Start(t, server.Config{Delivery: delivery.Config{DenyPrivateTargets: true}}, nil)
+	url := strings.Replace(api.URL, "127.0.0.1", "localhost", 1) + "/events"
+	st, body := srcCall(t, ts, "POST", "/v1/sources", `{"name": "p", "kind": "poll", "settings": {"url": "`+url+`",
+		"items": "/data/items", "id": "/id", "type": "/kind", "interval": "50ms"}}`, nil)
+	if st != 201 {
+		t.Fatalf("create: %d %v", st, body)
+	}
+	testenv.Eventually(t, 20*time.Second, "the refusal in the checkpoint", func() bool {
+		_, src := srcCall(t, ts, "GET", "/v1/sources/p", "", nil)
+		cp, _ := src["checkpoint"].(map[string]any)
+		msg, _ := cp["last_error"].(string)
+		return strings.Contains(msg, "is loopback: refused (--deny-private-targets)")
+	})
+	if n := requests.Load(); n != 0 {
+		t.Fatalf("the upstream got %d requests through the policy", n)
 	}
 }
 

@@ -200,8 +200,7 @@ func (c *sourceCache) forget(name string) {
 // webhookIntake returns the intake of source, or answers 404 when there
 // is no such source and 400 when it is not of kind webhook.
 func (s *Server) webhookIntake(w http.ResponseWriter, r *http.Request, source string) (intake, bool) {
-	if source != WebhookSource && !namePattern.MatchString(source) { // the default's name is valid: no regexp for every webhook
-		writeError(w, api.CodeNotFound, "no source %q", source)
+	if source != WebhookSource && !checkName(w, "source", source) { // the default's name is valid: no regexp for every webhook
 		return intake{}, false
 	}
 	now := time.Now()
@@ -377,11 +376,8 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 	case delivery.KindWebhook:
 		var ws webhookSettings
 		if len(settings) > 0 {
-			dec := json.NewDecoder(bytes.NewReader(settings))
-			dec.DisallowUnknownFields()
-			if err := dec.Decode(&ws); err != nil {
-				_, msg := jsonError(err)
-				writeError(w, api.CodeInvalidField, "settings: %s", msg)
+			if err := decodeSettings(settings, &ws); err != nil {
+				writeInvalid(w, err)
 				return
 			}
 		}
@@ -392,8 +388,8 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 		src.Settings, _ = json.Marshal(ws)
 	case delivery.KindPoll, delivery.KindFeed:
 		var err error
-		if src.Settings, err = upstreamSettings(*req.Kind, settings); err != nil {
-			writeError(w, api.CodeInvalidField, "%v", err)
+		if src.Settings, err = upstreamSettings(*req.Kind, settings, s.delivery.CheckURL); err != nil {
+			writeInvalid(w, err)
 			return
 		}
 	case delivery.KindDevice:

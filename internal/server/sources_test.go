@@ -98,11 +98,11 @@ func TestGitHubSource(t *testing.T) {
 			"X-Hub-Signature-256": webhooksig.SignGitHub(secret, []byte(body))}
 	}
 	st, body := srcCall(t, ts, "POST", "/webhooks/gh", pretty, hdr(pretty, secret))
-	if st != 202 || body["idempotency_key"] != "72d3162e-cc78-11e3-81ab-4c9367dc0958" {
-		t.Fatalf("a signed GitHub delivery: %d %v", st, body)
+	if st != 202 || body["idempotency_key"] != "72d3162e-cc78-11e3-81ab-4c9367dc0958" || body["id"] != "wh_gh_1" {
+		t.Fatalf("a signed GitHub delivery: %d %v, want 202 with id wh_gh_1", st, body)
 	}
-	if st, body := srcCall(t, ts, "POST", "/webhooks/gh", compact, hdr(compact, "old secret")); st != 200 || body["status"] != "pending" && body["status"] != "completed" {
-		t.Fatalf("its compact redelivery signed with the older secret: %d %v, want 200", st, body)
+	if st, body := srcCall(t, ts, "POST", "/webhooks/gh", compact, hdr(compact, "old secret")); st != 200 || body["id"] != "wh_gh_1" || body["status"] != "pending" && body["status"] != "completed" {
+		t.Fatalf("its compact redelivery signed with the older secret: %d %v, want 200 with id wh_gh_1", st, body)
 	}
 	for name, h := range map[string]map[string]string{
 		"wrong secret":    hdr(pretty, "another secret"),
@@ -131,7 +131,20 @@ func TestGitHubSource(t *testing.T) {
 		return len(items) == 1
 	})
 	if _, w := srcCall(t, ts, "GET", "/webhooks/wh_1", "", nil); w != nil && w["idempotency_key"] == "72d3162e-cc78-11e3-81ab-4c9367dc0958" {
-		t.Fatalf("GET /webhooks/{id} shows a webhook of another source: %v", w)
+		t.Fatalf("GET /webhooks/wh_1 (the default source's) shows a webhook of the source gh: %v", w)
+	}
+	// Looked up by its id or its key in its source, it shows the item of
+	// the subscription of the source's name, pending without one.
+	for _, path := range []string{"/webhooks/wh_gh_1", "/webhooks?idempotency_key=72d3162e-cc78-11e3-81ab-4c9367dc0958&source=gh"} {
+		if st, w := srcCall(t, ts, "GET", path, "", nil); st != 200 || w["id"] != "wh_gh_1" || w["type"] != "issues" || w["status"] != "pending" {
+			t.Errorf("GET %s: %d %v, want wh_gh_1, issues, pending", path, st, w)
+		}
+	}
+	for _, path := range []string{"/webhooks/wh_gh_2", "/webhooks/wh_nosuch_1", "/webhooks/wh_devices_1", "/webhooks?idempotency_key=72d3162e-cc78-11e3-81ab-4c9367dc0958",
+		"/webhooks?idempotency_key=72d3162e-cc78-11e3-81ab-4c9367dc0958&source=devices"} {
+		if st, w := srcCall(t, ts, "GET", path, "", nil); st != 404 || errorCode(w) != "not_found" {
+			t.Errorf("GET %s: %d %v, want 404 not_found", path, st, w)
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -75,7 +76,28 @@ type WebhookConfig struct {
 	Target string
 }
 
-func webhookID(offset int64) string { return "wh_" + strconv.FormatInt(offset, 10) }
+// webhookID is the id of source's webhook at offset: wh_42 in the
+// default source, wh_gh_42 in the source gh.
+func webhookID(source string, offset int64) string {
+	if source == WebhookSource {
+		return "wh_" + strconv.FormatInt(offset, 10)
+	}
+	return "wh_" + source + "_" + strconv.FormatInt(offset, 10)
+}
+
+// parseWebhookID returns the source and offset of a webhookID.
+func parseWebhookID(id string) (source string, offset int64, ok bool) {
+	rest, ok := strings.CutPrefix(id, "wh_")
+	if !ok {
+		return "", 0, false
+	}
+	source = WebhookSource
+	if i := strings.LastIndexByte(rest, '_'); i >= 0 {
+		source, rest = rest[:i], rest[i+1:]
+	}
+	offset, err := strconv.ParseInt(rest, 10, 64)
+	return source, offset, err == nil && offset >= 1 && delivery.ValidName(source)
+}
 
 // postWebhook takes a webhook for the default source, WebhookSource.
 func (s *Server) postWebhook(w http.ResponseWriter, r *http.Request) {
@@ -118,7 +140,11 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		writeError(w, api.CodeInvalidJSON, "reading the body: %v", err)
 		return
 	}
-	if len(bytes.TrimSpace(body)) == 0 || !postbox.Valid(body) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		writeError(w, api.CodeInvalidJSON, "the body is empty: send the webhook's JSON")
+		return
+	}
+	if !postbox.Valid(body) {
 		writeError(w, api.CodeInvalidJSON, "the body is not valid JSON")
 		return
 	}
@@ -241,7 +267,7 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		writeJSON(w, http.StatusOK, j)
 	default:
 		s.metrics.Count(source, "stored", 1)
-		writeAccepted(w, res.Offset, key, res.StoredAt)
+		writeAccepted(w, source, res.Offset, key, res.StoredAt)
 	}
 }
 
@@ -308,12 +334,15 @@ func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error)
 // no more than this.
 const readBodyPresize = 64 << 10
 
-// writeAccepted answers 202 for a webhook stored at offset: what
-// writeJSON writes of api.Webhook{ID, IdempotencyKey, Status pending,
-// CreatedAt}, appended without reflection.
-func writeAccepted(w http.ResponseWriter, offset int64, key string, created time.Time) {
+// writeAccepted answers 202 for a webhook of source stored at offset:
+// what writeJSON writes of api.Webhook{ID, IdempotencyKey, Status
+// pending, CreatedAt}, appended without reflection.
+func writeAccepted(w http.ResponseWriter, source string, offset int64, key string, created time.Time) {
 	bp := answerBufs.Get().(*[]byte)
 	b := append((*bp)[:0], `{"id":"wh_`...)
+	if source != WebhookSource {
+		b = append(append(b, source...), '_') // a source's name needs no escaping
+	}
 	b = strconv.AppendInt(b, offset, 10)
 	b = append(b, `","idempotency_key":`...)
 	b = jsonenc.AppendString(b, key)
@@ -635,7 +664,7 @@ func appendJSONLowerASCII(b []byte, s string) []byte {
 // source, as the default subscription webhooks does (pending until it is
 // materialised, or without such a subscription).
 func (s *Server) webhookJSON(ctx context.Context, source string, ev stream.StoredEvent) api.Webhook {
-	j := api.Webhook{ID: webhookID(ev.Offset), IdempotencyKey: ev.NativeID, Type: ev.Type, Status: delivery.StatePending, CreatedAt: ev.StoredAt}
+	j := api.Webhook{ID: webhookID(source, ev.Offset), IdempotencyKey: ev.NativeID, Type: ev.Type, Status: delivery.StatePending, CreatedAt: ev.StoredAt}
 	updated, attempts := ev.StoredAt, 0
 	j.UpdatedAt, j.Attempts = &updated, &attempts
 	if sub, err := s.delivery.Subscription(ctx, source); err != nil || sub.Source != source {
@@ -649,13 +678,16 @@ func (s *Server) webhookJSON(ctx context.Context, source string, ev stream.Store
 }
 
 func (s *Server) getWebhook(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("source") // GET /webhooks/{source}: a webhook id, wh_42
-	offset, err := strconv.ParseInt(strings.TrimPrefix(id, "wh_"), 10, 64)
-	if !strings.HasPrefix(id, "wh_") || err != nil || offset < 1 {
-		writeError(w, api.CodeNotFound, "no webhook %q: ids look like wh_42", id)
+	id := r.PathValue("source") // GET /webhooks/{source}: a webhook id, wh_42 or wh_gh_42
+	source, offset, ok := parseWebhookID(id)
+	if !ok {
+		writeError(w, api.CodeNotFound, "no webhook %q: ids look like wh_42 (the default source) or wh_gh_42 (the source gh)", id)
 		return
 	}
-	ev, err := s.streams.Event(r.Context(), WebhookSource, offset)
+	if !s.isWebhookSource(w, r, source) {
+		return
+	}
+	ev, err := s.streams.Event(r.Context(), source, offset)
 	if errors.Is(err, stream.ErrNotFound) {
 		writeError(w, api.CodeNotFound, "no webhook %q", id)
 		return
@@ -664,25 +696,51 @@ func (s *Server) getWebhook(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.webhookJSON(r.Context(), WebhookSource, ev))
+	writeJSON(w, http.StatusOK, s.webhookJSON(r.Context(), source, ev))
 }
 
 func (s *Server) findWebhook(w http.ResponseWriter, r *http.Request) {
-	key := r.URL.Query().Get("idempotency_key")
+	q := r.URL.Query()
+	key, source := q.Get("idempotency_key"), cmp.Or(q.Get("source"), WebhookSource)
 	if key == "" {
-		writeError(w, api.CodeMissingField, "idempotency_key: GET /webhooks?idempotency_key=KEY, or GET /webhooks/{id}")
+		writeError(w, api.CodeMissingField, "idempotency_key: GET /webhooks?idempotency_key=KEY[&source=NAME], or GET /webhooks/{id}")
 		return
 	}
-	ev, err := s.streams.Lookup(r.Context(), WebhookSource, key, "")
+	if !s.isWebhookSource(w, r, source) {
+		return
+	}
+	ev, err := s.streams.Lookup(r.Context(), source, key, "")
 	if errors.Is(err, stream.ErrNotFound) {
-		writeError(w, api.CodeNotFound, "no webhook with idempotency key %q", key)
+		writeError(w, api.CodeNotFound, "no webhook with idempotency key %q in source %q", key, source)
 		return
 	}
 	if err != nil {
 		s.writeErr(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.webhookJSON(r.Context(), WebhookSource, ev))
+	writeJSON(w, http.StatusOK, s.webhookJSON(r.Context(), source, ev))
+}
+
+// isWebhookSource reports whether source takes webhooks, and answers 404
+// when it does not. The default source is not looked up: its stream
+// answers for it.
+func (s *Server) isWebhookSource(w http.ResponseWriter, r *http.Request, source string) bool {
+	if source == WebhookSource {
+		return true
+	}
+	if !checkName(w, "source", source) {
+		return false
+	}
+	src, err := s.delivery.Source(r.Context(), source)
+	switch {
+	case err == nil && src.Kind == delivery.KindWebhook:
+		return true
+	case err == nil || errors.Is(err, delivery.ErrNotFound):
+		writeError(w, api.CodeNotFound, "no webhook source %q", source)
+	default:
+		s.writeErr(w, err)
+	}
+	return false
 }
 
 // Markers of the defaults the store creates once (delivery.Once): what an

@@ -45,6 +45,16 @@ func URL(t testing.TB, service string) string {
 	return ""
 }
 
+// Skip skips the test with msg, saying what it lacks, or fails it under
+// POSTBOX_REQUIRE_SERVICES=1, where every test must run.
+func Skip(t testing.TB, msg string) {
+	t.Helper()
+	if os.Getenv("POSTBOX_REQUIRE_SERVICES") == "1" {
+		t.Fatal(msg + "; POSTBOX_REQUIRE_SERVICES=1 forbids skipping")
+	}
+	t.Skip(msg)
+}
+
 var schemaSeq atomic.Int64
 
 // PostgresSchema returns the URL of the test PostgreSQL with search_path

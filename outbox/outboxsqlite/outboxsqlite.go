@@ -63,8 +63,34 @@ const (
 )
 
 // ErrConflict is returned by Insert for an event id already in the outbox
-// with a different payload.
-var ErrConflict = errors.New("outbox: event_id already queued with a different payload")
+// with a different type or payload.
+var ErrConflict = errors.New("outbox: event_id already queued with a different type or payload")
+
+// ErrRejected is returned by Insert for an event already in the outbox,
+// the same, that the receiver refused: it is not sent again unless
+// requeued (Requeue, postbox outbox requeue).
+var ErrRejected = errors.New("outbox: event_id already in the outbox, refused by the server")
+
+// RejectedError is ErrRejected with the receiver's reason.
+type RejectedError struct{ Reason string }
+
+func (e *RejectedError) Error() string { return ErrRejected.Error() + ": " + e.Reason }
+func (e *RejectedError) Unwrap() error { return ErrRejected }
+
+// Exists reports whether the SQLite file at path holds an outbox. It
+// reads the file without writing to it (no pragma, no migration), so a
+// wrong path is never made an outbox; a file that is not a SQLite
+// database is an error.
+func Exists(path string) (bool, error) {
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	if err != nil {
+		return false, err
+	}
+	defer db.Close()
+	var n int
+	err = db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'outbox'`).Scan(&n)
+	return n > 0, err
+}
 
 // Config configures a Store.
 type Config struct {
@@ -346,7 +372,7 @@ func (s *Store) Notify() <-chan struct{} { return s.notify }
 
 // The statements of the insert and settle paths.
 const (
-	qStored = `SELECT payload_json FROM outbox WHERE event_id = ?`
+	qStored = `SELECT event_type, payload_json, state, coalesce(last_error, '') FROM outbox WHERE event_id = ?`
 	// qDue reads rows by seq, the rowid, not through the (state, seq)
 	// index: that would cost a lookup in the table for every row.
 	qDue = `SELECT seq, event_id, event_type, payload_json, occurred_at, created_at, correlation_id, tenant_id, source_seq, attempt_count,
@@ -384,16 +410,17 @@ func samePayload(stored string, payload json.RawMessage) bool {
 // Result is the outcome of inserting one envelope.
 type Result struct {
 	EventID   string
-	Duplicate bool  // already queued with the same payload
-	Err       error // ErrConflict, or nil
+	Duplicate bool  // already queued, the same type and payload
+	Err       error // ErrConflict, a *RejectedError (ErrRejected), or nil
 }
 
 // Insert queues envelopes and returns after their commit. Envelopes must
 // be valid. Each is stored as its fields: the payload (compacted), type,
 // ts exactly as given, session_id, device_id, seq, traceparent and
 // tracestate; schema_version is the one Validate accepts. An envelope
-// whose event_id is queued already is a duplicate when its payload is the
-// same and ErrConflict otherwise; either way the queued row is unchanged.
+// whose event_id is queued already is a duplicate when its type and
+// payload are the same, ErrRejected when they are but the receiver
+// refused the row, and ErrConflict otherwise; the queued row is unchanged.
 func (s *Store) Insert(ctx context.Context, envs []postbox.Envelope) ([]Result, error) {
 	items := make([]*write, len(envs))
 	now := s.now().UTC().Format(sqlitedb.Time)
@@ -577,14 +604,17 @@ func (s *Store) insertOne(ctx context.Context, tx *sql.Tx, it *write) (int64, er
 		}
 		return seq, nil
 	}
-	var body string
-	if err := tx.StmtContext(ctx, s.stmts[qStored]).QueryRowContext(ctx, it.env.EventID).Scan(&body); err != nil {
+	var typ, body, state, lastError string
+	if err := tx.StmtContext(ctx, s.stmts[qStored]).QueryRowContext(ctx, it.env.EventID).Scan(&typ, &body, &state, &lastError); err != nil {
 		return 0, fmt.Errorf("outbox insert %s: %w", it.env.EventID, err)
 	}
-	if samePayload(body, it.payload) {
-		it.duplicate = true
-	} else {
+	switch {
+	case typ != it.env.Type || !samePayload(body, it.payload):
 		it.err = ErrConflict
+	case state == StateRejected:
+		it.err = &RejectedError{Reason: lastError}
+	default:
+		it.duplicate = true
 	}
 	return 0, nil
 }
