@@ -379,8 +379,8 @@ const (
 			traceparent, tracestate
 		FROM outbox NOT INDEXED WHERE state = 'pending' AND seq > ? AND next_attempt_at <= ? ORDER BY seq LIMIT ?`
 	qRejected   = `UPDATE outbox SET state = 'rejected', rejected_at = ?, last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ? AND state = 'pending'`
-	qRetry      = `UPDATE outbox SET next_attempt_at = ?, last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ?`
-	qUnanswered = `UPDATE outbox SET last_error = ? WHERE event_id = ?`
+	qRetry      = `UPDATE outbox SET next_attempt_at = ?, last_error = ?, attempt_count = attempt_count + 1 WHERE event_id = ? AND state = 'pending'`
+	qUnanswered = `UPDATE outbox SET last_error = ? WHERE event_id = ? AND state = 'pending'`
 	qDeleteRun  = `DELETE FROM outbox WHERE seq BETWEEN ? AND ?`
 )
 

@@ -362,6 +362,14 @@ func testSettleTwice(h *storeHarness) {
 	if rows[0].Attempts != 1 || rows[0].LastError != "invalid_payload: no total" {
 		h.Fatalf("row rejected twice over: %d attempts, last error %q; want 1 attempt", rows[0].Attempts, rows[0].LastError)
 	}
+	// A send that failed while the row was being rejected (a relay's
+	// late outcome) leaves the rejected row and its reason alone.
+	h.settle(outcome(msgs[0], outbox.Retry, "dial: connection refused", time.Now().Add(time.Minute)),
+		outcome(msgs[0], outbox.Unanswered, "dial: connection refused", time.Time{}))
+	h.wantCounts(0, 1)
+	if r := h.list(outbox.StateRejected)[0]; r.Attempts != 1 || r.LastError != "invalid_payload: no total" {
+		h.Fatalf("rejected row after a late failed send: %d attempts, last error %q; want 1 and the server's reason", r.Attempts, r.LastError)
+	}
 }
 
 func testOldestPending(h *storeHarness) {
