@@ -393,15 +393,6 @@ func (d *Delivery) attempt(actx context.Context, j job) {
 	}
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer scancel()
-	if err == nil {
-		st := &settlement{inbox: j.inbox, ids: []int64{j.item.ID}, lease: j.lease, to: StateCompleted, apply: complete(sctx), log: recs(rec)}
-		serr := d.settleAll(sctx, st)
-		if serr != nil {
-			serr = fmt.Errorf("settle items of %s: %w", j.inbox, serr)
-		}
-		d.attempted(j, st.results, serr, nil, took)
-		return
-	}
 	o := retry.Classify(err)
 	f := failure{reason: truncate(err.Error(), 1000), maxAttempts: maxAttempts, log: recs(rec), dead: o.Permanent}
 	wait := o.After
