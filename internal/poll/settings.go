@@ -53,23 +53,26 @@ type Settings struct {
 	Headers map[string]string `json:"headers,omitempty"`
 }
 
+// ErrRequired is in the error of Validate for a setting that is missing.
+var ErrRequired = errors.New("required")
+
 // Validate names the setting that is wrong. It leaves s as it is.
 func (s Settings) Validate() error {
 	u, err := url.Parse(s.URL)
 	if s.URL == "" {
-		return errors.New("settings.url: required (the API to poll, http(s)://…)")
+		return fmt.Errorf("settings.url: %w (the API to poll, http(s)://…)", ErrRequired)
 	}
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("settings.url %q: want an http:// or https:// URL", s.URL)
 	}
 	if s.Items == nil {
-		return errors.New("settings.items: required: a JSON pointer to the array of items in each answer, e.g. /events (\"\" when the answer is the array)")
+		return fmt.Errorf("settings.items: %w: a JSON pointer to the array of items in each answer, e.g. /events (\"\" when the answer is the array)", ErrRequired)
 	}
 	if s.ID == "" {
-		return errors.New("settings.id: required: a JSON pointer to each item's id, e.g. /id")
+		return fmt.Errorf("settings.id: %w: a JSON pointer to each item's id, e.g. /id", ErrRequired)
 	}
 	if s.Type == "" {
-		return errors.New("settings.type: required: a JSON pointer to each item's type, e.g. /type")
+		return fmt.Errorf("settings.type: %w: a JSON pointer to each item's type, e.g. /type", ErrRequired)
 	}
 	for _, p := range []struct{ name, v string }{
 		{"items", *s.Items}, {"id", s.ID}, {"type", s.Type}, {"time", s.Time}, {"next", s.Next},

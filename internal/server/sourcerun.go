@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/feed"
 	"github.com/postbox-events/postbox/internal/poll"
@@ -314,7 +315,7 @@ func (c feedCheckpoints) Failed(ctx context.Context, name string, offset int64, 
 // stored, or an error naming the field.
 func upstreamSettings(kind string, raw json.RawMessage, checkURL func(field, url string) error) (json.RawMessage, error) {
 	if len(raw) == 0 {
-		return nil, errors.New("settings: required: the upstream to read (for poll: url, items, id, type; for feed: url)")
+		return nil, &codedError{api.CodeMissingField, "settings: required: the upstream to read (for poll: url, items, id, type; for feed: url)"}
 	}
 	var s interface{ Validate() error }
 	var url *string // the settings' url, which checkURL checks
@@ -331,7 +332,9 @@ func upstreamSettings(kind string, raw json.RawMessage, checkURL func(field, url
 	if err := decodeSettings(raw, s); err != nil {
 		return nil, err
 	}
-	if err := s.Validate(); err != nil {
+	if err := s.Validate(); errors.Is(err, poll.ErrRequired) {
+		return nil, &codedError{api.CodeMissingField, err.Error()}
+	} else if err != nil {
 		return nil, err
 	}
 	if err := checkURL("settings.url", *url); err != nil {

@@ -92,22 +92,25 @@ func TestPollSource(t *testing.T) {
 // settings are 400 naming the field.
 func TestUpstreamSourceBadInput(t *testing.T) {
 	ts := servertest.Start(t, server.Config{}, nil)
-	for _, c := range []struct{ body, want string }{
-		{`{"name": "p", "kind": "poll"}`, "settings: required"},
-		{`{"name": "p", "kind": "poll", "settings": {"url": "http://x/e", "id": "/id", "type": "/t"}}`, "settings.items: required"},
-		{`{"name": "p", "kind": "poll", "settings": {"url": "http://x/e", "items": "/e", "type": "/t"}}`, "settings.id: required"},
-		{`{"name": "p", "kind": "poll", "settings": {"url": "http://x/e", "items": "e", "id": "/id", "type": "/t"}}`, `settings.items: JSON pointer "e": starts with /`},
-		{`{"name": "p", "kind": "poll", "settings": {"url": "nope", "items": "/e", "id": "/id", "type": "/t"}}`, `settings.url "nope"`},
-		{`{"name": "p", "kind": "poll", "settings": {"url": "http://x/e", "items": "/e", "id": "/id", "type": "/t", "bogus": 1}}`, `unknown field "bogus"`},
-		{`{"name": "f", "kind": "feed", "settings": {"url": "http://x:8000/"}}`, "settings.url"},
-		{`{"name": "f", "kind": "carrier-pigeon"}`, "use webhook, poll, feed"},
+	for _, c := range []struct{ body, want, code string }{
+		{`{"name": "p", "kind": "poll"}`, "settings: required", "missing_field"},
+		{`{"name": "p", "kind": "poll", "settings": {"url": "http://x/e", "id": "/id", "type": "/t"}}`, "settings.items: required", "missing_field"},
+		{`{"name": "p", "kind": "poll", "settings": {"url": "http://x/e", "items": "/e", "type": "/t"}}`, "settings.id: required", "missing_field"},
+		{`{"name": "p", "kind": "poll", "settings": {"url": "http://x/e", "items": "e", "id": "/id", "type": "/t"}}`, `settings.items: JSON pointer "e": starts with /`, ""},
+		{`{"name": "p", "kind": "poll", "settings": {"url": "nope", "items": "/e", "id": "/id", "type": "/t"}}`, `settings.url "nope"`, ""},
+		{`{"name": "p", "kind": "poll", "settings": {"url": "http://x/e", "items": "/e", "id": "/id", "type": "/t", "bogus": 1}}`, `unknown field "bogus"`, "unknown_field"},
+		{`{"name": "f", "kind": "feed", "settings": {"url": "http://x:8000/"}}`, "settings.url", ""},
+		{`{"name": "f", "kind": "carrier-pigeon"}`, "use webhook, poll, feed", ""},
 		{`{"name": "p", "kind": "poll", "settings": {"url": "http://169.254.169.254/latest", "items": "/e", "id": "/id", "type": "/t"}}`,
-			"169.254.169.254 is link-local: refused (--allow-link-local-targets)"},
-		{`{"name": "f", "kind": "feed", "settings": {"url": "http://[fe80::1]:8000/v1/streams/devices"}}`, "is link-local: refused"},
+			"169.254.169.254 is link-local: refused (--allow-link-local-targets)", ""},
+		{`{"name": "f", "kind": "feed", "settings": {"url": "http://[fe80::1]:8000/v1/streams/devices"}}`, "is link-local: refused", ""},
 	} {
+		if c.code == "" {
+			c.code = "invalid_field"
+		}
 		st, body := srcCall(t, ts, "POST", "/v1/sources", c.body, nil)
-		if st != 400 || !strings.Contains(errorMessage(body), c.want) {
-			t.Errorf("%s: %d %q, want 400 with %q", c.body, st, errorMessage(body), c.want)
+		if st != 400 || !strings.Contains(errorMessage(body), c.want) || errorCode(body) != c.code {
+			t.Errorf("%s: %d %s %q, want 400 %s with %q", c.body, st, errorCode(body), errorMessage(body), c.code, c.want)
 		}
 	}
 }
