@@ -380,6 +380,27 @@ func TestPages(t *testing.T) {
 	}
 	shot(t, ctx, "webhooks")
 	do(t, ctx, "unknown webhook", chromedp.Navigate(ui+"#/webhooks?id=wh_999"), chromedp.WaitVisible(chromedp.CSS(`#webhook-result.error`)))
+
+	// A webhook of a source of its own: found by key in that source, and
+	// not in the default one.
+	call(t, s.srv, "", "POST", "/v1/sources", map[string]any{"name": "gh", "kind": "webhook"}, http.StatusCreated, nil)
+	req, _ := http.NewRequest("POST", s.srv.Base+"/webhooks/gh", strings.NewReader(`{"action":"opened"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "delivery-1")
+	req.Header.Set("X-Event-Type", "pull_request")
+	resp, err := s.srv.HTTP.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("POST /webhooks/gh: %s", resp.Status)
+	}
+	do(t, ctx, "webhook of a source by key", chromedp.Navigate(ui+"#/webhooks?key=delivery-1&source=gh"), chromedp.WaitVisible(chromedp.CSS(`#webhook-result`)))
+	if got := text(t, ctx, `#webhook-result`); !strings.Contains(got, "wh_gh_1") || !strings.Contains(got, "pull_request") {
+		t.Errorf("webhook lookup by key in source gh: %q", got)
+	}
+	do(t, ctx, "the key in the default source", chromedp.Navigate(ui+"#/webhooks?key=delivery-1"), chromedp.WaitVisible(chromedp.CSS(`#webhook-result.error`)))
 }
 
 // TestPhoneWidth checks that the pages fit a phone's width: nothing but

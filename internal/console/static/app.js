@@ -489,20 +489,24 @@ async function webhooks(live, params) {
   const { view } = live;
   const id = params.get('id') || '';
   const key = params.get('key') || '';
+  const source = params.get('source') || '';
   const form = h('form', { class: 'filters', id: 'webhook-form' },
     h('label', {}, 'Webhook id', h('input', { name: 'id', value: id, placeholder: 'wh_42' })),
     h('span', { class: 'muted' }, 'or'),
     h('label', {}, 'Idempotency key', h('input', { name: 'key', value: key })),
+    h('label', {}, 'of source', h('input', { name: 'source', value: source, placeholder: 'webhooks' })),
     h('button', { type: 'submit' }, 'Look up'));
   form.addEventListener('submit', (e) => {
     e.preventDefault();
     const f = new FormData(form);
-    location.hash = '#/webhooks' + q({ id: f.get('id').trim(), key: f.get('key').trim() });
+    location.hash = '#/webhooks' + q({ id: f.get('id').trim(), key: f.get('key').trim(), source: f.get('source').trim() });
   });
   const parts = [h('h1', {}, 'Webhooks'), form];
   if (id || key) {
     try {
-      const w = id ? await api('/webhooks/' + encodeURIComponent(id)) : await api('/webhooks' + q({ idempotency_key: key }));
+      // An id names its source (wh_gh_1); a key is looked up in the
+      // source given, else the default one.
+      const w = id ? await api('/webhooks/' + encodeURIComponent(id)) : await api('/webhooks' + q({ idempotency_key: key, source }));
       const field = (k, v) => [h('dt', {}, k), h('dd', {}, v)];
       parts.push(h('div', { class: 'card' }, h('dl', { id: 'webhook-result' },
         field('Id', w.id), field('Idempotency key', w.idempotency_key), field('Type', w.type),
