@@ -98,6 +98,7 @@ const (
 	DefaultHandlerTimeout    = 30 * time.Second
 	DefaultRetention         = 30 * 24 * time.Hour
 	DefaultCleanupInterval   = time.Hour
+	DefaultDrainGrace        = 10 * time.Second
 )
 
 // Config configures a Delivery.
@@ -126,6 +127,11 @@ type Config struct {
 	Workers int
 	// HandlerTimeout bounds one attempt of a handler.
 	HandlerTimeout time.Duration
+	// DrainGrace is how long the attempts in flight when Run's context
+	// ends may take to finish, and be recorded as they ended; those still
+	// running then are cut short and their items handed back, the attempt
+	// not counted. Defaults to DefaultDrainGrace.
+	DrainGrace time.Duration
 	// HTTPClient sends the items of subscriptions with a target URL.
 	// Defaults to a client with keep-alive connections for Workers whose
 	// dialer applies the target address policy below; a client given here
@@ -171,6 +177,7 @@ func (cfg *Config) setDefaults() {
 	setDefault(&cfg.RetryMaxDelay, DefaultRetryMaxDelay)
 	setDefault(&cfg.Workers, DefaultWorkers)
 	setDefault(&cfg.HandlerTimeout, DefaultHandlerTimeout)
+	setDefault(&cfg.DrainGrace, DefaultDrainGrace)
 	if cfg.Retention == 0 {
 		cfg.Retention = DefaultRetention
 	}
@@ -285,7 +292,7 @@ func (d *Delivery) Run(ctx context.Context) error {
 	}
 	var workers, acker sync.WaitGroup
 	acker.Go(func() { d.ack(d.completions) })
-	attempts, stopAttempts := draining(ctx) // the attempts' context: it outlives ctx by drainGrace
+	attempts, stopAttempts := draining(ctx, d.cfg.DrainGrace) // the attempts' context: it outlives ctx by DrainGrace
 	defer stopAttempts()
 	for range d.cfg.Workers {
 		workers.Go(func() { d.work(ctx, attempts) })

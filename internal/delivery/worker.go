@@ -340,16 +340,11 @@ func (d *Delivery) work(ctx, actx context.Context) {
 	}
 }
 
-// drainGrace is how long the attempts in flight when Run's context ends
-// may take to finish, and be recorded as they ended; those still running
-// then are cut short and their items handed back, the attempt not counted.
-const drainGrace = 10 * time.Second
-
-// draining returns a context that ends drainGrace after ctx does, and
-// its cancel: Run's, for the attempts of its workers.
-func draining(ctx context.Context) (context.Context, context.CancelFunc) {
+// draining returns a context that ends grace after ctx does, and its
+// cancel: Run's, for the attempts of its workers (Config.DrainGrace).
+func draining(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
 	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(ctx, func() { time.AfterFunc(drainGrace, cancel) })
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(grace, cancel) })
 	return dctx, func() { stop(); cancel() }
 }
 

@@ -228,6 +228,60 @@ func testAttemptInFlightAtStop(t *testing.T, kind storeKind) {
 	}
 }
 
+// TestAttemptCutShortAfterGrace: an attempt still running DrainGrace
+// after delivery began to stop is cut short, and its item handed back
+// with the attempt not counted: pending, due again at the next start.
+func TestAttemptCutShortAfterGrace(t *testing.T) { eachStore(t, testAttemptCutShortAfterGrace) }
+
+func testAttemptCutShortAfterGrace(t *testing.T, kind storeKind) {
+	const grace = 300 * time.Millisecond
+	e := setup(t, kind, delivery.Config{DrainGrace: grace})
+	started, cut, over := make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
+	tg := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+		io.Copy(io.Discard, r.Body) // then the server notices the client gone
+		select {                    // answers nothing until the worker gives up
+		case <-r.Context().Done():
+			select {
+			case cut <- struct{}{}:
+			default:
+			}
+		case <-over:
+		}
+	}))
+	t.Cleanup(tg.Close)
+	t.Cleanup(func() { close(over) }) // before tg.Close, which waits for the handler
+	e.create(t, delivery.Subscription{Name: "hook", Source: "devices", Target: tg.URL, Endpoint: delivery.Endpoint{Timeout: time.Minute}})
+	e.appendEvents(t, "h", "t", 1)
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no attempt began")
+	}
+	begin := time.Now()
+	halted := make(chan struct{})
+	go func() { e.halt(); close(halted) }()
+	select {
+	case <-halted:
+	case <-time.After(30 * time.Second):
+		t.Fatal("delivery did not stop")
+	}
+	if took := time.Since(begin); took < grace {
+		t.Fatalf("delivery stopped %v after it was asked to, before the attempt's grace of %v", took, grace)
+	}
+	select {
+	case <-cut:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the target's request was not cut short")
+	}
+	if n := e.count(t, `SELECT count(*) FROM inbox_items WHERE inbox_id = 'hook' AND state = 'pending' AND attempts = 0 AND lease_token IS NULL`); n != 1 {
+		t.Fatalf("the item whose attempt was cut short: %d pending with no attempt counted, want 1", n)
+	}
+}
+
 // TestShortRetryWaits: a retry wait under a second is kept, not rounded
 // up to the dispatcher's look every second: waits of 150, 300 and 600 ms
 // take about a second in all, where each would have taken one.
