@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
-	"github.com/postbox-events/postbox/retry"
 )
 
 // Handler completes one inbox item in the program (Config.Handlers). A
@@ -75,19 +74,6 @@ type Item struct {
 	// CreatedAt is when the item was put in the inbox.
 	CreatedAt time.Time
 }
-
-// Dead makes a Handler's error final: the item becomes a dead letter
-// (StateFailed) without further attempts.
-//
-// Deprecated: use retry.Permanent, which this calls.
-func Dead(err error) error { return retry.Permanent(err) }
-
-// RetryAfter makes the next attempt of the item wait at least d, but no
-// longer than DeliveryConfig.RetryMaxDelay: a longer d waits that
-// maximum. The attempt still counts towards MaxAttempts.
-//
-// Deprecated: use retry.RetryAfter(d, err), which this calls.
-func RetryAfter(err error, d time.Duration) error { return retry.RetryAfter(d, err) }
 
 // newItem is the Item a Handler sees of it.
 func newItem(it *delivery.Item) *Item {

@@ -46,18 +46,6 @@ const (
 // errors retry.Transient.
 type Handler func(ctx context.Context, m Message) error
 
-// Transient marks a handler error as not the entry's fault (the handler's
-// database is down, a timeout): the entry is delivered again after MinIdle
-// as after any error, and the consumer pauses as after any error, but the
-// delivery does not count towards MaxDeliveries (its counter is set back
-// with XCLAIM RETRYCOUNT), so an outage, however long, dead-letters
-// nothing. An entry whose handler fails with a transient error every time
-// is retried for ever: mark only the errors that end when an outage does.
-// Transient(nil) is nil.
-//
-// Deprecated: use retry.Transient, which this calls.
-func Transient(err error) error { return retry.Transient(err) }
-
 // ConsumerConfig configures a Consumer. Zero fields take their defaults.
 type ConsumerConfig struct {
 	// Stream is the key of the stream read. Required.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -676,12 +675,6 @@ func TestConsumerTransientErrorsDoNotCount(t *testing.T) {
 		if m.Deliveries != 1 {
 			t.Errorf("%s: Deliveries %d, want 1: transient failures do not count", m.EventID, m.Deliveries)
 		}
-	}
-	if err := outboxredis.Transient(nil); err != nil {
-		t.Errorf("Transient(nil) = %v", err)
-	}
-	if !retry.Classify(outboxredis.Transient(io.EOF)).Transient {
-		t.Error("the deprecated outboxredis.Transient is not retry.Transient")
 	}
 }
 
