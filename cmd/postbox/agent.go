@@ -49,10 +49,6 @@ exported over OTLP (docs/TRACING.md).`)
 	if err := parse(env, fs, args); err != nil {
 		return err
 	}
-	if err := envDefaults(env, fs, map[string]string{"server": "POSTBOX_SERVER", "outbox": "POSTBOX_OUTBOX", "device-id": "POSTBOX_DEVICE_ID",
-		"listen": "POSTBOX_AGENT_LISTEN", "token": "POSTBOX_TOKEN", "ca-cert": "POSTBOX_CA_CERT", "log-level": "LOG_LEVEL", "log-format": "LOG_FORMAT"}); err != nil {
-		return err
-	}
 	if *server == "" || *device == "" {
 		return usagef("agent: --server and --device-id are required")
 	}

@@ -36,9 +36,6 @@ kafka: a topic TOPIC-postbox-bench-PID, created with the brokers' default partit
 	if err := parse(env, fs, args); err != nil {
 		return err
 	}
-	if err := envDefaults(env, fs, map[string]string{"db": "DATABASE_URL"}); err != nil {
-		return err
-	}
 	if !isPostgres(*dsn) || *to == "" {
 		return usagef("bench relay: --db postgres://... and --to are required")
 	}

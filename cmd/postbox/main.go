@@ -303,29 +303,11 @@ func flagsFirst(fs *flag.FlagSet, args []string) []string {
 }
 
 // isSet reports whether the flag name was set (on the command line, or
-// from its variable once envDefaults ran).
+// from one of its environment variables by parse).
 func isSet(fs *flag.FlagSet, name string) bool {
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
-}
-
-// envDefaults sets each named flag that was not given on the command line
-// from its environment variable: flags win over the environment. A value
-// the flag refuses is an error naming the variable.
-func envDefaults(env *cmdEnv, fs *flag.FlagSet, vars map[string]string) error {
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	for name, v := range vars {
-		val := env.getenv(v)
-		if given[name] || val == "" {
-			continue
-		}
-		if err := fs.Set(name, val); err != nil {
-			return usagef("environment variable %s=%q: %v", v, val, err)
-		}
-	}
-	return nil
 }
 
 // newLogger returns a slog logger writing to w at level in format

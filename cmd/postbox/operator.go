@@ -102,7 +102,7 @@ func (c *apiClient) explain(method, path string, err error) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, syscall.ECONNREFUSED):
-		return fmt.Errorf("no server answers at %s: is it running? (start one with `postbox serve`, or point --server or POSTBOX_SERVER at it)", c.base)
+		return fmt.Errorf("no server answers at %s: is it running? (start one with `postbox serve`, or point --server or POSTBOX_API_URL at it)", c.base)
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("server %s did not answer %s %s within %v", c.base, method, path, c.timeout)
 	case errors.As(err, &ae) && ae.Code == "" && (ae.Status == http.StatusNotFound || ae.Status == http.StatusMethodNotAllowed):

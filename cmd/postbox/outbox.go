@@ -169,9 +169,6 @@ SQLite, within its poll interval.`)
 	if err := noArgs(fs); err != nil {
 		return err
 	}
-	if err := envDefaults(env, fs, map[string]string{"db": "DATABASE_URL"}); err != nil {
-		return err
-	}
 	switch {
 	case *dsn == "" || *typ == "" || *payload == "":
 		return usagef("outbox emit: --db, --type and --payload are required")
@@ -266,9 +263,6 @@ unless --migrate=false.`)
 		return err
 	}
 	if err := noArgs(fs); err != nil {
-		return err
-	}
-	if err := envDefaults(env, fs, map[string]string{"db": "DATABASE_URL"}); err != nil {
 		return err
 	}
 	switch {

@@ -91,10 +91,6 @@ set, each publish is a span exported over OTLP (docs/TRACING.md).`)
 	if err := noArgs(fs); err != nil {
 		return err
 	}
-	if err := envDefaults(env, fs, map[string]string{"db": "DATABASE_URL", "to": "POSTBOX_RELAY_TO",
-		"listen": "POSTBOX_RELAY_LISTEN", "token": "POSTBOX_TOKEN", "log-level": "LOG_LEVEL", "log-format": "LOG_FORMAT"}); err != nil {
-		return err
-	}
 	if *dsn == "" || *to == "" {
 		return usagef("relay: --db and --to are required")
 	}

@@ -46,9 +46,6 @@ device_id when they are not given, and answers after its outbox commit. Prints o
 	if err := noArgs(fs); err != nil {
 		return err
 	}
-	if err := envDefaults(env, fs, map[string]string{"agent": "POSTBOX_AGENT"}); err != nil {
-		return err
-	}
 	if *typ == "" || *payload == "" {
 		return usagef("send: --type and --payload are required")
 	}

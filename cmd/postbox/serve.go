@@ -116,23 +116,6 @@ of each event's intake, materialisation and delivery attempts are exported over 
 	if err := noArgs(fs); err != nil {
 		return err
 	}
-	if err := envDefaults(env, fs, map[string]string{
-		"addr": "POSTBOX_ADDR", "port": "PORT", "db": "DB_PATH", "streams": "POSTBOX_STREAMS", "store": "POSTBOX_STORE", "node": "POSTBOX_NODE",
-		"workers": "WORKER_COUNT", "max-attempts": "MAX_ATTEMPTS", "retry-base-delay": "RETRY_BASE_DELAY", "retry-max-delay": "RETRY_MAX_DELAY", "retry-jitter": "POSTBOX_RETRY_JITTER",
-		"handler-timeout": "POSTBOX_HANDLER_TIMEOUT", "retention-days": "RETENTION_DAYS", "cleanup-interval-hours": "CLEANUP_INTERVAL_HOURS",
-		"allow-link-local-targets": "POSTBOX_ALLOW_LINK_LOCAL_TARGETS", "deny-private-targets": "POSTBOX_DENY_PRIVATE_TARGETS",
-		"webhook-target": "WEBHOOK_TARGET_URL", "synchronous": "POSTBOX_SYNCHRONOUS", "max-batch": "POSTBOX_MAX_BATCH",
-		"queue-size": "QUEUE_MAXSIZE", "queue-bytes": "POSTBOX_QUEUE_BYTES", "max-envelope-bytes": "POSTBOX_MAX_ENVELOPE_BYTES", "auth-tokens": "POSTBOX_AUTH_TOKENS", "api-token": "POSTBOX_API_TOKEN",
-		"insecure-no-api-token": "POSTBOX_INSECURE_NO_API_TOKEN", "http-read-timeout": "POSTBOX_HTTP_READ_TIMEOUT",
-		"http-idle-timeout": "POSTBOX_HTTP_IDLE_TIMEOUT", "http-max-header-bytes": "POSTBOX_HTTP_MAX_HEADER_BYTES",
-		"max-connections": "POSTBOX_MAX_CONNECTIONS", "ws-max-connections": "POSTBOX_WS_MAX_CONNECTIONS", "ws-buffer-bytes": "POSTBOX_WS_BUFFER_BYTES", "ws-frame-timeout": "POSTBOX_WS_FRAME_TIMEOUT",
-		"webhook-max-bytes": "POSTBOX_WEBHOOK_MAX_BYTES", "webhook-key-header": "POSTBOX_WEBHOOK_KEY_HEADER", "webhook-key-field": "POSTBOX_WEBHOOK_KEY_FIELD",
-		"webhook-type-header": "POSTBOX_WEBHOOK_TYPE_HEADER", "webhook-type-field": "POSTBOX_WEBHOOK_TYPE_FIELD",
-		"webhook-secret": "POSTBOX_WEBHOOK_SECRET",
-		"grpc-addr":      "POSTBOX_GRPC_ADDR", "tls-cert": "POSTBOX_TLS_CERT", "tls-key": "POSTBOX_TLS_KEY", "log-level": "LOG_LEVEL", "log-format": "LOG_FORMAT",
-	}); err != nil {
-		return err
-	}
 	if retryBase > retryMax {
 		return usagef("the retry base delay %v (--retry-base-delay, RETRY_BASE_DELAY) is above the retry max delay %v (--retry-max-delay, RETRY_MAX_DELAY)",
 			time.Duration(retryBase), time.Duration(retryMax))
