@@ -28,6 +28,7 @@ import (
 	"github.com/postbox-events/postbox/client"
 	"github.com/postbox-events/postbox/internal/kafkaopt"
 	"github.com/postbox-events/postbox/internal/relaymetrics"
+	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxkafka"
 	"github.com/postbox-events/postbox/outbox/outboxnats"
@@ -131,6 +132,15 @@ set, each publish is a span exported over OTLP (docs/TRACING.md).`)
 		return err
 	}
 	defer src.close()
+	if src.lite != nil {
+		// One relay sends a SQLite outbox: it keeps the rows in flight in
+		// memory, where PostgreSQL's relays claim theirs in the table.
+		lock, err := sqlitedb.Lock(*dsn)
+		if err != nil {
+			return fmt.Errorf("relay: outbox %w", err)
+		}
+		defer lock.Unlock()
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -15,7 +15,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/client"
+	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
 )
@@ -57,7 +57,7 @@ type Agent struct {
 	relay  *outbox.Relay
 	ln     net.Listener
 	intake *intake
-	unlock func() // releases the outbox lock
+	lock   *sqlitedb.FileLock // the outbox's
 }
 
 // New opens the outbox and prepares the agent; Run runs it.
@@ -91,18 +91,14 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: --server: %w", err)
 	}
-	if dir := filepath.Dir(cfg.OutboxPath); dir != "" {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("agent: %w", err)
-		}
-	}
-	unlock, err := lockOutbox(cfg.OutboxPath)
+	// One agent relays an outbox: a second would send every row again.
+	lock, err := sqlitedb.Lock(cfg.OutboxPath)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("agent: outbox %w", err)
 	}
 	store, err := outboxsqlite.Open(cfg.OutboxPath, outboxsqlite.Config{Synchronous: cfg.Synchronous})
 	if err != nil {
-		unlock()
+		lock.Unlock()
 		return nil, err
 	}
 	m := newMetrics(store)
@@ -118,10 +114,10 @@ func New(cfg Config) (*Agent, error) {
 	relay, err := outbox.NewRelay(store, pub, rcfg)
 	if err != nil {
 		store.Close()
-		unlock()
+		lock.Unlock()
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, store: store, pub: pub, relay: relay, unlock: unlock}
+	a := &Agent{cfg: cfg, log: cfg.Logger, store: store, pub: pub, relay: relay, lock: lock}
 	a.intake = &intake{store: store, deviceID: cfg.DeviceID, sessionID: cfg.SessionID, limits: cfg.Limits, log: cfg.Logger, m: m}
 	return a, nil
 }
@@ -148,7 +144,7 @@ func (a *Agent) Listen() (net.Addr, error) {
 
 // Run serves the intake and relays the outbox until ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
-	defer a.unlock()
+	defer a.lock.Unlock()
 	defer a.store.Close()
 	defer a.pub.Close()
 	addr, err := a.Listen()

@@ -5,11 +5,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -24,6 +26,7 @@ import (
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/servertest"
+	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
@@ -950,8 +953,8 @@ func TestOutboxUsedByOneAgentOnly(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "outbox.db")
 	startAgent(t, agent.Config{Server: "ws://127.0.0.1:1", OutboxPath: path})
 	_, err := agent.New(agent.Config{Server: "ws://127.0.0.1:1", OutboxPath: path, DeviceID: device})
-	if err == nil || !strings.Contains(err.Error(), "in use by another agent") {
-		t.Fatalf("second agent on one outbox: got %v, want 'in use by another agent'", err)
+	if pid := fmt.Sprintf("(pid %d)", os.Getpid()); !errors.Is(err, sqlitedb.ErrLocked) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), pid) {
+		t.Fatalf("second agent on one outbox: got %v, want %v naming the outbox and %s", err, sqlitedb.ErrLocked, pid)
 	}
 }
 

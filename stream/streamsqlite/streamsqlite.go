@@ -75,9 +75,10 @@ type Config struct {
 // Backend stores streams in one SQLite database.
 type Backend struct {
 	path        string
-	write       *sql.DB // one connection: the writer's
-	read        *sql.DB // readers, on their own connections
-	checkpoint  *sql.DB // one connection that checkpoints the WAL
+	lock        *sqlitedb.FileLock // path's, held until Close
+	write       *sql.DB            // one connection: the writer's
+	read        *sql.DB            // readers, on their own connections
+	checkpoint  *sql.DB            // one connection that checkpoints the WAL
 	writer      *groupcommit.Writer[*item]
 	now         func() time.Time
 	observe     func(events int, took time.Duration, err error)  // Config.Observe, or what Observe set
@@ -165,8 +166,15 @@ func Open(path string, cfg Config) (*Backend, error) {
 	if cfg.CheckpointPages <= 0 {
 		cfg.CheckpointPages = WriterCheckpointPages
 	}
+	// The writer keeps each stream's next offset in memory: a second
+	// process on the file would fail every append.
+	lock, err := sqlitedb.Lock(path)
+	if err != nil {
+		return nil, err
+	}
 	write, wal, err := sqlitedb.OpenWriter(path, sqlitedb.Options{Synchronous: cfg.Synchronous, AutoCheckpoint: cfg.CheckpointPages})
 	if err != nil {
+		lock.Unlock()
 		return nil, err
 	}
 	sub, _ := fs.Sub(migrations, "migrations")
@@ -176,21 +184,25 @@ func Open(path string, cfg Config) (*Backend, error) {
 	}
 	if err != nil {
 		write.Close()
+		lock.Unlock()
 		return nil, err
 	}
 	read, err := sqlitedb.Open(path, sqlitedb.Options{Synchronous: cfg.Synchronous, MaxConns: 4, ReadOnly: true})
 	if err != nil {
 		write.Close()
+		lock.Unlock()
 		return nil, err
 	}
 	checkpoint, err := sqlitedb.Open(path, sqlitedb.Options{Synchronous: cfg.Synchronous, MaxConns: 1})
 	if err != nil {
 		write.Close()
 		read.Close()
+		lock.Unlock()
 		return nil, err
 	}
 	b := &Backend{
 		path:        path,
+		lock:        lock,
 		write:       write,
 		read:        read,
 		checkpoint:  checkpoint,
@@ -369,7 +381,7 @@ func (b *Backend) Run(ctx context.Context) error {
 func (b *Backend) Close() error {
 	sqlitedb.Checkpoint(context.Background(), b.checkpoint)
 	err := errors.Join(b.write.Close(), b.read.Close(), b.checkpoint.Close())
-	return errors.Join(err, b.wal.Close())
+	return errors.Join(err, b.wal.Close(), b.lock.Unlock())
 }
 
 // QueueLen returns the events waiting for the writer; QueueCap its bound.
