@@ -62,7 +62,9 @@ type Config struct {
 	// follower reads URL/events?after=CHECKPOINT. Required.
 	URL string
 	// Token is the remote operator API's token, sent as a bearer token;
-	// empty sends none.
+	// empty sends none. "env:NAME" is the value of the environment
+	// variable NAME, read at each connection: while it is not set, each
+	// attempt fails (reason "token") and is retried with backoff.
 	Token string
 	// Stream is the local stream events are appended to. Required; it
 	// must exist.
@@ -232,8 +234,12 @@ func (f *Follower) follow(ctx context.Context) error {
 	if err != nil {
 		return failed("connect", "feed request: %w", err)
 	}
-	if f.cfg.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+f.cfg.Token)
+	token, err := Settings{Token: f.cfg.Token}.ResolveToken()
+	if err != nil {
+		return failed("token", "%w", err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	req.Header.Set("Accept", ContentType)
 	// No line for IdleTimeout: the peer or the path to it is gone.

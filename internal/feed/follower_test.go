@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -306,4 +307,27 @@ func TestFollowerConfig(t *testing.T) {
 			t.Errorf("New(%+v) took it", c)
 		}
 	}
+}
+
+// TestFollowerTokenFromEnvironment: a token "env:NAME" is read at each
+// connection; while NAME is unset every attempt fails, counted under
+// reason token, and the follower catches up once it is set.
+func TestFollowerTokenFromEnvironment(t *testing.T) {
+	up := servertest.Start(t, server.Config{APIToken: "s3cret"}, nil)
+	appendUp(t, up, 1, 20)
+	const name = "POSTBOX_FEED_TEST_TOKEN"
+	t.Setenv(name, "")
+	os.Unsetenv(name)
+	l := openLocal(t, filepath.Join(t.TempDir(), "mirror.db"))
+	m := feed.NewMetrics(nil)
+	f, _ := l.run(t, up.Base+"/v1/streams/devices", m, nil, func(c *feed.Config) { c.Token = "env:" + name })
+	testenv.Eventually(t, 10*time.Second, "failures counted under reason token", func() bool {
+		return m.Errors("mirror", "token") >= 2
+	})
+	if n := m.Errors("mirror", "status"); n != 0 {
+		t.Fatalf("%v requests sent without the token (errors{reason=status})", n)
+	}
+	os.Setenv(name, "s3cret")
+	waitCheckpoint(t, f, 20)
+	wantMirror(t, up, l)
 }

@@ -20,7 +20,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"source", "result"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postbox_feed_errors_total",
-			Help: "Feed follower failures, by source and reason (connect, status, read, idle, decode, append, checkpoint; refused: an event the local stream would not store).",
+			Help: "Feed follower failures, by source and reason (token, connect, status, read, idle, decode, append, checkpoint; refused: an event the local stream would not store).",
 		}, []string{"source", "reason"}),
 		checkpoint: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "postbox_feed_checkpoint_offset",
