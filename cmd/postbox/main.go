@@ -56,7 +56,7 @@ func init() {
 		"bench":   {"measure ingest end to end: N devices pipelining events (bench webhooks: POST /webhooks)", runBench},
 
 		"sources":       {"create, list, get and delete sources: devices, webhook endpoints (GitHub, Stripe, ...)", runSources},
-		"subscriptions": {"create, list, get and delete subscriptions", runSubscriptions},
+		"subscriptions": {"create, list, get, retarget, enable, delete and replay subscriptions", runSubscriptions},
 		"streams":       {"show the streams: events, offsets, first and last stored", runStreams},
 		"consumers":     {"show, reset and audit the subscriptions' consumers (list|get|reset|history)", runConsumersGroup},
 		"inbox":         {"list, show, lease, ack and nack inbox items", runInbox},

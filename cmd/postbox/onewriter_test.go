@@ -3,8 +3,8 @@ package main_test
 import (
 	"context"
 	"fmt"
-	"os/exec"
 	"net/http"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"

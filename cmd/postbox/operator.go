@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/client"
+	"github.com/postbox-events/postbox/internal/tlsca"
 )
 
 // The operator commands (subscriptions, streams, consumers, inbox) are
@@ -32,6 +34,7 @@ const apiTimeout = 30 * time.Second
 type apiFlags struct {
 	server string
 	token  string
+	caCert string
 	json   bool
 }
 
@@ -40,6 +43,7 @@ func addAPIFlags(fs *flag.FlagSet, jsonHelp string) *apiFlags {
 	f := &apiFlags{}
 	fs.StringVar(&f.server, "server", defaultServer, "the `URL` of postbox serve's HTTP API, http://HOST:PORT (a ws:// URL of the same server works too) [POSTBOX_API_URL, POSTBOX_SERVER]")
 	fs.StringVar(&f.token, "token", "", "the server's API `token`, if it requires one (serve --api-token) [POSTBOX_API_TOKEN]")
+	fs.StringVar(&f.caCert, "ca-cert", "", "PEM `file` of the CA (or self-signed certificate) an https:// server must present; default: the system's roots [POSTBOX_CA_CERT]")
 	fs.BoolVar(&f.json, "json", false, jsonHelp)
 	return f
 }
@@ -65,7 +69,17 @@ func parseAPI(env *cmdEnv, fs *flag.FlagSet, af *apiFlags, args []string) (*apiC
 		}
 		return nil, usagef("%s: %s %q: want http://HOST:PORT or https://HOST:PORT%s", fs.Name(), cmp.Or(flagSource(fs, "server"), "--server"), af.server, hint)
 	}
-	api, err := client.NewAPI(af.server, client.APIOptions{Token: af.token, HTTPClient: http.DefaultClient, Timeout: apiTimeout})
+	hc := http.DefaultClient
+	if af.caCert != "" {
+		tc, err := tlsca.Config(af.caCert)
+		if err != nil {
+			return nil, usagef("%s: %s: %v", fs.Name(), cmp.Or(flagSource(fs, "ca-cert"), "--ca-cert"), err)
+		}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = tc
+		hc = &http.Client{Transport: tr}
+	}
+	api, err := client.NewAPI(af.server, client.APIOptions{Token: af.token, HTTPClient: hc, Timeout: apiTimeout})
 	if err != nil {
 		return nil, usagef("%s: %v", fs.Name(), err)
 	}
@@ -109,6 +123,8 @@ func (c *apiClient) explain(method, path string, err error) error {
 		return fmt.Errorf("server %s has no %s %s (%d %s): is it a postbox server of this version?", c.base, method, path, ae.Status, http.StatusText(ae.Status))
 	case errors.As(err, &ae):
 		return err
+	case errors.As(err, new(x509.UnknownAuthorityError)):
+		return fmt.Errorf("server %s: %w (give the CA that signed its certificate, or the certificate itself, with --ca-cert or POSTBOX_CA_CERT)", c.base, err)
 	}
 	return fmt.Errorf("server %s: %w", c.base, err)
 }
@@ -280,16 +296,17 @@ func runGroup(ctx context.Context, env *cmdEnv, group string, subs []subcommand,
 		sub, args = args[0], args[1:]
 	}
 	names := make([]string, len(subs))
+	width := 8
 	for i, s := range subs {
 		if s.name == sub {
 			return s.run(ctx, env, args)
 		}
-		names[i] = s.name
+		names[i], width = s.name, max(width, len(s.name))
 	}
 	if sub == "" || sub == "-h" || sub == "--help" || sub == "-help" || sub == "help" {
 		fmt.Fprintf(env.stdout, "Usage: postbox %s %s [flags]\n\n", group, strings.Join(names, "|"))
 		for _, s := range subs {
-			fmt.Fprintf(env.stdout, "  %-8s %s\n", s.name, s.summary)
+			fmt.Fprintf(env.stdout, "  %-*s %s\n", width, s.name, s.summary)
 		}
 		fmt.Fprintf(env.stdout, "\npostbox %s COMMAND --help shows a command's flags.\n", group)
 		if sub == "" {

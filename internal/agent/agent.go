@@ -7,14 +7,11 @@ package agent
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -23,6 +20,7 @@ import (
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/client"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
+	"github.com/postbox-events/postbox/internal/tlsca"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
 )
@@ -79,9 +77,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	opts := client.Options{Token: cfg.Token, Logger: cfg.Logger}
 	if cfg.CACert != "" {
-		tc, err := trusting(cfg.CACert)
+		tc, err := tlsca.Config(cfg.CACert)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("agent: --ca-cert: %w", err)
 		}
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.TLSClientConfig = tc
@@ -196,18 +194,4 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.log.Info("postbox agent: stopped", at...)
 	return nil
-}
-
-// trusting returns a TLS configuration that trusts the certificates in the PEM
-// file at path.
-func trusting(path string) (*tls.Config, error) {
-	pem, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("agent: --ca-cert: %w", err)
-	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("agent: --ca-cert %s: no PEM certificate in the file", path)
-	}
-	return &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}, nil
 }
