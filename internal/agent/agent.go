@@ -92,10 +92,12 @@ func New(cfg Config) (*Agent, error) {
 	// One agent relays an outbox: a second would send every row again.
 	lock, err := sqlitedb.Lock(cfg.OutboxPath)
 	if err != nil {
+		pub.Close()
 		return nil, fmt.Errorf("agent: outbox %w", err)
 	}
 	store, err := outboxsqlite.Open(cfg.OutboxPath, outboxsqlite.Config{Synchronous: cfg.Synchronous})
 	if err != nil {
+		pub.Close()
 		lock.Unlock()
 		return nil, err
 	}
@@ -111,6 +113,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	relay, err := outbox.NewRelay(store, pub, rcfg)
 	if err != nil {
+		pub.Close()
 		store.Close()
 		lock.Unlock()
 		return nil, err
