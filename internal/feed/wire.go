@@ -105,13 +105,13 @@ func AppendHeartbeat(dst []byte, hb Heartbeat) []byte {
 }
 
 // oneLine reports whether doc can be written as it is inside a line and
-// read back byte for byte: no line break, and no space around it (a JSON
-// decoder drops that).
+// read back byte for byte: UTF-8 (a line is JSON text), no line break,
+// and no space around it (a JSON decoder drops that).
 func oneLine(doc []byte) bool {
 	if len(doc) == 0 {
 		return true
 	}
-	return bytes.IndexByte(doc, '\n') < 0 && bytes.IndexByte(doc, '\r') < 0 && !isSpace(doc[0]) && !isSpace(doc[len(doc)-1])
+	return bytes.IndexByte(doc, '\n') < 0 && bytes.IndexByte(doc, '\r') < 0 && !isSpace(doc[0]) && !isSpace(doc[len(doc)-1]) && utf8.Valid(doc)
 }
 
 // escaped returns doc as a string when it is UTF-8, else as bytes (that

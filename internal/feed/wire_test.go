@@ -115,3 +115,22 @@ func FuzzLineRoundTrip(f *testing.F) {
 		}
 	})
 }
+
+// TestLineNotUTF8: a payload or metadata on one line that is not UTF-8
+// goes as base64, so that the line stays JSON text, and reads back byte
+// for byte.
+func TestLineNotUTF8(t *testing.T) {
+	e := stream.StoredEvent{Event: stream.Event{NativeID: "k", Type: "t", Metadata: json.RawMessage("{\"h\":\"\xfe\"}"),
+		Payload: json.RawMessage("{\"a\":\"\xff\"}")}, Offset: 1, ID: "webhooks/1", StoredAt: time.Unix(1, 0)}
+	line := bytes.TrimSuffix(feed.AppendEvent(nil, &e), []byte("\n"))
+	if !utf8.Valid(line) || !json.Valid(line) || !bytes.Contains(line, []byte(`"payload_base64"`)) || !bytes.Contains(line, []byte(`"metadata_base64"`)) {
+		t.Fatalf("line %q: want UTF-8 JSON with payload_base64 and metadata_base64", line)
+	}
+	l, err := feed.ParseLine(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := l.Event(); !bytes.Equal(ev.Payload, e.Payload) || !bytes.Equal(ev.Metadata, e.Metadata) {
+		t.Fatalf("read back payload %q metadata %q, want %q %q", ev.Payload, ev.Metadata, e.Payload, e.Metadata)
+	}
+}

@@ -34,6 +34,7 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/postbox-events/postbox/stream"
 )
@@ -401,6 +402,9 @@ func (p *Poller) decode(body []byte) (page, error) {
 	var pg page
 	if !json.Valid(body) {
 		return pg, errors.New("the answer is not JSON")
+	}
+	if !utf8.Valid(body) {
+		return pg, errors.New("the answer is not valid UTF-8 (JSON text is UTF-8)")
 	}
 	raw, ok, err := p.items.Find(body)
 	if err != nil {

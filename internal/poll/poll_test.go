@@ -236,45 +236,52 @@ func TestPollerPages(t *testing.T) {
 	}
 }
 
-// TestPollerDecodeError: a page with an item without an id is not
-// skipped: the poller asks for it again, records the error in the
-// checkpoint, and stores it once the API serves it whole.
+// TestPollerDecodeError: a page with an item without an id, or one that
+// is not UTF-8, is not skipped: the poller asks for it again, records
+// the error in the checkpoint, and stores it once the API serves it whole.
 func TestPollerDecodeError(t *testing.T) {
-	var fixed atomic.Bool
-	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Query().Get("after") == "" {
-			fmt.Fprint(w, `{"events":[{"id":1,"type":"a"}],"next_cursor":"1"}`)
-			return
-		}
-		if !fixed.Load() {
-			fmt.Fprint(w, `{"events":[{"type":"a"}],"next_cursor":"2"}`)
-			return
-		}
-		fmt.Fprint(w, `{"events":[{"id":2,"type":"a"}],"next_cursor":null}`)
-	}))
-	defer api.Close()
-	sink := &memSink{byID: map[string]int{}}
-	s := settingsFor(api.URL)
-	s.Headers = nil
-	p, err := poll.New(poll.Config{Name: "x", Settings: s, Sink: sink, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
+	for _, c := range []struct{ name, broken, want string }{
+		{"no id", `{"events":[{"type":"a"}],"next_cursor":"2"}`, `item 0: no id at "/id"`},
+		{"not UTF-8", "{\"events\":[{\"id\":2,\"type\":\"a\",\"x\":\"\xff\"}],\"next_cursor\":\"2\"}", "not valid UTF-8"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var fixed atomic.Bool
+			api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Query().Get("after") == "" {
+					fmt.Fprint(w, `{"events":[{"id":1,"type":"a"}],"next_cursor":"1"}`)
+					return
+				}
+				if !fixed.Load() {
+					fmt.Fprint(w, c.broken)
+					return
+				}
+				fmt.Fprint(w, `{"events":[{"id":2,"type":"a"}],"next_cursor":null}`)
+			}))
+			defer api.Close()
+			sink := &memSink{byID: map[string]int{}}
+			s := settingsFor(api.URL)
+			s.Headers = nil
+			p, err := poll.New(poll.Config{Name: "x", Settings: s, Sink: sink, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go p.Run(ctx)
+			testenv.Eventually(t, 10*time.Second, "the decode error in the checkpoint", func() bool {
+				_, cp := sink.state()
+				return strings.Contains(cp.LastError, c.want)
+			})
+			if _, cp := sink.state(); cp.Cursor != "1" {
+				t.Fatalf("checkpoint %+v: moved past the page it could not read", cp)
+			}
+			fixed.Store(true)
+			testenv.Eventually(t, 10*time.Second, "the page stored once served whole", func() bool {
+				ids, cp := sink.state()
+				return ids["2"] == 1 && cp.LastError == ""
+			})
+		})
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go p.Run(ctx)
-	testenv.Eventually(t, 10*time.Second, "the decode error in the checkpoint", func() bool {
-		_, cp := sink.state()
-		return strings.Contains(cp.LastError, `item 0: no id at "/id"`)
-	})
-	if _, cp := sink.state(); cp.Cursor != "1" {
-		t.Fatalf("checkpoint %+v: moved past the page it could not read", cp)
-	}
-	fixed.Store(true)
-	testenv.Eventually(t, 10*time.Second, "the page stored once served whole", func() bool {
-		ids, cp := sink.state()
-		return ids["2"] == 1 && cp.LastError == ""
-	})
 }
 
 // TestPollerSaturated: while the sink's queue is full the poller asks

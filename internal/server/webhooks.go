@@ -183,6 +183,13 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		writeError(w, api.CodeInvalidField, "%v", err)
 		return
 	}
+	// JSON text is UTF-8 (RFC 8259), and the API, the feed and targets
+	// hand the payload on as JSON text. (After the key and type, whose
+	// errors name their field.)
+	if !utf8.Valid(body) {
+		writeError(w, api.CodeInvalidJSON, "the body is not valid UTF-8: send JSON text encoded as UTF-8")
+		return
+	}
 	occurred := time.Now()
 	if ce != nil {
 		typ = ce.typ

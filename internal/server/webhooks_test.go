@@ -82,6 +82,7 @@ func TestWebhookIntake(t *testing.T) {
 		{`{}`, nil, 400, "missing_field"},
 		{`{"a":`, map[string]string{"Idempotency-Key": "k"}, 400, "invalid_json"},
 		{``, map[string]string{"Idempotency-Key": "k"}, 400, "invalid_json"},
+		{"{\"a\":\"\xff\"}", map[string]string{"Idempotency-Key": "k"}, 400, "invalid_json"}, // not UTF-8
 		{`{}`, map[string]string{"Idempotency-Key": strings.Repeat("k", 256)}, 400, "invalid_field"},
 		{`{"big":"` + strings.Repeat("x", 5000) + `"}`, map[string]string{"Idempotency-Key": "k"}, 413, "too_large"},
 		{`a=1`, map[string]string{"Idempotency-Key": "k", "Content-Type": "application/x-www-form-urlencoded"}, 415, "unsupported_media_type"},
