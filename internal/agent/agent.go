@@ -19,6 +19,7 @@ import (
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/client"
+	"github.com/postbox-events/postbox/internal/httpdeadline"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/internal/tlsca"
 	"github.com/postbox-events/postbox/outbox"
@@ -41,6 +42,10 @@ type Config struct {
 	Limits      postbox.Limits
 	Relay       outbox.RelayConfig
 	AckTimeout  time.Duration
+	// ReadTimeout bounds how long an intake request's body may take to
+	// arrive after its headers; a slower one is answered 408
+	// request_timeout. Defaults to DefaultReadTimeout.
+	ReadTimeout time.Duration
 	Logger      *slog.Logger
 	// Listener, when set, is served instead of listening on Listen.
 	Listener net.Listener
@@ -74,6 +79,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
 	}
 	opts := client.Options{Token: cfg.Token, Logger: cfg.Logger}
 	if cfg.CACert != "" {
@@ -119,7 +127,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{cfg: cfg, log: cfg.Logger, store: store, pub: pub, relay: relay, lock: lock}
-	a.intake = &intake{store: store, deviceID: cfg.DeviceID, sessionID: cfg.SessionID, limits: cfg.Limits, log: cfg.Logger, m: m}
+	a.intake = &intake{store: store, deviceID: cfg.DeviceID, sessionID: cfg.SessionID, limits: cfg.Limits, readTimeout: cfg.ReadTimeout, log: cfg.Logger, m: m}
 	return a, nil
 }
 
@@ -164,7 +172,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	storeCtx, stopStore := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopStore()
-	srv := &http.Server{Handler: a.intake.handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: httpdeadline.Body(a.intake.handler(), a.cfg.ReadTimeout), ReadHeaderTimeout: 10 * time.Second}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return a.store.Run(storeCtx) })
 	g.Go(func() error { return a.relay.Run(gctx) })

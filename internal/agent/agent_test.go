@@ -987,3 +987,25 @@ func TestIntakeNoRoute(t *testing.T) {
 		t.Errorf("a string for a body: %d %s", status, body)
 	}
 }
+
+// TestIntakeSlowBodyIsCutOff: a body that does not arrive within
+// ReadTimeout is answered 408 request_timeout, and the connection closed,
+// instead of holding the intake's handler for ever.
+func TestIntakeSlowBodyIsCutOff(t *testing.T) {
+	ta := startAgent(t, agent.Config{Server: unreachable, ReadTimeout: 300 * time.Millisecond})
+	c, err := net.Dial("tcp", strings.TrimPrefix(ta.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST /v1/events HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"ty")
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer to a body that never ends: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(body), `"request_timeout"`) {
+		t.Fatalf("a slow body: %s %s, want 408 request_timeout", resp.Status, body)
+	}
+}

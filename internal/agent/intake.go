@@ -27,14 +27,18 @@ import (
 // MaxIntakeBytes bounds one intake request body.
 const MaxIntakeBytes = 64 << 20
 
+// DefaultReadTimeout is Config.ReadTimeout's default.
+const DefaultReadTimeout = 30 * time.Second
+
 // intake is the agent's local HTTP API.
 type intake struct {
-	store     *outboxsqlite.Store
-	deviceID  string
-	sessionID string
-	limits    postbox.Limits
-	log       *slog.Logger
-	m         *metrics
+	store       *outboxsqlite.Store
+	deviceID    string
+	sessionID   string
+	limits      postbox.Limits
+	readTimeout time.Duration // Config.ReadTimeout
+	log         *slog.Logger
+	m           *metrics
 }
 
 func (in *intake) handler() http.Handler {
@@ -77,9 +81,9 @@ func (in *intake) handleEvents(w http.ResponseWriter, r *http.Request) {
 		case errors.As(err, &mbe):
 			writeError(w, http.StatusRequestEntityTooLarge, api.CodeTooLarge, "", fmt.Sprintf("request body over %d bytes", MaxIntakeBytes), -1)
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			writeError(w, http.StatusRequestTimeout, api.CodeRequestTimeout, "", "reading the request body: "+err.Error(), -1)
+			writeError(w, http.StatusRequestTimeout, api.CodeRequestTimeout, "", fmt.Sprintf("the request body did not arrive within %v", in.readTimeout), -1)
 		default: // the body ended before its JSON did
-			writeError(w, http.StatusBadRequest, api.CodeInvalidJSON, "", "reading the request body: "+err.Error(), -1)
+			writeError(w, http.StatusBadRequest, api.CodeInvalidJSON, "", "the request body could not be read: it ended early", -1)
 		}
 		return
 	}

@@ -87,7 +87,7 @@ func TestSlowBodyIsCutOff(t *testing.T) {
 		br := bufio.NewReader(c)
 		c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		resp, err := http.ReadResponse(br, nil)
-		if err == nil && path == "/v1/subscriptions" && resp.StatusCode != http.StatusRequestTimeout {
+		if err == nil && resp.StatusCode != http.StatusRequestTimeout {
 			t.Errorf("%s: a slow body answered %d, want 408", path, resp.StatusCode)
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {

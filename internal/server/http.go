@@ -2,7 +2,6 @@ package server
 
 import (
 	"encoding/json"
-	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -34,49 +33,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	json.NewEncoder(w).Encode(v)
-}
-
-// bodyDeadline gives the body of each request d to arrive, counted from
-// the end of its headers: a client that sends a body a byte at a time
-// is cut off (the handler reads a timeout error, the connection closes).
-//
-// This is a per-request read deadline rather than http.Server.ReadTimeout
-// because ReadTimeout's deadline stays on the connection after the body:
-// it would cancel a long-polling lease (whose body is read at once and
-// whose answer may take delivery.MaxWait) and end a WebSocket session,
-// whose hijacked connection keeps the deadline. Requests without a body
-// (GET, the WebSocket upgrade) get no deadline; a body's deadline is
-// cleared once it was read to its end.
-func bodyDeadline(h http.Handler, d time.Duration) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Body == nil || r.Body == http.NoBody || r.Header.Get("Upgrade") != "" {
-			h.ServeHTTP(w, r)
-			return
-		}
-		rc := http.NewResponseController(w)
-		if err := rc.SetReadDeadline(time.Now().Add(d)); err == nil {
-			r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
-		}
-		h.ServeHTTP(w, r)
-	})
-}
-
-// deadlineBody clears the connection's read deadline once the body was
-// read to its end, so that net/http's watch for a closed connection does
-// not time out while the handler works (a long-polling lease).
-type deadlineBody struct {
-	io.ReadCloser
-	rc   *http.ResponseController
-	done bool
-}
-
-func (b *deadlineBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err == io.EOF && !b.done {
-		b.done = true
-		b.rc.SetReadDeadline(time.Time{})
-	}
-	return n, err
 }
 
 // connLimit counts the open connections of a listener and closes new

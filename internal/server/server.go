@@ -36,6 +36,7 @@ import (
 	"github.com/postbox-events/postbox/internal/buildinfo"
 	"github.com/postbox-events/postbox/internal/console"
 	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/internal/httpdeadline"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/ingresspb"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
@@ -493,7 +494,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.stopping = gctx // ends long-polling leases when shutdown begins
 	s.mu.Unlock()
 	srv := &http.Server{
-		Handler:           bodyDeadline(s.Handler(), s.cfg.ReadTimeout),
+		Handler:           httpdeadline.Body(s.Handler(), s.cfg.ReadTimeout),
 		ReadHeaderTimeout: min(s.cfg.ReadTimeout, DefaultReadHeaderTimeout),
 		IdleTimeout:       s.cfg.IdleTimeout,
 		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,

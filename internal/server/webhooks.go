@@ -10,6 +10,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -136,8 +137,12 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		writeError(w, api.CodeTooLarge, "the body is over %d bytes", cfg.MaxBytes)
 		return
 	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		writeError(w, api.CodeRequestTimeout, "the body did not arrive in time (--http-read-timeout)")
+		return
+	}
 	if err != nil {
-		writeError(w, api.CodeInvalidJSON, "reading the body: %v", err)
+		writeError(w, api.CodeInvalidJSON, "the body could not be read: it ended early")
 		return
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
