@@ -55,6 +55,16 @@ func TestNoRoute(t *testing.T) {
 	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET, HEAD, POST" || !strings.Contains(string(data), `"code":"method_not_allowed"`) {
 		t.Errorf("PUT /webhooks: %s, Allow %q, %s; want 405 method_not_allowed, Allow GET, HEAD, POST", resp.Status, resp.Header.Get("Allow"), data)
 	}
+	// The bulk replay's path is not a dead letter's id.
+	resp, err = ts.HTTP.Get(ts.Base + "/v1/dead-letters/replay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "POST" || !strings.Contains(string(data), `"code":"method_not_allowed"`) {
+		t.Errorf("GET /v1/dead-letters/replay: %s, Allow %q, %s; want 405 method_not_allowed, Allow POST", resp.Status, resp.Header.Get("Allow"), data)
+	}
 }
 
 // TestAPIBadInput: every mistake gets its status and a JSON error whose

@@ -78,6 +78,11 @@ func deadLetterID(w http.ResponseWriter, r *http.Request) (int64, bool) {
 }
 
 func (s *Server) getDeadLetter(w http.ResponseWriter, r *http.Request) {
+	if r.PathValue("id") == "replay" { // POST /v1/dead-letters/replay's path, not an id
+		w.Header().Set("Allow", http.MethodPost)
+		writeError(w, api.CodeMethodNotAllowed, "%s %s: this path takes POST", r.Method, r.URL.Path)
+		return
+	}
 	id, ok := deadLetterID(w, r)
 	if !ok {
 		return
