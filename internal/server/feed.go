@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"strconv"
 	"sync"
@@ -30,6 +31,12 @@ const (
 	maxFeedHeartbeat = 5 * time.Minute
 )
 
+// maxFeedAfter bounds ?after=: far beyond any offset a stream reaches,
+// and far enough from the end of int64 that the reads after it cannot
+// overflow into small offsets (once, a huge after started the feed over
+// from the first event).
+const maxFeedAfter = math.MaxInt64 / 2
+
 // streamEvents answers the stream's events after ?after= as NDJSON lines
 // (feed.Line), reading by offset without a consumer, and keeps the
 // connection open for new ones, with a heartbeat line every ?heartbeat=
@@ -43,8 +50,8 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	q := r.URL.Query()
 	after, err := queryInt(q.Get("after"), 0)
-	if err != nil || after < 0 {
-		writeError(w, api.CodeInvalidField, "after %q: want the offset to read after, 0 or more (0: from the first event)", q.Get("after"))
+	if err != nil || after < 0 || after > maxFeedAfter {
+		writeError(w, api.CodeInvalidField, "after %q: want the offset to read after, from 0 (from the first event) to %d", q.Get("after"), int64(maxFeedAfter))
 		return
 	}
 	limit, err := queryInt(q.Get("limit"), 0)

@@ -108,6 +108,7 @@ func testFeed(t *testing.T, ts *testServer) {
 		}{
 			{"/v1/streams/nowhere/events", 404, "nowhere"},
 			{"/v1/streams/devices/events?after=-1", 400, "after"},
+			{"/v1/streams/devices/events?after=9223372036854775000", 400, "after"}, // would overflow into small offsets
 			{"/v1/streams/devices/events?after=one", 400, "after"},
 			{"/v1/streams/devices/events?limit=-1", 400, "limit"},
 			{"/v1/streams/devices/events?limit=ten", 400, "limit"},
