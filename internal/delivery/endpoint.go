@@ -133,6 +133,7 @@ var refusedHeaders = []string{
 // Bounds of an endpoint's settings.
 const (
 	maxEndpointHeaders = 32
+	maxHeaderName      = 256
 	maxHeaderValue     = 4096
 	maxSchedule        = 50
 	maxEndpointWait    = 30 * 24 * time.Hour
@@ -146,6 +147,9 @@ func (e *Endpoint) validate() error {
 		return errorf(ErrInvalid, "headers: %d, at most %d", len(e.Headers), maxEndpointHeaders)
 	}
 	for name, value := range e.Headers {
+		if len(name) > maxHeaderName {
+			return errorf(ErrInvalid, "headers: a name of %d bytes, at most %d", len(name), maxHeaderName)
+		}
 		if name == "" || !validHeaderName(name) {
 			return errorf(ErrInvalid, "headers: %q is not a header name", name)
 		}

@@ -94,6 +94,7 @@ func TestAPIEndpointBadInput(t *testing.T) {
 		{`"headers": {"webhook-signature": "v1,x"}`, "invalid_field", "webhook-signature"},
 		{`"headers": {"X-A": "line\nbreak"}`, "invalid_field", "headers"},
 		{`"headers": {"Bad Name": "x"}`, "invalid_field", "headers"},
+		{`"headers": {"X-` + strings.Repeat("h", 300) + `": "x"}`, "invalid_field", "at most 256"},
 		{`"headers": ["X-A"]`, "invalid_json", "headers"},
 		{`"retry_schedule": "5s,soon"`, "invalid_field", "retry_schedule"},
 		{`"retry_schedule": "5s,0s"`, "invalid_field", "retry_schedule"},
