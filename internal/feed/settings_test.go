@@ -1,6 +1,7 @@
 package feed_test
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/postbox-events/postbox/internal/feed"
@@ -18,9 +19,23 @@ func TestSettings(t *testing.T) {
 	for _, s := range []feed.Settings{
 		{}, {URL: "ftp://edge/v1/streams/devices"}, {URL: "http://edge:8000/"}, {URL: "http:///v1/streams/x"},
 		{URL: "http://edge/v1/streams/devices", Token: "env:"},
+		{URL: "http://edge/v1/streams/devices?after=5"}, {URL: "http://edge/v1/streams/devices#x"},
+		{URL: "http://edge/v1/streams/devices?"}, {URL: "http://me:pw@edge/v1/streams/devices"},
+		{URL: "http://edge/v1/streams/x/y"}, {URL: "http://edge/v1/streams/"},
 	} {
 		if err := s.Validate(); err == nil {
 			t.Errorf("%+v: taken", s)
+		}
+	}
+	if err := (feed.Settings{}).Validate(); !errors.Is(err, feed.ErrRequired) {
+		t.Errorf("no url: %v, want %v", err, feed.ErrRequired)
+	}
+	for url, want := range map[string]string{
+		"http://edge/v1/streams/devices": "devices", "http://edge/v1/streams/devices/events/": "devices",
+		"http://edge/v1/streams/a%2Fb": "", "http://edge/v2/streams/devices": "",
+	} {
+		if got := (feed.Settings{URL: url}).StreamName(); got != want {
+			t.Errorf("StreamName of %s = %q, want %q", url, got, want)
 		}
 	}
 	t.Setenv("FEED_TEST_TOKEN", "s3cret")

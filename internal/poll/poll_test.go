@@ -68,6 +68,7 @@ func TestSettingsValidate(t *testing.T) {
 		{func(s *poll.Settings) { s.URL = "" }, "settings.url: required"},
 		{func(s *poll.Settings) { s.URL = "ftp://x/y" }, `settings.url "ftp://x/y"`},
 		{func(s *poll.Settings) { s.URL = "http:///events" }, "settings.url"},
+		{func(s *poll.Settings) { s.URL = "https://me:pw@api.example.com/events" }, "settings.url: no credentials in the URL"},
 		{func(s *poll.Settings) { s.Items = nil }, "settings.items: required"},
 		{func(s *poll.Settings) { s.ID = "" }, "settings.id: required"},
 		{func(s *poll.Settings) { s.Type = "" }, "settings.type: required"},

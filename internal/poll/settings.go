@@ -63,7 +63,10 @@ func (s Settings) Validate() error {
 		return fmt.Errorf("settings.url: %w (the API to poll, http(s)://…)", ErrRequired)
 	}
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("settings.url %q: want an http:// or https:// URL", s.URL)
+		return fmt.Errorf("settings.url %.200q: want an http:// or https:// URL", s.URL)
+	}
+	if u.User != nil {
+		return errors.New("settings.url: no credentials in the URL (they would be shown wherever it is): send them in settings.headers, as env:NAME to keep them out of the stored settings")
 	}
 	if s.Items == nil {
 		return fmt.Errorf("settings.items: %w: a JSON pointer to the array of items in each answer, e.g. /events (\"\" when the answer is the array)", ErrRequired)

@@ -328,10 +328,13 @@ func upstreamSettings(kind string, raw json.RawMessage, checkURL func(field, url
 	if err := decodeSettings(raw, s); err != nil {
 		return nil, err
 	}
-	if err := s.Validate(); errors.Is(err, poll.ErrRequired) {
+	if err := s.Validate(); errors.Is(err, poll.ErrRequired) || errors.Is(err, feed.ErrRequired) {
 		return nil, &codedError{api.CodeMissingField, err.Error()}
 	} else if err != nil {
 		return nil, err
+	}
+	if f, ok := s.(*feed.Settings); ok && !delivery.ValidName(f.StreamName()) {
+		return nil, fmt.Errorf("settings.url %.200q: the stream's name: %s", f.URL, delivery.NameRule)
 	}
 	if err := checkURL("settings.url", *url); err != nil {
 		return nil, err
