@@ -109,10 +109,18 @@ func withQuery(h http.Handler) http.Handler {
 }
 
 // writeError answers code, with its status from the table of api.Codes,
-// and a message formatted for people.
+// and a message formatted for people, cut at maxErrorMessage bytes (a
+// message that quotes a huge bad value would otherwise repeat it).
 func writeError(w http.ResponseWriter, code api.Code, format string, args ...any) {
-	writeJSON(w, code.Status(), api.ErrorResponse{Error: api.Error{Code: code, Message: fmt.Sprintf(format, args...)}})
+	msg := fmt.Sprintf(format, args...)
+	if len(msg) > maxErrorMessage {
+		msg = strings.ToValidUTF8(msg[:maxErrorMessage], "") + "…"
+	}
+	writeJSON(w, code.Status(), api.ErrorResponse{Error: api.Error{Code: code, Message: msg}})
 }
+
+// maxErrorMessage bounds the message of an error answer.
+const maxErrorMessage = 1024
 
 // writeErr answers err with the status and code of its kind.
 func (s *Server) writeErr(w http.ResponseWriter, err error) {

@@ -149,6 +149,12 @@ func TestAPIBadInput(t *testing.T) {
 			t.Errorf("%s %s %s: %d %s %q, want %d %s mentioning %q", c.method, c.path, name, status, code, msg, c.status, c.code, c.mentions)
 		}
 	}
+	// A message that quotes a huge bad value is cut, not the value again.
+	long := strings.Repeat("x", 100000)
+	status, body := call(t, ts, "POST", "/v1/consumers/webhooks/reset", `{"to_time":"`+long+`"}`)
+	if e, _ := body["error"].(map[string]any); status != 400 || len(fmt.Sprint(e["message"])) > 1100 || !strings.Contains(fmt.Sprint(e["message"]), "to_time") {
+		t.Errorf("a 100,000-byte bad value: %d, a message of %d bytes, want 400 naming to_time in at most ~1 KiB", status, len(fmt.Sprint(e["message"])))
+	}
 	// Nothing of the above was created: there is only the default
 	// subscription of webhooks.
 	if _, body := call(t, ts, "GET", "/v1/subscriptions", ""); len(body["subscriptions"].([]any)) != 1 {

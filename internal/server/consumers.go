@@ -92,8 +92,8 @@ func resetStart(req api.ResetRequest) (stream.Start, error) {
 	if req.ToTime != nil {
 		given = append(given, "to_time")
 		t, err := time.Parse(time.RFC3339Nano, *req.ToTime)
-		if err != nil {
-			return start, fmt.Errorf("to_time %q: want an RFC 3339 time such as 2026-11-24T10:00:00Z", *req.ToTime)
+		if err != nil || t.IsZero() {
+			return start, fmt.Errorf("to_time %q: want an RFC 3339 time after year 1, such as 2026-11-24T10:00:00Z", *req.ToTime)
 		}
 		start = stream.Start{Policy: stream.StartAtTime, Time: t}
 	}

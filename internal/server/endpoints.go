@@ -103,17 +103,25 @@ func (r *endpointRequest) apply(w http.ResponseWriter, ep *delivery.Endpoint) (s
 		return nil, 0, false
 	}
 	if given(r.Headers) {
-		var h map[string]string
+		var h map[string]*string
 		if err := json.Unmarshal(r.Headers, &h); err != nil {
 			writeError(w, api.CodeInvalidJSON, "field \"headers\": want an object of strings or null")
 			return nil, 0, false
 		}
+		ep.Headers = nil // null: none
+		if h != nil {
+			ep.Headers = make(map[string]string, len(h))
+		}
 		for k, v := range h {
-			if !checkAPIText(w, "headers "+strconv.Quote(k), v, 4096, true) {
+			if v == nil {
+				writeError(w, api.CodeInvalidJSON, "field \"headers\": the value of %.200q: want a string, not null (leave the header out to send none)", k)
 				return nil, 0, false
 			}
+			if !checkAPIText(w, "headers "+strconv.Quote(k), *v, 4096, true) {
+				return nil, 0, false
+			}
+			ep.Headers[k] = *v
 		}
-		ep.Headers = h
 	}
 	if given(r.RetrySchedule) {
 		v, ok := str("retry_schedule", r.RetrySchedule)

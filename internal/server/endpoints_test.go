@@ -96,6 +96,7 @@ func TestAPIEndpointBadInput(t *testing.T) {
 		{`"headers": {"Bad Name": "x"}`, "invalid_field", "headers"},
 		{`"headers": {"X-` + strings.Repeat("h", 300) + `": "x"}`, "invalid_field", "at most 256"},
 		{`"headers": ["X-A"]`, "invalid_json", "headers"},
+		{`"headers": {"X-A": null}`, "invalid_json", "not null"},
 		{`"retry_schedule": "5s,soon"`, "invalid_field", "retry_schedule"},
 		{`"retry_schedule": "5s,0s"`, "invalid_field", "retry_schedule"},
 		{`"retry_schedule": "5s", "retry_base_delay": "1s"`, "invalid_field", "retry_schedule"},

@@ -142,6 +142,10 @@ func TestWebhookKeyAndTypeText(t *testing.T) {
 		{`{"kind": "` + strings.Repeat("t", 200) + `"}`, map[string]string{"Idempotency-Key": "k1"}, "invalid_field", `field "kind": 200 bytes, at most 128`},
 		{`{}`, map[string]string{"Idempotency-Key": "   "}, "missing_field", "idempotency key"},
 		{`{"id": " \t "}`, nil, "missing_field", "idempotency key"},
+		{`{"id": "a", "id": "b"}`, nil, "invalid_field", `field "id": appears twice`},
+		{`{"id": "a", "\u0069d": "b"}`, nil, "invalid_field", `field "id": appears twice`},
+		{`{"kind": {"x": 1}}`, map[string]string{"Idempotency-Key": "k1"}, "invalid_field", `field "kind": want a string or a number, got a JSON object`},
+		{`{"id": ["a"]}`, nil, "invalid_field", `field "id": want a string or a number, got a JSON array`},
 	} {
 		status, got, _ := post(t, ts, c.body, c.headers)
 		if status != http.StatusBadRequest || errorCode(got) != c.code || !strings.Contains(fmt.Sprint(got), c.names) {

@@ -167,7 +167,11 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		}
 		body = ce.data
 	}
-	fields := bodyFields(body, cfg, in.from)
+	fields, err := bodyFields(body, cfg, in.from)
+	if err != nil {
+		writeError(w, api.CodeInvalidField, "%v", err)
+		return
+	}
 	key, err := webhookKey(r, fields, cfg, in.from)
 	if ce != nil {
 		key, err = ce.id, nil
@@ -427,6 +431,10 @@ func fieldText(fields map[string]json.RawMessage, name string, max int) (string,
 	if !utf8.Valid(raw) {
 		return "", fmt.Errorf("%s: not valid UTF-8", from)
 	}
+	if len(raw) > 0 && (raw[0] == '{' || raw[0] == '[' || raw[0] == 't' || raw[0] == 'f') {
+		kind := map[byte]string{'{': "object", '[': "array", 't': "boolean", 'f': "boolean"}[raw[0]]
+		return "", fmt.Errorf("%s: want a string or a number, got a JSON %s", from, kind)
+	}
 	v := scalar(raw)
 	if strings.TrimSpace(v) == "" {
 		return "", nil
@@ -516,13 +524,38 @@ func webhookType(r *http.Request, fields map[string]json.RawMessage, cfg Webhook
 
 // bodyFields returns the top-level fields of a JSON object body, parsed
 // only when the source takes its key or type from one.
-func bodyFields(body []byte, cfg WebhookConfig, from identityFrom) map[string]json.RawMessage {
+//
+// A field the identity is read from that appears twice is an error: the
+// key or type would be whichever one a reader takes.
+func bodyFields(body []byte, cfg WebhookConfig, from identityFrom) (map[string]json.RawMessage, error) {
 	if cfg.KeyField == "" && cfg.TypeField == "" && from != fromSigned {
-		return nil
+		return nil, nil
 	}
-	var fields map[string]json.RawMessage
-	json.Unmarshal(body, &fields) // not an object: no fields
-	return fields
+	typeField := cfg.TypeField
+	if typeField == "" && from == fromSigned {
+		typeField = "type" // webhookType's default for a signed webhook
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, nil // not an object: no fields
+	}
+	fields := map[string]json.RawMessage{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, nil // the body is valid JSON: not reached
+		}
+		name, _ := t.(string)
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, nil
+		}
+		if _, dup := fields[name]; dup && name != "" && (name == cfg.KeyField || name == typeField) {
+			return nil, fmt.Errorf("field %q: appears twice in the body; which one is the webhook's?", name)
+		}
+		fields[name] = v
+	}
+	return fields, nil
 }
 
 // maxTypeBytes bounds a webhook's type as Limits bound an envelope's.
