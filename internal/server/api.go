@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path"
 	"reflect"
 	"strconv"
 	"strings"
@@ -101,6 +102,22 @@ func withQuery(h http.Handler) http.Handler {
 		if r.URL.RawQuery != "" {
 			if _, err := url.ParseQuery(r.URL.RawQuery); err != nil {
 				writeError(w, api.CodeInvalidField, "the query %q: %v", r.URL.RawQuery, err)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// withCleanPath answers a path with empty, "." or ".." segments 404 in
+// JSON, as every other error, where ServeMux would redirect it to its
+// clean form with an HTML body (/v1/subscriptions/../../etc/passwd to
+// /etc/passwd).
+func withCleanPath(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := r.URL.Path; p != "" && r.Method != http.MethodConnect {
+			if c := path.Clean(p); c != p && c+"/" != p {
+				writeError(w, api.CodeNotFound, "path %q: not in its clean form (no //, /./ or /../ in it)", p)
 				return
 			}
 		}

@@ -55,6 +55,20 @@ func TestNoRoute(t *testing.T) {
 	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET, HEAD, POST" || !strings.Contains(string(data), `"code":"method_not_allowed"`) {
 		t.Errorf("PUT /webhooks: %s, Allow %q, %s; want 405 method_not_allowed, Allow GET, HEAD, POST", resp.Status, resp.Header.Get("Allow"), data)
 	}
+	// A path that is not clean is a JSON 404, not ServeMux's redirect to
+	// its clean form.
+	for _, p := range []string{"/v1/subscriptions/../../etc/passwd", "//v1/subscriptions", "/v1/./subscriptions", "/."} {
+		req, _ := http.NewRequest("GET", ts.Base+p, nil)
+		resp, err := http.DefaultTransport.RoundTrip(req) // no redirects followed
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 404 || !strings.Contains(string(data), `"code":"not_found"`) {
+			t.Errorf("GET %s: %s %s, want a JSON 404", p, resp.Status, data)
+		}
+	}
 	// The bulk replay's path is not a dead letter's id.
 	resp, err = ts.HTTP.Get(ts.Base + "/v1/dead-letters/replay")
 	if err != nil {

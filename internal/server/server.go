@@ -441,7 +441,7 @@ func (s *Server) sameStore() bool { return any(s.store) == any(s.streams) }
 
 // Handler returns the server's HTTP handler (without the limits Run adds
 // to its connections).
-func (s *Server) Handler() http.Handler { return withRequestID(withQuery(s.mux), s.log) }
+func (s *Server) Handler() http.Handler { return withRequestID(withCleanPath(withQuery(s.mux)), s.log) }
 
 // Listen binds the listener (if Config.Listener is not set) and returns
 // its address. Run calls it if it was not called.
