@@ -134,6 +134,8 @@ type scanner struct {
 	// notUTF8 is set when a string scanned held invalid UTF-8, which is
 	// not a syntax error (encoding/json makes it U+FFFD).
 	notUTF8 bool
+	// deepest is the deepest nesting of arrays and objects scanned.
+	deepest int
 }
 
 func (s *scanner) fail(i int, ctx string) int {
@@ -199,6 +201,7 @@ func (s *scanner) value(i, depth int) int {
 				return s.fail(i, "exceeded max depth")
 			}
 			open = append(open, c == '{')
+			s.deepest = max(s.deepest, depth+len(open))
 			i = skipSpace(data, i+1)
 			if i < len(data) && data[i] == c+2 { // '}' or ']'
 				open = open[:len(open)-1]
@@ -571,6 +574,12 @@ func (s *scanner) notObject(i int) (int, *FieldError) {
 	return end, &FieldError{Code: CodeInvalidJSON, Message: "envelope must be a JSON object, not " + kindOf(c)}
 }
 
+// payloadTooDeep is the refusal of a payload nested depth levels deep.
+func payloadTooDeep(depth int) *FieldError {
+	return &FieldError{Field: "payload", Code: CodeInvalidField,
+		Message: fmt.Sprintf("payload: arrays and objects nested %d deep, at most %d", depth, MaxPayloadDepth)}
+}
+
 // kindOf names the kind of JSON value that starts with c as encoding/json's
 // type errors do.
 func kindOf(c byte) string {
@@ -695,12 +704,15 @@ func (s *scanner) envelope(i int, env *Envelope) (int, *FieldError) {
 			}
 		case fieldPayload:
 			start := i
-			s.notUTF8 = false
+			s.notUTF8, s.deepest = false, 1
 			if i = s.value(i, 1); i >= 0 {
 				env.Payload = data[start:i:i]
 				// Outside its strings valid JSON is ASCII.
 				if fe == nil && s.notUTF8 {
 					fe = &FieldError{Field: "payload", Code: CodeInvalidField, Message: "payload: not valid UTF-8"}
+				}
+				if fe == nil && s.deepest-1 > MaxPayloadDepth {
+					fe = payloadTooDeep(s.deepest - 1)
 				}
 			}
 		default:

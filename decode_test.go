@@ -110,6 +110,10 @@ func refFieldErrors(data []byte, env *postbox.Envelope) *postbox.FieldError {
 				if fe == nil && !utf8.Valid(raw) {
 					fe = &postbox.FieldError{Field: name, Code: postbox.CodeInvalidField, Message: name + ": not valid UTF-8"}
 				}
+				if d := refDepth(raw); fe == nil && d > postbox.MaxPayloadDepth {
+					fe = &postbox.FieldError{Field: name, Code: postbox.CodeInvalidField,
+						Message: fmt.Sprintf("payload: arrays and objects nested %d deep, at most %d", d, postbox.MaxPayloadDepth)}
+				}
 			case raw[0] == '"' && name != "schema_version" && name != "seq":
 				valid := refValidText(raw)
 				if !valid && fe == nil {
@@ -370,6 +374,10 @@ func trickySeeds() []string {
 		envWith(`"schema_version":1,"device_id":"\\ud800"`),
 		envWith(`"schema_version":1,"device_id":"\uDBFF\uDFFF\ud800"`),
 		envWith("\"schema_version\":1,\"payload\":{\"k\":\"\xff\"}"),
+		// Payloads nested to the limit and one past it.
+		envWith(`"schema_version":1,"payload":` + strings.Repeat(`[`, postbox.MaxPayloadDepth) + strings.Repeat(`]`, postbox.MaxPayloadDepth)),
+		envWith(`"schema_version":1,"payload":` + strings.Repeat(`{"a":[`, postbox.MaxPayloadDepth/2) + `"]}"` + strings.Repeat(`]}`, postbox.MaxPayloadDepth/2) + `,"event_id":5`),
+		envWith(`"schema_version":1,"payload":` + strings.Repeat(`[`, postbox.MaxPayloadDepth+1) + strings.Repeat(`]`, postbox.MaxPayloadDepth+1)),
 		envWith("\"schema_version\":1,\"payload\":{\"\xed\xa0\x80\":1}"),
 		envWith(`"schema_version":1,"payload":{"k":"\ud800"}`),
 		envWith("\"schema_version\":1,\"payload\":{\"k\":\"\xff\"},\"event_id\":5"),
@@ -585,4 +593,25 @@ func BenchmarkDecodeFrame(b *testing.B) {
 			_ = sink
 		})
 	}
+}
+
+// refDepth is the deepest nesting of arrays and objects in the JSON value
+// raw, counted outside its strings.
+func refDepth(raw []byte) int {
+	depth, deepest, inString := 0, 0, false
+	for i := 0; i < len(raw); i++ {
+		switch c := raw[i]; {
+		case inString && c == '\\':
+			i++
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{' || c == '[':
+			depth++
+			deepest = max(deepest, depth)
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	return deepest
 }

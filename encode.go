@@ -64,6 +64,32 @@ func plainPayload(p []byte) bool {
 	return Valid(p)
 }
 
+// PayloadDepth returns how deep the arrays and objects of the JSON value
+// payload nest: 0 for a scalar, 1 for {"a":1}; -1 when it is not one
+// valid JSON value. A payload deeper than MaxPayloadDepth is refused. A
+// payload of n bytes nests at most n/2 deep.
+func PayloadDepth(payload []byte) int {
+	s := scanner{data: payload}
+	i := s.value(skipSpace(payload, 0), 0)
+	if i < 0 || skipSpace(payload, i) != len(payload) {
+		return -1
+	}
+	return s.deepest
+}
+
+// CheckPayloadDepth returns the refusal of a payload nested deeper than
+// MaxPayloadDepth (invalid_field, payload), as a receiver refuses it, or
+// nil. It scans only a payload long enough to nest that deep.
+func CheckPayloadDepth(payload []byte) *FieldError {
+	if len(payload) <= 2*MaxPayloadDepth {
+		return nil
+	}
+	if d := PayloadDepth(payload); d > MaxPayloadDepth {
+		return payloadTooDeep(d)
+	}
+	return nil
+}
+
 // Valid reports whether data is one valid JSON value, as json.Valid does,
 // with the scanner of the envelope decoder (several times faster).
 func Valid(data []byte) bool {

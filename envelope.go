@@ -39,6 +39,14 @@ const (
 	DefaultMaxTypeBytes     = 128
 )
 
+// MaxPayloadDepth bounds how deep a payload's arrays and objects nest. An
+// envelope, a frame of envelopes and every answer that carries a payload
+// (an inbox page, a feed line, a delivery) nest it a few levels deeper, so
+// a payload near encoding/json's own limit of 10,000 would make a frame or
+// an answer that JSON decoders refuse whole; a deeper one is refused on
+// its own (invalid_field, payload).
+const MaxPayloadDepth = 1000
+
 // Limits bounds what an envelope may hold. A zero field takes its default.
 type Limits struct {
 	// MaxEnvelopeBytes bounds the encoded envelope. Defaults to 256 KiB.

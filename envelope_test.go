@@ -3,6 +3,7 @@ package postbox_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
@@ -138,4 +139,28 @@ func mustSplit(data []byte) []json.RawMessage {
 		return nil
 	}
 	return envs
+}
+
+// TestDecodeEnvelopePayloadDepth: a payload nested deeper than
+// MaxPayloadDepth is refused on its own, naming the payload, with the
+// envelope's event_id kept so that a NACK can name the event; one at the
+// limit is taken.
+func TestDecodeEnvelopePayloadDepth(t *testing.T) {
+	env := func(depth int) []byte {
+		return []byte(`{"schema_version":1,"event_id":"evt-deep","type":"t","ts":"2026-01-02T03:04:05Z","session_id":"s","device_id":"d","payload":` +
+			strings.Repeat(`{"a":`, depth) + `1` + strings.Repeat(`}`, depth) + `}`)
+	}
+	if _, err := postbox.DecodeEnvelope(env(postbox.MaxPayloadDepth), postbox.Limits{}); err != nil {
+		t.Fatalf("a payload %d deep: %v", postbox.MaxPayloadDepth, err)
+	}
+	got, err := postbox.DecodeEnvelope(env(postbox.MaxPayloadDepth+1), postbox.Limits{})
+	var fe *postbox.FieldError
+	if !errors.As(err, &fe) || fe.Field != "payload" || fe.Code != postbox.CodeInvalidField || got.EventID != "evt-deep" {
+		t.Fatalf("a payload %d deep: %v, event id %q; want invalid_field payload naming evt-deep", postbox.MaxPayloadDepth+1, err, got.EventID)
+	}
+	// In a frame it is one envelope's NACK, not the frame's.
+	envs, ferr := postbox.SplitFrame([]byte("[" + string(env(postbox.MaxPayloadDepth+1)) + "]"))
+	if ferr != nil || len(envs) != 1 {
+		t.Fatalf("a frame with it: %v", ferr)
+	}
 }

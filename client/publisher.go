@@ -56,17 +56,28 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) ([]postb
 		size += len(m.Body) + 256 // and the other fields, in most cases
 	}
 	buf := make([]byte, 0, size) // the envelopes, one after another
+	// refuse answers message i here, without sending it.
+	refuse := func(i int, fe *postbox.FieldError) {
+		if refused == nil {
+			refused = map[int]postbox.Reply{}
+		}
+		refused[i] = postbox.Nack(msgs[i].EventID, fe)
+	}
 	for i, m := range msgs {
 		env := m.Envelope()
 		start := len(buf)
 		var err error
 		if buf, err = env.AppendJSON(buf); err != nil {
 			buf = buf[:start]
-			if refused == nil {
-				refused = map[int]postbox.Reply{}
-			}
-			refused[i] = postbox.Nack(m.EventID, &postbox.FieldError{Field: "payload", Code: postbox.CodeInvalidJSON,
-				Message: "payload: the envelope cannot be encoded: " + err.Error()})
+			refuse(i, &postbox.FieldError{Field: "payload", Code: postbox.CodeInvalidJSON, Message: "payload: the envelope cannot be encoded: " + err.Error()})
+			continue
+		}
+		// The server refuses a payload nested too deep too; in a frame, one
+		// near JSON's own nesting limit would make the whole frame
+		// unreadable, every event in it unanswered.
+		if fe := postbox.CheckPayloadDepth(m.Body); fe != nil {
+			buf = buf[:start]
+			refuse(i, fe)
 			continue
 		}
 		batch = append(batch, Message{EventID: m.EventID, Envelope: buf[start:len(buf):len(buf)]})

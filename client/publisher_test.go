@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -30,12 +31,21 @@ func TestPublisherRefusesABodyThatIsNotJSON(t *testing.T) {
 		{EventID: "evt-ok-1", Type: "t", Body: []byte(`{"n":1}`), TenantID: "dev-1", CreatedAt: created},
 		{EventID: "evt-broken", Type: "t", Body: []byte(`{"n":`), TenantID: "dev-1", CreatedAt: created},
 		{EventID: "evt-ok-2", Type: "t", Body: []byte(`{"n":2}`), TenantID: "dev-1", CreatedAt: created},
+		// Nested past what a frame can hold: the frame would be refused
+		// whole, every event in it unanswered.
+		{EventID: "evt-deep", Type: "t", Body: []byte(strings.Repeat("[", 9999) + strings.Repeat("]", 9999)), TenantID: "dev-1", CreatedAt: created},
 	}
 	replies, err := p.Publish(context.Background(), msgs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(replies) != 3 || !replies[0].OK() || !replies[2].OK() || replies[0].EventID != "evt-ok-1" || replies[2].EventID != "evt-ok-2" {
+	if len(replies) != 4 {
+		t.Fatalf("%d replies to 4 messages: %+v", len(replies), replies)
+	}
+	if r := replies[3]; r.OK() || r.EventID != "evt-deep" || r.Code != postbox.CodeInvalidField || r.Field != "payload" || r.Retryable {
+		t.Fatalf("reply to the deep body: %+v; want a non-retryable invalid_field NACK naming the payload", r)
+	}
+	if len(replies) != 4 || !replies[0].OK() || !replies[2].OK() || replies[0].EventID != "evt-ok-1" || replies[2].EventID != "evt-ok-2" {
 		t.Fatalf("replies %+v: want the first and last ACKed", replies)
 	}
 	if r := replies[1]; r.OK() || r.EventID != "evt-broken" || r.Code != postbox.CodeInvalidJSON || r.Field != "payload" || r.Retryable {

@@ -199,6 +199,10 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		writeError(w, api.CodeInvalidJSON, "the body is not valid UTF-8: send JSON text encoded as UTF-8")
 		return
 	}
+	if fe := postbox.CheckPayloadDepth(body); fe != nil { // an inbox page holding it must stay readable JSON
+		writeError(w, api.CodeInvalidField, "the body's %s", strings.TrimPrefix(fe.Message, "payload: "))
+		return
+	}
 	occurred := time.Now()
 	if ce != nil {
 		typ = ce.typ
