@@ -61,7 +61,7 @@ bench agent the agent path against direct ingest (postbox bench agent --help).`)
 	fs.Var(&frame, "frame", "`envelopes` per frame")
 	window := positiveInt(128)
 	fs.Var(&window, "window", "most unacknowledged `envelopes` per device")
-	payloadBytes := positiveInt(300)
+	payloadBytes := payloadSize(300)
 	fs.Var(&payloadBytes, "payload-bytes", "approximate size of each payload in `bytes`")
 	rate := fs.Float64("rate", 0, "offered events/s over all devices (0 = as fast as acks allow)")
 	srvURL := fs.String("server", "", "a running server (ws://host:port or grpc://host:port) instead of starting one")
@@ -78,6 +78,9 @@ bench agent the agent path against direct ingest (postbox bench agent --help).`)
 	fs.Var(&queueSize, "queue-size", "the started server's writer queue bound in `events`")
 	raw := fs.Bool("raw", false, "the baseline, without a postbox server: insert the events into a fresh SQLite database in plain group commits, or with --streams nats://… or kafka://… publish them straight to JetStream or Kafka")
 	if err := parse(env, fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
 		return err
 	}
 	kind, err := streamsKind(*streams)

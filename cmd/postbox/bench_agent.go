@@ -24,7 +24,7 @@ the last line of stdout.`)
 	fs.Var(&events, "events", "`events` per run of each path")
 	rounds := positiveInt(1)
 	fs.Var(&rounds, "rounds", "`rounds` of both paths, alternating which goes first")
-	payloadBytes := positiveInt(300)
+	payloadBytes := payloadSize(300)
 	fs.Var(&payloadBytes, "payload-bytes", "approximate size of each payload in `bytes`")
 	chunk := positiveInt(sendChunk)
 	fs.Var(&chunk, "chunk", "`events` per POST to the intake (as postbox send)")
@@ -45,6 +45,9 @@ the last line of stdout.`)
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the first agent-path run (agent, server and loader) to this file")
 	asJSON := fs.Bool("json", false, "print the result as one JSON object on the last line")
 	if err := parse(env, fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
 		return err
 	}
 	res, err := bench.Agent(ctx, bench.AgentConfig{

@@ -30,10 +30,13 @@ kafka: a topic TOPIC-postbox-bench-PID, created with the brokers' default partit
 	fs.Var(&batch, "batch", "most `events` per publish")
 	window := positiveInt(8000)
 	fs.Var(&window, "max-in-flight", "most `events` in flight per relay")
-	payloadBytes := positiveInt(200)
+	payloadBytes := payloadSize(200)
 	fs.Var(&payloadBytes, "payload-bytes", "approximate size of each payload in `bytes`")
 	asJSON := fs.Bool("json", false, "print the result as one JSON object on the last line")
 	if err := parse(env, fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
 		return err
 	}
 	if !isPostgres(*dsn) || *to == "" {

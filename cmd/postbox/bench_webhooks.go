@@ -25,7 +25,7 @@ Progress goes to stderr; --json prints one JSON object as the last line of stdou
 	fs.Var(&connections, "connections", "keep-alive `connections`, each posting one webhook at a time")
 	requests := positiveInt(200000)
 	fs.Var(&requests, "requests", "`webhooks` in all, shared among the connections")
-	payloadBytes := positiveInt(300)
+	payloadBytes := payloadSize(300)
 	fs.Var(&payloadBytes, "payload-bytes", "approximate size of each JSON body in `bytes`")
 	maxBatch := positiveInt(groupcommit.DefaultMaxBatch)
 	fs.Var(&maxBatch, "max-batch", "the started server's most `events` per group commit")
@@ -37,6 +37,9 @@ Progress goes to stderr; --json prints one JSON object as the last line of stdou
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the postbox part of the run (server and loader) to this file")
 	traceFile := fs.String("trace", "", "write an execution trace (go tool trace) of the postbox part of the run to this file")
 	if err := parse(env, fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
 		return err
 	}
 	if *srvURL != "" && !strings.HasPrefix(*srvURL, "http://") && !strings.HasPrefix(*srvURL, "https://") {

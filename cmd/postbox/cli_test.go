@@ -67,6 +67,10 @@ func TestBadInvocations(t *testing.T) {
 		{[]string{"outbox", "list", "--outbox", filepath.Join(dir, "missing.db")}, 1, "no such file"},
 		{[]string{"outbox", "list", "--state", "odd", "--outbox", "x"}, 2, "--state must be"},
 		{[]string{"outbox", "requeue", "--outbox", "x"}, 2, "name event ids or pass --all"},
+		{[]string{"bench", "extra"}, 2, `takes no arguments, got ["extra"]`},
+		{[]string{"bench", "webhooks", "extra"}, 2, `takes no arguments, got ["extra"]`},
+		{[]string{"bench", "--payload-bytes", "999999999999"}, 2, "want a size in bytes from 1 to 1048576"},
+		{[]string{"bench", "agent", "--payload-bytes", "0"}, 2, "want a size in bytes from 1 to 1048576"},
 	} {
 		out, code := run(t, tc.args...)
 		if code != tc.code || !strings.Contains(out, tc.want) {

@@ -56,7 +56,7 @@ func init() {
 		"bench":   {"measure ingest end to end: N devices pipelining events (bench webhooks: POST /webhooks)", runBench},
 
 		"sources":       {"create, list, get and delete sources: devices, webhook endpoints (GitHub, Stripe, ...)", runSources},
-		"subscriptions": {"create, list, get, retarget, enable, delete and replay subscriptions", runSubscriptions},
+		"subscriptions": {"create, list, get, set-target, enable, delete and replay subscriptions", runSubscriptions},
 		"streams":       {"show the streams: events, offsets, first and last stored", runStreams},
 		"consumers":     {"show, reset and audit the subscriptions' consumers (list|get|reset|history)", runConsumersGroup},
 		"inbox":         {"list, show, lease, ack and nack inbox items", runInbox},
@@ -370,6 +370,23 @@ func (p *positiveInt) Set(s string) error {
 		return fmt.Errorf("%q is not a positive whole number", s)
 	}
 	*p = positiveInt(n)
+	return nil
+}
+
+// payloadSize is a bench's --payload-bytes: 1 byte to maxBenchPayload.
+type payloadSize int
+
+// maxBenchPayload bounds a bench payload: the default limit of a webhook
+// body, over that of an envelope (a bench of larger ones measures refusals).
+const maxBenchPayload = 1 << 20
+
+func (p *payloadSize) String() string { return strconv.Itoa(int(*p)) }
+func (p *payloadSize) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 || n > maxBenchPayload {
+		return fmt.Errorf("%q: want a size in bytes from 1 to %d", s, maxBenchPayload)
+	}
+	*p = payloadSize(n)
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -127,12 +128,19 @@ func readPayload(arg string) (json.RawMessage, error) {
 // postEvents posts an array of envelopes to the intake and returns the
 // per-event statuses.
 func postEvents(ctx context.Context, agentURL string, body []byte) ([]map[string]any, error) {
+	// The agent answers once its outbox committed: seconds at most, unless
+	// it hangs.
+	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(agentURL, "/")+"/v1/events", bytes.NewReader(body))
 	if err != nil {
 		return nil, fmt.Errorf("send: --agent: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+		return nil, fmt.Errorf("send: the agent at %s did not answer within %v", agentURL, apiTimeout)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("send: is the agent running? %w", err)
 	}
