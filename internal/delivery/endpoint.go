@@ -186,6 +186,9 @@ func (e *Endpoint) validate() error {
 			return errorf(ErrInvalid, "%s %s: want a positive duration up to %s", f.name, f.d, maxEndpointWait)
 		}
 	}
+	if e.RetryBaseDelay > 0 && e.RetryMaxDelay > 0 && e.RetryBaseDelay > e.RetryMaxDelay {
+		return errorf(ErrInvalid, "retry_base_delay %s is above retry_max_delay %s: every wait would be the maximum", e.RetryBaseDelay, e.RetryMaxDelay)
+	}
 	if e.MaxAttempts < 0 || e.MaxAttempts > maxEndpointTries {
 		return errorf(ErrInvalid, "max_attempts %d: want 1 to %d", e.MaxAttempts, maxEndpointTries)
 	}

@@ -100,6 +100,7 @@ func TestAPIEndpointBadInput(t *testing.T) {
 		{`"retry_schedule": "5s,soon"`, "invalid_field", "retry_schedule"},
 		{`"retry_schedule": "5s,0s"`, "invalid_field", "retry_schedule"},
 		{`"retry_schedule": "5s", "retry_base_delay": "1s"`, "invalid_field", "retry_schedule"},
+		{`"retry_base_delay": "1h", "retry_max_delay": "1ms"`, "invalid_field", "retry_base_delay 1h0m0s is above retry_max_delay"},
 		{`"timeout": "0s"`, "invalid_field", "timeout"},
 		{`"timeout": "-1s"`, "invalid_field", "timeout"},
 		{`"timeout": "1h"`, "invalid_field", "timeout"},
