@@ -375,9 +375,9 @@ func trickySeeds() []string {
 		envWith(`"schema_version":1,"device_id":"\uDBFF\uDFFF\ud800"`),
 		envWith("\"schema_version\":1,\"payload\":{\"k\":\"\xff\"}"),
 		// Payloads nested to the limit and one past it.
-		envWith(`"schema_version":1,"payload":` + strings.Repeat(`[`, postbox.MaxPayloadDepth) + strings.Repeat(`]`, postbox.MaxPayloadDepth)),
-		envWith(`"schema_version":1,"payload":` + strings.Repeat(`{"a":[`, postbox.MaxPayloadDepth/2) + `"]}"` + strings.Repeat(`]}`, postbox.MaxPayloadDepth/2) + `,"event_id":5`),
-		envWith(`"schema_version":1,"payload":` + strings.Repeat(`[`, postbox.MaxPayloadDepth+1) + strings.Repeat(`]`, postbox.MaxPayloadDepth+1)),
+		envWith(`"schema_version":1,"payload":`+strings.Repeat(`[`, postbox.MaxPayloadDepth)+strings.Repeat(`]`, postbox.MaxPayloadDepth)),
+		envWith(`"schema_version":1,"payload":`+strings.Repeat(`{"a":[`, postbox.MaxPayloadDepth/2)+`"]}"`+strings.Repeat(`]}`, postbox.MaxPayloadDepth/2)+`,"event_id":5`),
+		envWith(`"schema_version":1,"payload":`+strings.Repeat(`[`, postbox.MaxPayloadDepth+1)+strings.Repeat(`]`, postbox.MaxPayloadDepth+1)),
 		envWith("\"schema_version\":1,\"payload\":{\"\xed\xa0\x80\":1}"),
 		envWith(`"schema_version":1,"payload":{"k":"\ud800"}`),
 		envWith("\"schema_version\":1,\"payload\":{\"k\":\"\xff\"},\"event_id\":5"),

@@ -82,7 +82,7 @@ func TestWebhookIntake(t *testing.T) {
 		{`{}`, nil, 400, "missing_field"},
 		{`{"a":`, map[string]string{"Idempotency-Key": "k"}, 400, "invalid_json"},
 		{``, map[string]string{"Idempotency-Key": "k"}, 400, "invalid_json"},
-		{"{\"a\":\"\xff\"}", map[string]string{"Idempotency-Key": "k"}, 400, "invalid_json"}, // not UTF-8
+		{"{\"a\":\"\xff\"}", map[string]string{"Idempotency-Key": "k"}, 400, "invalid_json"},                                     // not UTF-8
 		{strings.Repeat("[", 1001) + strings.Repeat("]", 1001), map[string]string{"Idempotency-Key": "k"}, 400, "invalid_field"}, // nested too deep
 		{`{}`, map[string]string{"Idempotency-Key": strings.Repeat("k", 256)}, 400, "invalid_field"},
 		{`{"big":"` + strings.Repeat("x", 5000) + `"}`, map[string]string{"Idempotency-Key": "k"}, 413, "too_large"},
