@@ -28,7 +28,8 @@ const (
 	// verify with the source's secrets. 401.
 	CodeInvalidSignature Code = "invalid_signature"
 	// CodeNotFound: no subscription, source, stream, consumer, inbox,
-	// item or webhook has that name or id. 404.
+	// item or webhook has that name or id; no route takes the path, or
+	// the path is not clean. 404.
 	CodeNotFound Code = "not_found"
 	// CodeMethodNotAllowed: the path takes other methods (Allow names
 	// them). 405.
@@ -80,7 +81,7 @@ var codes = []CodeInfo{
 	{CodeInvalidSource, http.StatusBadRequest, "a webhook was sent to a source that is not of kind `webhook`"},
 	{CodeUnauthorized, http.StatusUnauthorized, "the server has an API token and the request did not carry it"},
 	{CodeInvalidSignature, http.StatusUnauthorized, "a webhook's signature is missing or does not verify with its source's secrets"},
-	{CodeNotFound, http.StatusNotFound, "no subscription, source, stream, consumer, inbox, item or webhook has that name or id"},
+	{CodeNotFound, http.StatusNotFound, "no subscription, source, stream, consumer, inbox, item or webhook has that name or id; no route takes the path, or the path is not in its clean form (`//`, `/./`, `/../`)"},
 	{CodeMethodNotAllowed, http.StatusMethodNotAllowed, "the path takes other methods, which `Allow` names"},
 	{CodeRequestTimeout, http.StatusRequestTimeout, "the body did not arrive within `--http-read-timeout` (30s) of the headers"},
 	{CodeConflict, http.StatusConflict, "a subscription or source of that name exists with another definition, a subscription's inbox has another target, or subscriptions read a source being deleted"},
