@@ -135,11 +135,10 @@ set, each publish is a span exported over OTLP (docs/TRACING.md).`)
 	if src.lite != nil {
 		// One relay sends a SQLite outbox: it keeps the rows in flight in
 		// memory, where PostgreSQL's relays claim theirs in the table.
-		lock, err := sqlitedb.Lock(*dsn)
-		if err != nil {
+		// src.close releases the lock after the store is closed.
+		if src.lock, err = sqlitedb.Lock(*dsn); err != nil {
 			return fmt.Errorf("relay: outbox %w", err)
 		}
-		defer lock.Unlock()
 	}
 
 	reg := prometheus.NewRegistry()
@@ -236,6 +235,7 @@ type outboxDB struct {
 	pool  *pgxpool.Pool // PostgreSQL only
 	pg    *outboxpg.Store
 	lite  *outboxsqlite.Store // SQLite only
+	lock  *sqlitedb.FileLock  // a relay's, of a SQLite outbox
 }
 
 func isPostgres(dsn string) bool {
@@ -322,6 +322,7 @@ func (o *outboxDB) close() {
 	if o.lite != nil {
 		o.lite.Close()
 	}
+	o.lock.Unlock()
 }
 
 // relayTarget returns the publisher for a --to URL and a function that

@@ -234,7 +234,7 @@ func (f *Follower) follow(ctx context.Context) error {
 	if err != nil {
 		return failed("connect", "feed request: %w", err)
 	}
-	token, err := Settings{Token: f.cfg.Token}.ResolveToken()
+	token, err := resolveToken(f.cfg.Token)
 	if err != nil {
 		return failed("token", "%w", err)
 	}

@@ -59,10 +59,14 @@ func (s Settings) StreamName() string {
 }
 
 // ResolveToken returns the token, read from the environment for "env:NAME".
-func (s Settings) ResolveToken() (string, error) {
-	name, ok := strings.CutPrefix(s.Token, "env:")
+func (s Settings) ResolveToken() (string, error) { return resolveToken(s.Token) }
+
+// resolveToken returns token, or the value of the environment variable
+// NAME for "env:NAME".
+func resolveToken(token string) (string, error) {
+	name, ok := strings.CutPrefix(token, "env:")
 	if !ok {
-		return s.Token, nil
+		return token, nil
 	}
 	tok, set := os.LookupEnv(name)
 	if !set {
