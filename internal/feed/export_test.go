@@ -26,3 +26,6 @@ func value(c prometheus.Metric) float64 {
 	}
 	return d.Gauge.GetValue()
 }
+
+// ResolveToken is resolveToken, for tests.
+var ResolveToken = resolveToken

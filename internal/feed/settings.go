@@ -58,9 +58,6 @@ func (s Settings) StreamName() string {
 	return name
 }
 
-// ResolveToken returns the token, read from the environment for "env:NAME".
-func (s Settings) ResolveToken() (string, error) { return resolveToken(s.Token) }
-
 // resolveToken returns token, or the value of the environment variable
 // NAME for "env:NAME".
 func resolveToken(token string) (string, error) {

@@ -39,13 +39,13 @@ func TestSettings(t *testing.T) {
 		}
 	}
 	t.Setenv("FEED_TEST_TOKEN", "s3cret")
-	if tok, err := (feed.Settings{Token: "env:FEED_TEST_TOKEN"}).ResolveToken(); err != nil || tok != "s3cret" {
+	if tok, err := feed.ResolveToken("env:FEED_TEST_TOKEN"); err != nil || tok != "s3cret" {
 		t.Errorf("env token: %q %v", tok, err)
 	}
-	if _, err := (feed.Settings{Token: "env:FEED_TEST_UNSET"}).ResolveToken(); err == nil {
+	if _, err := feed.ResolveToken("env:FEED_TEST_UNSET"); err == nil {
 		t.Error("an unset variable resolved")
 	}
-	if tok, _ := (feed.Settings{Token: "plain"}).ResolveToken(); tok != "plain" {
+	if tok, _ := feed.ResolveToken("plain"); tok != "plain" {
 		t.Errorf("plain token: %q", tok)
 	}
 }
