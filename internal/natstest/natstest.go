@@ -6,9 +6,11 @@
 package natstest
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,6 +41,10 @@ func Start(t testing.TB) string {
 	return StartServer(t, Options{}).URL()
 }
 
+// attempts is how often StartServer and StartCluster try fresh ports when
+// one they picked was taken before the server could listen on it.
+const attempts = 5
+
 // StartServer starts a JetStream server with opts and stops it when the
 // test ends.
 func StartServer(t testing.TB, opts Options) *Server {
@@ -46,24 +52,34 @@ func StartServer(t testing.TB, opts Options) *Server {
 	if opts.Dir == "" {
 		opts.Dir = t.TempDir()
 	}
-	if opts.Port == 0 {
-		opts.Port = FreePort(t)
-	}
 	if opts.Name == "" {
 		opts.Name = "natstest"
 	}
-	s := &Server{t: t, opts: server.Options{
-		ServerName: opts.Name,
-		Host:       "127.0.0.1",
-		Port:       opts.Port,
-		JetStream:  true,
-		StoreDir:   opts.Dir,
-		NoLog:      true,
-		NoSigs:     true,
-	}}
-	s.Restart()
-	t.Cleanup(s.Shutdown)
-	return s
+	var err error
+	for range attempts {
+		port := opts.Port
+		if port == 0 {
+			port = FreePort(t)
+		}
+		s := &Server{t: t, opts: server.Options{
+			ServerName: opts.Name,
+			Host:       "127.0.0.1",
+			Port:       port,
+			JetStream:  true,
+			StoreDir:   opts.Dir,
+			NoLog:      true,
+			NoSigs:     true,
+		}}
+		if err = s.start(); err == nil {
+			t.Cleanup(s.Shutdown)
+			return s
+		}
+		if !errors.Is(err, errListen) || opts.Port != 0 {
+			break
+		}
+	}
+	t.Fatalf("natstest: %v", err)
+	return nil
 }
 
 // URL returns the server's client URL; it stays the same across restarts.
@@ -88,19 +104,87 @@ func (s *Server) Shutdown() {
 // store and port. A running server is shut down first.
 func (s *Server) Restart() {
 	s.t.Helper()
+	if err := s.start(); err != nil {
+		s.t.Fatalf("natstest: %v", err)
+	}
+}
+
+// errListen marks a server that could not listen on one of its ports.
+var errListen = errors.New("cannot listen")
+
+// readyTimeout bounds how long a server may take to listen; a loaded test
+// machine can take seconds to start a JetStream server.
+const readyTimeout = 60 * time.Second
+
+// start shuts the server down if it runs and starts it on its store and
+// ports. It fails at once, wrapping errListen, when a port is taken.
+func (s *Server) start() error {
 	s.Shutdown()
 	opts := s.opts // the server keeps and changes what it is given
 	srv, err := server.NewServer(&opts)
 	if err != nil {
-		s.t.Fatalf("natstest: new server: %v", err)
+		return fmt.Errorf("new server %s: %w", s.opts.ServerName, err)
 	}
+	log := &errorLog{}
+	srv.SetLogger(log, false, false)
 	go srv.Start()
-	if !srv.ReadyForConnections(20 * time.Second) {
-		srv.Shutdown()
-		s.t.Fatalf("natstest: server %s not ready within 20s", s.opts.ServerName)
+	for deadline := time.Now().Add(readyTimeout); ; {
+		if srv.ReadyForConnections(50 * time.Millisecond) {
+			s.srv = srv
+			return nil
+		}
+		if fatal := log.fatal(); fatal != "" {
+			srv.Shutdown()
+			return fmt.Errorf("server %s: %w: %s", s.opts.ServerName, errListen, fatal)
+		}
+		if time.Now().After(deadline) {
+			srv.Shutdown()
+			return fmt.Errorf("server %s not ready within %s; its errors: %s", s.opts.ServerName, readyTimeout, log.errors())
+		}
 	}
-	s.srv = srv
 }
+
+// errorLog keeps what a server logs as an error, so that a server that
+// does not start can say why; everything else is dropped.
+type errorLog struct {
+	mu     sync.Mutex
+	lines  []string
+	fatals []string
+}
+
+func (l *errorLog) add(fatal bool, format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	line := fmt.Sprintf(format, v...)
+	if fatal {
+		l.fatals = append(l.fatals, line)
+	}
+	if len(l.lines) < 20 {
+		l.lines = append(l.lines, line)
+	}
+}
+
+func (l *errorLog) fatal() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.fatals, "; ")
+}
+
+func (l *errorLog) errors() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.lines) == 0 {
+		return "none"
+	}
+	return strings.Join(l.lines, "; ")
+}
+
+func (l *errorLog) Noticef(string, ...any)         {}
+func (l *errorLog) Debugf(string, ...any)          {}
+func (l *errorLog) Tracef(string, ...any)          {}
+func (l *errorLog) Warnf(format string, v ...any)  { l.add(false, format, v...) }
+func (l *errorLog) Errorf(format string, v ...any) { l.add(false, format, v...) }
+func (l *errorLog) Fatalf(format string, v ...any) { l.add(true, format, v...) }
 
 // Cluster is a JetStream cluster of in-process servers on loopback.
 type Cluster struct {
@@ -112,6 +196,24 @@ type Cluster struct {
 // test ends. It returns once the cluster has a JetStream meta leader.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
+	var err error
+	for range attempts {
+		var c *Cluster
+		if c, err = startCluster(t, n); err == nil {
+			c.WaitLeader(t)
+			return c
+		}
+		if !errors.Is(err, errListen) {
+			break
+		}
+	}
+	t.Fatalf("natstest: %v", err)
+	return nil
+}
+
+// startCluster starts n routed servers on fresh ports. On an error it
+// shuts down the servers it started.
+func startCluster(t testing.TB, n int) (*Cluster, error) {
 	name := fmt.Sprintf("natstest-%d", time.Now().UnixNano())
 	routes := make([]string, n)
 	clusterPorts := make([]int, n)
@@ -139,11 +241,15 @@ func StartCluster(t testing.TB, n int) *Cluster {
 		c.Nodes = append(c.Nodes, s)
 	}
 	for _, s := range c.Nodes {
-		s.Restart()
+		if err := s.start(); err != nil {
+			for _, s := range c.Nodes {
+				s.Shutdown()
+			}
+			return nil, err
+		}
 		t.Cleanup(s.Shutdown)
 	}
-	c.WaitLeader(t)
-	return c
+	return c, nil
 }
 
 // URLs returns every node's client URL.
