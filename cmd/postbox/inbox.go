@@ -387,7 +387,8 @@ one line per ID with its result; if any failed, the exit status is 1.`)
 	}
 	return settle(ctx, env, c, af, fs.Name(), "extend", fs.Args(), func(inbox string, ids []int64) ([]api.ItemResult, error) {
 		ext, err := c.Extend(ctx, inbox, *lease, *visibility, ids...)
-		if err == nil && !af.json {
+		extended := slices.ContainsFunc(ext.Items, func(r api.ItemResult) bool { return r.Error == nil })
+		if err == nil && extended && !af.json { // when every item failed, the lease was not extended
 			fmt.Fprintf(env.stdout, "lease %s now expires %s\n", *lease, when(ext.ExpiresAt))
 		}
 		return ext.Items, err
