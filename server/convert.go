@@ -58,7 +58,7 @@ func (cfg Config) validate() error {
 		return errorf("Config.Delivery.RetryBaseDelay %v is above Config.Delivery.RetryMaxDelay %v", base, most)
 	}
 	for i, secret := range cfg.Webhooks.Secrets {
-		if _, err := stdwebhook.ParseSecret(secret); err != nil {
+		if _, err := stdwebhook.CheckSecret(secret); err != nil {
 			return errorf("Config.Webhooks.Secrets[%d]: %v", i, err)
 		}
 	}

@@ -65,7 +65,7 @@ of each event's intake, materialisation and delivery attempts are exported over 
 	whKeyField := fs.String("webhook-key-field", "", "a top-level JSON `field` holding it, e.g. id for Stripe [POSTBOX_WEBHOOK_KEY_FIELD]")
 	whTypeHeader := fs.String("webhook-type-header", "", "another `header` holding a webhook's type, e.g. X-GitHub-Event [POSTBOX_WEBHOOK_TYPE_HEADER]")
 	whTypeField := fs.String("webhook-type-field", "", "a top-level JSON `field` holding it, e.g. type for Stripe [POSTBOX_WEBHOOK_TYPE_FIELD]")
-	whSecrets := fs.String("webhook-secret", "", "Standard Webhooks `secrets` (whsec_…, comma-separated while rotating): POST /webhooks then requires a valid signature [POSTBOX_WEBHOOK_SECRET]")
+	whSecrets := fs.String("webhook-secret", "", "Standard Webhooks `secrets` (whsec_ and base64 of 16 to 128 bytes, comma-separated while rotating): POST /webhooks then requires a valid signature [POSTBOX_WEBHOOK_SECRET]")
 	tokens := fs.String("auth-tokens", "", "file of 'TOKEN DEVICE_ID' lines; requires a bearer token on the ingress [POSTBOX_AUTH_TOKENS]")
 	apiToken := fs.String("api-token", "", "bearer `token` the operator API (subscriptions, streams, consumers, inboxes) and /metrics require [POSTBOX_API_TOKEN]")
 	noAPIToken := fs.Bool("insecure-no-api-token", false, "serve the operator API without --api-token on an address beyond loopback; without this, serve refuses to start there [POSTBOX_INSECURE_NO_API_TOKEN]")

@@ -103,18 +103,14 @@ func (s Secret) Fingerprint() string {
 	return "whsec_" + k + "…"
 }
 
-// validSecret refuses a key that is not "whsec_" and base64 of at least
-// 16 bytes.
+// validSecret refuses a key that is not "whsec_" and base64 of
+// stdwebhook.MinKeyBytes to MaxKeyBytes bytes.
 func validSecret(key string) error {
 	if !strings.HasPrefix(key, "whsec_") {
 		return errorf(ErrInvalid, "secret: want whsec_ and base64 (e.g. whsec_ and 32 random bytes in base64)")
 	}
-	k, err := stdwebhook.ParseSecret(key)
-	if err != nil {
-		return errorf(ErrInvalid, "secret: want whsec_ and base64 (e.g. whsec_ and 32 random bytes in base64)")
-	}
-	if len(k) < 16 || len(k) > 128 {
-		return errorf(ErrInvalid, "secret: %d bytes; want 16 to 128", len(k))
+	if _, err := stdwebhook.CheckSecret(key); err != nil {
+		return errorf(ErrInvalid, "secret: %s", strings.TrimPrefix(err.Error(), "webhook secret: "))
 	}
 	return nil
 }

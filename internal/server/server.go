@@ -251,7 +251,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	var webhookKeys [][]byte
 	for _, secret := range cfg.Webhooks.Secrets {
-		key, err := stdwebhook.ParseSecret(secret)
+		key, err := stdwebhook.CheckSecret(secret)
 		if err != nil {
 			return nil, configErrorf("Config.Webhooks.Secrets: %v", err)
 		}

@@ -105,8 +105,11 @@ func (ws webhookSettings) validate() error {
 			return fmt.Errorf("settings.secrets[%d]: want 1 to %d bytes without surrounding space", i, maxSourceSecretLen)
 		}
 		if ws.Preset == "" {
-			if _, err := stdwebhook.ParseSecret(sec); err != nil || !strings.HasPrefix(sec, "whsec_") {
+			if !strings.HasPrefix(sec, "whsec_") {
 				return fmt.Errorf("settings.secrets[%d]: a Standard Webhooks secret is whsec_ and base64 (or give a preset)", i)
+			}
+			if _, err := stdwebhook.CheckSecret(sec); err != nil {
+				return fmt.Errorf("settings.secrets[%d]: %v (or give a preset)", i, err)
 			}
 		}
 	}

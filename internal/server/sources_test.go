@@ -244,6 +244,7 @@ func TestWebhookSources(t *testing.T) {
 		{`{"name": "x", "kind": "webhook", "settings": {"preset": "gitlab"}}`, "settings.preset"},
 		{`{"name": "x", "kind": "webhook", "settings": {"preset": "stripe"}}`, "settings.secrets"},
 		{`{"name": "x", "kind": "webhook", "settings": {"secrets": ["plain"]}}`, "settings.secrets[0]"},
+		{`{"name": "x", "kind": "webhook", "settings": {"secrets": ["whsec_bm9wZQ=="]}}`, "settings.secrets[0]: webhook secret: a key of 4 bytes"},
 		{`{"name": "x", "kind": "webhook", "settings": {"key_header": "Bad Header"}}`, "settings.key_header"},
 		{`{"name": "x", "kind": "webhook", "settings": {"colour": "red"}}`, "colour"},
 		{`{"name": "x", "kind": "poll"}`, "settings: required"},

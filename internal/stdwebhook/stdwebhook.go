@@ -36,6 +36,28 @@ func ParseSecret(s string) ([]byte, error) {
 	return key, nil
 }
 
+// MinKeyBytes and MaxKeyBytes bound the key of a secret postbox takes: a
+// shorter key is guessable, and Standard Webhooks asks for 24 to 64
+// bytes.
+const (
+	MinKeyBytes = 16
+	MaxKeyBytes = 128
+)
+
+// CheckSecret is ParseSecret that also refuses a key shorter than
+// MinKeyBytes or longer than MaxKeyBytes: the check for a secret being
+// configured, where ParseSecret reads one that was.
+func CheckSecret(s string) ([]byte, error) {
+	key, err := ParseSecret(s)
+	if err != nil {
+		return nil, err
+	}
+	if len(key) < MinKeyBytes || len(key) > MaxKeyBytes {
+		return nil, fmt.Errorf("webhook secret: a key of %d bytes; want %d to %d (e.g. whsec_ and 32 random bytes in base64)", len(key), MinKeyBytes, MaxKeyBytes)
+	}
+	return key, nil
+}
+
 // Sign returns the webhook-signature value for body sent as message id at
 // ts, signed with key.
 func Sign(key []byte, id string, ts time.Time, body []byte) string {

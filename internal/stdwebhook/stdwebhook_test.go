@@ -77,3 +77,19 @@ func BenchmarkSign(b *testing.B) {
 		stdwebhook.Sign(key, "item_123456", now, body)
 	}
 }
+
+func TestCheckSecret(t *testing.T) {
+	if _, err := stdwebhook.CheckSecret(vectorSecret); err != nil {
+		t.Errorf("CheckSecret(%q): %v", vectorSecret, err)
+	}
+	for _, c := range []struct{ secret, want string }{
+		{"whsec_bm9wZQ==", "a key of 4 bytes; want 16 to 128"},
+		{"nope", "a key of 3 bytes"},
+		{"whsec_" + strings.Repeat("QUFB", 44), "a key of 132 bytes"},
+		{"whsec_%%%", "want whsec_ and base64"},
+	} {
+		if _, err := stdwebhook.CheckSecret(c.secret); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("CheckSecret(%q) = %v, want an error saying %q", c.secret, err, c.want)
+		}
+	}
+}
