@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -83,6 +84,14 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.ReadTimeout <= 0 {
 		cfg.ReadTimeout = DefaultReadTimeout
 	}
+	if err := checkIDs(cfg); err != nil {
+		return nil, err
+	}
+	switch strings.ToUpper(cfg.Synchronous) {
+	case "", sqlitedb.SyncFull, sqlitedb.SyncNormal:
+	default:
+		return nil, fmt.Errorf("agent: synchronous must be FULL or NORMAL, not %q", cfg.Synchronous)
+	}
 	opts := client.Options{Token: cfg.Token, Logger: cfg.Logger}
 	if cfg.CACert != "" {
 		tc, err := tlsca.Config(cfg.CACert)
@@ -97,15 +106,24 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: --server: %w", err)
 	}
+	a := &Agent{cfg: cfg, log: cfg.Logger, pub: pub}
+	// The intake's address is bound before the outbox is opened, so that
+	// a bad or taken address leaves no outbox behind.
+	if err := a.bind(); err != nil {
+		pub.Close()
+		return nil, err
+	}
 	// One agent relays an outbox: a second would send every row again.
 	lock, err := sqlitedb.Lock(cfg.OutboxPath)
 	if err != nil {
 		pub.Close()
+		a.ln.Close()
 		return nil, fmt.Errorf("agent: outbox %w", err)
 	}
 	store, err := outboxsqlite.Open(cfg.OutboxPath, outboxsqlite.Config{Synchronous: cfg.Synchronous})
 	if err != nil {
 		pub.Close()
+		a.ln.Close()
 		lock.Unlock()
 		return nil, err
 	}
@@ -122,33 +140,45 @@ func New(cfg Config) (*Agent, error) {
 	relay, err := outbox.NewRelay(store, pub, rcfg)
 	if err != nil {
 		pub.Close()
+		a.ln.Close()
 		store.Close()
 		lock.Unlock()
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, store: store, pub: pub, relay: relay, lock: lock}
+	a.store, a.relay, a.lock = store, relay, lock
 	a.intake = &intake{store: store, deviceID: cfg.DeviceID, sessionID: cfg.SessionID, limits: cfg.Limits, readTimeout: cfg.ReadTimeout, log: cfg.Logger, m: m}
 	return a, nil
+}
+
+// checkIDs refuses a device or session id that events could not carry,
+// by the rules the intake checks each event by.
+func checkIDs(cfg Config) error {
+	probe := postbox.Envelope{SchemaVersion: postbox.SchemaVersion, EventID: "evt_probe", Type: "probe",
+		TS: time.Now().UTC().Format(time.RFC3339Nano), DeviceID: cfg.DeviceID, SessionID: cfg.SessionID, Payload: []byte("{}")}
+	if err := probe.Validate(cfg.Limits); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	return nil
 }
 
 // Store returns the agent's outbox.
 func (a *Agent) Store() *outboxsqlite.Store { return a.store }
 
-// Listen binds the intake and returns its address.
-func (a *Agent) Listen() (net.Addr, error) {
-	if a.ln != nil {
-		return a.ln.Addr(), nil
-	}
+// Listen returns the address of the intake, which New bound.
+func (a *Agent) Listen() (net.Addr, error) { return a.ln.Addr(), nil }
+
+// bind binds the intake: Config.Listener, else Config.Listen.
+func (a *Agent) bind() error {
 	if a.cfg.Listener != nil {
 		a.ln = a.cfg.Listener
-		return a.ln.Addr(), nil
+		return nil
 	}
 	ln, err := net.Listen("tcp", a.cfg.Listen)
 	if err != nil {
-		return nil, fmt.Errorf("agent: listen %s: %w", a.cfg.Listen, err)
+		return fmt.Errorf("agent: listen %s: %w", a.cfg.Listen, err)
 	}
 	a.ln = ln
-	return ln.Addr(), nil
+	return nil
 }
 
 // Run serves the intake and relays the outbox until ctx ends.
@@ -156,10 +186,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.lock.Unlock()
 	defer a.store.Close()
 	defer a.pub.Close()
-	addr, err := a.Listen()
-	if err != nil {
-		return err
-	}
+	defer a.ln.Close() // Serve closed it, unless Run returns before
+	addr := a.ln.Addr()
 	if tcp, ok := addr.(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
 		a.log.Warn("agent: the intake listens beyond loopback and has no authentication; anyone who reaches it may queue events", "listen", addr.String())
 	}

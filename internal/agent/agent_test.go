@@ -952,7 +952,7 @@ func TestAgentOverTLSWithItsOwnCA(t *testing.T) {
 func TestOutboxUsedByOneAgentOnly(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "outbox.db")
 	startAgent(t, agent.Config{Server: "ws://127.0.0.1:1", OutboxPath: path})
-	_, err := agent.New(agent.Config{Server: "ws://127.0.0.1:1", OutboxPath: path, DeviceID: device})
+	_, err := agent.New(agent.Config{Server: "ws://127.0.0.1:1", OutboxPath: path, DeviceID: device, Listen: "127.0.0.1:0"})
 	if pid := fmt.Sprintf("(pid %d)", os.Getpid()); !errors.Is(err, sqlitedb.ErrLocked) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), pid) {
 		t.Fatalf("second agent on one outbox: got %v, want %v naming the outbox and %s", err, sqlitedb.ErrLocked, pid)
 	}
@@ -1007,5 +1007,46 @@ func TestIntakeSlowBodyIsCutOff(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(body), `"request_timeout"`) {
 		t.Fatalf("a slow body: %s %s, want 408 request_timeout", resp.Status, body)
+	}
+}
+
+// TestNewRefusesBadConfigBeforeTheOutbox: what the agent cannot run with
+// is refused by New, naming it, before the outbox file (or its lock) is
+// created.
+func TestNewRefusesBadConfigBeforeTheOutbox(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	for _, c := range []struct {
+		name string
+		cfg  agent.Config
+		want string
+	}{
+		{"synchronous", agent.Config{Synchronous: "OFF"}, `synchronous must be FULL or NORMAL, not "OFF"`},
+		{"listen", agent.Config{Listen: "bogus"}, "listen bogus"},
+		{"listen taken", agent.Config{Listen: taken.Addr().String()}, "address already in use"},
+		{"device id", agent.Config{DeviceID: " dev-1"}, "device_id: begins or ends with white space"},
+		{"session id", agent.Config{SessionID: "s\x01"}, "session_id: contains a control character"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			c.cfg.Server = "ws://127.0.0.1:1"
+			c.cfg.OutboxPath = filepath.Join(dir, "outbox.db")
+			if c.cfg.DeviceID == "" {
+				c.cfg.DeviceID = device
+			}
+			if c.cfg.Listen == "" {
+				c.cfg.Listen = "127.0.0.1:0"
+			}
+			_, err := agent.New(c.cfg)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("New: %v, want an error saying %q", err, c.want)
+			}
+			if files, _ := os.ReadDir(dir); len(files) != 0 {
+				t.Errorf("New left %d files behind (%s...)", len(files), files[0].Name())
+			}
+		})
 	}
 }
