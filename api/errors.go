@@ -45,6 +45,9 @@ const (
 	// CodeInvalidState: the item's state does not allow the request. 409,
 	// or per item in the results of an ack, nack or extend.
 	CodeInvalidState Code = "invalid_state"
+	// CodeUpgradeRequired: a request to the WebSocket ingress that is not
+	// a WebSocket upgrade. 426.
+	CodeUpgradeRequired Code = "upgrade_required"
 	// CodeTooLarge: the body is over the server's limit. 413.
 	CodeTooLarge Code = "too_large"
 	// CodeUnsupportedMediaType: a CloudEvents webhook in a mode or with
@@ -89,6 +92,7 @@ var codes = []CodeInfo{
 	{CodeInvalidState, http.StatusConflict, "an item is not in a state the request needs"},
 	{CodeTooLarge, http.StatusRequestEntityTooLarge, "the body is over 1 MiB"},
 	{CodeUnsupportedMediaType, http.StatusUnsupportedMediaType, "a webhook is a CloudEvent in batched mode, or its data is not JSON"},
+	{CodeUpgradeRequired, http.StatusUpgradeRequired, "a request to `GET /v1/ws` is not a WebSocket upgrade"},
 	{CodeQueueFull, http.StatusTooManyRequests, "a webhook found the server's write queue full: send it again after `Retry-After`"},
 	{CodeNotKept, http.StatusNotImplemented, "the stream backend keeps no history of consumer commits"},
 	{CodeUnavailable, http.StatusServiceUnavailable, "the server is starting or shutting down, or its store failed: send it again"},

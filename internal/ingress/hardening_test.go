@@ -181,7 +181,10 @@ func TestConnectionLimit(t *testing.T) {
 		defer c.Close()
 		conns = append(conns, c)
 	}
-	resp, err := http.Get("http" + strings.TrimPrefix(url, "ws"))
+	req, _ := http.NewRequest(http.MethodGet, "http"+strings.TrimPrefix(url, "ws"), nil)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "websocket")
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

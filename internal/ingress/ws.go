@@ -62,6 +62,12 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		device = d
 	}
+	if !isUpgrade(r.Header) {
+		w.Header().Set("Upgrade", "websocket")
+		w.Header().Set("Connection", "Upgrade")
+		writeError(w, api.CodeUpgradeRequired, "GET "+r.URL.Path+" is a WebSocket: send Connection: Upgrade and Upgrade: websocket (a WebSocket client does), or POST events to /webhooks")
+		return
+	}
 	if !in.admit(device) {
 		in.m.refused.Inc()
 		w.Header().Set("Retry-After", retryAfterFull)
@@ -182,6 +188,26 @@ func writeError(w http.ResponseWriter, code api.Code, message string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code.Status())
 	json.NewEncoder(w).Encode(api.ErrorResponse{Error: api.Error{Code: code, Message: message}})
+}
+
+// isUpgrade reports whether h asks for a WebSocket: Connection holds the
+// token upgrade and Upgrade the token websocket. What else the handshake
+// needs is checked by websocket.Accept.
+func isUpgrade(h http.Header) bool {
+	return hasToken(h["Connection"], "upgrade") && hasToken(h["Upgrade"], "websocket")
+}
+
+// hasToken reports whether the comma-separated header values hold token,
+// compared without case.
+func hasToken(values []string, token string) bool {
+	for _, v := range values {
+		for t := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // admit counts a new connection in, unless MaxConnections are open; a
