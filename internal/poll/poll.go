@@ -36,6 +36,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -453,6 +454,9 @@ func (p *Poller) decode(body []byte) (page, error) {
 func (p *Poller) event(item []byte, now time.Time) (stream.Event, error) {
 	if len(item) == 0 || item[0] != '{' {
 		return stream.Event{}, errors.New("not a JSON object")
+	}
+	if fe := postbox.CheckPayloadDepth(item); fe != nil { // what subscribers could not decode
+		return stream.Event{}, fe
 	}
 	// The pointers of one token (the common case) are members of the
 	// item: one scan finds them all.
