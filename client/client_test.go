@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -91,6 +92,29 @@ func TestURL(t *testing.T) {
 	}
 	if _, err := client.Dial(context.Background(), "ftp://host", client.Options{}); err == nil {
 		t.Error("Dial with a bad URL succeeded")
+	}
+}
+
+// TestNewAPIURL: the API's URL is a scheme, a host and a path prefix the
+// client's paths are joined to: anything else is refused, naming it,
+// and a password is not shown.
+func TestNewAPIURL(t *testing.T) {
+	for _, ok := range []string{"http://host:8000", "https://host/postbox/", "http://127.0.0.1:8000/"} {
+		if _, err := client.NewAPI(ok, client.APIOptions{}); err != nil {
+			t.Errorf("NewAPI(%q): %v", ok, err)
+		}
+	}
+	for _, c := range []struct{ url, want string }{
+		{"ws://host:8000", "want http://HOST:PORT"},
+		{"http://host:8000?token=x", "no query"},
+		{"http://host:8000/?", "no query"},
+		{"http://host:8000/#top", "fragment"},
+		{"http://me:s3cret@host:8000", "credentials in the URL"},
+	} {
+		_, err := client.NewAPI(c.url, client.APIOptions{})
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("NewAPI(%q) = %v, want an error saying %q (without the password)", c.url, err, c.want)
+		}
 	}
 }
 
