@@ -170,7 +170,11 @@ func parse(env *cmdEnv, fs *flag.FlagSet, args []string) error {
 	err := fs.Parse(flagsFirst(fs, args))
 	fs.SetOutput(env.stderr)
 	if err != nil {
-		return usagef("%s: %v", fs.Name(), err)
+		msg := err.Error()
+		if strings.HasPrefix(msg, "invalid boolean value") { // the flag package says "parse error"
+			msg = strings.TrimSuffix(msg, "parse error") + boolWant
+		}
+		return usagef("%s: %s", fs.Name(), msg)
 	}
 	src := map[string]string{}
 	fs.Visit(func(f *flag.Flag) { src[f.Name] = "--" + f.Name })
@@ -183,6 +187,9 @@ func parse(env *cmdEnv, fs *flag.FlagSet, args []string) error {
 		for _, v := range envVars(fs, f) {
 			if val := env.getenv(v); val != "" {
 				if err := fs.Set(f.Name, val); err != nil {
+					if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+						err = errors.New(boolWant)
+					}
 					bad = usagef("environment variable %s=%q: %v", v, val, err)
 				}
 				src[f.Name] = v
@@ -192,6 +199,9 @@ func parse(env *cmdEnv, fs *flag.FlagSet, args []string) error {
 	})
 	return bad
 }
+
+// boolWant says what a boolean flag or variable takes.
+const boolWant = "want true or false (or 1, 0)"
 
 // sources holds, for each parsed flag set, where each flag that is set
 // came from: "--NAME" (the command line) or an environment variable.

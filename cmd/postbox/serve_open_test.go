@@ -34,8 +34,11 @@ func TestServeRefusesAnOpenOperatorAPI(t *testing.T) {
 	}
 	bad := exec.Command(binary, "serve", "--addr", "0.0.0.0:0", "--db", filepath.Join(dir, "bad.db"))
 	bad.Env = append(bad.Environ(), "POSTBOX_INSECURE_NO_API_TOKEN=perhaps")
-	if out, err := bad.CombinedOutput(); err == nil || !strings.Contains(string(out), "POSTBOX_INSECURE_NO_API_TOKEN") {
-		t.Errorf("POSTBOX_INSECURE_NO_API_TOKEN=perhaps: %v %s; want an error naming the variable", err, out)
+	if out, err := bad.CombinedOutput(); err == nil || !strings.Contains(string(out), `POSTBOX_INSECURE_NO_API_TOKEN="perhaps": want true or false`) {
+		t.Errorf("POSTBOX_INSECURE_NO_API_TOKEN=perhaps: %v %s; want an error naming the variable and what it takes", err, out)
+	}
+	if out, err := exec.Command(binary, "serve", "--insecure-no-api-token=perhaps").CombinedOutput(); err == nil || !strings.Contains(string(out), "-insecure-no-api-token: want true or false") {
+		t.Errorf("--insecure-no-api-token=perhaps: %v %s; want an error naming the flag and what it takes", err, out)
 	}
 	for i, c := range []struct {
 		args []string
