@@ -1,14 +1,20 @@
 package postbox_test
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/postbox-events/postbox"
 )
 
-// AppendJSON writes what json.Marshal writes, and fails where it fails.
+// AppendJSON writes what json.Marshal writes, but for the payload, which
+// it compacts as json.Compact does (no escapes added); it fails where
+// json.Marshal fails and on text that is not valid UTF-8, which
+// json.Marshal would repair.
 func FuzzAppendJSON(f *testing.F) {
 	for _, c := range []struct {
 		id, typ, trace, payload string
@@ -25,6 +31,7 @@ func FuzzAppendJSON(f *testing.F) {
 		{"evt_9", "tab\t", "", `"just a string"`, -1},
 		{"evt_10", "t", "", `{"a":1} {"b":2}`, -1},
 		{"evt_11", "t", "", "{\"bad\":\"\xff\"}", -1},
+		{"evt_\xff", "t", "", `{}`, -1},
 	} {
 		f.Add(c.id, c.typ, c.trace, c.payload, c.seq)
 	}
@@ -34,13 +41,34 @@ func FuzzAppendJSON(f *testing.F) {
 		if seq >= 0 {
 			env.Seq = &seq
 		}
-		want, wantErr := json.Marshal(env)
 		got, err := env.AppendJSON([]byte("x"))
+		if !utf8.ValidString(id) || !utf8.ValidString(typ) || !utf8.ValidString(trace) || !utf8.ValidString(payload) {
+			if err == nil {
+				t.Fatalf("AppendJSON of text that is not UTF-8 = %s, want an error", got[1:])
+			}
+			return
+		}
+		_, wantErr := json.Marshal(env)
+		if payload == "" {
+			wantErr = errors.New("payload: required") // json.Marshal writes null for a nil payload
+		}
 		if (err != nil) != (wantErr != nil) {
 			t.Fatalf("AppendJSON error %v, json.Marshal error %v", err, wantErr)
 		}
-		if err == nil && string(got) != "x"+string(want) {
-			t.Fatalf("AppendJSON = %s\njson.Marshal = %s", got[1:], want)
+		if err != nil {
+			return
+		}
+		// json.Marshal of the envelope with a stand-in payload, then the
+		// payload as json.Compact writes it.
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, []byte(payload)); err != nil {
+			t.Fatal(err)
+		}
+		env.Payload = json.RawMessage("0")
+		head, _ := json.Marshal(env)
+		want := strings.TrimSuffix(string(head), "0}") + compact.String() + "}"
+		if string(got) != "x"+want {
+			t.Fatalf("AppendJSON = %s\nwant %s", got[1:], want)
 		}
 	})
 }

@@ -1050,3 +1050,25 @@ func TestNewRefusesBadConfigBeforeTheOutbox(t *testing.T) {
 		})
 	}
 }
+
+// TestPayloadBytesKept: a payload full of '<', '>' and '&' reaches the
+// server as it was posted; json.Marshal's escapes once made such an event
+// six times larger on the wire, over the server's limit after a 202.
+func TestPayloadBytesKept(t *testing.T) {
+	srv := startServer(t, server.Config{})
+	ta := startAgent(t, agent.Config{Server: "ws://" + srv.addr})
+	payload := `{"html":"` + strings.Repeat("<b>&", 20000) + `"}` // 80 KB, 480 KB escaped
+	st, body := ta.post(t, `{"event_id":"evt_html","type":"page","payload":`+payload+`}`)
+	if st != http.StatusAccepted {
+		t.Fatalf("POST: %d %s", st, body)
+	}
+	testenv.Eventually(t, 30*time.Second, "the event at the server and its row gone", func() bool {
+		if _, rejected := ta.counts(t); rejected != 0 {
+			t.Fatalf("the event was rejected: %s", ta.rows(t)["evt_html"].LastError)
+		}
+		return srv.has(t, 1) && ta.empty(t)
+	})
+	if got := srv.ids(t)["evt_html"]; got != payload {
+		t.Errorf("stored payload of %d bytes (%.40q...), want the %d bytes posted", len(got), got, len(payload))
+	}
+}
