@@ -226,7 +226,10 @@ func checkString(name, v string, max int) error {
 		return &FieldError{Field: name, Code: CodeInvalidField, Message: name + ": not valid UTF-8"}
 	}
 	for i := 0; i < len(v); i++ {
-		if v[i] < 0x20 || v[i] == 0x7f {
+		// C0, DEL, and C1 (U+0080 to U+009F: 0xC2 then 0x80 to 0x9F),
+		// which display as nothing: "tr1" and "tr1\u0080" would be two
+		// events that look like one.
+		if c := v[i]; c < 0x20 || c == 0x7f || (c == 0xc2 && i+1 < len(v) && v[i+1] < 0xa0) {
 			return &FieldError{Field: name, Code: CodeInvalidField, Message: name + ": contains a control character"}
 		}
 	}
