@@ -225,6 +225,12 @@ type decoded struct {
 	refused []postbox.Reply
 }
 
+// maxEchoedID bounds the event_id a NACK names back: a longer one (over
+// any id limit) is not copied into the reply, so that the refusals queued
+// for a peer that does not read them stay small: a frame of 16 MiB ids
+// once held the server's memory at a gigabyte.
+const maxEchoedID = 1024
+
 // decodeFrame validates every envelope of a frame. device, when not empty,
 // is the only device_id the sender may use.
 func (in *Ingress) decodeFrame(frame []byte, device string) decoded {
@@ -250,6 +256,9 @@ func (in *Ingress) decodeFrame(frame []byte, device string) decoded {
 			id := env.EventID
 			if id == "" {
 				id = postbox.PeekEventID(raw)
+			}
+			if len(id) > maxEchoedID {
+				id = ""
 			}
 			d.refused = append(d.refused, postbox.Nack(id, err))
 			continue

@@ -365,6 +365,10 @@ func testBadInput(t *testing.T, tr transport) {
 		{"bad ts", strings.Replace(env("b-3", "pi-1", "t", `{}`), "2026-02-16T23:10:21Z", "yesterday", 1), "b-3", postbox.CodeInvalidField, "ts"},
 		{"version", strings.Replace(env("b-4", "pi-1", "t", `{}`), `"schema_version":1`, `"schema_version":2`, 1), "b-4", postbox.CodeUnsupportedVersion, ""},
 		{"too large", env("b-5", "pi-1", "t", `{"x":"`+strings.Repeat("x", 2048)+`"}`), "b-5", postbox.CodeTooLarge, ""},
+		// An id over the limit is named back while it is short enough to
+		// match; a longer one is not copied into the reply.
+		{"long id", env(strings.Repeat("i", 200), "pi-1", "t", `{}`), strings.Repeat("i", 200), postbox.CodeInvalidField, "event_id"},
+		{"huge id", env(strings.Repeat("i", 1100), "pi-1", "t", `{}`), "", postbox.CodeTooLarge, ""},
 	} {
 		send(t, c, []byte(tc.frame))
 		r := replies(t, c, 1)[0]
