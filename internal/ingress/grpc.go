@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"strings"
 	"sync"
 	"time"
 
@@ -199,8 +198,8 @@ func (g grpcIngress) Send(stream ingresspb.Ingress_SendServer) error {
 func bearerDevice(ctx context.Context, tokens Tokens) (string, bool) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	for _, v := range md.Get("authorization") {
-		if token, ok := strings.CutPrefix(v, "Bearer "); ok {
-			return tokens.Device(strings.TrimSpace(token))
+		if token, ok := BearerToken(v); ok {
+			return tokens.Device(token)
 		}
 	}
 	return "", false

@@ -71,3 +71,24 @@ func TestRefusalCodes(t *testing.T) {
 		})
 	}
 }
+
+// TestBearerToken: the scheme's name matches without case, as RFC 9110
+// says; anything but the Bearer scheme has no token.
+func TestBearerToken(t *testing.T) {
+	for _, c := range []struct {
+		value, token string
+		ok           bool
+	}{
+		{"Bearer tok-a", "tok-a", true},
+		{"bearer tok-a", "tok-a", true},
+		{"BEARER  tok-a ", "tok-a", true},
+		{"Basic dG9rLWE=", "", false},
+		{"Bearertok-a", "", false},
+		{"tok-a", "", false},
+		{"", "", false},
+	} {
+		if token, ok := ingress.BearerToken(c.value); token != c.token || ok != c.ok {
+			t.Errorf("BearerToken(%q) = %q, %v; want %q, %v", c.value, token, ok, c.token, c.ok)
+		}
+	}
+}

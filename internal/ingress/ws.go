@@ -52,8 +52,8 @@ const retryAfterFull = "5"
 func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	device := ""
 	if in.cfg.Tokens != nil {
-		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		d, known := in.cfg.Tokens.Device(strings.TrimSpace(token))
+		token, ok := BearerToken(r.Header.Get("Authorization"))
+		d, known := in.cfg.Tokens.Device(token)
 		if !ok || !known {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="postbox"`)
 			writeError(w, api.CodeUnauthorized, "Authorization: a known bearer token is required")
@@ -188,6 +188,16 @@ func writeError(w http.ResponseWriter, code api.Code, message string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code.Status())
 	json.NewEncoder(w).Encode(api.ErrorResponse{Error: api.Error{Code: code, Message: message}})
+}
+
+// BearerToken returns the token of an Authorization value of the Bearer
+// scheme, whose name matches without regard to case (RFC 9110 §11.1).
+func BearerToken(v string) (string, bool) {
+	scheme, token, ok := strings.Cut(v, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.TrimSpace(token), true
 }
 
 // isUpgrade reports whether h asks for a WebSocket: Connection holds the

@@ -20,6 +20,7 @@ import (
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/httproute"
+	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -72,9 +73,9 @@ func (s *Server) requireToken(h http.HandlerFunc) http.HandlerFunc {
 	if s.cfg.APIToken == "" {
 		return h
 	}
-	want := []byte("Bearer " + s.cfg.APIToken)
+	want := []byte(s.cfg.APIToken)
 	return func(w http.ResponseWriter, r *http.Request) {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+		if token, ok := ingress.BearerToken(r.Header.Get("Authorization")); !ok || subtle.ConstantTimeCompare([]byte(token), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="postbox"`)
 			writeError(w, api.CodeUnauthorized, "this API needs the server's API token: Authorization: Bearer TOKEN (postbox --token, POSTBOX_API_TOKEN)")
 			return

@@ -259,13 +259,24 @@ func TestAPIToken(t *testing.T) {
 			t.Errorf("GET %s without the token: %d %v", path, status, body)
 		}
 	}
-	req, _ := http.NewRequest("GET", ts.Base+"/v1/streams", nil)
-	req.Header.Set("Authorization", "Bearer s3cret")
-	resp, err := ts.HTTP.Do(req)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("with the token: %v %v", resp, err)
+	for _, auth := range []string{"Bearer s3cret", "bearer s3cret", "BEARER  s3cret"} { // the scheme's name has no case (RFC 9110)
+		req, _ := http.NewRequest("GET", ts.Base+"/v1/streams", nil)
+		req.Header.Set("Authorization", auth)
+		resp, err := ts.HTTP.Do(req)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("with %q: %v %v", auth, resp, err)
+		}
+		resp.Body.Close()
 	}
-	resp.Body.Close()
+	for _, auth := range []string{"Basic s3cret", "Bearer s3cre", "Bearers3cret", "s3cret"} {
+		req, _ := http.NewRequest("GET", ts.Base+"/v1/streams", nil)
+		req.Header.Set("Authorization", auth)
+		resp, err := ts.HTTP.Do(req)
+		if err != nil || resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("with %q: %v %v, want 401", auth, resp, err)
+		}
+		resp.Body.Close()
+	}
 	if resp, err := ts.HTTP.Get(ts.Base + "/health"); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("/health: %v %v", resp, err)
 	}
