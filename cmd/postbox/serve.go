@@ -78,7 +78,7 @@ of each event's intake, materialisation and delivery attempts are exported over 
 	maxConns := positiveInt(server.DefaultMaxConnections)
 	fs.Var(&maxConns, "max-connections", "most open TCP `connections`, HTTP and WebSocket alike; more are closed at once [POSTBOX_MAX_CONNECTIONS]")
 	wsMaxConns := positiveInt(ingress.DefaultMaxConnections)
-	fs.Var(&wsMaxConns, "ws-max-connections", "most open ingress WebSocket `connections`; more are refused with 503 and Retry-After [POSTBOX_WS_MAX_CONNECTIONS]")
+	fs.Var(&wsMaxConns, "ws-max-connections", "most open ingress `connections`, WebSocket and gRPC streams together; more are refused (503 and Retry-After, gRPC RESOURCE_EXHAUSTED) [POSTBOX_WS_MAX_CONNECTIONS]")
 	wsBuffer := positiveInt(ingress.DefaultMaxBufferedBytes)
 	fs.Var(&wsBuffer, "ws-buffer-bytes", "memory for ingress frames being read and envelopes waiting for the writer queue, over all connections, in `bytes`; at least the 16 MiB frame limit [POSTBOX_WS_BUFFER_BYTES]")
 	wsFrameTimeout := positiveDuration(ingress.DefaultFrameTimeout)
