@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -130,7 +131,9 @@ func Pragmas(ctx context.Context, db *sql.DB) (journalMode string, synchronous i
 //
 // Files written before schema_migrations existed recorded one component's
 // version in PRAGMA user_version: the first component to migrate such a
-// file takes that version over.
+// file takes that version over, when the file holds the tables its first
+// migration creates. A file of another program's (a service's own
+// database, with its own user_version) is migrated from the start.
 func Migrate(ctx context.Context, db *sql.DB, component string, fsys fs.FS) error {
 	names, err := fs.Glob(fsys, "*.sql")
 	if err != nil {
@@ -140,7 +143,11 @@ func Migrate(ctx context.Context, db *sql.DB, component string, fsys fs.FS) erro
 		return fmt.Errorf("migrate %s: no *.sql files", component)
 	}
 	sort.Strings(names)
-	current, err := migrationVersion(ctx, db, component)
+	first, err := fs.ReadFile(fsys, names[0])
+	if err != nil {
+		return err
+	}
+	current, err := migrationVersion(ctx, db, component, createdTables(string(first)))
 	if err != nil {
 		return fmt.Errorf("migrate %s: read version: %w", component, err)
 	}
@@ -177,25 +184,64 @@ func Migrate(ctx context.Context, db *sql.DB, component string, fsys fs.FS) erro
 	return nil
 }
 
+// createTable finds the tables a migration creates.
+var createTable = regexp.MustCompile(`(?i)\bCREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?"?(\w+)"?`)
+
+// createdTables returns the names of the tables migration creates.
+func createdTables(migration string) []string {
+	var names []string
+	for _, m := range createTable.FindAllStringSubmatch(migration, -1) {
+		names = append(names, m[1])
+	}
+	return names
+}
+
 // migrationVersion returns the last migration of component applied to
-// db, creating schema_migrations if needed.
-func migrationVersion(ctx context.Context, db *sql.DB, component string) (int, error) {
+// db, creating schema_migrations if needed. A legacy user_version is
+// taken over only when the tables of the component's first migration,
+// firstTables, exist.
+func migrationVersion(ctx context.Context, db *sql.DB, component string, firstTables []string) (int, error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, err
 	}
 	defer tx.Rollback()
-	var exists int
-	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&exists); err != nil {
+	has := func(table string) (bool, error) {
+		var n int
+		err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, table).Scan(&n)
+		return n > 0, err
+	}
+	exists, err := has("schema_migrations")
+	if err != nil {
 		return 0, err
 	}
-	if exists == 0 {
+	if exists {
+		var ours int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM pragma_table_info('schema_migrations') WHERE name IN ('component', 'version')`).Scan(&ours); err != nil {
+			return 0, err
+		}
+		if ours != 2 {
+			return 0, errors.New("the file has a table schema_migrations of another program (a migration tool's?), " +
+				"where postbox records its own migrations: give postbox a database file of its own")
+		}
+	}
+	if !exists {
 		if _, err := tx.ExecContext(ctx, `CREATE TABLE schema_migrations (component TEXT PRIMARY KEY, version INTEGER NOT NULL)`); err != nil {
 			return 0, err
 		}
 		var legacy int
 		if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&legacy); err != nil {
 			return 0, err
+		}
+		for _, table := range firstTables {
+			if legacy == 0 {
+				break
+			}
+			if ok, err := has(table); err != nil {
+				return 0, err
+			} else if !ok {
+				legacy = 0 // not a file this component wrote: its user_version is someone else's
+			}
 		}
 		if legacy > 0 {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (component, version) VALUES (?, ?)`, component, legacy); err != nil {

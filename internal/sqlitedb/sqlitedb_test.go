@@ -3,6 +3,7 @@ package sqlitedb_test
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -63,6 +64,46 @@ func TestMigrateComponents(t *testing.T) {
 	}
 	if err := db.QueryRow(`SELECT version FROM schema_migrations WHERE component = 'b'`).Scan(&tables); err != nil || tables != 1 {
 		t.Fatalf("after a failed migration b is at %d (%v), want 1", tables, err)
+	}
+}
+
+// TestMigrateAnotherProgramsFile: a service's own database, whose
+// user_version is its own, gets every migration of the component (its
+// user_version was once taken for the component's, and the outbox table
+// never created); a schema_migrations table of another tool is named.
+func TestMigrateAnotherProgramsFile(t *testing.T) {
+	ctx := context.Background()
+	db, err := sqlitedb.Open(filepath.Join(t.TempDir(), "app.db"), sqlitedb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`CREATE TABLE orders (id INTEGER); PRAGMA user_version = 2`); err != nil {
+		t.Fatal(err)
+	}
+	outbox := fstest.MapFS{
+		"0001_outbox.sql": {Data: []byte(`CREATE TABLE IF NOT EXISTS "outbox" (x INTEGER);`)},
+		"0002_more.sql":   {Data: []byte(`ALTER TABLE outbox ADD COLUMN y INTEGER;`)},
+		"0003_index.sql":  {Data: []byte(`CREATE INDEX outbox_y ON outbox (y);`)},
+	}
+	if err := sqlitedb.Migrate(ctx, db, "outbox", outbox); err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	if err := db.QueryRow(`SELECT version FROM schema_migrations WHERE component = 'outbox'`).Scan(&v); err != nil || v != 3 {
+		t.Fatalf("outbox at %d (%v), want 3", v, err)
+	}
+
+	other, err := sqlitedb.Open(filepath.Join(t.TempDir(), "migrate.db"), sqlitedb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.Exec(`CREATE TABLE schema_migrations (version INTEGER, dirty INTEGER)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := sqlitedb.Migrate(ctx, other, "outbox", outbox); err == nil || !strings.Contains(err.Error(), "another program") {
+		t.Fatalf("Migrate beside another tool's schema_migrations: %v, want an error naming the clash", err)
 	}
 }
 
