@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -54,7 +55,7 @@ kafka: a topic TOPIC-postbox-bench-PID, created with the brokers' default partit
 		DSN: *dsn, To: *to, Events: int(events), Rounds: int(rounds), Relays: counts,
 		Batch: int(batch), MaxInFlight: int(window), PayloadBytes: int(payloadBytes),
 		Target: func(ctx context.Context, to string) (outbox.Publisher, func(), error) {
-			return relayTarget(ctx, to, "", 10*time.Second)
+			return relayTarget(ctx, to, "", 10*time.Second, slog.New(slog.DiscardHandler))
 		},
 		Progress: env.stderr,
 	})

@@ -122,7 +122,7 @@ set, each publish is a span exported over OTLP (docs/TRACING.md).`)
 	}
 	// The target first: a mistake in --to is a usage error, found before
 	// the outbox database is touched (and its table created).
-	pub, closePub, err := relayTarget(ctx, *to, *token, time.Duration(ackTimeout))
+	pub, closePub, err := relayTarget(ctx, *to, *token, time.Duration(ackTimeout), log)
 	if err != nil {
 		return err
 	}
@@ -326,8 +326,8 @@ func (o *outboxDB) close() {
 }
 
 // relayTarget returns the publisher for a --to URL and a function that
-// closes its connection.
-func relayTarget(ctx context.Context, to, token string, ackTimeout time.Duration) (outbox.Publisher, func(), error) {
+// closes its connection. The publishers log to log.
+func relayTarget(ctx context.Context, to, token string, ackTimeout time.Duration, log *slog.Logger) (outbox.Publisher, func(), error) {
 	u, err := url.Parse(to)
 	if err != nil {
 		return nil, nil, usagef("--to %q: %v", to, err)
@@ -335,7 +335,7 @@ func relayTarget(ctx context.Context, to, token string, ackTimeout time.Duration
 	q := u.Query()
 	switch u.Scheme {
 	case "redis", "rediss":
-		return redisTarget(ctx, u, q, ackTimeout)
+		return redisTarget(ctx, u, q, ackTimeout, log)
 	case "nats", "tls":
 		stream := q.Get("stream")
 		if stream == "" {
@@ -346,7 +346,14 @@ func relayTarget(ctx context.Context, to, token string, ackTimeout time.Duration
 				return nil, nil, usagef("--to %s: unknown option %q (stream, subject, create)", redact(to), k)
 			}
 		}
-		create := q.Get("create") != "false"
+		create := true
+		switch v := q.Get("create"); v {
+		case "", "true":
+		case "false":
+			create = false
+		default:
+			return nil, nil, usagef("--to %s: create=%q: use true or false", redact(to), v)
+		}
 		u.RawQuery = ""
 		nc, err := nats.Connect(u.String(), nats.Name("postbox relay"), nats.MaxReconnects(-1))
 		if err != nil {
@@ -364,9 +371,9 @@ func relayTarget(ctx context.Context, to, token string, ackTimeout time.Duration
 		}
 		return pub, nc.Close, nil
 	case "kafka":
-		return kafkaTarget(ctx, u, q, ackTimeout)
+		return kafkaTarget(ctx, u, q, ackTimeout, log)
 	case "ws", "wss":
-		pub, err := client.NewPublisher(to, client.Options{Token: token}, ackTimeout)
+		pub, err := client.NewPublisher(to, client.Options{Token: token, Logger: log}, ackTimeout)
 		if err != nil {
 			return nil, nil, usagef("--to: %v", err)
 		}
@@ -375,8 +382,8 @@ func relayTarget(ctx context.Context, to, token string, ackTimeout time.Duration
 	return nil, nil, usagef("--to %q: use redis://, nats://, kafka://, ws:// or wss://", redact(to))
 }
 
-func redisTarget(ctx context.Context, u *url.URL, q url.Values, ackTimeout time.Duration) (outbox.Publisher, func(), error) {
-	cfg := outboxredis.Config{Stream: q.Get("stream")}
+func redisTarget(ctx context.Context, u *url.URL, q url.Values, ackTimeout time.Duration, log *slog.Logger) (outbox.Publisher, func(), error) {
+	cfg := outboxredis.Config{Stream: q.Get("stream"), Logger: log}
 	if cfg.Stream == "" {
 		return nil, nil, usagef("--to %s: name the stream: redis://HOST:6379/0?stream=NAME", redact(u.String()))
 	}
@@ -466,14 +473,14 @@ var kafkaOptions = append([]string{"topic", "key", "client_id", "max_bytes"}, ka
 // kafkaTarget returns the publisher of a kafka://HOST:PORT[,HOST:PORT]?topic=
 // target. Its usage errors name the option at fault and never the
 // password.
-func kafkaTarget(ctx context.Context, u *url.URL, q url.Values, ackTimeout time.Duration) (outbox.Publisher, func(), error) {
+func kafkaTarget(ctx context.Context, u *url.URL, q url.Values, ackTimeout time.Duration, log *slog.Logger) (outbox.Publisher, func(), error) {
 	shown := redact(u.String())
 	for k := range q {
 		if !strings.Contains(","+strings.Join(kafkaOptions, ",")+",", ","+k+",") {
 			return nil, nil, usagef("--to %s: unknown option %q (%s)", shown, k, strings.Join(kafkaOptions, ", "))
 		}
 	}
-	cfg := outboxkafka.Config{Topic: q.Get("topic"), ClientID: q.Get("client_id"), DeliveryTimeout: ackTimeout}
+	cfg := outboxkafka.Config{Topic: q.Get("topic"), ClientID: q.Get("client_id"), DeliveryTimeout: ackTimeout, Logger: log}
 	if cfg.Topic == "" {
 		return nil, nil, usagef("--to %s: name the topic: kafka://HOST:9092?topic=NAME", shown)
 	}

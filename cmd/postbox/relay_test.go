@@ -844,6 +844,7 @@ func TestRelayBadInvocations(t *testing.T) {
 		{[]string{"relay", "--db", dsn, "--to", redisTo + "&idmp=maybe"}, 2, "idmp"},
 		{[]string{"relay", "--db", dsn, "--to", "nats://127.0.0.1:4222"}, 2, "name the JetStream stream"},
 		{[]string{"relay", "--db", dsn, "--to", "nats://127.0.0.1:4222?stream=S&subjet=x"}, 2, `unknown option "subjet"`},
+		{[]string{"relay", "--db", dsn, "--to", "nats://127.0.0.1:4222?stream=S&create=nope"}, 2, `create="nope": use true or false`},
 		{[]string{"relay", "--db", dsn, "--to", redisTo, "--claim", "1s", "--ack-timeout", "2s"}, 2, "--claim (1s) must be longer than --ack-timeout (2s)"},
 		{[]string{"relay", "--db", dsn, "--to", redisTo, "--batch", "0"}, 2, "batch"},
 		{[]string{"relay", "--db", dsn, "--to", redisTo, "--batch", "2000", "--max-in-flight", "10"}, 2, "--max-in-flight (10) must be at least --batch (2000)"},
