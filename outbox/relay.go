@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/postbox-events/postbox"
@@ -108,11 +109,22 @@ func IsOutage(r postbox.Reply) bool {
 // Relay sends a Store's rows through a Publisher. It keeps up to
 // MaxInFlight messages in flight, in batches published concurrently.
 type Relay struct {
-	claims bool // the store is a Claimer
-	store  Store
-	pub    Publisher
-	cfg    RelayConfig
-	log    *slog.Logger
+	claims  bool // the store is a Claimer
+	store   Store
+	pub     Publisher
+	cfg     RelayConfig
+	log     *slog.Logger
+	retries atomic.Int64 // events the receiver refused for now, for thinning their warnings
+}
+
+// thinned is the level of the nth line of a kind that would repeat: Warn
+// for the first two, then the 4th, 8th, 16th..., Debug between them, so
+// that a failure that lasts is not a wall of lines that say the same.
+func thinned(n int64) slog.Level {
+	if n > 2 && n&(n-1) != 0 {
+		return slog.LevelDebug
+	}
+	return slog.LevelWarn
 }
 
 // NewRelay returns a relay from store to pub.
@@ -203,6 +215,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	results := make(chan published)
 	settled := make(chan settledBatch)
 	failures := 0
+	var readFailures int64 // reads of due rows failed in a row, for thinning their lines
 	var pausedUntil time.Time
 	// The window (see RelayConfig.MaxInFlight): answered counts the
 	// messages answered since the last outage.
@@ -252,8 +265,17 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() == nil && room > 0 && !now.Before(pausedUntil) {
 			msgs, last, err := r.due(ctx, now, cursor, min(room, r.cfg.BatchSize), inFlight)
 			cursor = max(cursor, last)
-			if err != nil && ctx.Err() == nil {
-				r.log.Error("outbox: reading due rows failed", "err", err)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				readFailures++
+				level := slog.LevelError
+				if thinned(readFailures) == slog.LevelDebug {
+					level = slog.LevelDebug
+				}
+				r.log.Log(ctx, level, "outbox: reading due rows failed", "err", err, "failures", readFailures)
+			case err == nil && readFailures > 0:
+				r.log.Info("outbox: reading due rows again", "after_failures", readFailures)
+				readFailures = 0
 			}
 			if len(msgs) > 0 {
 				for _, m := range msgs {
@@ -308,14 +330,7 @@ func (r *Relay) Run(ctx context.Context) error {
 				// The next connection is sent what this one managed.
 				window, answered, grown = min(max(answered, floor), r.cfg.MaxInFlight), 0, 0
 				threshold = window
-				// Every failure of an outage is logged at first, then
-				// the 4th, 8th, 16th...: a long outage, its pauses
-				// growing, is not a wall of lines that say the same.
-				level := slog.LevelWarn
-				if failures > 2 && failures&(failures-1) != 0 {
-					level = slog.LevelDebug
-				}
-				r.log.Log(ctx, level, "outbox: publish failed; pausing before the next attempt", "err", err, "pause", delay.Round(time.Millisecond),
+				r.log.Log(ctx, thinned(int64(failures)), "outbox: publish failed; pausing before the next attempt", "err", err, "pause", delay.Round(time.Millisecond),
 					"failures", failures, "batch_events", len(p.msgs), "next_window", window)
 			}
 			// Settling runs beside the next reads and publishes; the rows
@@ -473,6 +488,8 @@ func (r *Relay) settle(ctx context.Context, p published) settledBatch {
 			r.log.Warn("outbox: event kept as rejected for an operator (refused for good, or parked after its last attempt)", "event_id", m.EventID, "reason", o.Error)
 		case Retry:
 			st.Retried++
+			r.log.Log(ctx, thinned(r.retries.Add(1)), "outbox: the receiver refused an event for now; it is sent again later",
+				"event_id", m.EventID, "reason", o.Error, "attempt", m.Attempts+1, "next_attempt_at", o.RetryAt)
 		}
 		out = append(out, o)
 	}

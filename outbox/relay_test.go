@@ -1,10 +1,12 @@
 package outbox_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -339,16 +341,22 @@ func TestRelayRetryableNackResendsAfterBackoff(t *testing.T) {
 		return out, nil
 	})
 	observed := make(chan outbox.Stats, 10)
+	var logged lockedLog
 	cfg := outbox.RelayConfig{
 		PollInterval: time.Hour, // only pokes wake the relay
 		Retry:        retry.Backoff{Base: time.Hour, Max: 8 * time.Hour},
 		Reconnect:    fast.Reconnect,
 		Now:          clk.Now,
 		Observe:      func(st outbox.Stats) { observed <- st },
+		Logger:       slog.New(slog.NewTextHandler(&logged, nil)),
 	}
 	runRelay(t, ps, pub, cfg)
 	if st := wait(t, observed); st.Retried != 1 {
 		t.Fatalf("first publish: %+v, want 1 retried", st)
+	}
+	if log := logged.String(); !strings.Contains(log, "refused an event for now") || !strings.Contains(log, "event_id=evt-x") ||
+		!strings.Contains(log, "the writer is busy") {
+		t.Errorf("the log does not say why evt-x waits: %s", log)
 	}
 	r, ok := row(t, s, "evt-x")
 	if !ok || r.State != "pending" || r.Attempts != 1 || r.LastError != "unavailable: the writer is busy" {
@@ -770,4 +778,23 @@ type hangingSettle struct{ *outboxsqlite.Store }
 func (h *hangingSettle) Settle(ctx context.Context, _ []outbox.Outcome) error {
 	<-ctx.Done()
 	return ctx.Err()
+}
+
+// lockedLog is a log's output that the relay's goroutines may write and
+// the test read.
+type lockedLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
