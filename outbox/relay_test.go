@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -341,7 +340,7 @@ func TestRelayRetryableNackResendsAfterBackoff(t *testing.T) {
 		return out, nil
 	})
 	observed := make(chan outbox.Stats, 10)
-	var logged lockedLog
+	var logged testenv.Buffer
 	cfg := outbox.RelayConfig{
 		PollInterval: time.Hour, // only pokes wake the relay
 		Retry:        retry.Backoff{Base: time.Hour, Max: 8 * time.Hour},
@@ -778,23 +777,4 @@ type hangingSettle struct{ *outboxsqlite.Store }
 func (h *hangingSettle) Settle(ctx context.Context, _ []outbox.Outcome) error {
 	<-ctx.Done()
 	return ctx.Err()
-}
-
-// lockedLog is a log's output that the relay's goroutines may write and
-// the test read.
-type lockedLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }

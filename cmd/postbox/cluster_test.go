@@ -242,14 +242,14 @@ type clusterNode struct {
 	name, addr, url string
 	args            []string
 	cmd             *exec.Cmd
-	log             *syncBuffer
+	log             *testenv.Buffer
 	down            bool // killed, not yet restarted
 }
 
 func startNode(t *testing.T, name, store, streams string, args ...string) *clusterNode {
 	t.Helper()
 	addr := freePort(t)
-	n := &clusterNode{t: t, name: name, addr: addr, url: "http://" + addr, log: &syncBuffer{},
+	n := &clusterNode{t: t, name: name, addr: addr, url: "http://" + addr, log: &testenv.Buffer{},
 		args: append([]string{"serve", "--addr", addr, "--db", filepath.Join(t.TempDir(), "postbox.db"),
 			"--store", store, "--streams", streams, "--node", name, "--log-level", "info", "--log-format", "text"}, args...)}
 	n.start()
@@ -295,25 +295,6 @@ func (n *clusterNode) waitReady(nodes []*clusterNode) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// syncBuffer is a bytes.Buffer that a process writes while the test
-// reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 func createSubscription(t *testing.T, base, body string) {

@@ -1,37 +1,18 @@
 package agent_test
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/postbox-events/postbox/internal/agent"
+	"github.com/postbox-events/postbox/internal/testenv"
 )
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a test at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // The agent logs that it shuts down when its context ends, and that it
 // stopped, with what its outbox still holds.
 func TestAgentLogsItsShutdown(t *testing.T) {
-	var logs lockedBuffer
+	var logs testenv.Buffer
 	a := startAgent(t, agent.Config{Server: "ws://127.0.0.1:1", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if code, body := a.post(t, `{"type":"t","payload":{"a":1}}`); code != 202 && code != 200 {
 		t.Fatalf("intake answered %d: %s", code, body)

@@ -1,37 +1,18 @@
 package delivery_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/retry"
 )
-
-// syncBuffer is a bytes.Buffer a logger and a test share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestRetryAfterBounded: a Retry-After longer than RetryMaxDelay, in
 // seconds (a year, or more seconds than a Duration holds) or as an HTTP
@@ -42,7 +23,7 @@ func TestRetryAfterBounded(t *testing.T) { eachStore(t, testRetryAfterBounded) }
 
 func testRetryAfterBounded(t *testing.T, kind storeKind) {
 	const maxDelay = time.Minute
-	var logs syncBuffer
+	var logs testenv.Buffer
 	e := setup(t, kind, delivery.Config{RetryMaxDelay: maxDelay,
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	yearAhead := e.clock.Now().Add(365 * 24 * time.Hour).Format(http.TimeFormat)

@@ -10,10 +10,12 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/url"
 	"os"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -112,4 +114,24 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		}
 		<-tick.C
 	}
+}
+
+// Buffer is a bytes.Buffer that a logger or a process writes while the
+// test reads it.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String returns what was written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
