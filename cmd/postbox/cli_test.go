@@ -56,6 +56,8 @@ func TestBadInvocations(t *testing.T) {
 	}{
 		{nil, 2, "no command"},
 		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
+		{[]string{"subscription"}, 2, `unknown command "subscription" (did you mean subscriptions?)`},
+		{[]string{"replay"}, 2, `(did you mean replays?)`},
 		{[]string{"serve", "--max-batch", "0"}, 2, "max-batch"},
 		{[]string{"serve", "--log-format", "xml"}, 2, "log-format"},
 		{[]string{"serve", "--retry-jitter", "some"}, 2, "use full, equal, none"},

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"reflect"
@@ -119,10 +120,51 @@ func run(ctx context.Context, env *cmdEnv, args []string) error {
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
-		usage(env.stderr)
-		return usagef("unknown command %q", args[0])
+		hint := ""
+		if near := nearest(args[0], slices.Sorted(maps.Keys(commands))); near != "" {
+			hint = fmt.Sprintf(" (did you mean %s?)", near)
+		}
+		return usagef("unknown command %q%s: 'postbox --help' lists the commands", args[0], hint)
 	}
 	return cmd.run(ctx, env, args[1:])
+}
+
+// nearest returns the name of names closest to s: one that begins with s
+// or that s begins with (s of three bytes or more), else the nearest
+// within two edits; "" when none is.
+func nearest(s string, names []string) string {
+	best, bestD := "", 3
+	for _, n := range names {
+		d := editDistance(s, n)
+		if len(s) >= 3 && (strings.HasPrefix(n, s) || strings.HasPrefix(s, n)) {
+			d = 0
+		}
+		if d < bestD {
+			best, bestD = n, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance of a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }
 
 func usage(w io.Writer) {
