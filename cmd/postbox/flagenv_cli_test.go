@@ -121,14 +121,18 @@ func TestEveryFlagHasAVariable(t *testing.T) {
 
 // TestFlagsFromTheEnvironment: a command's flags are read from their
 // variables, the derived one before an older alias, the command line
-// before both; a bad value names its variable.
+// before both; a bad value names its variable, and so does an error that
+// names the flag.
 func TestFlagsFromTheEnvironment(t *testing.T) {
 	for _, tc := range []struct {
 		env  []string
 		args []string
 		want string
 	}{
-		{[]string{"POSTBOX_OUTBOX_STATE=odd"}, []string{"outbox", "list", "--outbox", "x"}, `--state must be rejected, pending, delivered or all, not "odd"`},
+		{[]string{"POSTBOX_OUTBOX_STATE=odd"}, []string{"outbox", "list", "--outbox", "x"}, `--state (POSTBOX_OUTBOX_STATE) must be rejected, pending, delivered or all, not "odd"`},
+		// An error naming a flag names the variable that set it.
+		{[]string{"POSTBOX_RELAY_TO=http://x"}, []string{"relay", "--db", "x.db"}, `--to (POSTBOX_RELAY_TO) "http://x": use redis://`},
+		{[]string{"LOG_LEVEL=loud"}, []string{"relay", "--db", "x.db", "--to", "redis://127.0.0.1:1?stream=s"}, `--log-level (LOG_LEVEL) "loud"`},
 		{[]string{"POSTBOX_INBOX_MAX=lots"}, []string{"inbox", "lease", "orders"}, `environment variable POSTBOX_INBOX_MAX="lots"`},
 		{[]string{"POSTBOX_SERVE_MAX_BATCH=0", "POSTBOX_MAX_BATCH=0"}, []string{"serve"}, `environment variable POSTBOX_MAX_BATCH="0"`},
 		// The operator commands: POSTBOX_API_URL, then the older POSTBOX_SERVER,

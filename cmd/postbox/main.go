@@ -40,8 +40,9 @@ type cmdEnv struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	// command is the command whose flags parse parsed last ("inbox
-	// lease"), for the hint after a usage error.
+	// lease"), for the hint after a usage error, and fs its flags.
 	command string
+	fs      *flag.FlagSet
 }
 
 var commands map[string]command
@@ -79,7 +80,7 @@ func main() {
 	env := &cmdEnv{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
 	if err := run(ctx, env, os.Args[1:]); err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "postbox:", err)
+			fmt.Fprintln(os.Stderr, "postbox:", env.sourced(err.Error()))
 			var ue usageError
 			if errors.As(err, &ue) && env.command != "" {
 				fmt.Fprintf(os.Stderr, "Run 'postbox %s --help' for its flags and their environment variables.\n", env.command)
@@ -200,7 +201,7 @@ func newFlags(env *cmdEnv, name, args, desc string) *flag.FlagSet {
 // stdout and returns flag.ErrHelp. A bad flag is an error without the
 // usage (main points to --help).
 func parse(env *cmdEnv, fs *flag.FlagSet, args []string) error {
-	env.command = fs.Name()
+	env.command, env.fs = fs.Name(), fs
 	for _, a := range args {
 		if a == "-h" || a == "--help" || a == "-help" {
 			fs.SetOutput(env.stdout)
@@ -256,6 +257,42 @@ func flagSource(fs *flag.FlagSet, name string) string {
 	m, _ := sources.Load(fs)
 	src, _ := m.(map[string]string)
 	return src[name]
+}
+
+// sourced adds to msg, after the first "--NAME" of each flag that an
+// environment variable set, that variable's name ("--to (POSTBOX_RELAY_TO)
+// \"http://x\": ..."), unless msg names it already: a user who never typed
+// the flag learns where its value came from.
+func (env *cmdEnv) sourced(msg string) string {
+	if env.fs == nil {
+		return msg
+	}
+	m, _ := sources.Load(env.fs)
+	src, _ := m.(map[string]string)
+	for name, from := range src {
+		if strings.HasPrefix(from, "--") || strings.Contains(msg, from) {
+			continue
+		}
+		flag := "--" + name
+		for i := 0; i < len(msg); {
+			j := strings.Index(msg[i:], flag)
+			if j < 0 {
+				break
+			}
+			end := i + j + len(flag)
+			if end == len(msg) || !isFlagByte(msg[end]) {
+				msg = msg[:end] + " (" + from + ")" + msg[end:]
+				break
+			}
+			i = end
+		}
+	}
+	return msg
+}
+
+// isFlagByte reports whether c may go on a flag's name.
+func isFlagByte(c byte) bool {
+	return c == '-' || c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 }
 
 // onCommandLine reports whether the flag name was given on the command
@@ -367,7 +404,7 @@ func isSet(fs *flag.FlagSet, name string) bool {
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, usagef("log level %q: use debug, info, warn or error", level)
+		return nil, usagef("--log-level %q: use debug, info, warn or error", level)
 	}
 	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: dropEmpty}
 	switch strings.ToLower(format) {
@@ -376,7 +413,7 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	case "pretty", "text", "":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	}
-	return nil, usagef("log format %q: use json or pretty", format)
+	return nil, usagef("--log-format %q: use json or pretty", format)
 }
 
 // dropEmpty leaves out of log lines the attributes that say nothing: a
