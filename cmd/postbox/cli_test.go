@@ -205,7 +205,8 @@ func TestSendThroughAgentToServer(t *testing.T) {
 
 // TestAuthTokensFile: a malformed tokens file stops serve with the line at
 // fault; a good one makes the ingress require a token, which the agent
-// sends with --token.
+// sends with --token, and which a relay with a wrong one is refused at
+// its start.
 func TestAuthTokensFile(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.txt")
@@ -220,6 +221,11 @@ func TestAuthTokensFile(t *testing.T) {
 	waitHTTP(t, "http://"+addr+"/ready", srv)
 	if resp, err := http.Get("http://" + addr + "/v1/ws"); err != nil || resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("ingress without a token: %v %v, want 401", resp, err)
+	}
+	// A relay to it with a wrong token stops at the start, as it does
+	// for a target of another kind that refuses it.
+	if out, code := run(t, "relay", "--db", filepath.Join(dir, "relay.db"), "--to", "ws://"+addr, "--token", "wrong", "--listen", ""); code != 1 || !strings.Contains(out, "401 unauthorized") {
+		t.Fatalf("relay with a wrong token: exit %d, %s; want 1 and the server's 401", code, out)
 	}
 	a := start(t, "agent", "--server", "ws://"+addr, "--token", "secret-1", "--outbox", filepath.Join(dir, "outbox.db"), "--device-id", "pi-01", "--listen", listen)
 	waitHTTP(t, "http://"+listen+"/health", a)

@@ -377,9 +377,33 @@ func relayTarget(ctx context.Context, to, token string, ackTimeout time.Duration
 		if err != nil {
 			return nil, nil, usagef("--to: %v", err)
 		}
+		if err := probeWS(ctx, to, token, log); err != nil {
+			pub.Close()
+			return nil, nil, err
+		}
 		return pub, func() { pub.Close() }, nil
 	}
 	return nil, nil, usagef("--to %q: use redis://, nats://, kafka://, ws:// or wss://", redact(to))
+}
+
+// probeWS connects once to a ws:// or wss:// target, as the other targets
+// are pinged at the start: a server that refuses the token or has no
+// ingress at that path is an error; one that does not answer yet is
+// logged, and the relay sends once it does.
+func probeWS(ctx context.Context, to, token string, log *slog.Logger) error {
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := client.Dial(pctx, to, client.Options{Token: token})
+	if err == nil {
+		conn.Close()
+		return nil
+	}
+	var refused *client.APIError
+	if errors.Is(err, client.ErrUnauthorized) || (errors.As(err, &refused) && refused.Status < 500) {
+		return fmt.Errorf("--to %s: %w", redact(to), err)
+	}
+	log.Warn("relay: the target does not answer yet; the relay sends once it does", "to", redact(to), "err", err)
+	return nil
 }
 
 func redisTarget(ctx context.Context, u *url.URL, q url.Values, ackTimeout time.Duration, log *slog.Logger) (outbox.Publisher, func(), error) {
