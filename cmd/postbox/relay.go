@@ -355,7 +355,13 @@ func relayTarget(ctx context.Context, to, token string, ackTimeout time.Duration
 			return nil, nil, usagef("--to %s: create=%q: use true or false", redact(to), v)
 		}
 		u.RawQuery = ""
-		nc, err := nats.Connect(u.String(), nats.Name("postbox relay"), nats.MaxReconnects(-1))
+		nc, err := nats.Connect(u.String(), nats.Name("postbox relay"), nats.MaxReconnects(-1),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+				if err != nil { // nil: closed by the relay
+					log.Warn("relay: NATS connection lost; reconnecting", "err", err)
+				}
+			}),
+			nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("relay: NATS reconnected", "url", nc.ConnectedUrlRedacted()) }))
 		if err != nil {
 			return nil, nil, fmt.Errorf("--to %s: %w", redact(to), err)
 		}
