@@ -67,6 +67,7 @@ func TestBadInvocations(t *testing.T) {
 		{[]string{"send", "--type", "t", "--payload", "[1]"}, 2, "--payload must be a JSON object"},
 		{[]string{"send", "--type", "t", "--payload", "{}", "--agent", "http://127.0.0.1:1"}, 1, "is the agent running?"},
 		{[]string{"outbox", "list", "--outbox", filepath.Join(dir, "missing.db")}, 1, "no such file"},
+		{[]string{"outbox", "list"}, 1, "no outbox.db here, the default of --outbox"}, // run from the package's directory, which has none
 		{[]string{"outbox", "list", "--state", "odd", "--outbox", "x"}, 2, "--state must be"},
 		{[]string{"outbox", "requeue", "--outbox", "x"}, 2, "name event ids or pass --all"},
 		{[]string{"bench", "extra"}, 2, `takes no arguments, got ["extra"]`},

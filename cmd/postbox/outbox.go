@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"text/tabwriter"
 	"time"
 
@@ -66,6 +68,11 @@ func outboxFlags(env *cmdEnv, fs *flag.FlagSet) func(ctx context.Context) (*outb
 			return nil, usagef("%s: --outbox and --db name two outboxes; give one", fs.Name())
 		case onCommandLine(fs, "outbox"), target == "":
 			target = *path
+		}
+		if target == "outbox.db" && flagSource(fs, "outbox") == "" {
+			if _, err := os.Stat(target); errors.Is(err, os.ErrNotExist) {
+				return nil, fmt.Errorf("%s: no outbox.db here, the default of --outbox: name the agent's outbox file with --outbox, or a transactional outbox with --db", fs.Name())
+			}
 		}
 		return openOutboxDB(ctx, target, false, outboxpg.Config{})
 	}

@@ -273,7 +273,7 @@ func openOutboxDB(ctx context.Context, dsn string, migrate bool, cfg outboxpg.Co
 		}
 		s, err := outboxsqlite.Open(dsn, outboxsqlite.Config{})
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("outbox %s: %w", dsn, err)
 		}
 		return &outboxDB{store: s, admin: s, lite: s}, nil
 	}
@@ -456,7 +456,7 @@ func redisTarget(ctx context.Context, u *url.URL, q url.Values, ackTimeout time.
 type redisLogger struct{ log *slog.Logger }
 
 func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.log.Warn("redis: " + strings.TrimSpace(fmt.Sprintf(format, v...)))
+	l.log.Warn("redis: " + strings.TrimPrefix(strings.TrimSpace(fmt.Sprintf(format, v...)), "redis: ")) // some of its messages say so already
 }
 
 // timeoutPublisher bounds each Publish, for a publisher without an ack

@@ -813,6 +813,10 @@ func TestRelayBadInvocations(t *testing.T) {
 	redisBase, _, _ := strings.Cut(redisTo, "?")
 	dir := t.TempDir()
 	missing := filepath.Join(dir, "missing.db")
+	notDB := filepath.Join(dir, "notadb.txt")
+	if err := os.WriteFile(notDB, []byte("not a database\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -854,6 +858,7 @@ func TestRelayBadInvocations(t *testing.T) {
 		{[]string{"relay", "--db", dsn, "--to", redisTo, "--listen", busy.Addr().String()}, 1, "--listen " + busy.Addr().String()},
 		{[]string{"relay", "--db", "Postgres://postgres@127.0.0.1/test", "--to", redisTo}, 2, "postgres:// or postgresql:// URL"},
 		{[]string{"relay", "--db", missing, "--to", redisTo}, 1, "no such file"},
+		{[]string{"relay", "--db", notDB, "--to", redisTo}, 1, "outbox " + notDB + ": open sqlite"},
 		{[]string{"relay", "--db", dsn, "--to", redisTo, "--migrate=false", "--listen", ""}, 1, "no outbox table"},
 		{[]string{"outbox", "emit", "--db", dsn, "--type", "t", "--payload", `{"a":`}, 2, "payload is not valid JSON"},
 		{[]string{"outbox", "emit", "--db", dsn, "--payload", `{}`}, 2, "--db, --type and --payload are required"},
