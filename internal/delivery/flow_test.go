@@ -302,9 +302,12 @@ func testBreakerFourHundreds(t *testing.T, kind storeKind) {
 
 // TestSharedWorkers: an endpoint that hangs (cut by its timeout) shares
 // the workers with a healthy one; with its concurrency bounded, the
-// healthy one keeps at least 0.8 of the throughput it has alone, and a
-// healthy one slow enough to need every worker gets all the workers the
-// hanging one's concurrency leaves. Then the hanging endpoint's breaker
+// healthy one is not starved: it keeps at least half the throughput it
+// has alone (0.94× on a quiet machine; without the bound, 0.03×, and a
+// CI machine running packages side by side has given 0.68 – 0.75× with
+// the bound, which a bar of 0.8 failed at random), and a healthy one slow
+// enough to need every worker gets all the workers the hanging one's
+// concurrency leaves. Then the hanging endpoint's breaker
 // opens, is probed, and closes when it recovers.
 func TestSharedWorkers(t *testing.T) { eachStore(t, testSharedWorkers) }
 
@@ -348,10 +351,10 @@ func testSharedWorkers(t *testing.T, kind storeKind) {
 	// Alone and beside the hanging endpoint in turn, the best of each:
 	// what the store gains in rows, and what else the machine runs, weigh
 	// on both sides. At least two rounds, and more (up to eight) while the
-	// ratio is under the bar: CI runs packages side by side, and a burst
-	// of their work during every round beside the hanging endpoint once
-	// gave 0.68× where the test alone gives 0.86 – 1.06×. A healthy
-	// endpoint that the hanging one starves stays under it in every round.
+	// ratio is under 0.8: CI runs packages side by side, and a burst of
+	// their work during every round beside the hanging endpoint once gave
+	// 0.68× where the test alone gives 0.86 – 1.06×. A healthy endpoint
+	// that the hanging one starves stays far under 0.5 in every round.
 	var alone, together time.Duration
 	rounds := 0
 	for ; rounds < 8 && (rounds < 2 || alone.Seconds()/together.Seconds() < 0.8); rounds++ {
@@ -373,8 +376,8 @@ func testSharedWorkers(t *testing.T, kind storeKind) {
 	}
 	ratio := alone.Seconds() / together.Seconds()
 	t.Logf("%d items to a healthy endpoint: %v alone, %v beside a hanging one (%.2f×)", n, alone, together, ratio)
-	if ratio < 0.8 {
-		t.Fatalf("beside a hanging endpoint the healthy one has %.2f× its throughput alone, want ≥ 0.8×", ratio)
+	if ratio < 0.5 {
+		t.Fatalf("beside a hanging endpoint the healthy one has %.2f× its throughput alone, want ≥ 0.5× (starved)", ratio)
 	}
 
 	// The healthy endpoint above is bound by the store, not by workers:
