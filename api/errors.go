@@ -27,6 +27,9 @@ const (
 	// CodeInvalidSignature: a webhook's signature is missing or does not
 	// verify with the source's secrets. 401.
 	CodeInvalidSignature Code = "invalid_signature"
+	// CodeCrossOrigin: a browser page of another origin asked the operator
+	// API to change something; the message names the origin. 403.
+	CodeCrossOrigin Code = "cross_origin"
 	// CodeNotFound: no subscription, source, stream, consumer, inbox,
 	// item or webhook has that name or id; no route takes the path, or
 	// the path is not clean. 404.
@@ -50,9 +53,14 @@ const (
 	CodeUpgradeRequired Code = "upgrade_required"
 	// CodeTooLarge: the body is over the server's limit. 413.
 	CodeTooLarge Code = "too_large"
-	// CodeUnsupportedMediaType: a CloudEvents webhook in a mode or with
-	// data postbox does not take. 415.
+	// CodeUnsupportedMediaType: an operator request whose body is not
+	// application/json, or a CloudEvents webhook in a mode or with data
+	// postbox does not take. 415.
 	CodeUnsupportedMediaType Code = "unsupported_media_type"
+	// CodeHostNotAllowed: the Host header names the server under a name
+	// it was not told it has (a page rebinding a DNS name to it, or a
+	// name missing from --allowed-hosts). 421.
+	CodeHostNotAllowed Code = "host_not_allowed"
 	// CodeQueueFull: the server's write queue is full; send again after
 	// Retry-After. 429.
 	CodeQueueFull Code = "queue_full"
@@ -84,6 +92,7 @@ var codes = []CodeInfo{
 	{CodeInvalidSource, http.StatusBadRequest, "a webhook was sent to a source that is not of kind `webhook`"},
 	{CodeUnauthorized, http.StatusUnauthorized, "the server has an API token and the request did not carry it"},
 	{CodeInvalidSignature, http.StatusUnauthorized, "a webhook's signature is missing or does not verify with its source's secrets"},
+	{CodeCrossOrigin, http.StatusForbidden, "a browser page of another origin than the server's own (Origin, Sec-Fetch-Site) asked to change something; `--allowed-origins` lets it"},
 	{CodeNotFound, http.StatusNotFound, "no subscription, source, stream, consumer, inbox, item or webhook has that name or id; no route takes the path, or the path is not in its clean form (`//`, `/./`, `/../`)"},
 	{CodeMethodNotAllowed, http.StatusMethodNotAllowed, "the path takes other methods, which `Allow` names"},
 	{CodeRequestTimeout, http.StatusRequestTimeout, "the body did not arrive within `--http-read-timeout` (30s) of the headers"},
@@ -91,7 +100,8 @@ var codes = []CodeInfo{
 	{CodeLeaseLost, http.StatusConflict, "an item no longer holds the lease"},
 	{CodeInvalidState, http.StatusConflict, "an item is not in a state the request needs"},
 	{CodeTooLarge, http.StatusRequestEntityTooLarge, "the body is over 1 MiB"},
-	{CodeUnsupportedMediaType, http.StatusUnsupportedMediaType, "a webhook is a CloudEvent in batched mode, or its data is not JSON"},
+	{CodeUnsupportedMediaType, http.StatusUnsupportedMediaType, "a POST, PATCH or DELETE to the operator API has a body that is not `application/json`; a webhook is a CloudEvent in batched mode, or its data is not JSON"},
+	{CodeHostNotAllowed, http.StatusMisdirectedRequest, "the Host header is not an IP address, localhost, the `--addr` host or one of `--allowed-hosts` (operator API, console and /metrics only)"},
 	{CodeUpgradeRequired, http.StatusUpgradeRequired, "a request to `GET /v1/ws` is not a WebSocket upgrade"},
 	{CodeQueueFull, http.StatusTooManyRequests, "a webhook found the server's write queue full: send it again after `Retry-After`"},
 	{CodeNotKept, http.StatusNotImplemented, "the stream backend keeps no history of consumer commits"},

@@ -69,6 +69,8 @@ of each event's intake, materialisation and delivery attempts are exported over 
 	tokens := fs.String("auth-tokens", "", "file of 'TOKEN DEVICE_ID' lines; requires a bearer token on the ingress [POSTBOX_AUTH_TOKENS]")
 	apiToken := fs.String("api-token", "", "bearer `token` the operator API (subscriptions, streams, consumers, inboxes) and /metrics require [POSTBOX_API_TOKEN]")
 	noAPIToken := fs.Bool("insecure-no-api-token", false, "serve the operator API without --api-token on an address beyond loopback; without this, serve refuses to start there [POSTBOX_INSECURE_NO_API_TOKEN]")
+	allowedHosts := fs.String("allowed-hosts", "", "host `names` the operator API, console and /metrics answer under besides IP addresses, localhost and the --addr host, comma-separated (.example.com takes subdomains, * any); others get 421, which stops DNS rebinding [POSTBOX_ALLOWED_HOSTS]")
+	allowedOrigins := fs.String("allowed-origins", "", "browser `origins` (https://ops.example.com) besides the server's own whose pages may change state through the operator API, comma-separated; others get 403 [POSTBOX_ALLOWED_ORIGINS]")
 	readTimeout := positiveDuration(server.DefaultReadTimeout)
 	fs.Var(&readTimeout, "http-read-timeout", "longest a request's body may take to arrive after its headers (`duration`) [POSTBOX_HTTP_READ_TIMEOUT]")
 	idleTimeout := positiveDuration(server.DefaultIdleTimeout)
@@ -154,6 +156,8 @@ of each event's intake, materialisation and delivery attempts are exported over 
 		TLSKey:             *key,
 		APIToken:           *apiToken,
 		InsecureNoAPIToken: *noAPIToken,
+		AllowedHosts:       splitList(*allowedHosts),
+		AllowedOrigins:     splitList(*allowedOrigins),
 		ReadTimeout:        time.Duration(readTimeout),
 		IdleTimeout:        time.Duration(idleTimeout),
 		MaxHeaderBytes:     int(maxHeader),
@@ -192,6 +196,8 @@ var configFlags = strings.NewReplacer(
 	"Config.Webhooks.Secrets", "--webhook-secret (POSTBOX_WEBHOOK_SECRET)",
 	"Config.InsecureNoAPIToken", "--insecure-no-api-token (POSTBOX_INSECURE_NO_API_TOKEN=true)",
 	"Config.APIToken", "--api-token TOKEN (POSTBOX_API_TOKEN)",
+	"Config.AllowedHosts", "--allowed-hosts (POSTBOX_ALLOWED_HOSTS)",
+	"Config.AllowedOrigins", "--allowed-origins (POSTBOX_ALLOWED_ORIGINS)",
 	"Config.TLSCert", "--tls-cert",
 	"Config.TLSKey", "--tls-key",
 	"Config.Addr", "--addr",

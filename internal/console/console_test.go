@@ -75,6 +75,8 @@ func tab(t *testing.T, width, height int64) context.Context {
 			chromedp.Flag("disable-quic", true),
 			chromedp.Flag("disable-component-update", true),
 			chromedp.Flag("disable-sync", true),
+			// Names of other sites, pointed at loopback (crossorigin_test.go).
+			chromedp.Flag("host-resolver-rules", "MAP evil.test 127.0.0.1, MAP rebound.test 127.0.0.1"),
 			chromedp.WindowSize(1280, 900),
 		)
 		alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)

@@ -13,12 +13,16 @@ import (
 	"github.com/postbox-events/postbox/internal/server"
 )
 
-// call does one API request and returns the status and the decoded body.
+// call does one API request, a body as application/json, and returns the
+// status and the decoded body.
 func call(t *testing.T, ts *testServer, method, path, body string) (int, map[string]any) {
 	t.Helper()
 	req, err := http.NewRequest(method, ts.Base+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := ts.HTTP.Do(req)
 	if err != nil {

@@ -24,7 +24,7 @@ import (
 func metric(t *testing.T, ts *testServer, name string) float64 {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	req := httptest.NewRequest("GET", "/metrics", nil)
+	req := httptest.NewRequest("GET", "http://127.0.0.1/metrics", nil)
 	ts.Srv.Handler().ServeHTTP(rec, req)
 	for line := range strings.SplitSeq(rec.Body.String(), "\n") {
 		if v, ok := strings.CutPrefix(line, name+" "); ok {
@@ -68,7 +68,7 @@ func TestSlowBodyIsCutOff(t *testing.T) {
 	ts := start(t, server.Config{ReadTimeout: 300 * time.Millisecond}, nil)
 	for _, path := range []string{"/v1/subscriptions", "/webhooks"} {
 		c := rawConn(t, ts.Addr)
-		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: postbox\r\nContent-Type: application/json\r\nIdempotency-Key: slow\r\nContent-Length: 100000\r\n\r\n{", path)
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nIdempotency-Key: slow\r\nContent-Length: 100000\r\n\r\n{", path)
 		stop := make(chan struct{})
 		go func() { // the sender's pace: a byte every 20ms, for 2,000 s
 			tick := time.NewTicker(20 * time.Millisecond)

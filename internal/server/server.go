@@ -90,9 +90,19 @@ type Config struct {
 	// APIToken, when set, is the bearer token the operator API (/v1/
 	// subscriptions, streams, consumers, inboxes) requires.
 	APIToken string
-	TLSCert  string
-	TLSKey   string
-	Logger   *slog.Logger
+	// AllowedHosts are the names, besides IP addresses, localhost and
+	// the host of Addr, the operator API, the console and /metrics answer
+	// under ("postbox.example.com"; ".example.com" takes its subdomains;
+	// "*" any name). Others get 421: a page that rebinds its DNS name to
+	// the server could otherwise read the API.
+	AllowedHosts []string
+	// AllowedOrigins are the origins besides the server's own
+	// ("https://ops.example.com") whose browser pages may change state
+	// through the operator API; others get 403.
+	AllowedOrigins []string
+	TLSCert        string
+	TLSKey         string
+	Logger         *slog.Logger
 	// PingInterval and PingTimeout: see ingress.Config.
 	PingInterval time.Duration
 	PingTimeout  time.Duration
@@ -199,6 +209,7 @@ type Server struct {
 	reg         *prometheus.Registry
 	ln          net.Listener
 	mux         *http.ServeMux
+	guard       *browserGuard
 	routes      []string // the mux's patterns, in the order handle registered them
 
 	conns       *connLimit
@@ -227,6 +238,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	guard, err := newBrowserGuard(cfg)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Webhooks.MaxBytes <= 0 {
 		cfg.Webhooks.MaxBytes = DefaultWebhookMaxBytes
@@ -375,7 +390,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	reg.MustRegister(dl.LagCollector(), dl.InboxCollector(), dl.NodeCollector(), buildInfoGauge())
 	s := &Server{cfg: cfg, log: cfg.Logger, streams: cfg.Streams, store: store, writer: writer, delivery: dl, metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg,
-		mux: http.NewServeMux(), conns: newConnLimit(reg, cfg.MaxConnections), storeHealth: health}
+		mux: http.NewServeMux(), guard: guard, conns: newConnLimit(reg, cfg.MaxConnections), storeHealth: health}
 	s.stats = &statsSampler{gather: statsReg, started: time.Now().UTC(), interval: cfg.StatsInterval, lag: s.subscriptionLags,
 		queue: func() (int, int) { return writer.QueueLen(), writer.QueueCap() }}
 	s.runner = newSourceRunner(s, reg)
@@ -441,7 +456,10 @@ func (s *Server) sameStore() bool { return any(s.store) == any(s.streams) }
 
 // Handler returns the server's HTTP handler (without the limits Run adds
 // to its connections).
-func (s *Server) Handler() http.Handler { return withRequestID(withCleanPath(withQuery(s.mux)), s.log) }
+func (s *Server) Handler() http.Handler {
+	routed := func(r *http.Request) bool { _, pattern := s.mux.Handler(r); return pattern != "/" }
+	return withRequestID(withCleanPath(s.guard.wrap(withQuery(s.mux), routed)), s.log)
+}
 
 // Listen binds the listener (if Config.Listener is not set) and returns
 // its address. Run calls it if it was not called.
