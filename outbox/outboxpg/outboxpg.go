@@ -9,10 +9,13 @@
 //
 // Several relays may share one outbox. Each claims the rows it sends with
 // SELECT ... FOR UPDATE SKIP LOCKED and a lease (next_attempt_at moved
-// Claim into the future), so in the normal case no row is sent twice; a
-// relay that dies mid-batch leaves its rows to be sent again by any relay
-// once the lease ends. The receiver therefore sees each event at least
-// once, and deduplicates on its event id (Nats-Msg-Id, Redis IDMP, dedup).
+// Claim into the future), and extends the claims it still holds every
+// third of Claim (the relay's heartbeat, Extend) for as long as it is
+// sending or settling their rows, however slow the receiver or the
+// database: no row is sent twice while its relay lives. A relay that dies
+// mid-batch leaves its rows to be sent again by any relay once the claim
+// ends. The receiver therefore sees each event at least once, and
+// deduplicates on its event id (Nats-Msg-Id, Redis IDMP, dedup).
 //
 // Ordering: a relay hands rows out in seq (insert) order. Events reach the
 // receiver in that order only with one relay and one batch in flight
@@ -56,9 +59,10 @@ const (
 
 // Config configures a Store. Zero fields take their defaults.
 type Config struct {
-	// Claim is how long a relay holds the rows it is sending. A row whose
-	// relay died is sent again after it. It must be longer than a publish
-	// takes. Defaults to 30s.
+	// Claim is how long a relay holds the rows it is sending without
+	// extending the claim; a live relay extends it every third of Claim
+	// (outbox.Extender), so it bounds how long the rows of a relay that
+	// died wait before another relay sends them again. Defaults to 30s.
 	Claim time.Duration
 	// Retention is how long delivered rows are kept before Run deletes
 	// them. Defaults to 7 days; negative keeps them for ever.
@@ -83,11 +87,37 @@ var (
 	_ outbox.Store    = (*Store)(nil)
 	_ outbox.Notifier = (*Store)(nil)
 	_ outbox.Claimer  = (*Store)(nil)
+	_ outbox.Extender = (*Store)(nil)
 	_ outbox.Admin    = (*Store)(nil)
 )
 
 // Claims implements outbox.Claimer: Due claims the rows it returns.
 func (s *Store) Claims() bool { return true }
+
+// ClaimPeriod implements outbox.Extender: Config.Claim.
+func (s *Store) ClaimPeriod() time.Duration { return s.cfg.Claim }
+
+// Extend implements outbox.Extender in one statement: each row still
+// pending under its claim's lease is claimed until the later of now and
+// the database's clock, plus Claim (a HOT update, like the claim itself).
+func (s *Store) Extend(ctx context.Context, now time.Time, claims []outbox.Claim) (int64, error) {
+	if len(claims) == 0 {
+		return 0, nil
+	}
+	ids := make([]string, len(claims))
+	leases := make([]time.Time, len(claims))
+	for i, c := range claims {
+		ids[i], leases[i] = c.EventID, c.Lease
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE outbox o SET next_attempt_at = greatest($1, now()) + $2::bigint * interval '1 microsecond'
+		FROM unnest($3::text[], $4::timestamptz[]) AS c(event_id, lease)
+		WHERE o.event_id = c.event_id AND o.lease = c.lease AND o.delivered_at IS NULL AND o.rejected_at IS NULL`,
+		now, s.cfg.Claim.Microseconds(), ids, leases)
+	if err != nil {
+		return 0, fmt.Errorf("outbox extend claims: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
 
 // New returns a Store on pool. The outbox table must exist (Migrate).
 func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
@@ -334,14 +364,19 @@ func (s *Store) DeleteDelivered(ctx context.Context, before time.Time) (int64, e
 // for Claim (FOR UPDATE SKIP LOCKED), in seq order. A row is due by the
 // later of now and the database's clock, so that rows inserted with the
 // database's now() are due at once to a relay whose clock lags behind it.
-// Each message's Lease is the claim's end as stored, and its CreatedAt the
-// row's created_at in UTC.
+// Each message's Lease is the claim's end as stored (also kept in the
+// lease column, which names the claim while Extend moves its end on), and
+// its CreatedAt the row's created_at in UTC.
+//
+// The claimed ids are collected first (an InitPlan), so that the update
+// finds each row by its primary key: a join on them would be planned as a
+// hash join over a scan of the whole table, on every claim.
 func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) ([]outbox.Message, error) {
-	rows, err := s.pool.Query(ctx, `UPDATE outbox o SET next_attempt_at = greatest($2, now()) + $3::bigint * interval '1 microsecond'
-		FROM (SELECT id FROM outbox
+	rows, err := s.pool.Query(ctx, `UPDATE outbox o SET next_attempt_at = greatest($2, now()) + $3::bigint * interval '1 microsecond',
+			lease = greatest($2, now()) + $3::bigint * interval '1 microsecond'
+		WHERE o.id = ANY(ARRAY(SELECT id FROM outbox
 			WHERE delivered_at IS NULL AND rejected_at IS NULL AND seq > $1 AND next_attempt_at <= greatest($2, now())
-			ORDER BY seq LIMIT $4 FOR UPDATE SKIP LOCKED) d
-		WHERE o.id = d.id
+			ORDER BY seq LIMIT $4 FOR UPDATE SKIP LOCKED))
 		RETURNING o.seq, o.event_id, o.event_type, o.payload, o.correlation_id, o.tenant_id, o.attempts, o.created_at, o.next_attempt_at,
 			o.traceparent, o.tracestate`,
 		after, now, s.cfg.Claim.Microseconds(), limit)
@@ -366,10 +401,11 @@ func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) 
 // and rejected_at with the database's clock, like created_at. A Delivered
 // outcome always applies, also to a row another relay has claimed or
 // rejected since (the receiver has the event). Any other outcome applies
-// only while the row still carries the claim it was sent under: a relay
-// whose claim ended cannot make a row another relay is sending due again,
-// nor park it. A transport failure (Unanswered) records its error without
-// counting an attempt.
+// only while the row still carries the claim it was sent under (its
+// lease): a relay whose claim ended cannot make a row another relay is
+// sending due again, nor park it. Every outcome that applies ends the
+// claim, so that a heartbeat cannot move a retry's time. A transport
+// failure (Unanswered) records its error without counting an attempt.
 func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) error {
 	if len(outcomes) == 0 {
 		return nil
@@ -391,10 +427,11 @@ func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) error {
 			rejected_at     = CASE WHEN u.kind = $2 THEN now() END,
 			next_attempt_at = CASE WHEN u.kind IN ($1::int, $2::int) THEN o.next_attempt_at ELSE u.retry_at END,
 			attempts        = o.attempts + CASE WHEN u.kind IN ($2::int, $3::int) THEN 1 ELSE 0 END,
-			last_error      = CASE WHEN u.kind = $1 THEN o.last_error ELSE u.err END
+			last_error      = CASE WHEN u.kind = $1 THEN o.last_error ELSE u.err END,
+			lease           = NULL
 		FROM unnest($4::text[], $5::int[], $6::text[], $7::timestamptz[], $8::timestamptz[]) AS u(event_id, kind, err, retry_at, lease)
 		WHERE o.event_id = u.event_id AND o.delivered_at IS NULL
-			AND (u.kind = $1 OR o.rejected_at IS NULL AND o.next_attempt_at = u.lease)`,
+			AND (u.kind = $1 OR o.rejected_at IS NULL AND o.lease = u.lease)`,
 		int32(outbox.Delivered), int32(outbox.Rejected), int32(outbox.Retry), ids, kinds, errs, retry, leases)
 	if err != nil {
 		return fmt.Errorf("outbox settle: %w", err)
