@@ -81,6 +81,12 @@ type Store struct {
 	cfg    Config
 	log    *slog.Logger
 	notify chan struct{}
+	// settles bounds the Settles running at once to all but two of the
+	// pool's connections, which stay free for Due and Extend: a relay
+	// settles each publish beside the next, and a backlog of slow
+	// settles would otherwise hold every connection while the claims
+	// they wait on run out.
+	settles chan struct{}
 }
 
 var (
@@ -136,7 +142,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{pool: pool, cfg: cfg, log: cfg.Logger, notify: make(chan struct{}, 1)}, nil
+	return &Store{pool: pool, cfg: cfg, log: cfg.Logger, notify: make(chan struct{}, 1),
+		settles: make(chan struct{}, max(1, int(pool.Config().MaxConns)-2))}, nil
 }
 
 // Exists reports whether the outbox table exists in the connection's
@@ -406,6 +413,9 @@ func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) 
 // sending due again, nor park it. Every outcome that applies ends the
 // claim, so that a heartbeat cannot move a retry's time. A transport
 // failure (Unanswered) records its error without counting an attempt.
+// At most all but two of the pool's connections settle at once (one when
+// the pool has three or fewer), so that claiming and extending claims
+// never wait behind a backlog of settles.
 func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) error {
 	if len(outcomes) == 0 {
 		return nil
@@ -415,6 +425,12 @@ func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) error {
 	errs := make([]string, len(outcomes))
 	retry := make([]time.Time, len(outcomes))
 	leases := make([]time.Time, len(outcomes))
+	select {
+	case s.settles <- struct{}{}:
+		defer func() { <-s.settles }()
+	case <-ctx.Done():
+		return fmt.Errorf("outbox settle: %w", ctx.Err())
+	}
 	now := time.Now()
 	for i, o := range outcomes {
 		ids[i], kinds[i], errs[i], retry[i], leases[i] = o.EventID, int32(o.Kind), o.Error, o.RetryAt, o.Lease
