@@ -259,10 +259,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	var held []Outcome
 	var retryAt time.Time
 	retrying := false
-	// The heartbeat (an Extender's): every third of a claim period, the
+	// The heartbeat (an Extender's): every quarter of a claim period, the
 	// claims held longer than that (rows published, settling, or held)
 	// are extended, so that a relay that is alive never loses them,
-	// however long the receiver or the store takes.
+	// however long the receiver or the store takes: each claim has at
+	// least two beats to be extended in before it would run out.
 	claimed := map[claimKey]heldClaim{}
 	var beatC <-chan time.Time
 	var every time.Duration
@@ -270,7 +271,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	beating := false
 	var beatFailures int64
 	if r.ext != nil {
-		every = max(r.ext.ClaimPeriod()/3, time.Millisecond)
+		every = max(r.ext.ClaimPeriod()/4, time.Millisecond)
 		t := time.NewTicker(every)
 		defer t.Stop()
 		beatC = t.C

@@ -60,7 +60,7 @@ const (
 // Config configures a Store. Zero fields take their defaults.
 type Config struct {
 	// Claim is how long a relay holds the rows it is sending without
-	// extending the claim; a live relay extends it every third of Claim
+	// extending the claim; a live relay extends it every quarter of Claim
 	// (outbox.Extender), so it bounds how long the rows of a relay that
 	// died wait before another relay sends them again. Defaults to 30s.
 	Claim time.Duration
@@ -106,6 +106,7 @@ func (s *Store) ClaimPeriod() time.Duration { return s.cfg.Claim }
 // Extend implements outbox.Extender in one statement: each row still
 // pending under its claim's lease is claimed until the later of now and
 // the database's clock, plus Claim (a HOT update, like the claim itself).
+// A row locked at that moment (being settled) is skipped, not waited for.
 func (s *Store) Extend(ctx context.Context, now time.Time, claims []outbox.Claim) (int64, error) {
 	if len(claims) == 0 {
 		return 0, nil
@@ -115,9 +116,13 @@ func (s *Store) Extend(ctx context.Context, now time.Time, claims []outbox.Claim
 	for i, c := range claims {
 		ids[i], leases[i] = c.EventID, c.Lease
 	}
+	// SKIP LOCKED: a row locked now is being settled (or claimed after
+	// its claim ended); waiting for it would only deadlock with the
+	// relay's own settles, which lock their rows in another order.
 	tag, err := s.pool.Exec(ctx, `UPDATE outbox o SET next_attempt_at = greatest($1, now()) + $2::bigint * interval '1 microsecond'
-		FROM unnest($3::text[], $4::timestamptz[]) AS c(event_id, lease)
-		WHERE o.event_id = c.event_id AND o.lease = c.lease AND o.delivered_at IS NULL AND o.rejected_at IS NULL`,
+		WHERE o.id = ANY(ARRAY(SELECT x.id FROM outbox x JOIN unnest($3::text[], $4::timestamptz[]) AS c(event_id, lease)
+			ON x.event_id = c.event_id AND x.lease = c.lease
+			WHERE x.delivered_at IS NULL AND x.rejected_at IS NULL FOR UPDATE OF x SKIP LOCKED))`,
 		now, s.cfg.Claim.Microseconds(), ids, leases)
 	if err != nil {
 		return 0, fmt.Errorf("outbox extend claims: %w", err)

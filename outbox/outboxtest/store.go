@@ -541,7 +541,7 @@ func testExtend(h *storeHarness) {
 	t0 := time.Now()
 	msgs := h.due(t0, 0, 10)
 	h.wantIDs("Due", msgIDs(msgs), evs[0].ID, evs[1].ID, evs[2].ID)
-	// The relay beats every third of the period, for three periods.
+	// The relay beats every quarter of the period, for three periods.
 	for i := 1; i <= 9; i++ {
 		at := t0.Add(time.Duration(i) * period / 3)
 		if n := extend(at, claimsOf(msgs)); n != 3 {
