@@ -68,8 +68,10 @@ type Message struct {
 	// producer gave the edge outbox (with that ts's offset), or the time
 	// a transactional outbox row was inserted.
 	CreatedAt time.Time
-	// Lease is the end of the claim a Claimer's Due took on the row, as
-	// the store recorded it; the Relay copies it into the row's Outcome.
+	// Lease identifies the claim a Claimer's Due took on the row: the
+	// claim's end as Due recorded it. An Extender moves the claim's end
+	// on without changing its Lease. The Relay copies it into the row's
+	// Outcome.
 	Lease time.Time
 }
 
@@ -200,6 +202,29 @@ type Store interface {
 // has room for and sends every row Due returned.
 type Claimer interface {
 	Claims() bool
+}
+
+// Extender is implemented by a Claimer whose claims the relay holding
+// them can extend: its heartbeat. A relay that is alive keeps its claims
+// for as long as it is sending or settling their rows, however slow the
+// receiver or the store, so that no other relay takes them; only a relay
+// that died (or stopped beating for a whole claim period) loses them.
+type Extender interface {
+	// ClaimPeriod is how long a claim lasts without being extended.
+	ClaimPeriod() time.Duration
+	// Extend moves the end of each claim whose row still carries it (by
+	// its Lease) to now plus ClaimPeriod, as Due does, and returns how
+	// many it extended. Rows settled since, or claimed by another relay
+	// after the claim ran out, are left alone. A claim keeps its Lease
+	// when it is extended: an Outcome carries the Lease Due handed out.
+	Extend(ctx context.Context, now time.Time, claims []Claim) (int64, error)
+}
+
+// Claim is a row a relay holds: the Message's EventID, Seq and Lease.
+type Claim struct {
+	EventID string
+	Seq     int64
+	Lease   time.Time
 }
 
 // Notifier is implemented by a Store that can tell the Relay about new

@@ -109,7 +109,8 @@ func IsOutage(r postbox.Reply) bool {
 // Relay sends a Store's rows through a Publisher. It keeps up to
 // MaxInFlight messages in flight, in batches published concurrently.
 type Relay struct {
-	claims  bool // the store is a Claimer
+	claims  bool     // the store is a Claimer
+	ext     Extender // the store's, when it is a Claimer that extends claims
 	store   Store
 	pub     Publisher
 	cfg     RelayConfig
@@ -174,7 +175,35 @@ func NewRelay(store Store, pub Publisher, cfg RelayConfig) (*Relay, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	c, ok := store.(Claimer)
-	return &Relay{store: store, pub: pub, cfg: cfg, log: cfg.Logger, claims: ok && c.Claims()}, nil
+	r := &Relay{store: store, pub: pub, cfg: cfg, log: cfg.Logger, claims: ok && c.Claims()}
+	if e, ok := store.(Extender); ok && r.claims && e.ClaimPeriod() > 0 {
+		r.ext = e
+	}
+	return r, nil
+}
+
+// claimKey names one claim the relay holds: a row may be claimed again
+// (after its settle committed) before the loop heard of that settle.
+type claimKey struct {
+	eventID string
+	lease   int64 // Lease in microseconds, as the store keeps it
+}
+
+func keyOf(m Message) claimKey { return claimKey{m.EventID, m.Lease.UnixMicro()} }
+
+// heldClaim is a claim the relay holds, and when it last took or
+// extended it.
+type heldClaim struct {
+	Claim
+	at time.Time
+}
+
+// beat is the end of one heartbeat: the claims it extended, at when.
+type beat struct {
+	keys     []claimKey
+	at       time.Time
+	extended int64
+	err      error
 }
 
 type settledBatch struct {
@@ -230,6 +259,23 @@ func (r *Relay) Run(ctx context.Context) error {
 	var held []Outcome
 	var retryAt time.Time
 	retrying := false
+	// The heartbeat (an Extender's): every quarter of a claim period, the
+	// claims held longer than that (rows published, settling, or held)
+	// are extended, so that a relay that is alive never loses them,
+	// however long the receiver or the store takes: each claim has at
+	// least two beats to be extended in before it would run out.
+	claimed := map[claimKey]heldClaim{}
+	var beatC <-chan time.Time
+	var every time.Duration
+	beats := make(chan beat)
+	beating := false
+	var beatFailures int64
+	if r.ext != nil {
+		every = max(r.ext.ClaimPeriod()/4, time.Millisecond)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		beatC = t.C
+	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	// The timer above is reset on every turn of the loop, so under steady
@@ -280,6 +326,9 @@ func (r *Relay) Run(ctx context.Context) error {
 			if len(msgs) > 0 {
 				for _, m := range msgs {
 					inFlight[m.EventID]++
+					if r.ext != nil {
+						claimed[keyOf(m)] = heldClaim{Claim{EventID: m.EventID, Seq: m.Seq, Lease: m.Lease}, now}
+					}
 				}
 				inFlightN += len(msgs)
 				for _, batch := range r.split(msgs) {
@@ -347,6 +396,7 @@ func (r *Relay) Run(ctx context.Context) error {
 				if inFlight[m.EventID]--; inFlight[m.EventID] <= 0 {
 					delete(inFlight, m.EventID)
 				}
+				delete(claimed, keyOf(m))
 			}
 			if s.again {
 				retrying = false
@@ -383,6 +433,49 @@ func (r *Relay) Run(ctx context.Context) error {
 			if r.cfg.Observe != nil {
 				s.st.Window = window
 				r.cfg.Observe(s.st)
+			}
+		case now := <-beatC:
+			if beating {
+				continue // the last one has not returned; it is bounded by every
+			}
+			var keys []claimKey
+			var claims []Claim
+			for k, c := range claimed {
+				if now.Sub(c.at) >= every {
+					keys, claims = append(keys, k), append(claims, c.Claim)
+				}
+			}
+			if len(claims) == 0 {
+				continue
+			}
+			beating = true
+			running++
+			go func() {
+				ctx, cancel := context.WithTimeout(settleCtx, every)
+				defer cancel()
+				at := r.cfg.Now()
+				n, err := r.ext.Extend(ctx, at, claims)
+				beats <- beat{keys: keys, at: at, extended: n, err: err}
+			}()
+		case b := <-beats:
+			running--
+			beating = false
+			if b.err != nil {
+				beatFailures++
+				r.log.Log(ctx, thinned(beatFailures), "outbox: extending the claims of rows in flight failed; if it fails for a whole claim period, another relay may send them again",
+					"err", b.err, "claims", len(b.keys), "failures", beatFailures)
+				continue
+			}
+			if beatFailures > 0 {
+				r.log.Info("outbox: extending claims again", "after_failures", beatFailures)
+				beatFailures = 0
+			}
+			r.log.Debug("outbox: extended the claims of rows in flight", "claims", len(b.keys), "extended", b.extended)
+			for _, k := range b.keys {
+				if c, ok := claimed[k]; ok {
+					c.at = b.at
+					claimed[k] = c
+				}
 			}
 		case <-notify:
 		case <-timer.C:
@@ -520,7 +613,7 @@ func (r *Relay) settleAgain(ctx context.Context, outs []Outcome) settledBatch {
 	r.log.Info("outbox: recorded answered events the store had refused", "events", len(outs))
 	released := make([]Message, len(outs))
 	for i, o := range outs {
-		released[i] = Message{EventID: o.EventID}
+		released[i] = Message{EventID: o.EventID, Seq: o.Seq, Lease: o.Lease}
 	}
 	return settledBatch{released: released, again: true}
 }

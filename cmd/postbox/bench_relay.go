@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/bench"
 	"github.com/postbox-events/postbox/outbox"
 )
@@ -19,7 +21,9 @@ func runBenchRelay(ctx context.Context, env *cmdEnv, args []string) error {
 delivered. Each count in --relays is timed --rounds times, alternating, so that they can be compared
 as ratios of one run. The target gets its own stream (redis: STREAM-bench-PID, deleted at the end;
 kafka: a topic TOPIC-postbox-bench-PID, created with the brokers' default partitions and deleted).
---json prints one JSON object as the last line of stdout.`)
+Every event the target acknowledged more than once is counted as a duplicate: with no relay dying,
+there must be none, however loaded the machine. --json prints one JSON object as the last line
+of stdout.`)
 	dsn := fs.String("db", "", "PostgreSQL: postgres://... [DATABASE_URL]")
 	to := fs.String("to", "", "relay target, as for postbox relay (redis://...?stream=NAME, nats://...?stream=NAME, kafka://...?topic=NAME, ws://...)")
 	events := positiveInt(100000)
@@ -40,6 +44,7 @@ kafka: a topic TOPIC-postbox-bench-PID, created with the brokers' default partit
 	if err := noArgs(fs); err != nil {
 		return err
 	}
+	acks := &ackCounter{acked: map[string]int{}}
 	if !isPostgres(*dsn) || *to == "" {
 		return usagef("bench relay: --db postgres://... and --to are required")
 	}
@@ -55,7 +60,8 @@ kafka: a topic TOPIC-postbox-bench-PID, created with the brokers' default partit
 		DSN: *dsn, To: *to, Events: int(events), Rounds: int(rounds), Relays: counts,
 		Batch: int(batch), MaxInFlight: int(window), PayloadBytes: int(payloadBytes),
 		Target: func(ctx context.Context, to string) (outbox.Publisher, func(), error) {
-			return relayTarget(ctx, to, "", 10*time.Second, slog.New(slog.DiscardHandler))
+			pub, closePub, err := relayTarget(ctx, to, "", 10*time.Second, slog.New(slog.DiscardHandler))
+			return acks.count(pub), closePub, err
 		},
 		Progress: env.stderr,
 	})
@@ -71,9 +77,56 @@ kafka: a topic TOPIC-postbox-bench-PID, created with the brokers' default partit
 	if len(counts) > 1 {
 		fmt.Fprintf(env.stdout, "ratio %d:%d relays = %.2f\n", counts[len(counts)-1], counts[0], medians[counts[len(counts)-1]]/medians[counts[0]])
 	}
+	dups := acks.duplicates()
+	fmt.Fprintf(env.stdout, "duplicates: %d events acknowledged more than once, of %d\n", dups, len(acks.acked))
 	if *asJSON {
-		b, _ := json.Marshal(map[string]any{"rounds": res.Rounds, "median_events_per_s": medians})
+		b, _ := json.Marshal(map[string]any{"rounds": res.Rounds, "median_events_per_s": medians, "duplicates": dups})
 		fmt.Fprintln(env.stdout, string(b))
 	}
 	return nil
+}
+
+// ackCounter counts the acknowledgements of each event its publishers
+// were given, across every relay of the run: an event acknowledged twice
+// was published twice.
+type ackCounter struct {
+	mu    sync.Mutex
+	acked map[string]int
+}
+
+func (c *ackCounter) count(pub outbox.Publisher) outbox.Publisher {
+	if pub == nil {
+		return nil
+	}
+	return countingPublisher{pub, c}
+}
+
+func (c *ackCounter) duplicates() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, k := range c.acked {
+		n += k - 1
+	}
+	return n
+}
+
+type countingPublisher struct {
+	outbox.Publisher
+	c *ackCounter
+}
+
+func (p countingPublisher) Publish(ctx context.Context, msgs []outbox.Message) ([]postbox.Reply, error) {
+	replies, err := p.Publisher.Publish(ctx, msgs)
+	if err != nil {
+		return replies, err
+	}
+	p.c.mu.Lock()
+	defer p.c.mu.Unlock()
+	for i, r := range replies {
+		if r.OK() && i < len(msgs) {
+			p.c.acked[msgs[i].EventID]++
+		}
+	}
+	return replies, nil
 }

@@ -9,10 +9,13 @@
 //
 // Several relays may share one outbox. Each claims the rows it sends with
 // SELECT ... FOR UPDATE SKIP LOCKED and a lease (next_attempt_at moved
-// Claim into the future), so in the normal case no row is sent twice; a
-// relay that dies mid-batch leaves its rows to be sent again by any relay
-// once the lease ends. The receiver therefore sees each event at least
-// once, and deduplicates on its event id (Nats-Msg-Id, Redis IDMP, dedup).
+// Claim into the future), and extends the claims it still holds every
+// third of Claim (the relay's heartbeat, Extend) for as long as it is
+// sending or settling their rows, however slow the receiver or the
+// database: no row is sent twice while its relay lives. A relay that dies
+// mid-batch leaves its rows to be sent again by any relay once the claim
+// ends. The receiver therefore sees each event at least once, and
+// deduplicates on its event id (Nats-Msg-Id, Redis IDMP, dedup).
 //
 // Ordering: a relay hands rows out in seq (insert) order. Events reach the
 // receiver in that order only with one relay and one batch in flight
@@ -56,9 +59,10 @@ const (
 
 // Config configures a Store. Zero fields take their defaults.
 type Config struct {
-	// Claim is how long a relay holds the rows it is sending. A row whose
-	// relay died is sent again after it. It must be longer than a publish
-	// takes. Defaults to 30s.
+	// Claim is how long a relay holds the rows it is sending without
+	// extending the claim; a live relay extends it every quarter of Claim
+	// (outbox.Extender), so it bounds how long the rows of a relay that
+	// died wait before another relay sends them again. Defaults to 30s.
 	Claim time.Duration
 	// Retention is how long delivered rows are kept before Run deletes
 	// them. Defaults to 7 days; negative keeps them for ever.
@@ -77,17 +81,54 @@ type Store struct {
 	cfg    Config
 	log    *slog.Logger
 	notify chan struct{}
+	// settles bounds the Settles running at once to all but two of the
+	// pool's connections, which stay free for Due and Extend: a relay
+	// settles each publish beside the next, and a backlog of slow
+	// settles would otherwise hold every connection while the claims
+	// they wait on run out.
+	settles chan struct{}
 }
 
 var (
 	_ outbox.Store    = (*Store)(nil)
 	_ outbox.Notifier = (*Store)(nil)
 	_ outbox.Claimer  = (*Store)(nil)
+	_ outbox.Extender = (*Store)(nil)
 	_ outbox.Admin    = (*Store)(nil)
 )
 
 // Claims implements outbox.Claimer: Due claims the rows it returns.
 func (s *Store) Claims() bool { return true }
+
+// ClaimPeriod implements outbox.Extender: Config.Claim.
+func (s *Store) ClaimPeriod() time.Duration { return s.cfg.Claim }
+
+// Extend implements outbox.Extender in one statement: each row still
+// pending under its claim's lease is claimed until the later of now and
+// the database's clock, plus Claim (a HOT update, like the claim itself).
+// A row locked at that moment (being settled) is skipped, not waited for.
+func (s *Store) Extend(ctx context.Context, now time.Time, claims []outbox.Claim) (int64, error) {
+	if len(claims) == 0 {
+		return 0, nil
+	}
+	ids := make([]string, len(claims))
+	leases := make([]time.Time, len(claims))
+	for i, c := range claims {
+		ids[i], leases[i] = c.EventID, c.Lease
+	}
+	// SKIP LOCKED: a row locked now is being settled (or claimed after
+	// its claim ended); waiting for it would only deadlock with the
+	// relay's own settles, which lock their rows in another order.
+	tag, err := s.pool.Exec(ctx, `UPDATE outbox o SET next_attempt_at = greatest($1, now()) + $2::bigint * interval '1 microsecond'
+		WHERE o.id = ANY(ARRAY(SELECT x.id FROM outbox x JOIN unnest($3::text[], $4::timestamptz[]) AS c(event_id, lease)
+			ON x.event_id = c.event_id AND x.lease = c.lease
+			WHERE x.delivered_at IS NULL AND x.rejected_at IS NULL FOR UPDATE OF x SKIP LOCKED))`,
+		now, s.cfg.Claim.Microseconds(), ids, leases)
+	if err != nil {
+		return 0, fmt.Errorf("outbox extend claims: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
 
 // New returns a Store on pool. The outbox table must exist (Migrate).
 func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
@@ -106,7 +147,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{pool: pool, cfg: cfg, log: cfg.Logger, notify: make(chan struct{}, 1)}, nil
+	return &Store{pool: pool, cfg: cfg, log: cfg.Logger, notify: make(chan struct{}, 1),
+		settles: make(chan struct{}, max(1, int(pool.Config().MaxConns)-2))}, nil
 }
 
 // Exists reports whether the outbox table exists in the connection's
@@ -334,14 +376,19 @@ func (s *Store) DeleteDelivered(ctx context.Context, before time.Time) (int64, e
 // for Claim (FOR UPDATE SKIP LOCKED), in seq order. A row is due by the
 // later of now and the database's clock, so that rows inserted with the
 // database's now() are due at once to a relay whose clock lags behind it.
-// Each message's Lease is the claim's end as stored, and its CreatedAt the
-// row's created_at in UTC.
+// Each message's Lease is the claim's end as stored (also kept in the
+// lease column, which names the claim while Extend moves its end on), and
+// its CreatedAt the row's created_at in UTC.
+//
+// The claimed ids are collected first (an InitPlan), so that the update
+// finds each row by its primary key: a join on them would be planned as a
+// hash join over a scan of the whole table, on every claim.
 func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) ([]outbox.Message, error) {
-	rows, err := s.pool.Query(ctx, `UPDATE outbox o SET next_attempt_at = greatest($2, now()) + $3::bigint * interval '1 microsecond'
-		FROM (SELECT id FROM outbox
+	rows, err := s.pool.Query(ctx, `UPDATE outbox o SET next_attempt_at = greatest($2, now()) + $3::bigint * interval '1 microsecond',
+			lease = greatest($2, now()) + $3::bigint * interval '1 microsecond'
+		WHERE o.id = ANY(ARRAY(SELECT id FROM outbox
 			WHERE delivered_at IS NULL AND rejected_at IS NULL AND seq > $1 AND next_attempt_at <= greatest($2, now())
-			ORDER BY seq LIMIT $4 FOR UPDATE SKIP LOCKED) d
-		WHERE o.id = d.id
+			ORDER BY seq LIMIT $4 FOR UPDATE SKIP LOCKED))
 		RETURNING o.seq, o.event_id, o.event_type, o.payload, o.correlation_id, o.tenant_id, o.attempts, o.created_at, o.next_attempt_at,
 			o.traceparent, o.tracestate`,
 		after, now, s.cfg.Claim.Microseconds(), limit)
@@ -366,10 +413,14 @@ func (s *Store) Due(ctx context.Context, now time.Time, after int64, limit int) 
 // and rejected_at with the database's clock, like created_at. A Delivered
 // outcome always applies, also to a row another relay has claimed or
 // rejected since (the receiver has the event). Any other outcome applies
-// only while the row still carries the claim it was sent under: a relay
-// whose claim ended cannot make a row another relay is sending due again,
-// nor park it. A transport failure (Unanswered) records its error without
-// counting an attempt.
+// only while the row still carries the claim it was sent under (its
+// lease): a relay whose claim ended cannot make a row another relay is
+// sending due again, nor park it. Every outcome that applies ends the
+// claim, so that a heartbeat cannot move a retry's time. A transport
+// failure (Unanswered) records its error without counting an attempt.
+// At most all but two of the pool's connections settle at once (one when
+// the pool has three or fewer), so that claiming and extending claims
+// never wait behind a backlog of settles.
 func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) error {
 	if len(outcomes) == 0 {
 		return nil
@@ -379,6 +430,12 @@ func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) error {
 	errs := make([]string, len(outcomes))
 	retry := make([]time.Time, len(outcomes))
 	leases := make([]time.Time, len(outcomes))
+	select {
+	case s.settles <- struct{}{}:
+		defer func() { <-s.settles }()
+	case <-ctx.Done():
+		return fmt.Errorf("outbox settle: %w", ctx.Err())
+	}
 	now := time.Now()
 	for i, o := range outcomes {
 		ids[i], kinds[i], errs[i], retry[i], leases[i] = o.EventID, int32(o.Kind), o.Error, o.RetryAt, o.Lease
@@ -391,10 +448,11 @@ func (s *Store) Settle(ctx context.Context, outcomes []outbox.Outcome) error {
 			rejected_at     = CASE WHEN u.kind = $2 THEN now() END,
 			next_attempt_at = CASE WHEN u.kind IN ($1::int, $2::int) THEN o.next_attempt_at ELSE u.retry_at END,
 			attempts        = o.attempts + CASE WHEN u.kind IN ($2::int, $3::int) THEN 1 ELSE 0 END,
-			last_error      = CASE WHEN u.kind = $1 THEN o.last_error ELSE u.err END
+			last_error      = CASE WHEN u.kind = $1 THEN o.last_error ELSE u.err END,
+			lease           = NULL
 		FROM unnest($4::text[], $5::int[], $6::text[], $7::timestamptz[], $8::timestamptz[]) AS u(event_id, kind, err, retry_at, lease)
 		WHERE o.event_id = u.event_id AND o.delivered_at IS NULL
-			AND (u.kind = $1 OR o.rejected_at IS NULL AND o.next_attempt_at = u.lease)`,
+			AND (u.kind = $1 OR o.rejected_at IS NULL AND o.lease = u.lease)`,
 		int32(outbox.Delivered), int32(outbox.Rejected), int32(outbox.Retry), ids, kinds, errs, retry, leases)
 	if err != nil {
 		return fmt.Errorf("outbox settle: %w", err)

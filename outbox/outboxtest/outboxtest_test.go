@@ -41,6 +41,7 @@ type row struct {
 	outbox.Row
 	seq                     int64
 	traceparent, tracestate string
+	lease                   time.Time // the claim the row is held under; zero when none
 }
 
 type memory struct {
@@ -54,6 +55,7 @@ var (
 	_ outbox.Store    = (*memory)(nil)
 	_ outbox.Admin    = (*memory)(nil)
 	_ outbox.Claimer  = (*memory)(nil)
+	_ outbox.Extender = (*memory)(nil)
 	_ outbox.Notifier = (*memory)(nil)
 )
 
@@ -76,8 +78,24 @@ func (m *memory) insert(t *testing.T, events ...outbox.Event) {
 	m.wake()
 }
 
-func (m *memory) Claims() bool            { return true }
-func (m *memory) Notify() <-chan struct{} { return m.notify }
+func (m *memory) Claims() bool               { return true }
+func (m *memory) Notify() <-chan struct{}    { return m.notify }
+func (m *memory) ClaimPeriod() time.Duration { return claim }
+
+func (m *memory) Extend(ctx context.Context, now time.Time, claims []outbox.Claim) (int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var n int64
+	for _, c := range claims {
+		for _, r := range m.rows {
+			if r.EventID == c.EventID && r.State == outbox.StatePending && !r.lease.IsZero() && r.lease.Equal(c.Lease) {
+				r.NextAttemptAt = now.Add(claim)
+				n++
+			}
+		}
+	}
+	return n, nil
+}
 
 func (m *memory) Due(ctx context.Context, now time.Time, after int64, limit int) ([]outbox.Message, error) {
 	m.mu.Lock()
@@ -91,6 +109,7 @@ func (m *memory) Due(ctx context.Context, now time.Time, after int64, limit int)
 			continue
 		}
 		r.NextAttemptAt = now.Add(claim)
+		r.lease = r.NextAttemptAt
 		out = append(out, outbox.Message{Seq: r.seq, EventID: r.EventID, Type: r.Type, Body: r.Payload,
 			CorrelationID: r.CorrelationID, TenantID: r.TenantID, Attempts: r.Attempts, CreatedAt: r.CreatedAt, Lease: r.NextAttemptAt,
 			TraceParent: r.traceparent, TraceState: r.tracestate})
@@ -111,10 +130,10 @@ func (m *memory) Settle(ctx context.Context, outcomes []outbox.Outcome) error {
 			m.rows = slices.Delete(m.rows, i, i+1)
 			continue
 		}
-		if r.State != outbox.StatePending || !r.NextAttemptAt.Equal(o.Lease) {
+		if r.State != outbox.StatePending || r.lease.IsZero() || !r.lease.Equal(o.Lease) {
 			continue
 		}
-		r.LastError = o.Error
+		r.LastError, r.lease = o.Error, time.Time{}
 		switch o.Kind {
 		case outbox.Rejected:
 			r.State, r.Attempts = outbox.StateRejected, r.Attempts+1

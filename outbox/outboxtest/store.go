@@ -62,6 +62,7 @@ func RunStore(t *testing.T, f StoreFeatures, newStore NewStore) {
 		{"answered_outcomes_recorded_twice_count_once", testSettleTwice},
 		{"oldest_pending", testOldestPending},
 		{"claimer_never_hands_a_row_out_twice", testClaims},
+		{"extender_keeps_a_live_relays_claims", testExtend},
 		{"notifier_fires_on_insert_and_requeue", testNotify},
 		{"payload_kept_byte_for_byte", testPayloadBytes},
 	} {
@@ -503,4 +504,81 @@ func testPayloadBytes(h *storeHarness) {
 			h.Fatalf("List: row %s: Payload %q, want the bytes inserted %q", r.EventID, r.Payload, want)
 		}
 	}
+}
+
+// testExtend: a relay that is alive keeps its claims for as long as it
+// extends them, past the claim period (clocks moved on through Due's and
+// Extend's now, not waited for); an extended claim keeps its Lease, so
+// its outcomes still apply; a settled row is not claimed again by an
+// extension (a retry keeps its time), and once a claim ran out and
+// another relay took the row, the first relay's extension and outcomes
+// leave the new claim alone.
+func testExtend(h *storeHarness) {
+	e, ok := h.s.Store.(outbox.Extender)
+	if !ok {
+		h.Skip("the store's claims cannot be extended (not an outbox.Extender)")
+	}
+	period := e.ClaimPeriod()
+	if period <= 0 {
+		h.Fatalf("ClaimPeriod() = %v, want a positive period", period)
+	}
+	claimsOf := func(msgs []outbox.Message) []outbox.Claim {
+		out := make([]outbox.Claim, len(msgs))
+		for i, m := range msgs {
+			out[i] = outbox.Claim{EventID: m.EventID, Seq: m.Seq, Lease: m.Lease}
+		}
+		return out
+	}
+	extend := func(now time.Time, claims []outbox.Claim) int64 {
+		h.Helper()
+		n, err := e.Extend(h.ctx, now, claims)
+		if err != nil {
+			h.Fatalf("Extend: %v", err)
+		}
+		return n
+	}
+	evs := h.insert(3)
+	t0 := time.Now()
+	msgs := h.due(t0, 0, 10)
+	h.wantIDs("Due", msgIDs(msgs), evs[0].ID, evs[1].ID, evs[2].ID)
+	// The relay beats every quarter of the period, for three periods.
+	for i := 1; i <= 9; i++ {
+		at := t0.Add(time.Duration(i) * period / 3)
+		if n := extend(at, claimsOf(msgs)); n != 3 {
+			h.Fatalf("Extend at %d/3 of the claim period extended %d of 3 claims", i, n)
+		}
+		if got := h.due(at.Add(period/2), 0, 10); len(got) != 0 {
+			h.Fatalf("Due %d/3 + 1/2 claim periods on, the relay having extended its claims: handed out %q again", i, msgIDs(got))
+		}
+	}
+	t1 := t0.Add(3 * period) // when the last extension was taken
+	// Outcomes still apply under the lease Due handed out.
+	retryAt := t1.Add(period / 10)
+	h.settle(outcome(msgs[0], outbox.Delivered, "", time.Time{}),
+		outcome(msgs[1], outbox.Retry, "unavailable: try later", retryAt))
+	rows := h.list(outbox.StatePending)
+	h.wantIDs("List(pending) after settling an extended claim", rowIDs(rows), evs[1].ID, evs[2].ID)
+	if rows[0].Attempts != 1 || rows[0].LastError != "unavailable: try later" {
+		h.Fatalf("a retry under an extended claim: %d attempts, last error %q; want 1 attempt and the reason", rows[0].Attempts, rows[0].LastError)
+	}
+	// A late beat neither revives the delivered row nor moves the retry.
+	if n := extend(t1.Add(time.Millisecond), claimsOf(msgs)); n != 1 {
+		h.Fatalf("Extend after two of three rows were settled extended %d claims, want 1 (the unsettled row's)", n)
+	}
+	again := h.due(retryAt.Add(time.Millisecond), 0, 10)
+	h.wantIDs("Due at the retry time, after a late beat", msgIDs(again), evs[1].ID)
+	// The relay stops beating (it died): its last claim runs out and
+	// another relay takes the row.
+	taken := h.due(t1.Add(time.Millisecond).Add(period+time.Second), msgs[1].Seq, 10)
+	h.wantIDs("Due after the last extended claim ran out", msgIDs(taken), evs[2].ID)
+	if n := extend(t1.Add(period+2*time.Second), claimsOf(msgs[2:])); n != 0 {
+		h.Fatalf("the dead relay's beat extended %d claims another relay holds now", n)
+	}
+	h.settle(outcome(msgs[2], outbox.Rejected, "late: parked", time.Time{}))
+	h.wantCounts(2, 0)
+	if got := h.due(t1.Add(period+3*time.Second), 0, 10); len(got) != 0 {
+		h.Fatalf("the dead relay's late outcome made %q due while another relay holds it", msgIDs(got))
+	}
+	h.settle(outcome(taken[0], outbox.Delivered, "", time.Time{}))
+	h.wantCounts(1, 0)
 }
