@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/postbox-events/postbox/internal/redirect"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -76,8 +77,13 @@ type Config struct {
 	Checkpoints Checkpoints // required
 	// Client sends the requests. Defaults to a client without an overall
 	// timeout (a feed does not end) that gives up connecting after 10 s,
-	// whose dialer calls Control.
+	// whose dialer calls Control. Either way the follower follows
+	// redirects as Redirects says (a copy of Client does), so the token
+	// never goes to another origin.
 	Client *http.Client
+	// Redirects is the redirect policy: "same-origin" (the default, "")
+	// or "none" (Settings.Redirects).
+	Redirects string
 	// Control, when set, is the default Client's dialer's Control: it
 	// may refuse an address (the server's target policy).
 	Control func(network, address string, c syscall.RawConn) error
@@ -131,6 +137,10 @@ func New(cfg Config) (*Follower, error) {
 			TLSHandshakeTimeout: 10 * time.Second,
 		}}
 	}
+	if err := redirect.Validate("feed: Config.Redirects", cfg.Redirects); err != nil {
+		return nil, err
+	}
+	cfg.Client = redirect.Client(cfg.Client, cfg.Redirects)
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = DefaultBatchSize
 	}

@@ -37,6 +37,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/redirect"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -80,7 +81,9 @@ type Config struct {
 	// Start is the checkpoint loaded at start.
 	Start Checkpoint
 	// Client sends the requests. Defaults to a client with a timeout of
-	// DefaultTimeout per request, whose dialer calls Control.
+	// DefaultTimeout per request, whose dialer calls Control. Either way
+	// the poller follows redirects as Settings.Redirects says (a copy of
+	// Client does), so its headers never go to another origin.
 	Client *http.Client
 	// Control, when set, is the default Client's dialer's Control: it
 	// may refuse an address (the server's target policy).
@@ -138,6 +141,7 @@ func New(cfg Config) (*Poller, error) {
 			MaxIdleConnsPerHost: 2,
 		}}
 	}
+	p.cfg.Client = redirect.Client(p.cfg.Client, s.Redirects)
 	if p.cfg.MinBackoff <= 0 {
 		p.cfg.MinBackoff = DefaultMinBackoff
 	}

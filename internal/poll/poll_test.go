@@ -311,3 +311,9 @@ func TestPollerSaturated(t *testing.T) {
 	cancel()
 	<-done
 }
+
+func (m *memSink) commitCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.commits
+}

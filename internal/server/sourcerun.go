@@ -197,7 +197,7 @@ func (r *sourceRunner) adapter(ctx context.Context, src delivery.Source) (func(c
 		if err := json.Unmarshal(src.Settings, &settings); err != nil {
 			return nil, fmt.Errorf("settings: %w", err)
 		}
-		f, err := feed.New(feed.Config{URL: settings.URL, Token: settings.Token, Stream: src.Stream, Name: src.Name,
+		f, err := feed.New(feed.Config{URL: settings.URL, Token: settings.Token, Redirects: settings.Redirects, Stream: src.Stream, Name: src.Name,
 			Writer: r.s.writer, Checkpoints: feedCheckpoints{d: r.s.delivery, created: src.CreatedAt},
 			Metrics: r.feeds, Logger: r.s.log, Control: r.s.delivery.DialControl()})
 		if err != nil {
