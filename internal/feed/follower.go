@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/redirect"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -101,8 +102,14 @@ type Config struct {
 	IdleTimeout time.Duration
 	// MaxLineBytes bounds one line. Defaults to DefaultMaxLineBytes.
 	MaxLineBytes int
-	Metrics      *Metrics // nil: none
-	Logger       *slog.Logger
+	// Limits are those every intake path stores events under
+	// (postbox.Limits.CheckEvent): an event over them is refused alone
+	// (the checkpoint moves past it), logged, counted
+	// (postbox_feed_events_total{result="refused"}) and recorded as a
+	// failure (FailureRecorder) once its batch is stored.
+	Limits  postbox.Limits
+	Metrics *Metrics // nil: none
+	Logger  *slog.Logger
 }
 
 // Follower follows one remote feed into a local stream.
@@ -270,7 +277,8 @@ func (f *Follower) follow(ctx context.Context) error {
 	f.log.Info("feed: following", "url", f.cfg.URL, "after", after)
 	br := bufio.NewReaderSize(resp.Body, 64<<10)
 	var batch []stream.Event
-	var last int64 // the offset of batch's last event
+	var refused []error // events over the limits since the last store
+	var last int64      // the offset of the last event read
 	for {
 		line, err := readLine(br, f.cfg.MaxLineBytes)
 		if err != nil {
@@ -293,39 +301,51 @@ func (f *Follower) follow(ctx context.Context) error {
 			if l.Offset <= max(last, f.checkpoint.Load()) {
 				return failed("decode", "%s sent offset %d after %d: offsets must grow", f.cfg.URL, l.Offset, max(last, after))
 			}
-			batch = append(batch, l.Event())
+			ev := l.Event()
+			if fe := f.cfg.Limits.CheckEvent(ev.NativeID, ev.Variant, ev.Type, ev.Payload, ev.Metadata); fe != nil {
+				err := fmt.Errorf("offset %d (native id %.64q) refused: %w", l.Offset, ev.NativeID, fe)
+				f.log.Error("feed: an event is over the limits every intake stores events under; refused, the feed goes on", "err", err)
+				f.cfg.Metrics.refused(f.cfg.Name)
+				refused = append(refused, err)
+			} else {
+				batch = append(batch, ev)
+			}
 			last = l.Offset
 			f.seen(last)
 		}
 		// Store what was read when the batch is full or nothing more is
 		// waiting: batches grow with the feed's rate.
-		if len(batch) > 0 && (len(batch) >= f.cfg.BatchSize || br.Buffered() == 0) {
-			if err := f.store(ctx, batch, last); err != nil {
+		if last > f.checkpoint.Load() && (len(batch) >= f.cfg.BatchSize || br.Buffered() == 0) {
+			if err := f.store(ctx, batch, last, refused); err != nil {
 				return err
 			}
-			batch = nil // the writer may hold the last one until it returns
+			batch, refused = nil, nil // the writer may hold the last batch until it returns
 		}
 	}
 }
 
-// store appends batch, whose last event has the remote offset last, and
-// then saves the checkpoint.
-func (f *Follower) store(ctx context.Context, batch []stream.Event, last int64) error {
+// store appends batch (perhaps empty), read up to the remote offset
+// last, and then saves the checkpoint. refused are the events read with
+// it that were over the limits: the first is recorded as the
+// follower's last failure, with how many more there were.
+func (f *Follower) store(ctx context.Context, batch []stream.Event, last int64, refused []error) error {
 	type outcome struct {
 		res []stream.AppendResult
 		err error
 	}
-	done := make(chan outcome, 1)
-	if err := f.cfg.Writer.AppendAsync(ctx, f.cfg.Stream, batch, func(res []stream.AppendResult, err error) {
-		done <- outcome{res, err}
-	}); err != nil {
-		return failed("append", "append to %s: %w", f.cfg.Stream, err)
-	}
 	var o outcome
-	select {
-	case o = <-done:
-	case <-ctx.Done():
-		return ctx.Err()
+	if len(batch) > 0 {
+		done := make(chan outcome, 1)
+		if err := f.cfg.Writer.AppendAsync(ctx, f.cfg.Stream, batch, func(res []stream.AppendResult, err error) {
+			done <- outcome{res, err}
+		}); err != nil {
+			return failed("append", "append to %s: %w", f.cfg.Stream, err)
+		}
+		select {
+		case o = <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	if o.err != nil {
 		return failed("append", "append to %s: %w", f.cfg.Stream, o.err)
@@ -351,6 +371,15 @@ func (f *Follower) store(ctx context.Context, batch []stream.Event, last int64) 
 	}
 	f.checkpoint.Store(last)
 	f.observe()
+	if fr, ok := f.cfg.Checkpoints.(FailureRecorder); ok && len(refused) > 0 {
+		err := refused[0]
+		if n := len(refused) - 1; n > 0 {
+			err = fmt.Errorf("%w (and %d more events refused)", err, n)
+		}
+		if err := fr.Failed(ctx, f.cfg.Name, last, err); err != nil && ctx.Err() == nil {
+			f.log.Warn("feed: recording the refused events failed", "err", err)
+		}
+	}
 	return nil
 }
 

@@ -21,7 +21,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"source"}),
 		items: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postbox_poll_items_total",
-			Help: "Items of the pages a poller stored, by result (stored, duplicate: already stored; conflict: its id is stored with another type or body, which stays).",
+			Help: "Items of the pages a poller stored, by result (stored, duplicate: already stored; conflict: its id is stored with another type or body, which stays; refused: over the limits every intake stores events under, not stored).",
 		}, []string{"source", "result"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postbox_poll_errors_total",
@@ -57,12 +57,13 @@ func (m *Metrics) fail(source, reason string) {
 	}
 }
 
-func (m *Metrics) page(source string, stored, dups, conflicts int) {
+func (m *Metrics) page(source string, stored, dups, conflicts, refused int) {
 	if m != nil {
 		m.pages.WithLabelValues(source).Inc()
 		m.items.WithLabelValues(source, "stored").Add(float64(stored))
 		m.items.WithLabelValues(source, "duplicate").Add(float64(dups))
 		m.items.WithLabelValues(source, "conflict").Add(float64(conflicts))
+		m.items.WithLabelValues(source, "refused").Add(float64(refused))
 	}
 }
 

@@ -97,6 +97,12 @@ type Config struct {
 	MaxRetryAfter time.Duration
 	// MaxPageBytes bounds one answer. Defaults to DefaultMaxPageBytes.
 	MaxPageBytes int64
+	// Limits are those every intake path stores events under
+	// (postbox.Limits.CheckEvent): an item over them is refused alone,
+	// logged, counted (postbox_poll_items_total{result="refused"}) and
+	// named in the page's checkpoint's LastError; the rest of its page is
+	// stored.
+	Limits postbox.Limits
 	// LookupEnv reads env:NAME header values at each poll. Defaults to
 	// os.LookupEnv.
 	LookupEnv func(string) (string, bool)
@@ -185,9 +191,33 @@ func failed(reason string, format string, args ...any) *pollError {
 
 // page is one answer: its events and the next cursor ("" for none).
 type page struct {
-	events []stream.Event
-	next   string
-	last   time.Time // the latest item time
+	events  []stream.Event
+	refused []refusal // items over the limits, not in events
+	next    string
+	last    time.Time // the latest item time
+}
+
+// refusal is an item over the limits.
+type refusal struct {
+	item int // its index in the page
+	id   string
+	err  error
+}
+
+func (r refusal) Error() string {
+	return fmt.Sprintf("item %d (id %.64q) refused: %v", r.item, r.id, r.err)
+}
+
+// refusedError sums up a page's refused items for its checkpoint.
+func refusedError(url string, refused []refusal) string {
+	if len(refused) == 0 {
+		return ""
+	}
+	msg := fmt.Sprintf("GET %s: %v", url, refused[0])
+	if n := len(refused) - 1; n > 0 {
+		msg += fmt.Sprintf(" (and %d more items refused)", n)
+	}
+	return msg
 }
 
 // Run polls until ctx ends and returns nil then. A page is asked for
@@ -242,7 +272,7 @@ func (p *Poller) Run(ctx context.Context) error {
 			continue
 		}
 		cp := p.cp
-		cp.LastError, cp.LastPollAt = "", p.cfg.Now().UTC()
+		cp.LastError, cp.LastPollAt = refusedError(p.cfg.Settings.URL, pg.refused), p.cfg.Now().UTC()
 		if pg.next != "" {
 			cp.Cursor = pg.next
 		}
@@ -313,7 +343,10 @@ func (p *Poller) commit(ctx context.Context, pg page, cp Checkpoint, bo *backoff
 					stored++
 				}
 			}
-			p.cfg.Metrics.page(p.cfg.Name, stored, dups, conflicts)
+			for _, r := range pg.refused {
+				p.log.Warn("poll: an item is over the limits every intake stores events under; the rest of its page is stored", "err", r)
+			}
+			p.cfg.Metrics.page(p.cfg.Name, stored, dups, conflicts, len(pg.refused))
 			return true
 		}
 		p.cfg.Metrics.fail(p.cfg.Name, "store")
@@ -436,13 +469,18 @@ func (p *Poller) decode(body []byte) (page, error) {
 	n := 0
 	eachElement(raw, func([]byte) { n++ })
 	pg.events = make([]stream.Event, 0, n)
+	i := -1
 	eachElement(raw, func(it []byte) {
-		if err != nil {
+		if i++; err != nil {
 			return
 		}
 		var ev stream.Event
 		if ev, err = p.event(it, now); err != nil {
-			err = fmt.Errorf("item %d: %w", len(pg.events), err)
+			err = fmt.Errorf("item %d: %w", i, err)
+			return
+		}
+		if fe := p.cfg.Limits.CheckEvent(ev.NativeID, "", ev.Type, ev.Payload, nil); fe != nil {
+			pg.refused = append(pg.refused, refusal{item: i, id: ev.NativeID, err: fe})
 			return
 		}
 		pg.events = append(pg.events, ev)
@@ -458,9 +496,6 @@ func (p *Poller) decode(body []byte) (page, error) {
 func (p *Poller) event(item []byte, now time.Time) (stream.Event, error) {
 	if len(item) == 0 || item[0] != '{' {
 		return stream.Event{}, errors.New("not a JSON object")
-	}
-	if fe := postbox.CheckPayloadDepth(item); fe != nil { // what subscribers could not decode
-		return stream.Event{}, fe
 	}
 	// The pointers of one token (the common case) are members of the
 	// item: one scan finds them all.
@@ -503,15 +538,15 @@ func (p *Poller) event(item []byte, now time.Time) (stream.Event, error) {
 		return ev, fmt.Errorf("id at %q: want a string or a number", p.id)
 	}
 	if !typOK {
-		return ev, fmt.Errorf("id %s: no type at %q", ev.NativeID, p.typ)
+		return ev, fmt.Errorf("id %.64s: no type at %q", ev.NativeID, p.typ)
 	}
 	if ev.Type, typOK = unquote(typ); !typOK || ev.Type == "" {
-		return ev, fmt.Errorf("id %s: type at %q: want a string", ev.NativeID, p.typ)
+		return ev, fmt.Errorf("id %.64s: type at %q: want a string", ev.NativeID, p.typ)
 	}
 	if atOK && !bytes.Equal(at, []byte("null")) {
 		t, err := parseTime(at)
 		if err != nil {
-			return ev, fmt.Errorf("id %s: time at %q: %w", ev.NativeID, p.at, err)
+			return ev, fmt.Errorf("id %.64s: time at %q: %w", ev.NativeID, p.at, err)
 		}
 		ev.OccurredAt = t
 	}
