@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/budget"
 	"github.com/postbox-events/postbox/internal/redirect"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -100,8 +101,13 @@ type Config struct {
 	// heartbeat) for this long, and reconnects. Defaults to
 	// DefaultIdleTimeout, three heartbeats.
 	IdleTimeout time.Duration
-	// MaxLineBytes bounds one line. Defaults to DefaultMaxLineBytes.
+	// MaxLineBytes bounds one line. Defaults to DefaultMaxLineBytes, and
+	// to at most Budget's reserve.
 	MaxLineBytes int
+	// Budget, when set, bounds the memory of the lines being read and of
+	// the events waiting to be stored, over every follower (and poller)
+	// sharing it.
+	Budget *budget.Budget
 	// Limits are those every intake path stores events under
 	// (postbox.Limits.CheckEvent): an event over them is refused alone
 	// (the checkpoint moves past it), logged, counted
@@ -163,6 +169,9 @@ func New(cfg Config) (*Follower, error) {
 	}
 	if cfg.MaxLineBytes <= 0 {
 		cfg.MaxLineBytes = DefaultMaxLineBytes
+	}
+	if r := cfg.Budget.Reserve(); r > 0 {
+		cfg.MaxLineBytes = int(min(int64(cfg.MaxLineBytes), r))
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -279,8 +288,45 @@ func (f *Follower) follow(ctx context.Context) error {
 	var batch []stream.Event
 	var refused []error // events over the limits since the last store
 	var last int64      // the offset of the last event read
+	// The budget held by batch, and by the line being read.
+	var batchHeld, lineHeld int64
+	b := f.cfg.Budget
+	defer func() { b.Give(batchHeld + lineHeld) }()
+	flush := func() error {
+		if last > f.checkpoint.Load() {
+			if err := f.store(ctx, batch, last, refused); err != nil {
+				return err
+			}
+		}
+		batch, refused = nil, nil // the writer may hold the last batch until it returns
+		b.Give(batchHeld)
+		batchHeld = 0
+		return nil
+	}
+	// take takes n bytes of the budget for the line being read: at once
+	// if there is room, else after storing the batch (a follower waits
+	// holding no more than its line).
+	take := func(n int64) error {
+		if !b.TryTake(n, f) {
+			if err := flush(); err != nil {
+				return err
+			}
+			if err := b.Take(ctx, n, f); err != nil {
+				return failed("read", "read %s: %w", f.cfg.URL, err)
+			}
+		}
+		lineHeld += n
+		return nil
+	}
 	for {
-		line, err := readLine(br, f.cfg.MaxLineBytes)
+		line, err := readLine(br, f.cfg.MaxLineBytes, take)
+		if err == nil && lineHeld == 0 { // a line within the reader's buffer: what parsing it copies
+			err = take(int64(len(line)))
+		}
+		b.Done(f)
+		if fe, ok := errors.AsType[*followError](err); ok {
+			return fe
+		}
 		if err != nil {
 			if ctx.Err() != nil && !idle.Stop() {
 				return failed("idle", "no line from %s for %s", f.cfg.URL, f.cfg.IdleTimeout)
@@ -309,17 +355,19 @@ func (f *Follower) follow(ctx context.Context) error {
 				refused = append(refused, err)
 			} else {
 				batch = append(batch, ev)
+				batchHeld, lineHeld = batchHeld+lineHeld, 0
 			}
 			last = l.Offset
 			f.seen(last)
 		}
+		b.Give(lineHeld)
+		lineHeld = 0
 		// Store what was read when the batch is full or nothing more is
 		// waiting: batches grow with the feed's rate.
 		if last > f.checkpoint.Load() && (len(batch) >= f.cfg.BatchSize || br.Buffered() == 0) {
-			if err := f.store(ctx, batch, last, refused); err != nil {
+			if err := flush(); err != nil {
 				return err
 			}
-			batch, refused = nil, nil // the writer may hold the last batch until it returns
 		}
 	}
 }
@@ -399,8 +447,9 @@ func (f *Follower) observe() {
 }
 
 // readLine returns the next line without its newline; the slice is valid
-// until the next call.
-func readLine(br *bufio.Reader, maxBytes int) ([]byte, error) {
+// until the next call. A line longer than the reader's buffer is copied
+// into one of its own, with take called for its bytes before they are.
+func readLine(br *bufio.Reader, maxBytes int, take func(n int64) error) ([]byte, error) {
 	line, err := br.ReadSlice('\n')
 	if err == nil {
 		return line[:len(line)-1], nil
@@ -408,13 +457,19 @@ func readLine(br *bufio.Reader, maxBytes int) ([]byte, error) {
 	if !errors.Is(err, bufio.ErrBufferFull) {
 		return nil, err
 	}
+	if err := take(int64(len(line))); err != nil {
+		return nil, err
+	}
 	long := append([]byte(nil), line...)
 	for {
 		line, err = br.ReadSlice('\n')
-		long = append(long, line...)
-		if len(long) > maxBytes {
+		if len(long)+len(line) > maxBytes {
 			return nil, fmt.Errorf("a line longer than %d bytes", maxBytes)
 		}
+		if err := take(int64(len(line))); err != nil {
+			return nil, err
+		}
+		long = append(long, line...)
 		if err == nil {
 			return long[:len(long)-1], nil
 		}

@@ -82,7 +82,7 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 }
 
 // counter returns the value of the series of name in reg whose result
-// (or reason) label is label.
+// (or reason) label is label ("": its first series).
 func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -94,6 +94,9 @@ func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64
 			continue
 		}
 		for _, m := range mf.GetMetric() {
+			if label == "" {
+				return m.GetCounter().GetValue()
+			}
 			for _, l := range m.GetLabel() {
 				if (l.GetName() == "result" || l.GetName() == "reason") && l.GetValue() == label {
 					return m.GetCounter().GetValue()

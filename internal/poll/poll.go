@@ -24,6 +24,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"log/slog"
 	"math"
@@ -37,6 +38,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/budget"
 	"github.com/postbox-events/postbox/internal/redirect"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -95,8 +97,15 @@ type Config struct {
 	// MaxRetryAfter bounds the wait a Retry-After asks for. Defaults to
 	// DefaultMaxRetryAfter.
 	MaxRetryAfter time.Duration
-	// MaxPageBytes bounds one answer. Defaults to DefaultMaxPageBytes.
+	// MaxPageBytes bounds one answer: a longer one is cut there and the
+	// poll fails (reason too_large), naming the limit. Defaults to
+	// DefaultMaxPageBytes, and to at most Budget's reserve.
 	MaxPageBytes int64
+	// Budget, when set, bounds the memory of the answers being read and
+	// of the pages waiting to be stored, over every poller (and feed
+	// follower) sharing it: an answer takes from it as its bytes arrive
+	// and gives back once its page is stored.
+	Budget *budget.Budget
 	// Limits are those every intake path stores events under
 	// (postbox.Limits.CheckEvent): an item over them is refused alone,
 	// logged, counted (postbox_poll_items_total{result="refused"}) and
@@ -115,6 +124,7 @@ type Config struct {
 // Poller polls one API into one source's stream. Run runs it.
 type Poller struct {
 	cfg      Config
+	stored   pageSum // the answer stored last (Run's, passed to fetch)
 	items    Pointer
 	id, typ  Pointer
 	at, next Pointer
@@ -161,6 +171,9 @@ func New(cfg Config) (*Poller, error) {
 	if p.cfg.MaxPageBytes <= 0 {
 		p.cfg.MaxPageBytes = DefaultMaxPageBytes
 	}
+	if r := p.cfg.Budget.Reserve(); r > 0 {
+		p.cfg.MaxPageBytes = min(p.cfg.MaxPageBytes, r)
+	}
 	if p.cfg.LookupEnv == nil {
 		p.cfg.LookupEnv = os.LookupEnv
 	}
@@ -195,7 +208,24 @@ type page struct {
 	refused []refusal // items over the limits, not in events
 	next    string
 	last    time.Time // the latest item time
+	sum     pageSum   // the answer's bytes, hashed
+	held    int64     // the budget the answer holds until stored
+	same    bool      // the answer is the last one stored at its cursor: not decoded
 }
+
+// pageSum identifies an answer's bytes: the page stored last, with the
+// cursor it was asked for with, is not decoded again while its answer
+// stays the same.
+type pageSum struct {
+	cursor  string
+	size    int
+	hash    uint64 // maphash, with the process's seed
+	refused string // what its items refused said (its checkpoint's LastError)
+}
+
+// hashSeed seeds the answers' hashes: an upstream cannot pick bytes
+// that hash alike without it.
+var hashSeed = maphash.MakeSeed()
 
 // refusal is an item over the limits.
 type refusal struct {
@@ -235,6 +265,7 @@ func (p *Poller) Run(ctx context.Context) error {
 	p.cfg.Metrics.start(p.cfg.Name)
 	for {
 		if !p.waitRoom(ctx, expect) {
+			p.drop(ahead)
 			return nil
 		}
 		var pg page
@@ -243,10 +274,12 @@ func (p *Poller) Run(ctx context.Context) error {
 			r := <-ahead.done
 			pg, err = r.pg, r.err
 		} else {
-			pg, err = p.fetch(ctx, p.cp.Cursor)
+			p.drop(ahead)
+			pg, err = p.fetch(ctx, p.cp.Cursor, p.stored)
 		}
 		ahead = nil
 		if ctx.Err() != nil {
+			p.cfg.Budget.Give(pg.held)
 			return nil
 		}
 		if err != nil {
@@ -271,8 +304,26 @@ func (p *Poller) Run(ctx context.Context) error {
 			}
 			continue
 		}
+		if pg.same {
+			// The answer stored last, again: its items are stored (or
+			// refused, as its checkpoint still says).
+			p.cfg.Metrics.unchanged(p.cfg.Name)
+			cp := p.cp
+			cp.LastError, cp.LastPollAt = pg.sum.refused, p.cfg.Now().UTC()
+			if !p.commit(ctx, pg, cp, bo) {
+				return nil
+			}
+			p.cp = cp
+			bo.reset()
+			expect = 1
+			if !sleep(ctx, p.interval) {
+				return nil
+			}
+			continue
+		}
 		cp := p.cp
 		cp.LastError, cp.LastPollAt = refusedError(p.cfg.Settings.URL, pg.refused), p.cfg.Now().UTC()
+		pg.sum.refused = cp.LastError
 		if pg.next != "" {
 			cp.Cursor = pg.next
 		}
@@ -286,8 +337,12 @@ func (p *Poller) Run(ctx context.Context) error {
 			ahead = p.prefetch(ctx, cp.Cursor)
 		}
 		if !p.commit(ctx, pg, cp, bo) {
+			p.cfg.Budget.Give(pg.held)
+			p.drop(ahead)
 			return nil
 		}
+		p.cfg.Budget.Give(pg.held)
+		p.stored = pg.sum
 		p.cp = cp
 		bo.reset()
 		expect = max(1, len(pg.events))
@@ -316,10 +371,18 @@ type fetched struct {
 func (p *Poller) prefetch(ctx context.Context, cursor string) *prefetch {
 	f := &prefetch{cursor: cursor, done: make(chan fetched, 1)}
 	go func() {
-		pg, err := p.fetch(ctx, cursor)
+		pg, err := p.fetch(ctx, cursor, pageSum{}) // a page not stored yet
 		f.done <- fetched{pg, err}
 	}()
 	return f
+}
+
+// drop waits for a page asked for ahead that will not be used (nil:
+// none) and gives back the budget it holds.
+func (p *Poller) drop(f *prefetch) {
+	if f != nil {
+		p.cfg.Budget.Give((<-f.done).pg.held)
+	}
 }
 
 // commit hands pg and cp to the sink until it takes them; false when ctx
@@ -378,8 +441,10 @@ func (p *Poller) waitRoom(ctx context.Context, n int) bool {
 	return ctx.Err() == nil
 }
 
-// fetch asks for the page after cursor and decodes it.
-func (p *Poller) fetch(ctx context.Context, cursor string) (page, error) {
+// fetch asks for the page after cursor and decodes it, unless its
+// answer is stored, the one stored last at that cursor. The page holds
+// budget (page.held) until the caller gives it back.
+func (p *Poller) fetch(ctx context.Context, cursor string, stored pageSum) (page, error) {
 	s := p.cfg.Settings
 	target := s.URL
 	if cursor != "" && s.CursorParam != "" {
@@ -419,18 +484,82 @@ func (p *Poller) fetch(ctx context.Context, cursor string) (page, error) {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return page{}, failed("status", "GET %s answered %s: %s", s.URL, resp.Status, bytes.TrimSpace(body))
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, p.cfg.MaxPageBytes+1))
+	body, held, err := p.read(ctx, resp)
 	if err != nil {
-		return page{}, failed("request", "read %s: %w", s.URL, stripURL(err))
+		return page{}, err
 	}
-	if int64(len(body)) > p.cfg.MaxPageBytes {
-		return page{}, failed("decode", "GET %s: an answer larger than %d bytes", s.URL, p.cfg.MaxPageBytes)
+	sum := pageSum{cursor: cursor, size: len(body), hash: maphash.Bytes(hashSeed, body)}
+	if stored.size == sum.size && stored.hash == sum.hash && stored.cursor == cursor && stored.size > 0 {
+		p.cfg.Budget.Give(held)
+		return page{same: true, sum: stored}, nil
 	}
 	pg, err := p.decode(body)
 	if err != nil {
+		p.cfg.Budget.Give(held)
 		return page{}, failed("decode", "GET %s (cursor %q): %w", s.URL, cursor, err)
 	}
+	pg.sum, pg.held = sum, held
 	return pg, nil
+}
+
+// read reads an answer's body, taking budget as its bytes arrive, before
+// its buffer grows to hold them (all at once for a Content-Length), and
+// returns it with the budget it holds. An answer over MaxPageBytes fails
+// there, its budget given back.
+func (p *Poller) read(ctx context.Context, resp *http.Response) (body []byte, held int64, err error) {
+	limit, b := p.cfg.MaxPageBytes, p.cfg.Budget
+	tooLarge := func() error {
+		return failed("too_large", "GET %s: an answer larger than %d bytes, the limit of one page; not read further", p.cfg.Settings.URL, limit)
+	}
+	if resp.ContentLength > limit {
+		return nil, 0, tooLarge()
+	}
+	owner := new(byte) // this read, for the budget's reserve
+	defer b.Done(owner)
+	grow := func(size int64) error {
+		if err := b.Take(ctx, size-int64(cap(body)), owner); err != nil {
+			return failed("request", "read %s: %w", p.cfg.Settings.URL, err)
+		}
+		held += size - int64(cap(body))
+		body = append(make([]byte, 0, size), body...)
+		return nil
+	}
+	fail := func(e error) ([]byte, int64, error) {
+		b.Give(held)
+		return nil, 0, e
+	}
+	if n := resp.ContentLength; n >= 0 { // the transport reads no more than it
+		if err := grow(n); err != nil {
+			return fail(err)
+		}
+		body = body[:n]
+		if _, err := io.ReadFull(resp.Body, body); err != nil {
+			return fail(failed("request", "read %s: %w", p.cfg.Settings.URL, stripURL(err)))
+		}
+		return body, held, nil
+	}
+	for {
+		if len(body) == cap(body) {
+			if int64(len(body)) >= limit {
+				var one [1]byte
+				if n, _ := io.ReadFull(resp.Body, one[:]); n == 0 {
+					return body, held, nil // it ended at the limit
+				}
+				return fail(tooLarge())
+			}
+			if err := grow(min(limit, max(64<<10, 2*int64(cap(body))))); err != nil {
+				return fail(err)
+			}
+		}
+		n, err := resp.Body.Read(body[len(body):cap(body)])
+		body = body[:len(body)+n]
+		if err == io.EOF {
+			return body, held, nil
+		}
+		if err != nil {
+			return fail(failed("request", "read %s: %w", p.cfg.Settings.URL, stripURL(err)))
+		}
+	}
 }
 
 // decode reads a page's items and next cursor. The answer is validated
