@@ -140,3 +140,48 @@ func TestPollerUnchangedPage(t *testing.T) {
 	body.Store(`{"events":[{"id":"1","type":"a"},{"id":"2","type":"a"},{"id":"3","type":"a"}]}`)
 	testenv.Eventually(t, 10*time.Second, "the changed page stored", func() bool { ids, _ := sink.state(); return ids["3"] == 1 })
 }
+
+// TestPollerChunkedAnswer: an answer without a Content-Length, read in
+// pooled chunks, is decoded byte for byte: one over several chunks, not
+// a multiple of them, and one of exactly the page limit.
+func TestPollerChunkedAnswer(t *testing.T) {
+	page := func(n int) string {
+		var sb strings.Builder
+		sb.WriteString(`{"events":[`)
+		for i := range n {
+			if i > 0 {
+				sb.WriteByte(',')
+			}
+			fmt.Fprintf(&sb, `{"id":"%d","type":"t","pad":"%s"}`, i, strings.Repeat("x", 1000+i%7))
+		}
+		sb.WriteString(`]}`)
+		return sb.String()
+	}
+	big := page(700) // about 700 KB: three chunks and part of a fourth
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body := big
+		if r.URL.Path == "/exact" {
+			body = page(3)
+		}
+		for i := 0; i < len(body); i += 4000 {
+			w.Write([]byte(body[i:min(len(body), i+4000)]))
+			w.(http.Flusher).Flush() // chunked: no Content-Length
+		}
+	}))
+	defer api.Close()
+	for _, c := range []struct {
+		path  string
+		limit int64
+		items int
+	}{{"/big", 0, 700}, {"/exact", int64(len(page(3))), 3}} {
+		sink := &memSink{byID: map[string]int{}}
+		stop := runPoller(t, poll.Config{Name: "chunked", Sink: sink, MaxPageBytes: c.limit,
+			Settings: poll.Settings{URL: api.URL + c.path, Items: ptr("/events"), ID: "/id", Type: "/type", Interval: "1h"}})
+		testenv.Eventually(t, 10*time.Second, "the page stored", func() bool { return sink.commitCount() >= 1 })
+		stop()
+		ids, cp := sink.state()
+		if len(ids) != c.items || cp.LastError != "" {
+			t.Errorf("%s: %d items stored, want %d; last error %q", c.path, len(ids), c.items, cp.LastError)
+		}
+	}
+}

@@ -33,6 +33,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -506,6 +507,12 @@ func (p *Poller) fetch(ctx context.Context, cursor string, stored pageSum) (page
 // its buffer grows to hold them (all at once for a Content-Length), and
 // returns it with the budget it holds. An answer over MaxPageBytes fails
 // there, its budget given back.
+//
+// An answer without a Content-Length is read into pooled chunks, then
+// copied into one buffer of its size, each chunk's budget traded for the
+// bytes copied from it: an answer cut at the limit leaves no garbage, and
+// one read whole leaves none but its chunks, which the next answers
+// reuse.
 func (p *Poller) read(ctx context.Context, resp *http.Response) (body []byte, held int64, err error) {
 	limit, b := p.cfg.MaxPageBytes, p.cfg.Budget
 	tooLarge := func() error {
@@ -516,51 +523,78 @@ func (p *Poller) read(ctx context.Context, resp *http.Response) (body []byte, he
 	}
 	owner := new(byte) // this read, for the budget's reserve
 	defer b.Done(owner)
-	grow := func(size int64) error {
-		if err := b.Take(ctx, size-int64(cap(body)), owner); err != nil {
-			return failed("request", "read %s: %w", p.cfg.Settings.URL, err)
+	var chunks []*[]byte
+	defer func() {
+		for _, c := range chunks {
+			if c != nil {
+				chunkPool.Put(c)
+			}
 		}
-		held += size - int64(cap(body))
-		body = append(make([]byte, 0, size), body...)
-		return nil
-	}
+	}()
 	fail := func(e error) ([]byte, int64, error) {
 		b.Give(held)
 		return nil, 0, e
 	}
+	take := func(n int64) error {
+		if err := b.Take(ctx, n, owner); err != nil {
+			return failed("request", "read %s: %w", p.cfg.Settings.URL, err)
+		}
+		held += n
+		return nil
+	}
 	if n := resp.ContentLength; n >= 0 { // the transport reads no more than it
-		if err := grow(n); err != nil {
+		if err := take(n); err != nil {
 			return fail(err)
 		}
-		body = body[:n]
+		body = make([]byte, n)
 		if _, err := io.ReadFull(resp.Body, body); err != nil {
 			return fail(failed("request", "read %s: %w", p.cfg.Settings.URL, stripURL(err)))
 		}
 		return body, held, nil
 	}
+	var size int64 // bytes in chunks; all full but the last
 	for {
-		if len(body) == cap(body) {
-			if int64(len(body)) >= limit {
-				var one [1]byte
-				if n, _ := io.ReadFull(resp.Body, one[:]); n == 0 {
-					return body, held, nil // it ended at the limit
-				}
+		if size >= limit {
+			var one [1]byte
+			if n, _ := io.ReadFull(resp.Body, one[:]); n > 0 {
 				return fail(tooLarge())
 			}
-			if err := grow(min(limit, max(64<<10, 2*int64(cap(body))))); err != nil {
+			break // it ended at the limit
+		}
+		if size == int64(len(chunks))*chunkSize {
+			if err := take(chunkSize); err != nil {
 				return fail(err)
 			}
+			chunks = append(chunks, chunkPool.Get().(*[]byte))
 		}
-		n, err := resp.Body.Read(body[len(body):cap(body)])
-		body = body[:len(body)+n]
+		c := *chunks[len(chunks)-1]
+		off := size - int64(len(chunks)-1)*chunkSize
+		n, err := resp.Body.Read(c[off:min(int64(len(c)), off+limit-size)])
+		size += int64(n)
 		if err == io.EOF {
-			return body, held, nil
+			break
 		}
 		if err != nil {
 			return fail(failed("request", "read %s: %w", p.cfg.Settings.URL, stripURL(err)))
 		}
 	}
+	// One buffer of the answer's size; its pages are touched (and held)
+	// as each chunk is copied into it and given back.
+	body = make([]byte, 0, size)
+	for i, c := range chunks {
+		body = append(body, (*c)[:min(chunkSize, size-int64(i)*chunkSize)]...)
+		chunkPool.Put(c)
+		chunks[i] = nil
+	}
+	b.Give(held - size) // what the last chunk did not fill
+	return body, size, nil
 }
+
+// chunkSize is the size of the pooled chunks an answer without a
+// Content-Length is read into.
+const chunkSize = 256 << 10
+
+var chunkPool = sync.Pool{New: func() any { c := make([]byte, chunkSize); return &c }}
 
 // decode reads a page's items and next cursor. The answer is validated
 // once; its items and their members are then found by scanning it,
