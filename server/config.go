@@ -35,6 +35,7 @@ const (
 	DefaultWSMaxFrameBytes    = 16 << 20
 	DefaultWSFrameTimeout     = time.Minute
 	DefaultWebhookMaxBytes    = 1 << 20
+	DefaultSourceBufferBytes  = 64 << 20
 )
 
 // Config configures a Server. Every field may be left zero: the zero
@@ -137,6 +138,11 @@ type Config struct {
 	// connection that finds no room is not read until there is. Defaults
 	// to DefaultWSBufferBytes, and is at least WSMaxFrameBytes.
 	WSBufferBytes int64
+	// SourceBufferBytes bounds the memory of poll answers and feed lines
+	// being read and of their events waiting to be stored, over every
+	// poll and feed source; one answer or line is at most half of it.
+	// Defaults to DefaultSourceBufferBytes.
+	SourceBufferBytes int64
 	// WSMaxFrameBytes bounds one ingress frame. Defaults to
 	// DefaultWSMaxFrameBytes, and is at least twice
 	// Limits.MaxEnvelopeBytes.

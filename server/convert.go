@@ -27,6 +27,7 @@ func (cfg Config) validate() error {
 		{"PingTimeout", int64(cfg.PingTimeout)},
 		{"WSBufferBytes", cfg.WSBufferBytes},
 		{"WSMaxFrameBytes", cfg.WSMaxFrameBytes},
+		{"SourceBufferBytes", cfg.SourceBufferBytes},
 		{"WSFrameTimeout", int64(cfg.WSFrameTimeout)},
 		{"Limits.MaxEnvelopeBytes", int64(cfg.Limits.MaxEnvelopeBytes)},
 		{"Limits.MaxIDBytes", int64(cfg.Limits.MaxIDBytes)},
@@ -104,6 +105,7 @@ func (cfg Config) internal() iserver.Config {
 		WSMaxConnections:   cfg.WSMaxConnections,
 		WSBufferBytes:      cfg.WSBufferBytes,
 		WSMaxFrameBytes:    cfg.WSMaxFrameBytes,
+		SourceBufferBytes:  cfg.SourceBufferBytes,
 		WSFrameTimeout:     cfg.WSFrameTimeout,
 		Webhooks: iserver.WebhookConfig{
 			MaxBytes:   cfg.Webhooks.MaxBytes,

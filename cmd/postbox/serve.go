@@ -83,6 +83,8 @@ of each event's intake, materialisation and delivery attempts are exported over 
 	fs.Var(&wsMaxConns, "ws-max-connections", "most open ingress `connections`, WebSocket and gRPC streams together; more are refused (503 and Retry-After, gRPC RESOURCE_EXHAUSTED) [POSTBOX_WS_MAX_CONNECTIONS]")
 	wsBuffer := positiveInt(ingress.DefaultMaxBufferedBytes)
 	fs.Var(&wsBuffer, "ws-buffer-bytes", "memory for ingress frames being read and envelopes waiting for the writer queue, over all connections, in `bytes`; at least the 16 MiB frame limit [POSTBOX_WS_BUFFER_BYTES]")
+	sourceBuffer := positiveInt(server.DefaultSourceBufferBytes)
+	fs.Var(&sourceBuffer, "source-buffer-bytes", "memory for poll answers and feed lines being read and their events waiting to be stored, over all poll and feed sources, in `bytes`; one answer or line is at most half of it [POSTBOX_SOURCE_BUFFER_BYTES]")
 	wsFrameTimeout := positiveDuration(ingress.DefaultFrameTimeout)
 	fs.Var(&wsFrameTimeout, "ws-frame-timeout", "longest an ingress frame's body may take to arrive after its header (`duration`); the connection is then closed [POSTBOX_WS_FRAME_TIMEOUT]")
 	grpcAddr := fs.String("grpc-addr", "", "listen `address` (host:port) of the gRPC ingress, TLS with --tls-cert; off without it [POSTBOX_GRPC_ADDR]")
@@ -165,6 +167,7 @@ of each event's intake, materialisation and delivery attempts are exported over 
 		WSMaxConnections:   int(wsMaxConns),
 		WSBufferBytes:      int64(wsBuffer),
 		WSFrameTimeout:     time.Duration(wsFrameTimeout),
+		SourceBufferBytes:  int64(sourceBuffer),
 		Webhooks: server.WebhookConfig{MaxBytes: int64(whMax), KeyHeader: *whKeyHeader, KeyField: *whKeyField,
 			TypeHeader: *whTypeHeader, TypeField: *whTypeField, Secrets: splitList(*whSecrets), Target: string(whTarget)},
 		Delivery: delivery.Config{Workers: int(workers), MaxAttempts: int(maxAttempts), RetryBaseDelay: time.Duration(retryBase),

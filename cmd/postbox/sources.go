@@ -58,6 +58,7 @@ type source struct {
 		Interval    string            `json:"interval"`
 		Headers     map[string]string `json:"headers"`
 		Token       string            `json:"token"`
+		Redirects   string            `json:"redirects"`
 	} `json:"settings"`
 	Checkpoint struct {
 		Cursor      string  `json:"cursor"`
@@ -152,6 +153,7 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 	var headers headerList
 	fs.Var(&headers, "header", "a `'Name: value'` header sent with each poll; 'Name: env:VAR' reads VAR at each poll (repeatable) (poll)")
 	feedURL := fs.String("feed", "", "follow this postbox stream `URL`'s replay feed, e.g. http://other:8000/v1/streams/devices (kind feed)")
+	redirects := fs.String("redirects", "", "which redirects a poll or feed `policy` follows: same-origin (the default: only to the URL's scheme, host and port; headers and token never go elsewhere) or none (poll, feed)")
 	token := fs.String("feed-token", "", "the other postbox's API `token`, or env:NAME to read it from serve's environment (feed; --token is this server's)")
 	preset := fs.String("preset", "", "a provider's `name`: github or stripe (needs --secret or --secret-file)")
 	var secrets secretList
@@ -203,7 +205,7 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 		settings["serve_flags"] = true
 	}
 	upstream, err := upstreamFlags(fs, *kind, *pollURL, *feedURL, map[string]string{"items": *items, "id": *idPtr, "type": *typePtr,
-		"time": *timePtr, "cursor_param": *cursorParam, "next": *next, "interval": *interval, "token": *token}, headers)
+		"time": *timePtr, "cursor_param": *cursorParam, "next": *next, "interval": *interval, "token": *token, "redirects": *redirects}, headers)
 	if err != nil {
 		return err
 	}
@@ -340,6 +342,7 @@ webhooks).`)
 		} else {
 			fields = append(fields, [2]string{"token", orDash(st.Token)})
 		}
+		fields = append(fields, [2]string{"redirects", cmp.Or(st.Redirects, "same-origin")})
 	}
 	cp := s.Checkpoint
 	checkpoint := "-"
@@ -404,7 +407,7 @@ func upstreamFlags(fs *flag.FlagSet, kind, pollURL, feedURL string, opts map[str
 	case pollURL != "" && feedURL != "":
 		return nil, usagef("sources create: --poll and --feed: give one")
 	case pollURL == "" && feedURL == "":
-		for _, f := range append(slices.Clone(pollOnly), "feed-token") {
+		for _, f := range append(slices.Clone(pollOnly), "feed-token", "redirects") {
 			if isSet(fs, f) {
 				return nil, usagef("sources create: --%s is a poll or feed source's: give --poll URL or --feed URL", f)
 			}
@@ -423,8 +426,10 @@ func upstreamFlags(fs *flag.FlagSet, kind, pollURL, feedURL string, opts map[str
 			}
 		}
 		settings := map[string]any{"url": feedURL}
-		if opts["token"] != "" {
-			settings["token"] = opts["token"]
+		for _, k := range []string{"token", "redirects"} {
+			if opts[k] != "" {
+				settings[k] = opts[k]
+			}
 		}
 		return &upstreamSource{kind: "feed", settings: settings}, nil
 	}
@@ -443,7 +448,7 @@ func upstreamFlags(fs *flag.FlagSet, kind, pollURL, feedURL string, opts map[str
 		return nil, usagef("sources create: --cursor-param and --next go together: the cursor read at --next goes back as ?PARAM=CURSOR")
 	}
 	settings := map[string]any{"url": pollURL, "items": opts["items"]}
-	for _, k := range []string{"id", "type", "time", "cursor_param", "next", "interval"} {
+	for _, k := range []string{"id", "type", "time", "cursor_param", "next", "interval", "redirects"} {
 		if opts[k] != "" {
 			settings[k] = opts[k]
 		}

@@ -51,7 +51,7 @@ func TestSourcesPollCLI(t *testing.T) {
 	})
 	out, _, code = runCLI(t, s.Base, "sources", "get", "gh")
 	for _, want := range []string{"kind:", "poll", api.URL + "/events", `"/events"`, "/created_at", "after from /next_cursor",
-		"Authorization: env:CLI_GH_TOKEN", "cursor c1"} {
+		"Authorization: env:CLI_GH_TOKEN", "cursor c1", "same-origin"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("sources get: want %q in\n%s", want, out)
 		}
@@ -76,6 +76,8 @@ func TestSourcesPollCLI(t *testing.T) {
 		{[]string{"--items", "/e"}, "--items is a poll or feed source's"},
 		{[]string{"--poll", api.URL, "--items", "/e", "--id", "/id", "--type", "/t", "--header", "nocolon"}, `header "nocolon": want 'Name: value'`},
 		{[]string{"--feed", "http://x:8000/"}, "settings.url"},
+		{[]string{"--poll", api.URL, "--items", "/e", "--id", "/id", "--type", "/t", "--redirects", "always"}, `settings.redirects "always": want same-origin`},
+		{[]string{"--redirects", "none"}, "--redirects is a poll or feed source's"},
 	} {
 		out, errOut, code := runCLI(t, s.Base, append([]string{"sources", "create", "bad"}, c.args...)...)
 		if code == 0 || !strings.Contains(errOut, c.want) {

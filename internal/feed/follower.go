@@ -18,6 +18,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/budget"
+	"github.com/postbox-events/postbox/internal/redirect"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -76,8 +79,13 @@ type Config struct {
 	Checkpoints Checkpoints // required
 	// Client sends the requests. Defaults to a client without an overall
 	// timeout (a feed does not end) that gives up connecting after 10 s,
-	// whose dialer calls Control.
+	// whose dialer calls Control. Either way the follower follows
+	// redirects as Redirects says (a copy of Client does), so the token
+	// never goes to another origin.
 	Client *http.Client
+	// Redirects is the redirect policy: "same-origin" (the default, "")
+	// or "none" (Settings.Redirects).
+	Redirects string
 	// Control, when set, is the default Client's dialer's Control: it
 	// may refuse an address (the server's target policy).
 	Control func(network, address string, c syscall.RawConn) error
@@ -93,10 +101,21 @@ type Config struct {
 	// heartbeat) for this long, and reconnects. Defaults to
 	// DefaultIdleTimeout, three heartbeats.
 	IdleTimeout time.Duration
-	// MaxLineBytes bounds one line. Defaults to DefaultMaxLineBytes.
+	// MaxLineBytes bounds one line. Defaults to DefaultMaxLineBytes, and
+	// to at most Budget's reserve.
 	MaxLineBytes int
-	Metrics      *Metrics // nil: none
-	Logger       *slog.Logger
+	// Budget, when set, bounds the memory of the lines being read and of
+	// the events waiting to be stored, over every follower (and poller)
+	// sharing it.
+	Budget *budget.Budget
+	// Limits are those every intake path stores events under
+	// (postbox.Limits.CheckEvent): an event over them is refused alone
+	// (the checkpoint moves past it), logged, counted
+	// (postbox_feed_events_total{result="refused"}) and recorded as a
+	// failure (FailureRecorder) once its batch is stored.
+	Limits  postbox.Limits
+	Metrics *Metrics // nil: none
+	Logger  *slog.Logger
 }
 
 // Follower follows one remote feed into a local stream.
@@ -131,6 +150,10 @@ func New(cfg Config) (*Follower, error) {
 			TLSHandshakeTimeout: 10 * time.Second,
 		}}
 	}
+	if err := redirect.Validate("feed: Config.Redirects", cfg.Redirects); err != nil {
+		return nil, err
+	}
+	cfg.Client = redirect.Client(cfg.Client, cfg.Redirects)
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = DefaultBatchSize
 	}
@@ -146,6 +169,9 @@ func New(cfg Config) (*Follower, error) {
 	}
 	if cfg.MaxLineBytes <= 0 {
 		cfg.MaxLineBytes = DefaultMaxLineBytes
+	}
+	if r := cfg.Budget.Reserve(); r > 0 {
+		cfg.MaxLineBytes = int(min(int64(cfg.MaxLineBytes), r))
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -260,9 +286,47 @@ func (f *Follower) follow(ctx context.Context) error {
 	f.log.Info("feed: following", "url", f.cfg.URL, "after", after)
 	br := bufio.NewReaderSize(resp.Body, 64<<10)
 	var batch []stream.Event
-	var last int64 // the offset of batch's last event
+	var refused []error // events over the limits since the last store
+	var last int64      // the offset of the last event read
+	// The budget held by batch, and by the line being read.
+	var batchHeld, lineHeld int64
+	b := f.cfg.Budget
+	defer func() { b.Give(batchHeld + lineHeld) }()
+	flush := func() error {
+		if last > f.checkpoint.Load() {
+			if err := f.store(ctx, batch, last, refused); err != nil {
+				return err
+			}
+		}
+		batch, refused = nil, nil // the writer may hold the last batch until it returns
+		b.Give(batchHeld)
+		batchHeld = 0
+		return nil
+	}
+	// take takes n bytes of the budget for the line being read: at once
+	// if there is room, else after storing the batch (a follower waits
+	// holding no more than its line).
+	take := func(n int64) error {
+		if !b.TryTake(n, f) {
+			if err := flush(); err != nil {
+				return err
+			}
+			if err := b.Take(ctx, n, f); err != nil {
+				return failed("read", "read %s: %w", f.cfg.URL, err)
+			}
+		}
+		lineHeld += n
+		return nil
+	}
 	for {
-		line, err := readLine(br, f.cfg.MaxLineBytes)
+		line, err := readLine(br, f.cfg.MaxLineBytes, take)
+		if err == nil && lineHeld == 0 { // a line within the reader's buffer: what parsing it copies
+			err = take(int64(len(line)))
+		}
+		b.Done(f)
+		if fe, ok := errors.AsType[*followError](err); ok {
+			return fe
+		}
 		if err != nil {
 			if ctx.Err() != nil && !idle.Stop() {
 				return failed("idle", "no line from %s for %s", f.cfg.URL, f.cfg.IdleTimeout)
@@ -283,39 +347,53 @@ func (f *Follower) follow(ctx context.Context) error {
 			if l.Offset <= max(last, f.checkpoint.Load()) {
 				return failed("decode", "%s sent offset %d after %d: offsets must grow", f.cfg.URL, l.Offset, max(last, after))
 			}
-			batch = append(batch, l.Event())
+			ev := l.Event()
+			if fe := f.cfg.Limits.CheckEvent(ev.NativeID, ev.Variant, ev.Type, ev.Payload, ev.Metadata); fe != nil {
+				err := fmt.Errorf("offset %d (native id %.64q) refused: %w", l.Offset, ev.NativeID, fe)
+				f.log.Error("feed: an event is over the limits every intake stores events under; refused, the feed goes on", "err", err)
+				f.cfg.Metrics.refused(f.cfg.Name)
+				refused = append(refused, err)
+			} else {
+				batch = append(batch, ev)
+				batchHeld, lineHeld = batchHeld+lineHeld, 0
+			}
 			last = l.Offset
 			f.seen(last)
 		}
+		b.Give(lineHeld)
+		lineHeld = 0
 		// Store what was read when the batch is full or nothing more is
 		// waiting: batches grow with the feed's rate.
-		if len(batch) > 0 && (len(batch) >= f.cfg.BatchSize || br.Buffered() == 0) {
-			if err := f.store(ctx, batch, last); err != nil {
+		if last > f.checkpoint.Load() && (len(batch) >= f.cfg.BatchSize || br.Buffered() == 0) {
+			if err := flush(); err != nil {
 				return err
 			}
-			batch = nil // the writer may hold the last one until it returns
 		}
 	}
 }
 
-// store appends batch, whose last event has the remote offset last, and
-// then saves the checkpoint.
-func (f *Follower) store(ctx context.Context, batch []stream.Event, last int64) error {
+// store appends batch (perhaps empty), read up to the remote offset
+// last, and then saves the checkpoint. refused are the events read with
+// it that were over the limits: the first is recorded as the
+// follower's last failure, with how many more there were.
+func (f *Follower) store(ctx context.Context, batch []stream.Event, last int64, refused []error) error {
 	type outcome struct {
 		res []stream.AppendResult
 		err error
 	}
-	done := make(chan outcome, 1)
-	if err := f.cfg.Writer.AppendAsync(ctx, f.cfg.Stream, batch, func(res []stream.AppendResult, err error) {
-		done <- outcome{res, err}
-	}); err != nil {
-		return failed("append", "append to %s: %w", f.cfg.Stream, err)
-	}
 	var o outcome
-	select {
-	case o = <-done:
-	case <-ctx.Done():
-		return ctx.Err()
+	if len(batch) > 0 {
+		done := make(chan outcome, 1)
+		if err := f.cfg.Writer.AppendAsync(ctx, f.cfg.Stream, batch, func(res []stream.AppendResult, err error) {
+			done <- outcome{res, err}
+		}); err != nil {
+			return failed("append", "append to %s: %w", f.cfg.Stream, err)
+		}
+		select {
+		case o = <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	if o.err != nil {
 		return failed("append", "append to %s: %w", f.cfg.Stream, o.err)
@@ -341,6 +419,15 @@ func (f *Follower) store(ctx context.Context, batch []stream.Event, last int64) 
 	}
 	f.checkpoint.Store(last)
 	f.observe()
+	if fr, ok := f.cfg.Checkpoints.(FailureRecorder); ok && len(refused) > 0 {
+		err := refused[0]
+		if n := len(refused) - 1; n > 0 {
+			err = fmt.Errorf("%w (and %d more events refused)", err, n)
+		}
+		if err := fr.Failed(ctx, f.cfg.Name, last, err); err != nil && ctx.Err() == nil {
+			f.log.Warn("feed: recording the refused events failed", "err", err)
+		}
+	}
 	return nil
 }
 
@@ -360,8 +447,9 @@ func (f *Follower) observe() {
 }
 
 // readLine returns the next line without its newline; the slice is valid
-// until the next call.
-func readLine(br *bufio.Reader, maxBytes int) ([]byte, error) {
+// until the next call. A line longer than the reader's buffer is copied
+// into one of its own, with take called for its bytes before they are.
+func readLine(br *bufio.Reader, maxBytes int, take func(n int64) error) ([]byte, error) {
 	line, err := br.ReadSlice('\n')
 	if err == nil {
 		return line[:len(line)-1], nil
@@ -369,13 +457,19 @@ func readLine(br *bufio.Reader, maxBytes int) ([]byte, error) {
 	if !errors.Is(err, bufio.ErrBufferFull) {
 		return nil, err
 	}
+	if err := take(int64(len(line))); err != nil {
+		return nil, err
+	}
 	long := append([]byte(nil), line...)
 	for {
 		line, err = br.ReadSlice('\n')
-		long = append(long, line...)
-		if len(long) > maxBytes {
+		if len(long)+len(line) > maxBytes {
 			return nil, fmt.Errorf("a line longer than %d bytes", maxBytes)
 		}
+		if err := take(int64(len(line))); err != nil {
+			return nil, err
+		}
+		long = append(long, line...)
 		if err == nil {
 			return long[:len(long)-1], nil
 		}

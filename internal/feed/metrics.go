@@ -16,7 +16,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		stored: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postbox_feed_events_total",
-			Help: "Events a feed follower appended, by source and result (stored, duplicate).",
+			Help: "Events a feed follower read, by source and result (stored, duplicate; refused: over the limits every intake stores events under, not stored).",
 		}, []string{"source", "result"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postbox_feed_errors_total",
@@ -47,6 +47,12 @@ func (m *Metrics) events(source string, stored, dups int) {
 	if m != nil {
 		m.stored.WithLabelValues(source, "stored").Add(float64(stored))
 		m.stored.WithLabelValues(source, "duplicate").Add(float64(dups))
+	}
+}
+
+func (m *Metrics) refused(source string) {
+	if m != nil {
+		m.stored.WithLabelValues(source, "refused").Inc()
 	}
 }
 

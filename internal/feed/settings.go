@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"os"
 	"strings"
+
+	"github.com/postbox-events/postbox/internal/redirect"
 )
 
 // Settings are the settings of a source of kind feed, as its JSON
@@ -18,6 +20,10 @@ type Settings struct {
 	// environment variable NAME at each connection (the token then stays
 	// out of the stored settings). Empty: none.
 	Token string `json:"token,omitempty"`
+	// Redirects says which redirects the follower follows: "same-origin"
+	// (the default, "") only to the URL's scheme, host and port, "none"
+	// none. The token never goes to another origin.
+	Redirects string `json:"redirects,omitempty"`
 }
 
 // ErrRequired is in the error of Validate for a setting that is missing.
@@ -41,7 +47,7 @@ func (s Settings) Validate() error {
 	if name, ok := strings.CutPrefix(s.Token, "env:"); ok && name == "" {
 		return errors.New("settings.token: env: names no variable")
 	}
-	return nil
+	return redirect.Validate("settings.redirects", s.Redirects)
 }
 
 // StreamName returns the NAME of the URL's /v1/streams/NAME (or

@@ -9,6 +9,7 @@ type Metrics struct {
 	items     *prometheus.CounterVec
 	errors    *prometheus.CounterVec
 	saturated *prometheus.CounterVec
+	same      *prometheus.CounterVec
 	paused    *prometheus.GaugeVec
 }
 
@@ -21,12 +22,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"source"}),
 		items: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postbox_poll_items_total",
-			Help: "Items of the pages a poller stored, by result (stored, duplicate: already stored; conflict: its id is stored with another type or body, which stays).",
+			Help: "Items of the pages a poller stored, by result (stored, duplicate: already stored; conflict: its id is stored with another type or body, which stays; refused: over the limits every intake stores events under, not stored).",
 		}, []string{"source", "result"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postbox_poll_errors_total",
-			Help: "Poller failures, by reason (request, status, throttled: 429 or 503, decode, header, store); the page is asked for again.",
+			Help: "Poller failures, by reason (request, status, throttled: 429 or 503, too_large: an answer over the page limit, decode, header, store); the page is asked for again.",
 		}, []string{"source", "reason"}),
+		same: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "postbox_poll_unchanged_total",
+			Help: "Answers that were the page stored last at their cursor, byte for byte: not decoded again.",
+		}, []string{"source"}),
 		saturated: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postbox_poll_saturated_seconds_total",
 			Help: "Seconds a poller waited because the writer's queue had no room for a page.",
@@ -37,7 +42,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"source"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.pages, m.items, m.errors, m.saturated, m.paused)
+		reg.MustRegister(m.pages, m.items, m.errors, m.same, m.saturated, m.paused)
 	}
 	return m
 }
@@ -57,12 +62,19 @@ func (m *Metrics) fail(source, reason string) {
 	}
 }
 
-func (m *Metrics) page(source string, stored, dups, conflicts int) {
+func (m *Metrics) page(source string, stored, dups, conflicts, refused int) {
 	if m != nil {
 		m.pages.WithLabelValues(source).Inc()
 		m.items.WithLabelValues(source, "stored").Add(float64(stored))
 		m.items.WithLabelValues(source, "duplicate").Add(float64(dups))
 		m.items.WithLabelValues(source, "conflict").Add(float64(conflicts))
+		m.items.WithLabelValues(source, "refused").Add(float64(refused))
+	}
+}
+
+func (m *Metrics) unchanged(source string) {
+	if m != nil {
+		m.same.WithLabelValues(source).Inc()
 	}
 }
 

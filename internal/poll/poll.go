@@ -24,6 +24,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"log/slog"
 	"math"
@@ -32,11 +33,14 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 	"unicode/utf8"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/budget"
+	"github.com/postbox-events/postbox/internal/redirect"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -80,7 +84,9 @@ type Config struct {
 	// Start is the checkpoint loaded at start.
 	Start Checkpoint
 	// Client sends the requests. Defaults to a client with a timeout of
-	// DefaultTimeout per request, whose dialer calls Control.
+	// DefaultTimeout per request, whose dialer calls Control. Either way
+	// the poller follows redirects as Settings.Redirects says (a copy of
+	// Client does), so its headers never go to another origin.
 	Client *http.Client
 	// Control, when set, is the default Client's dialer's Control: it
 	// may refuse an address (the server's target policy).
@@ -92,8 +98,21 @@ type Config struct {
 	// MaxRetryAfter bounds the wait a Retry-After asks for. Defaults to
 	// DefaultMaxRetryAfter.
 	MaxRetryAfter time.Duration
-	// MaxPageBytes bounds one answer. Defaults to DefaultMaxPageBytes.
+	// MaxPageBytes bounds one answer: a longer one is cut there and the
+	// poll fails (reason too_large), naming the limit. Defaults to
+	// DefaultMaxPageBytes, and to at most Budget's reserve.
 	MaxPageBytes int64
+	// Budget, when set, bounds the memory of the answers being read and
+	// of the pages waiting to be stored, over every poller (and feed
+	// follower) sharing it: an answer takes from it as its bytes arrive
+	// and gives back once its page is stored.
+	Budget *budget.Budget
+	// Limits are those every intake path stores events under
+	// (postbox.Limits.CheckEvent): an item over them is refused alone,
+	// logged, counted (postbox_poll_items_total{result="refused"}) and
+	// named in the page's checkpoint's LastError; the rest of its page is
+	// stored.
+	Limits postbox.Limits
 	// LookupEnv reads env:NAME header values at each poll. Defaults to
 	// os.LookupEnv.
 	LookupEnv func(string) (string, bool)
@@ -106,6 +125,7 @@ type Config struct {
 // Poller polls one API into one source's stream. Run runs it.
 type Poller struct {
 	cfg      Config
+	stored   pageSum // the answer stored last (Run's, passed to fetch)
 	items    Pointer
 	id, typ  Pointer
 	at, next Pointer
@@ -138,6 +158,7 @@ func New(cfg Config) (*Poller, error) {
 			MaxIdleConnsPerHost: 2,
 		}}
 	}
+	p.cfg.Client = redirect.Client(p.cfg.Client, s.Redirects)
 	if p.cfg.MinBackoff <= 0 {
 		p.cfg.MinBackoff = DefaultMinBackoff
 	}
@@ -150,6 +171,9 @@ func New(cfg Config) (*Poller, error) {
 	}
 	if p.cfg.MaxPageBytes <= 0 {
 		p.cfg.MaxPageBytes = DefaultMaxPageBytes
+	}
+	if r := p.cfg.Budget.Reserve(); r > 0 {
+		p.cfg.MaxPageBytes = min(p.cfg.MaxPageBytes, r)
 	}
 	if p.cfg.LookupEnv == nil {
 		p.cfg.LookupEnv = os.LookupEnv
@@ -181,9 +205,50 @@ func failed(reason string, format string, args ...any) *pollError {
 
 // page is one answer: its events and the next cursor ("" for none).
 type page struct {
-	events []stream.Event
-	next   string
-	last   time.Time // the latest item time
+	events  []stream.Event
+	refused []refusal // items over the limits, not in events
+	next    string
+	last    time.Time // the latest item time
+	sum     pageSum   // the answer's bytes, hashed
+	held    int64     // the budget the answer holds until stored
+	same    bool      // the answer is the last one stored at its cursor: not decoded
+}
+
+// pageSum identifies an answer's bytes: the page stored last, with the
+// cursor it was asked for with, is not decoded again while its answer
+// stays the same.
+type pageSum struct {
+	cursor  string
+	size    int
+	hash    uint64 // maphash, with the process's seed
+	refused string // what its items refused said (its checkpoint's LastError)
+}
+
+// hashSeed seeds the answers' hashes: an upstream cannot pick bytes
+// that hash alike without it.
+var hashSeed = maphash.MakeSeed()
+
+// refusal is an item over the limits.
+type refusal struct {
+	item int // its index in the page
+	id   string
+	err  error
+}
+
+func (r refusal) Error() string {
+	return fmt.Sprintf("item %d (id %.64q) refused: %v", r.item, r.id, r.err)
+}
+
+// refusedError sums up a page's refused items for its checkpoint.
+func refusedError(url string, refused []refusal) string {
+	if len(refused) == 0 {
+		return ""
+	}
+	msg := fmt.Sprintf("GET %s: %v", url, refused[0])
+	if n := len(refused) - 1; n > 0 {
+		msg += fmt.Sprintf(" (and %d more items refused)", n)
+	}
+	return msg
 }
 
 // Run polls until ctx ends and returns nil then. A page is asked for
@@ -201,6 +266,7 @@ func (p *Poller) Run(ctx context.Context) error {
 	p.cfg.Metrics.start(p.cfg.Name)
 	for {
 		if !p.waitRoom(ctx, expect) {
+			p.drop(ahead)
 			return nil
 		}
 		var pg page
@@ -209,10 +275,12 @@ func (p *Poller) Run(ctx context.Context) error {
 			r := <-ahead.done
 			pg, err = r.pg, r.err
 		} else {
-			pg, err = p.fetch(ctx, p.cp.Cursor)
+			p.drop(ahead)
+			pg, err = p.fetch(ctx, p.cp.Cursor, p.stored)
 		}
 		ahead = nil
 		if ctx.Err() != nil {
+			p.cfg.Budget.Give(pg.held)
 			return nil
 		}
 		if err != nil {
@@ -237,8 +305,26 @@ func (p *Poller) Run(ctx context.Context) error {
 			}
 			continue
 		}
+		if pg.same {
+			// The answer stored last, again: its items are stored (or
+			// refused, as its checkpoint still says).
+			p.cfg.Metrics.unchanged(p.cfg.Name)
+			cp := p.cp
+			cp.LastError, cp.LastPollAt = pg.sum.refused, p.cfg.Now().UTC()
+			if !p.commit(ctx, pg, cp, bo) {
+				return nil
+			}
+			p.cp = cp
+			bo.reset()
+			expect = 1
+			if !sleep(ctx, p.interval) {
+				return nil
+			}
+			continue
+		}
 		cp := p.cp
-		cp.LastError, cp.LastPollAt = "", p.cfg.Now().UTC()
+		cp.LastError, cp.LastPollAt = refusedError(p.cfg.Settings.URL, pg.refused), p.cfg.Now().UTC()
+		pg.sum.refused = cp.LastError
 		if pg.next != "" {
 			cp.Cursor = pg.next
 		}
@@ -252,8 +338,12 @@ func (p *Poller) Run(ctx context.Context) error {
 			ahead = p.prefetch(ctx, cp.Cursor)
 		}
 		if !p.commit(ctx, pg, cp, bo) {
+			p.cfg.Budget.Give(pg.held)
+			p.drop(ahead)
 			return nil
 		}
+		p.cfg.Budget.Give(pg.held)
+		p.stored = pg.sum
 		p.cp = cp
 		bo.reset()
 		expect = max(1, len(pg.events))
@@ -282,10 +372,18 @@ type fetched struct {
 func (p *Poller) prefetch(ctx context.Context, cursor string) *prefetch {
 	f := &prefetch{cursor: cursor, done: make(chan fetched, 1)}
 	go func() {
-		pg, err := p.fetch(ctx, cursor)
+		pg, err := p.fetch(ctx, cursor, pageSum{}) // a page not stored yet
 		f.done <- fetched{pg, err}
 	}()
 	return f
+}
+
+// drop waits for a page asked for ahead that will not be used (nil:
+// none) and gives back the budget it holds.
+func (p *Poller) drop(f *prefetch) {
+	if f != nil {
+		p.cfg.Budget.Give((<-f.done).pg.held)
+	}
 }
 
 // commit hands pg and cp to the sink until it takes them; false when ctx
@@ -309,7 +407,10 @@ func (p *Poller) commit(ctx context.Context, pg page, cp Checkpoint, bo *backoff
 					stored++
 				}
 			}
-			p.cfg.Metrics.page(p.cfg.Name, stored, dups, conflicts)
+			for _, r := range pg.refused {
+				p.log.Warn("poll: an item is over the limits every intake stores events under; the rest of its page is stored", "err", r)
+			}
+			p.cfg.Metrics.page(p.cfg.Name, stored, dups, conflicts, len(pg.refused))
 			return true
 		}
 		p.cfg.Metrics.fail(p.cfg.Name, "store")
@@ -341,8 +442,10 @@ func (p *Poller) waitRoom(ctx context.Context, n int) bool {
 	return ctx.Err() == nil
 }
 
-// fetch asks for the page after cursor and decodes it.
-func (p *Poller) fetch(ctx context.Context, cursor string) (page, error) {
+// fetch asks for the page after cursor and decodes it, unless its
+// answer is stored, the one stored last at that cursor. The page holds
+// budget (page.held) until the caller gives it back.
+func (p *Poller) fetch(ctx context.Context, cursor string, stored pageSum) (page, error) {
 	s := p.cfg.Settings
 	target := s.URL
 	if cursor != "" && s.CursorParam != "" {
@@ -382,19 +485,116 @@ func (p *Poller) fetch(ctx context.Context, cursor string) (page, error) {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return page{}, failed("status", "GET %s answered %s: %s", s.URL, resp.Status, bytes.TrimSpace(body))
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, p.cfg.MaxPageBytes+1))
+	body, held, err := p.read(ctx, resp)
 	if err != nil {
-		return page{}, failed("request", "read %s: %w", s.URL, stripURL(err))
+		return page{}, err
 	}
-	if int64(len(body)) > p.cfg.MaxPageBytes {
-		return page{}, failed("decode", "GET %s: an answer larger than %d bytes", s.URL, p.cfg.MaxPageBytes)
+	sum := pageSum{cursor: cursor, size: len(body), hash: maphash.Bytes(hashSeed, body)}
+	if stored.size == sum.size && stored.hash == sum.hash && stored.cursor == cursor && stored.size > 0 {
+		p.cfg.Budget.Give(held)
+		return page{same: true, sum: stored}, nil
 	}
 	pg, err := p.decode(body)
 	if err != nil {
+		p.cfg.Budget.Give(held)
 		return page{}, failed("decode", "GET %s (cursor %q): %w", s.URL, cursor, err)
 	}
+	pg.sum, pg.held = sum, held
 	return pg, nil
 }
+
+// read reads an answer's body, taking budget as its bytes arrive, before
+// its buffer grows to hold them (all at once for a Content-Length), and
+// returns it with the budget it holds. An answer over MaxPageBytes fails
+// there, its budget given back.
+//
+// An answer without a Content-Length is read into pooled chunks, then
+// copied into one buffer of its size, each chunk's budget traded for the
+// bytes copied from it: an answer cut at the limit leaves no garbage, and
+// one read whole leaves none but its chunks, which the next answers
+// reuse.
+func (p *Poller) read(ctx context.Context, resp *http.Response) (body []byte, held int64, err error) {
+	limit, b := p.cfg.MaxPageBytes, p.cfg.Budget
+	tooLarge := func() error {
+		return failed("too_large", "GET %s: an answer larger than %d bytes, the limit of one page; not read further", p.cfg.Settings.URL, limit)
+	}
+	if resp.ContentLength > limit {
+		return nil, 0, tooLarge()
+	}
+	owner := new(byte) // this read, for the budget's reserve
+	defer b.Done(owner)
+	var chunks []*[]byte
+	defer func() {
+		for _, c := range chunks {
+			if c != nil {
+				chunkPool.Put(c)
+			}
+		}
+	}()
+	fail := func(e error) ([]byte, int64, error) {
+		b.Give(held)
+		return nil, 0, e
+	}
+	take := func(n int64) error {
+		if err := b.Take(ctx, n, owner); err != nil {
+			return failed("request", "read %s: %w", p.cfg.Settings.URL, err)
+		}
+		held += n
+		return nil
+	}
+	if n := resp.ContentLength; n >= 0 { // the transport reads no more than it
+		if err := take(n); err != nil {
+			return fail(err)
+		}
+		body = make([]byte, n)
+		if _, err := io.ReadFull(resp.Body, body); err != nil {
+			return fail(failed("request", "read %s: %w", p.cfg.Settings.URL, stripURL(err)))
+		}
+		return body, held, nil
+	}
+	var size int64 // bytes in chunks; all full but the last
+	for {
+		if size >= limit {
+			var one [1]byte
+			if n, _ := io.ReadFull(resp.Body, one[:]); n > 0 {
+				return fail(tooLarge())
+			}
+			break // it ended at the limit
+		}
+		if size == int64(len(chunks))*chunkSize {
+			if err := take(chunkSize); err != nil {
+				return fail(err)
+			}
+			chunks = append(chunks, chunkPool.Get().(*[]byte))
+		}
+		c := *chunks[len(chunks)-1]
+		off := size - int64(len(chunks)-1)*chunkSize
+		n, err := resp.Body.Read(c[off:min(int64(len(c)), off+limit-size)])
+		size += int64(n)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fail(failed("request", "read %s: %w", p.cfg.Settings.URL, stripURL(err)))
+		}
+	}
+	// One buffer of the answer's size; its pages are touched (and held)
+	// as each chunk is copied into it and given back.
+	body = make([]byte, 0, size)
+	for i, c := range chunks {
+		body = append(body, (*c)[:min(chunkSize, size-int64(i)*chunkSize)]...)
+		chunkPool.Put(c)
+		chunks[i] = nil
+	}
+	b.Give(held - size) // what the last chunk did not fill
+	return body, size, nil
+}
+
+// chunkSize is the size of the pooled chunks an answer without a
+// Content-Length is read into.
+const chunkSize = 256 << 10
+
+var chunkPool = sync.Pool{New: func() any { c := make([]byte, chunkSize); return &c }}
 
 // decode reads a page's items and next cursor. The answer is validated
 // once; its items and their members are then found by scanning it,
@@ -432,13 +632,18 @@ func (p *Poller) decode(body []byte) (page, error) {
 	n := 0
 	eachElement(raw, func([]byte) { n++ })
 	pg.events = make([]stream.Event, 0, n)
+	i := -1
 	eachElement(raw, func(it []byte) {
-		if err != nil {
+		if i++; err != nil {
 			return
 		}
 		var ev stream.Event
 		if ev, err = p.event(it, now); err != nil {
-			err = fmt.Errorf("item %d: %w", len(pg.events), err)
+			err = fmt.Errorf("item %d: %w", i, err)
+			return
+		}
+		if fe := p.cfg.Limits.CheckEvent(ev.NativeID, "", ev.Type, ev.Payload, nil); fe != nil {
+			pg.refused = append(pg.refused, refusal{item: i, id: ev.NativeID, err: fe})
 			return
 		}
 		pg.events = append(pg.events, ev)
@@ -454,9 +659,6 @@ func (p *Poller) decode(body []byte) (page, error) {
 func (p *Poller) event(item []byte, now time.Time) (stream.Event, error) {
 	if len(item) == 0 || item[0] != '{' {
 		return stream.Event{}, errors.New("not a JSON object")
-	}
-	if fe := postbox.CheckPayloadDepth(item); fe != nil { // what subscribers could not decode
-		return stream.Event{}, fe
 	}
 	// The pointers of one token (the common case) are members of the
 	// item: one scan finds them all.
@@ -499,15 +701,15 @@ func (p *Poller) event(item []byte, now time.Time) (stream.Event, error) {
 		return ev, fmt.Errorf("id at %q: want a string or a number", p.id)
 	}
 	if !typOK {
-		return ev, fmt.Errorf("id %s: no type at %q", ev.NativeID, p.typ)
+		return ev, fmt.Errorf("id %.64s: no type at %q", ev.NativeID, p.typ)
 	}
 	if ev.Type, typOK = unquote(typ); !typOK || ev.Type == "" {
-		return ev, fmt.Errorf("id %s: type at %q: want a string", ev.NativeID, p.typ)
+		return ev, fmt.Errorf("id %.64s: type at %q: want a string", ev.NativeID, p.typ)
 	}
 	if atOK && !bytes.Equal(at, []byte("null")) {
 		t, err := parseTime(at)
 		if err != nil {
-			return ev, fmt.Errorf("id %s: time at %q: %w", ev.NativeID, p.at, err)
+			return ev, fmt.Errorf("id %.64s: time at %q: %w", ev.NativeID, p.at, err)
 		}
 		ev.OccurredAt = t
 	}

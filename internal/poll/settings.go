@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/postbox-events/postbox/internal/redirect"
 )
 
 // Bounds of Settings.
@@ -51,6 +53,10 @@ type Settings struct {
 	// Headers are sent with each request. A value "env:NAME" is read from
 	// the environment variable NAME at each poll and is never stored.
 	Headers map[string]string `json:"headers,omitempty"`
+	// Redirects says which redirects a poll follows: "same-origin" (the
+	// default, "") only to the URL's scheme, host and port, "none" none.
+	// Headers never go to another origin.
+	Redirects string `json:"redirects,omitempty"`
 }
 
 // ErrRequired is in the error of Validate for a setting that is missing.
@@ -91,6 +97,9 @@ func (s Settings) Validate() error {
 		return fmt.Errorf("settings.cursor_param %q: a query parameter name (no & = # ?)", s.CursorParam)
 	}
 	if _, err := s.interval(); err != nil {
+		return err
+	}
+	if err := redirect.Validate("settings.redirects", s.Redirects); err != nil {
 		return err
 	}
 	if len(s.Headers) > maxHeaders {

@@ -113,6 +113,11 @@ type Config struct {
 	WSBufferBytes    int64
 	WSMaxFrameBytes  int64
 	WSFrameTimeout   time.Duration
+	// SourceBufferBytes bounds the memory of poll answers and feed lines
+	// being read and of their events waiting to be stored, over every
+	// poll and feed source; one answer or line is at most half of it.
+	// Defaults to DefaultSourceBufferBytes.
+	SourceBufferBytes int64
 	// Listener, when set, is served instead of listening on Addr.
 	Listener net.Listener
 	// GRPCAddr, when set, is the listen address of the gRPC ingress

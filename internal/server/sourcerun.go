@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/postbox-events/postbox/api"
+	"github.com/postbox-events/postbox/internal/budget"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/feed"
 	"github.com/postbox-events/postbox/internal/poll"
@@ -33,11 +34,16 @@ import (
 // deleted through this process's API are acted on at once.
 const SourceRescanInterval = time.Second
 
+// DefaultSourceBufferBytes is the default of Config.SourceBufferBytes:
+// 64 MiB, so one poll answer or feed line is at most 32 MiB.
+const DefaultSourceBufferBytes = 64 << 20
+
 // sourceRunner runs the adapters of the sources that read upstream.
 type sourceRunner struct {
 	s      *Server
 	polls  *poll.Metrics
 	feeds  *feed.Metrics
+	budget *budget.Budget // Config.SourceBufferBytes, shared by them all
 	wake   chan struct{}
 	mu     sync.Mutex
 	active map[string]*activeSource // by source name
@@ -51,8 +57,19 @@ type activeSource struct {
 }
 
 func newSourceRunner(s *Server, reg prometheus.Registerer) *sourceRunner {
+	size := s.cfg.SourceBufferBytes
+	if size <= 0 {
+		size = DefaultSourceBufferBytes
+	}
+	buffered := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "postbox_source_buffered_bytes",
+		Help: "Memory held by poll answers and feed lines being read and by their events waiting to be stored, over every source (bounded by --source-buffer-bytes).",
+	})
+	if reg != nil {
+		reg.MustRegister(buffered)
+	}
 	return &sourceRunner{s: s, polls: poll.NewMetrics(reg), feeds: feed.NewMetrics(reg), wake: make(chan struct{}, 1),
-		active: map[string]*activeSource{}}
+		budget: budget.New(size, size/2, func(d int64) { buffered.Add(float64(d)) }), active: map[string]*activeSource{}}
 }
 
 // poke makes the runner read the sources now.
@@ -186,8 +203,8 @@ func (r *sourceRunner) adapter(ctx context.Context, src delivery.Source) (func(c
 		}
 		c := src.Checkpoint
 		p, err := poll.New(poll.Config{Name: src.Name, Settings: settings, Sink: r.sink(src),
-			Start:   poll.Checkpoint{Cursor: c.Cursor, LastEventAt: c.LastEventAt, LastError: c.LastError, LastPollAt: c.LastPollAt},
-			Metrics: r.polls, Logger: r.s.log, Control: r.s.delivery.DialControl()})
+			Start:  poll.Checkpoint{Cursor: c.Cursor, LastEventAt: c.LastEventAt, LastError: c.LastError, LastPollAt: c.LastPollAt},
+			Limits: r.s.cfg.Limits, Budget: r.budget, Metrics: r.polls, Logger: r.s.log, Control: r.s.delivery.DialControl()})
 		if err != nil {
 			return nil, err
 		}
@@ -197,9 +214,9 @@ func (r *sourceRunner) adapter(ctx context.Context, src delivery.Source) (func(c
 		if err := json.Unmarshal(src.Settings, &settings); err != nil {
 			return nil, fmt.Errorf("settings: %w", err)
 		}
-		f, err := feed.New(feed.Config{URL: settings.URL, Token: settings.Token, Stream: src.Stream, Name: src.Name,
+		f, err := feed.New(feed.Config{URL: settings.URL, Token: settings.Token, Redirects: settings.Redirects, Stream: src.Stream, Name: src.Name,
 			Writer: r.s.writer, Checkpoints: feedCheckpoints{d: r.s.delivery, created: src.CreatedAt},
-			Metrics: r.feeds, Logger: r.s.log, Control: r.s.delivery.DialControl()})
+			Limits: r.s.cfg.Limits, Budget: r.budget, Metrics: r.feeds, Logger: r.s.log, Control: r.s.delivery.DialControl()})
 		if err != nil {
 			return nil, err
 		}

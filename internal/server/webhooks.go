@@ -39,8 +39,9 @@ const WebhookSource = "webhooks"
 // DefaultWebhookMaxBytes is the default of WebhookConfig.MaxBytes.
 const DefaultWebhookMaxBytes = 1 << 20
 
-// maxKeyLength bounds an idempotency key.
-const maxKeyLength = 255
+// maxKeyLength bounds an idempotency key: the native id of every intake
+// but envelopes (postbox.Limits.CheckEvent).
+const maxKeyLength = postbox.MaxKeyBytes
 
 // Bounds of the headers a webhook keeps in its event's metadata (see
 // keptHeader): a longer value, or more in all, is refused with 400.
