@@ -2,10 +2,13 @@ package main_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -69,5 +72,47 @@ func TestOneServePerDatabase(t *testing.T) {
 	out = second("relay", "--db", outbox, "--to", "ws://"+addr, "--listen", "")
 	if pid := fmt.Sprintf("(pid %d)", agent.cmd.Process.Pid); !strings.Contains(out, outbox+" is in use by another process "+pid) {
 		t.Fatalf("relay of an agent's outbox %s:\n%s\nwant a refusal naming the outbox and %s", outbox, out, pid)
+	}
+}
+
+// TestOneServePerDatabaseFile: the lock is the database file's, not its
+// name's. A second serve on a hard link of a running one's database, or
+// on a symbolic link to it, refuses to start, naming the first's pid and
+// the name it runs on (two servers on two hard links of one file both
+// answered ready, and the file ended malformed, acknowledged webhooks
+// lost).
+func TestOneServePerDatabaseFile(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the database file itself is locked on Linux only")
+	}
+	dir := t.TempDir()
+	db := filepath.Join(dir, "a", "pb.db")
+	addr := freePort(t)
+	first := start(t, "serve", "--addr", addr, "--db", db)
+	waitHTTP(t, "http://"+addr+"/ready", first)
+	hard := filepath.Join(dir, "b", "pb.db")
+	os.MkdirAll(filepath.Dir(hard), 0o755)
+	if err := os.Link(db, hard); err != nil {
+		t.Fatal(err)
+	}
+	soft := filepath.Join(dir, "soft.db")
+	if err := os.Symlink(db, soft); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{hard, soft} {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		out, err := exec.CommandContext(ctx, binary, "serve", "--addr", freePort(t), "--db", name).CombinedOutput()
+		stopped := ctx.Err() != nil
+		cancel()
+		var ee *exec.ExitError
+		if stopped || !errors.As(err, &ee) || ee.ExitCode() != 1 {
+			t.Fatalf("serve on %s beside the first on %s: %v (killed after 15 s: %v)\n%s", name, db, err, stopped, out)
+		}
+		if want := fmt.Sprintf("%s is in use by another process (pid %d, as %s)", name, first.cmd.Process.Pid, db); !strings.Contains(string(out), want) {
+			t.Fatalf("serve on %s:\n%s\nwant it to say %q", name, out, want)
+		}
+	}
+	if resp, err := http.Get("http://" + addr + "/ready"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the first after the refusals: %v %v", resp, err)
 	}
 }
