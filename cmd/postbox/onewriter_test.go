@@ -99,20 +99,36 @@ func TestOneServePerDatabaseFile(t *testing.T) {
 	if err := os.Symlink(db, soft); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{hard, soft} {
+	// refused runs a command that must exit 1 saying want; one that
+	// starts is killed after a while.
+	refused := func(want string, args ...string) {
+		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		out, err := exec.CommandContext(ctx, binary, "serve", "--addr", freePort(t), "--db", name).CombinedOutput()
-		stopped := ctx.Err() != nil
-		cancel()
+		defer cancel()
+		out, err := exec.CommandContext(ctx, binary, args...).CombinedOutput()
 		var ee *exec.ExitError
-		if stopped || !errors.As(err, &ee) || ee.ExitCode() != 1 {
-			t.Fatalf("serve on %s beside the first on %s: %v (killed after 15 s: %v)\n%s", name, db, err, stopped, out)
+		if ctx.Err() != nil || !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), want) {
+			t.Fatalf("postbox %s: %v (killed after 15 s: %v)\n%s\nwant exit 1 saying %q", strings.Join(args, " "), err, ctx.Err() != nil, out, want)
 		}
-		if want := fmt.Sprintf("%s is in use by another process (pid %d, as %s)", name, first.cmd.Process.Pid, db); !strings.Contains(string(out), want) {
-			t.Fatalf("serve on %s:\n%s\nwant it to say %q", name, out, want)
-		}
+	}
+	for _, name := range []string{hard, soft} {
+		refused(fmt.Sprintf("%s is in use by another process (pid %d, as %s)", name, first.cmd.Process.Pid, db),
+			"serve", "--addr", freePort(t), "--db", name)
 	}
 	if resp, err := http.Get("http://" + addr + "/ready"); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("the first after the refusals: %v %v", resp, err)
 	}
+
+	// The same for an agent's outbox: a relay of a hard link of it is
+	// refused before it opens the file.
+	outbox := filepath.Join(dir, "a", "outbox.db")
+	listen := freePort(t)
+	agent := start(t, "agent", "--server", "ws://"+addr, "--device-id", "d1", "--outbox", outbox, "--listen", listen)
+	waitHTTP(t, "http://"+listen+"/health", agent)
+	linked := filepath.Join(dir, "b", "outbox.db")
+	if err := os.Link(outbox, linked); err != nil {
+		t.Fatal(err)
+	}
+	refused(fmt.Sprintf("%s is in use by another process (pid %d, as %s)", linked, agent.cmd.Process.Pid, outbox),
+		"relay", "--db", linked, "--to", "ws://"+addr, "--listen", "")
 }
