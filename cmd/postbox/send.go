@@ -27,7 +27,9 @@ const defaultSendParallel = 8
 func runSend(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "send", "--type TYPE --payload JSON [flags]", `Hands events to a running agent's intake. The agent fills in event_id, ts, session_id and
 device_id when they are not given, and answers after its outbox commit. Prints one line per event
-(event_id and status), or with --count above 1 a summary.`)
+(event_id and status), or with --count above 1 a summary. When a request fails, the answers
+received are printed all the same, each failed request is named on stderr with its events,
+requests not started are not sent, and send exits 1.`)
 	agent := httpURL("http://127.0.0.1:8787")
 	fs.Var(&agent, "agent", "the agent's intake, an http:// `URL` [POSTBOX_AGENT]")
 	agentURL := (*string)(&agent)
