@@ -36,11 +36,16 @@ import (
 // (its shared memory is a mapped file).
 
 // held is the database files this process holds the lock of, by device
-// and inode, with the name each was locked by.
+// and inode, with the name each was locked by and its descriptor.
 var held = struct {
 	sync.Mutex
-	files map[fileID]string
-}{files: map[fileID]string{}}
+	files map[fileID]heldFile
+}{files: map[fileID]heldFile{}}
+
+type heldFile struct {
+	name string
+	f    *os.File
+}
 
 type fileID struct{ dev, ino uint64 }
 
@@ -60,8 +65,8 @@ func lockDatabase(path string) (*os.File, error) {
 	defer held.Unlock()
 	if fi, err := os.Stat(path); err == nil {
 		if id, ok := idOf(fi); ok {
-			if name, ok := held.files[id]; ok {
-				return nil, fmt.Errorf("%s is %w%s; one process at a time writes it", path, ErrLocked, holderName(path, os.Getpid(), name))
+			if h, ok := held.files[id]; ok {
+				return nil, fmt.Errorf("%s is %w%s; one process at a time writes it", path, ErrLocked, holderName(path, os.Getpid(), h.name))
 			}
 		}
 	}
@@ -93,7 +98,7 @@ func lockDatabase(path string) (*os.File, error) {
 		}
 		return nil, fmt.Errorf("%s is %w%s; one process at a time writes it", path, ErrLocked, holder)
 	}
-	held.files[id] = path
+	held.files[id] = heldFile{name: path, f: f}
 	return f, nil
 }
 
@@ -105,8 +110,8 @@ func releaseDatabase(f *os.File) {
 	}
 	held.Lock()
 	defer held.Unlock()
-	if fi, err := f.Stat(); err == nil {
-		if id, ok := idOf(fi); ok {
+	for id, h := range held.files {
+		if h.f == f {
 			delete(held.files, id)
 		}
 	}
