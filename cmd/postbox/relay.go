@@ -127,19 +127,23 @@ set, each publish is a span exported over OTLP (docs/TRACING.md).`)
 		return err
 	}
 	defer closePub()
-	src, err := openOutboxDB(ctx, *dsn, *migrate, outboxpg.Config{Claim: time.Duration(claim), Retention: *retention, Logger: log})
-	if err != nil {
-		return err
-	}
-	defer src.close()
-	if src.lite != nil {
-		// One relay sends a SQLite outbox: it keeps the rows in flight in
-		// memory, where PostgreSQL's relays claim theirs in the table.
-		// src.close releases the lock after the store is closed.
-		if src.lock, err = sqlitedb.Lock(*dsn); err != nil {
+	// One relay sends a SQLite outbox: it keeps the rows in flight in
+	// memory, where PostgreSQL's relays claim theirs in the table. The
+	// lock comes before the store opens the file (sqlitedb.Lock); a file
+	// that is not there is openOutboxDB's to name, not created by it.
+	var lock *sqlitedb.FileLock
+	if fi, err := os.Stat(*dsn); err == nil && fi.Mode().IsRegular() && !isPostgres(*dsn) {
+		if lock, err = sqlitedb.Lock(*dsn); err != nil {
 			return fmt.Errorf("relay: outbox %w", err)
 		}
 	}
+	src, err := openOutboxDB(ctx, *dsn, *migrate, outboxpg.Config{Claim: time.Duration(claim), Retention: *retention, Logger: log})
+	if err != nil {
+		lock.Unlock()
+		return err
+	}
+	src.lock = lock // src.close releases it after the store is closed
+	defer src.close()
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

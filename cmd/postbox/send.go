@@ -27,7 +27,9 @@ const defaultSendParallel = 8
 func runSend(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "send", "--type TYPE --payload JSON [flags]", `Hands events to a running agent's intake. The agent fills in event_id, ts, session_id and
 device_id when they are not given, and answers after its outbox commit. Prints one line per event
-(event_id and status), or with --count above 1 a summary.`)
+(event_id and status), or with --count above 1 a summary. When a request fails, the answers
+received are printed all the same, each failed request is named on stderr with its events,
+requests not started are not sent, and send exits 1.`)
 	agent := httpURL("http://127.0.0.1:8787")
 	fs.Var(&agent, "agent", "the agent's intake, an http:// `URL` [POSTBOX_AGENT]")
 	agentURL := (*string)(&agent)
@@ -58,11 +60,16 @@ device_id when they are not given, and answers after its outbox commit. Prints o
 		return err
 	}
 	// Requests of sendChunk events, up to --parallel in flight; the
-	// statuses keep the order of the events.
+	// statuses keep the order of the events. A request that fails stops
+	// the requests not started yet, not those in flight: the agent may
+	// queue their events, and their ids are printed with every other
+	// answer, so that a caller that sends again knows what is queued
+	// already (a retry of everything would queue it twice, under new ids).
 	chunks := (int(count) + sendChunk - 1) / sendChunk
-	got := make([][]map[string]any, chunks)
+	replies := make([]sendReply, chunks)
 	var queued atomic.Int64
-	g, gctx := errgroup.WithContext(ctx)
+	var failed atomic.Bool
+	var g errgroup.Group
 	g.SetLimit(int(parallel))
 	for c := range chunks {
 		n := min(sendChunk, int(count)-c*sendChunk)
@@ -75,9 +82,14 @@ device_id when they are not given, and answers after its outbox commit. Prints o
 			return err
 		}
 		g.Go(func() error {
-			var err error
-			if got[c], err = postEvents(gctx, *agentURL, reqBody); err != nil {
-				return err
+			if failed.Load() {
+				return nil // not sent
+			}
+			r := &replies[c]
+			r.sent = true
+			if r.statuses, r.err = postEvents(ctx, *agentURL, reqBody); r.err != nil {
+				failed.Store(true)
+				return nil
 			}
 			if count > sendChunk {
 				fmt.Fprintf(env.stderr, "send: %d/%d queued\n", queued.Add(int64(n)), count)
@@ -85,23 +97,62 @@ device_id when they are not given, and answers after its outbox commit. Prints o
 			return nil
 		})
 	}
-	if err := g.Wait(); err != nil {
-		return err
-	}
+	g.Wait()
 	var statuses []map[string]any
-	for _, s := range got {
-		statuses = append(statuses, s...)
+	for _, r := range replies {
+		statuses = append(statuses, r.statuses...)
 	}
-	switch {
-	case *asJSON:
-		b, _ := json.Marshal(statuses)
-		fmt.Fprintln(env.stdout, string(b))
-	case count == 1:
-		fmt.Fprintf(env.stdout, "%s\t%s\n", statuses[0]["event_id"], statuses[0]["status"])
-	default:
-		fmt.Fprintf(env.stdout, "%d events queued\n", len(statuses))
+	if len(statuses) > 0 {
+		switch {
+		case *asJSON:
+			b, _ := json.Marshal(statuses)
+			fmt.Fprintln(env.stdout, string(b))
+		case count == 1:
+			fmt.Fprintf(env.stdout, "%s\t%s\n", statuses[0]["event_id"], statuses[0]["status"])
+		default:
+			fmt.Fprintf(env.stdout, "%d events queued\n", len(statuses))
+		}
 	}
-	return nil
+	if chunks == 1 {
+		if err := replies[0].err; err != nil {
+			return fmt.Errorf("send: %w", err)
+		}
+		return nil
+	}
+	return sendFailures(env.stderr, replies, int(count), len(statuses))
+}
+
+// sendReply is what send got for one request.
+type sendReply struct {
+	sent     bool             // the request was made
+	statuses []map[string]any // the agent's answer for each event, if any
+	err      error
+}
+
+// sendFailures writes a line on w for each request of replies that failed
+// and one for those never sent, and returns the error send exits with;
+// nil if every request succeeded. answered is how many events the agent
+// answered for: their answers are printed.
+func sendFailures(w io.Writer, replies []sendReply, count, answered int) error {
+	failed, unsent := 0, 0
+	events := func(c int) string {
+		return fmt.Sprintf("events %d-%d", c*sendChunk+1, min((c+1)*sendChunk, count))
+	}
+	for c, r := range replies {
+		switch {
+		case r.err != nil:
+			failed++
+			fmt.Fprintf(w, "send: request %d of %d (%s) failed: %v\n", c+1, len(replies), events(c), r.err)
+		case !r.sent:
+			unsent++
+			fmt.Fprintf(w, "send: request %d of %d (%s) was not sent: an earlier request failed\n", c+1, len(replies), events(c))
+		}
+	}
+	if failed == 0 {
+		return nil
+	}
+	return fmt.Errorf("send: %d of %d requests failed and %d were not sent; the agent answered for %d of %d events (printed above): the other %d were not answered",
+		failed, len(replies), unsent, answered, count, count-answered)
 }
 
 // readPayload returns the payload flag's JSON object.
@@ -134,15 +185,15 @@ func postEvents(ctx context.Context, agentURL string, body []byte) ([]map[string
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(agentURL, "/")+"/v1/events", bytes.NewReader(body))
 	if err != nil {
-		return nil, fmt.Errorf("send: --agent: %w", err)
+		return nil, fmt.Errorf("--agent: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
-		return nil, fmt.Errorf("send: the agent at %s did not answer within %v", agentURL, apiTimeout)
+		return nil, fmt.Errorf("the agent at %s did not answer within %v", agentURL, apiTimeout)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("send: is the agent running? %w", err)
+		return nil, fmt.Errorf("is the agent running? %w", err)
 	}
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
@@ -154,13 +205,18 @@ func postEvents(ctx context.Context, agentURL string, body []byte) ([]map[string
 		} `json:"error"`
 	}
 	if err := json.Unmarshal(data, &out); err != nil {
-		return nil, fmt.Errorf("send: the agent answered %s: %.200s", resp.Status, data)
+		return nil, fmt.Errorf("the agent answered %s: %.200s", resp.Status, data)
 	}
 	if out.Error != nil {
-		return nil, fmt.Errorf("send: the agent refused the events (%s, %s): %s", resp.Status, out.Error.Code, out.Error.Message)
+		return nil, fmt.Errorf("the agent refused the events (%s, %s): %s", resp.Status, out.Error.Code, out.Error.Message)
 	}
 	if resp.StatusCode == http.StatusConflict {
-		return out.Events, fmt.Errorf("send: an event id is queued already with another payload: %v", out.Events)
+		for _, ev := range out.Events {
+			if ev["status"] == "conflict" || ev["status"] == "rejected" {
+				return out.Events, fmt.Errorf("the agent did not queue event %v: %v: %v", ev["event_id"], ev["status"], ev["message"])
+			}
+		}
+		return out.Events, fmt.Errorf("the agent answered %s", resp.Status)
 	}
 	return out.Events, nil
 }

@@ -135,7 +135,10 @@ func testTwoSubscriptionsIndependent(t *testing.T, kind storeKind) {
 	}
 	e.waitLag(t, "busy", 0)
 	e.waitLag(t, "stalled", 0)
-	testenv.Eventually(t, 30*time.Second, "busy's runtime to complete every item", func() bool { return completed.Load() == total })
+	testenv.Progressing(t, stallTimeout, "busy's runtime to complete every item", func() (bool, int64) {
+		n := completed.Load()
+		return n == total, n
+	})
 	cancel()
 	if err := <-runtimeDone; err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatal(err)

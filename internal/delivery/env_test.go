@@ -247,13 +247,27 @@ func (e *env) create(t testing.TB, s delivery.Subscription) delivery.Subscriptio
 	return got
 }
 
+// waitLag waits until sub's lag is want, for as long as the lag keeps
+// moving: how long a loop takes to consume a backlog depends on the
+// machine (see testenv.Progressing), a loop that stops does not.
 func (e *env) waitLag(t testing.TB, sub string, want int64) {
 	t.Helper()
-	testenv.Eventually(t, 30*time.Second, sub+" to catch up", func() bool {
+	testenv.Progressing(t, stallTimeout, sub+" to catch up", func() (bool, int64) {
 		lag, err := e.d.Lag(context.Background(), sub)
-		return err == nil && lag.Events == want
+		if err != nil {
+			return false, -1
+		}
+		return lag.Events == want, lag.Events
 	})
 }
+
+// stallTimeout is how long a wait for delivery's work goes without
+// progress before it fails. One step is a batch of the writer's: under
+// -race, SQLite (modernc) spends most of a second of CPU on a batch of
+// 1,000 items, and TestTwoSubscriptionsIndependent's 5,000 events cost
+// 11 s of CPU in all; on two cores at load 30 a step took over 30 s, and
+// the fixed 30 s the waits had for the whole backlog failed at load 20.
+const stallTimeout = 2 * time.Minute
 
 // waitConsumer waits until the stream consumer of sub is at next.
 func (e *env) waitConsumer(t testing.TB, sub string, next int64) {

@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 )
@@ -20,10 +21,11 @@ import (
 // syncs the log's header when it starts the log anew and the log before
 // each checkpoint copies it into the database file, in NORMAL as in FULL.
 type WALSyncer struct {
-	path string // the log: the database's path + "-wal"
+	db string // the database's path
 
-	mu sync.Mutex
-	f  *os.File
+	mu   sync.Mutex
+	path string // the log, beside the database file: its path + "-wal"
+	f    *os.File
 }
 
 // OpenWriter opens the one writer connection of a group-committed store
@@ -47,8 +49,9 @@ func OpenWriter(path string, opts Options) (*sql.DB, *WALSyncer, error) {
 
 // NewWALSyncer returns a WALSyncer for the database at path. The log is
 // opened at the first Sync, and again when it is not the file at the path
-// any more (the last connection to the database removed it).
-func NewWALSyncer(path string) *WALSyncer { return &WALSyncer{path: path + "-wal"} }
+// any more (the last connection to the database removed it). A symbolic
+// link is followed, as SQLite follows it: the log is beside the target.
+func NewWALSyncer(path string) *WALSyncer { return &WALSyncer{db: path} }
 
 // Sync flushes the log to the disk. On a nil WALSyncer (NORMAL) it does
 // nothing.
@@ -67,6 +70,10 @@ func (s *WALSyncer) Sync() error {
 		}
 	}
 	if s.f == nil {
+		s.path = s.db + "-wal"
+		if target, err := filepath.EvalSymlinks(s.db); err == nil {
+			s.path = target + "-wal"
+		}
 		f, err := os.Open(s.path)
 		if err != nil {
 			return fmt.Errorf("sync %s: %w", s.path, err)
