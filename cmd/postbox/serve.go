@@ -80,9 +80,11 @@ of each event's intake, materialisation and delivery attempts are exported over 
 	wsMaxConns := positiveInt(ingress.DefaultMaxConnections)
 	fs.Var(&wsMaxConns, "ws-max-connections", "most open ingress `connections`, WebSocket and gRPC streams together; more are refused (503 and Retry-After, gRPC RESOURCE_EXHAUSTED) [POSTBOX_WS_MAX_CONNECTIONS]")
 	wsBuffer := positiveInt(ingress.DefaultMaxBufferedBytes)
-	fs.Var(&wsBuffer, "ws-buffer-bytes", "memory for ingress frames being read and envelopes waiting for the writer queue, over all connections, in `bytes`; at least the 16 MiB frame limit [POSTBOX_WS_BUFFER_BYTES]")
+	fs.Var(&wsBuffer, "ws-buffer-bytes", "memory for ingress frames being read and envelopes not yet stored (queued for the writer included), over all connections, in `bytes`; at least the 16 MiB frame limit [POSTBOX_WS_BUFFER_BYTES]")
 	wsFrameTimeout := positiveDuration(ingress.DefaultFrameTimeout)
 	fs.Var(&wsFrameTimeout, "ws-frame-timeout", "longest an ingress frame's body may take to arrive after its header (`duration`); the connection is then closed [POSTBOX_WS_FRAME_TIMEOUT]")
+	memLimit := memoryLimit{}
+	fs.Var(&memLimit, "memory-limit", "soft memory `limit` of the Go runtime, as GOMEMLIMIT: bytes with an optional unit (B, KiB, MiB, GiB, TiB), or off; the collector works harder near it. Default: --ws-buffer-bytes + --queue-bytes + 32 MiB (224 MiB) [POSTBOX_MEMORY_LIMIT, GOMEMLIMIT]")
 	grpcAddr := fs.String("grpc-addr", "", "listen `address` (host:port) of the gRPC ingress, TLS with --tls-cert; off without it [POSTBOX_GRPC_ADDR]")
 	cert := fs.String("tls-cert", "", "TLS certificate file (PEM); serves HTTPS/WSS (and gRPC over TLS) with --tls-key [POSTBOX_TLS_CERT]")
 	key := fs.String("tls-key", "", "TLS private key file (PEM) [POSTBOX_TLS_KEY]")
@@ -124,6 +126,7 @@ of each event's intake, materialisation and delivery attempts are exported over 
 	if err != nil {
 		return err
 	}
+	setMemoryLimit(log, fs, memLimit, int64(wsBuffer)+int64(queueBytes)+memoryLimitBase)
 	stopTracing, err := startTracing(ctx, env, "postbox-serve", log)
 	if err != nil {
 		return err

@@ -78,12 +78,13 @@ type Config struct {
 	// except a device's new connection that replaces its old one. Defaults to
 	// DefaultMaxConnections; negative means no bound.
 	MaxConnections int
-	// MaxBufferedBytes bounds the memory of frames read and not yet queued
-	// for the store's writer, over all connections: a frame being read or
-	// decoded counts by the bytes of it that arrived (its buffer, which
-	// grows as they arrive: at most half again, or 64 KiB, more), its
-	// decoded envelopes by their size until the writer's queue takes them
-	// (whose own bound, the store's queue bytes, takes over). A connection
+	// MaxBufferedBytes bounds the memory of frames read and not yet
+	// stored, over all connections: a frame being read or decoded counts
+	// by the bytes of it that arrived (its buffer, which grows as they
+	// arrive: at most half again, or 64 KiB, more), its decoded envelopes
+	// by their size until their commit (in the writer's queue, and in the
+	// batch being written, they count here as well as against the store's
+	// queue bytes). A connection
 	// holds at most MaxFrameBytes of decoded envelopes besides the frame it
 	// reads. A connection that finds no room is not read until there is.
 	// The last MaxFrameBytes (at most half) are a reserve one frame at a

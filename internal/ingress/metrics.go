@@ -38,7 +38,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		buffered: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "postbox_ingress_buffered_bytes",
-			Help: "Bytes of frames being read and of envelopes read but not yet queued for the writer (bounded by the buffer limit).",
+			Help: "Bytes of frames being read and of envelopes read but not yet committed (bounded by the buffer limit).",
 		}),
 	}
 	if reg != nil {

@@ -538,8 +538,11 @@ func (s *session) enqueueLoop(ctx context.Context) error {
 			}
 			continue
 		}
-		ids, spans := c.ids, c.spans
+		ids, spans, bytes := c.ids, c.spans, c.bytes
 		err := s.in.store.AppendAsync(ctx, s.in.cfg.StreamID, c.events, func(res []stream.AppendResult, err error) {
+			// The events are let go of once committed: until then the
+			// store's queue holds them, within the ingress's budget.
+			s.in.budget.give(bytes)
 			s.committed(commit{ids, spans, res, err})
 		})
 		if err != nil {
@@ -553,7 +556,6 @@ func (s *session) enqueueLoop(ctx context.Context) error {
 		s.held -= c.bytes
 		s.signalRoom()
 		s.mu.Unlock()
-		s.in.budget.give(c.bytes)
 	}
 }
 
