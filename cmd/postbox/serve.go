@@ -79,6 +79,8 @@ of each event's intake, materialisation and delivery attempts are exported over 
 	fs.Var(&maxConns, "max-connections", "most open TCP `connections`, HTTP and WebSocket alike; more are closed at once [POSTBOX_MAX_CONNECTIONS]")
 	wsMaxConns := positiveInt(ingress.DefaultMaxConnections)
 	fs.Var(&wsMaxConns, "ws-max-connections", "most open ingress `connections`, WebSocket and gRPC streams together; more are refused (503 and Retry-After, gRPC RESOURCE_EXHAUSTED) [POSTBOX_WS_MAX_CONNECTIONS]")
+	wsPerAddr := wholeNumber(ingress.DefaultMaxConnectionsPerAddress)
+	fs.Var(&wsPerAddr, "ws-max-connections-per-address", "most open ingress `connections` without a device token from one client address (IPv4 address or IPv6 /64); more are refused like those over --ws-max-connections; 0 = no bound (behind a proxy every client has the proxy's address); with --auth-tokens each device holds one connection and is not counted [POSTBOX_WS_MAX_CONNECTIONS_PER_ADDRESS]")
 	wsBuffer := positiveInt(ingress.DefaultMaxBufferedBytes)
 	fs.Var(&wsBuffer, "ws-buffer-bytes", "memory for ingress frames being read and envelopes not yet stored (queued for the writer included), over all connections, in `bytes`; at least the 16 MiB frame limit [POSTBOX_WS_BUFFER_BYTES]")
 	wsFrameTimeout := positiveDuration(ingress.DefaultFrameTimeout)
@@ -164,6 +166,8 @@ of each event's intake, materialisation and delivery attempts are exported over 
 		WSMaxConnections:   int(wsMaxConns),
 		WSBufferBytes:      int64(wsBuffer),
 		WSFrameTimeout:     time.Duration(wsFrameTimeout),
+		// 0 (no bound) is -1 to the ingress, whose zero is its default.
+		WSMaxConnectionsPerAddress: cmp.Or(int(wsPerAddr), -1),
 		Webhooks: server.WebhookConfig{MaxBytes: int64(whMax), KeyHeader: *whKeyHeader, KeyField: *whKeyField,
 			TypeHeader: *whTypeHeader, TypeField: *whTypeField, Secrets: splitList(*whSecrets), Target: string(whTarget)},
 		Delivery: delivery.Config{Workers: int(workers), MaxAttempts: int(maxAttempts), RetryBaseDelay: time.Duration(retryBase),

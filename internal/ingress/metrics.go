@@ -30,7 +30,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "postbox_ingress_connections_refused_total",
-			Help: "Ingress connections (WebSockets and gRPC streams) refused because the connection limit was reached.",
+			Help: "Ingress connections (WebSockets and gRPC streams) refused at the connection limit, or at the limit of one address.",
 		}),
 		replaced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "postbox_ingress_connections_replaced_total",

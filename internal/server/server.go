@@ -103,6 +103,8 @@ type Config struct {
 	WSBufferBytes    int64
 	WSMaxFrameBytes  int64
 	WSFrameTimeout   time.Duration
+	// WSMaxConnectionsPerAddress: see ingress.Config.MaxConnectionsPerAddress.
+	WSMaxConnectionsPerAddress int
 	// Listener, when set, is served instead of listening on Addr.
 	Listener net.Listener
 	// GRPCAddr, when set, is the listen address of the gRPC ingress
@@ -359,6 +361,8 @@ func New(cfg Config) (*Server, error) {
 		MaxBufferedBytes: cfg.WSBufferBytes,
 		MaxFrameBytes:    cfg.WSMaxFrameBytes,
 		FrameTimeout:     cfg.WSFrameTimeout,
+
+		MaxConnectionsPerAddress: cfg.WSMaxConnectionsPerAddress,
 	})
 	if err != nil {
 		return nil, err
