@@ -571,11 +571,17 @@ func (s *session) signalRoom() {
 // room in its queue; it returns when ctx ends or the store refuses.
 func (s *session) enqueueLoop(ctx context.Context) error {
 	for {
+		// The chunk leaves pending before it is queued, so that giveBack
+		// (on gRPC, the reader's, which may run before this loop ends)
+		// does not give its budget back too; it still counts in held
+		// until AppendAsync returns.
 		s.mu.Lock()
 		var c chunk
 		ok := len(s.pending) > 0
 		if ok {
 			c = s.pending[0]
+			s.pending[0] = chunk{}
+			s.pending = s.pending[1:]
 		}
 		s.mu.Unlock()
 		if !ok {
@@ -593,17 +599,17 @@ func (s *session) enqueueLoop(ctx context.Context) error {
 			s.in.budget.give(bytes)
 			s.committed(commit{ids, spans, res, err})
 		})
-		if err != nil {
-			// ctx ended or the store closed: these events will not be
-			// answered here, and the sender will send them again.
-			return err
-		}
 		s.mu.Lock()
-		s.pending[0] = chunk{}
-		s.pending = s.pending[1:]
 		s.held -= c.bytes
 		s.signalRoom()
 		s.mu.Unlock()
+		if err != nil {
+			// ctx ended or the store closed: these events will not be
+			// answered here, and the sender will send them again.
+			endIntake(c.spans, nil, errNotQueued)
+			s.in.budget.give(c.bytes)
+			return err
+		}
 	}
 }
 
@@ -611,11 +617,13 @@ func (s *session) enqueueLoop(ctx context.Context) error {
 // ends.
 func (s *session) giveBack() {
 	s.mu.Lock()
-	held := s.held
+	var held int64
 	for _, c := range s.pending {
+		held += c.bytes
 		endIntake(c.spans, nil, errNotQueued)
 	}
-	s.held, s.pending = 0, nil
+	s.held -= held
+	s.pending = nil
 	s.mu.Unlock()
 	s.in.budget.give(held)
 }
