@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -45,6 +46,7 @@ func TestMain(m *testing.M) {
 // proc is a postbox subprocess.
 type proc struct {
 	t    *testing.T
+	bin  string // the binary it runs; binary when empty
 	args []string
 	cmd  *exec.Cmd
 	log  *bytes.Buffer
@@ -61,7 +63,7 @@ func start(t *testing.T, args ...string) *proc {
 func (p *proc) restart() {
 	p.t.Helper()
 	p.log = &bytes.Buffer{}
-	p.cmd = exec.Command(binary, p.args...)
+	p.cmd = exec.Command(cmp.Or(p.bin, binary), p.args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)

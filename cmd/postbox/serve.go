@@ -81,12 +81,16 @@ of each event's intake, materialisation and delivery attempts are exported over 
 	fs.Var(&maxConns, "max-connections", "most open TCP `connections`, HTTP and WebSocket alike; more are closed at once [POSTBOX_MAX_CONNECTIONS]")
 	wsMaxConns := positiveInt(ingress.DefaultMaxConnections)
 	fs.Var(&wsMaxConns, "ws-max-connections", "most open ingress `connections`, WebSocket and gRPC streams together; more are refused (503 and Retry-After, gRPC RESOURCE_EXHAUSTED) [POSTBOX_WS_MAX_CONNECTIONS]")
+	wsPerAddr := wholeNumber(ingress.DefaultMaxConnectionsPerAddress)
+	fs.Var(&wsPerAddr, "ws-max-connections-per-address", "most open ingress `connections` without a device token from one client address (IPv4 address or IPv6 /64); more are refused like those over --ws-max-connections; 0 = no bound (behind a proxy every client has the proxy's address); with --auth-tokens each device holds one connection and is not counted [POSTBOX_WS_MAX_CONNECTIONS_PER_ADDRESS]")
 	wsBuffer := positiveInt(ingress.DefaultMaxBufferedBytes)
-	fs.Var(&wsBuffer, "ws-buffer-bytes", "memory for ingress frames being read and envelopes waiting for the writer queue, over all connections, in `bytes`; at least the 16 MiB frame limit [POSTBOX_WS_BUFFER_BYTES]")
+	fs.Var(&wsBuffer, "ws-buffer-bytes", "memory for ingress frames being read and envelopes not yet stored (queued for the writer included), over all connections, in `bytes`; at least the 16 MiB frame limit [POSTBOX_WS_BUFFER_BYTES]")
 	sourceBuffer := positiveInt(server.DefaultSourceBufferBytes)
 	fs.Var(&sourceBuffer, "source-buffer-bytes", "memory for poll answers and feed lines being read and their events waiting to be stored, over all poll and feed sources, in `bytes`; one answer or line is at most half of it [POSTBOX_SOURCE_BUFFER_BYTES]")
 	wsFrameTimeout := positiveDuration(ingress.DefaultFrameTimeout)
 	fs.Var(&wsFrameTimeout, "ws-frame-timeout", "longest an ingress frame's body may take to arrive after its header (`duration`); the connection is then closed [POSTBOX_WS_FRAME_TIMEOUT]")
+	memLimit := memoryLimit{}
+	fs.Var(&memLimit, "memory-limit", "soft memory `limit` of the Go runtime, as GOMEMLIMIT: bytes with an optional unit (B, KiB, MiB, GiB, TiB), or off; the collector works harder near it. Default: --ws-buffer-bytes + --queue-bytes + --source-buffer-bytes + 32 MiB (288 MiB) [POSTBOX_MEMORY_LIMIT, GOMEMLIMIT]")
 	grpcAddr := fs.String("grpc-addr", "", "listen `address` (host:port) of the gRPC ingress, TLS with --tls-cert; off without it [POSTBOX_GRPC_ADDR]")
 	cert := fs.String("tls-cert", "", "TLS certificate file (PEM); serves HTTPS/WSS (and gRPC over TLS) with --tls-key [POSTBOX_TLS_CERT]")
 	key := fs.String("tls-key", "", "TLS private key file (PEM) [POSTBOX_TLS_KEY]")
@@ -128,6 +132,7 @@ of each event's intake, materialisation and delivery attempts are exported over 
 	if err != nil {
 		return err
 	}
+	setMemoryLimit(log, fs, memLimit, int64(wsBuffer)+int64(queueBytes)+int64(sourceBuffer)+memoryLimitBase)
 	stopTracing, err := startTracing(ctx, env, "postbox-serve", log)
 	if err != nil {
 		return err
@@ -168,6 +173,8 @@ of each event's intake, materialisation and delivery attempts are exported over 
 		WSBufferBytes:      int64(wsBuffer),
 		WSFrameTimeout:     time.Duration(wsFrameTimeout),
 		SourceBufferBytes:  int64(sourceBuffer),
+		// 0 (no bound) is -1 to the ingress, whose zero is its default.
+		WSMaxConnectionsPerAddress: cmp.Or(int(wsPerAddr), -1),
 		Webhooks: server.WebhookConfig{MaxBytes: int64(whMax), KeyHeader: *whKeyHeader, KeyField: *whKeyField,
 			TypeHeader: *whTypeHeader, TypeField: *whTypeField, Secrets: splitList(*whSecrets), Target: string(whTarget)},
 		Delivery: delivery.Config{Workers: int(workers), MaxAttempts: int(maxAttempts), RetryBaseDelay: time.Duration(retryBase),

@@ -203,7 +203,8 @@ func Ingest(ctx context.Context, cfg IngestConfig) (*IngestResult, error) {
 	srvURL := cfg.Server
 	metricsURL := ""
 	if srvURL == "" {
-		scfg := server.Config{MaxBatch: cfg.MaxBatch, QueueSize: cfg.QueueSize, Synchronous: res.Synchronous}
+		scfg := server.Config{MaxBatch: cfg.MaxBatch, QueueSize: cfg.QueueSize, Synchronous: res.Synchronous,
+			WSMaxConnectionsPerAddress: -1} // every device connects from loopback
 		res.Transport = TransportWebSocket
 		if cfg.Transport == TransportGRPC {
 			if scfg.GRPCListener, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/postbox-events/postbox"
@@ -87,10 +88,12 @@ const GRPCErrorDomain = "postbox"
 // reads it without parsing the message; a replaced stream has no code, as
 // on the WebSocket.
 var (
-	errGRPCUnauthenticated = grpcRefusal(codes.Unauthenticated, api.CodeUnauthorized, "authorization: a known bearer token is required")
-	errGRPCTooMany         = grpcRefusal(codes.ResourceExhausted, api.CodeTooManyConnections, "too_many_connections: the server holds as many ingress connections as it allows; connect again later")
-	errGRPCShuttingDown    = grpcRefusal(codes.Unavailable, api.CodeUnavailable, "server shutting down")
-	errGRPCReplaced        = status.Error(codes.Aborted, "replaced by a newer connection of this device")
+	errGRPCUnauthenticated    = grpcRefusal(codes.Unauthenticated, api.CodeUnauthorized, "authorization: a known bearer token is required")
+	errGRPCTooMany            = grpcRefusal(codes.ResourceExhausted, api.CodeTooManyConnections, "too_many_connections: the server holds as many ingress connections as it allows; connect again later")
+	errGRPCTooManyFromAddress = grpcRefusal(codes.ResourceExhausted, api.CodeTooManyConnections,
+		"too_many_connections: this address holds as many ingress connections without a device token as one address may; close one or connect again later")
+	errGRPCShuttingDown = grpcRefusal(codes.Unavailable, api.CodeUnavailable, "server shutting down")
+	errGRPCReplaced     = status.Error(codes.Aborted, "replaced by a newer connection of this device")
 )
 
 // grpcRefusal is a status of c with message, whose details carry code.
@@ -115,12 +118,21 @@ func (g grpcIngress) Send(stream ingresspb.Ingress_SendServer) error {
 		}
 		device = d
 	}
-	if !in.admit(device) {
+	addr := ""
+	if p, ok := peer.FromContext(sctx); ok && p.Addr != nil {
+		addr = clientAddr(p.Addr.String())
+	}
+	switch in.admit(device, addr) {
+	case refusedFull:
 		in.m.refused.Inc()
 		in.log.Warn("ingress: refused gRPC stream over the connection limit", "limit", in.cfg.MaxConnections)
 		return errGRPCTooMany
+	case refusedAddress:
+		in.m.refused.Inc()
+		in.log.Warn("ingress: refused gRPC stream over the limit of one address", "remote", addr, "limit", in.cfg.MaxConnectionsPerAddress)
+		return errGRPCTooManyFromAddress
 	}
-	defer in.leave()
+	defer in.leave(device, addr)
 	in.m.connections.Inc()
 	defer in.m.connections.Dec()
 	if !in.enterSession() {

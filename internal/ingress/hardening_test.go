@@ -288,3 +288,50 @@ func TestNewConnectionReplacesTheDevicesOld(t *testing.T) {
 		t.Errorf("the replaced connection's envelopes were written: %v", st.stored)
 	}
 }
+
+// deafStore is an Appender that does not watch the caller's context: its
+// queue takes events only once released, whether or not the caller is
+// still there, as a writer that took them an instant before the caller
+// went away does.
+type deafStore struct {
+	entered chan struct{} // AppendAsync was called
+	release chan struct{}
+}
+
+func (s *deafStore) AppendAsync(_ context.Context, _ string, events []stream.Event, done func([]stream.AppendResult, error)) error {
+	s.entered <- struct{}{}
+	<-s.release
+	res := make([]stream.AppendResult, len(events))
+	for i := range res {
+		res[i].StoredAt = time.Now()
+	}
+	done(res, nil)
+	return nil
+}
+
+// TestGRPCStreamGoneWhileItsEventsAreQueued: a gRPC stream's reader
+// gives back what its connection holds as soon as the stream ends, while
+// its enqueuer may still be handing a chunk to the store's queue; that
+// chunk is the enqueuer's to account for, not given back twice (the
+// enqueuer once found the pending list emptied under it and panicked).
+func TestGRPCStreamGoneWhileItsEventsAreQueued(t *testing.T) {
+	st := &deafStore{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	reg := prometheus.NewRegistry()
+	in := newIngress(t, st, ingress.Config{Metrics: ingress.NewMetrics(reg)})
+	_, dial := transports[1].serve(t, in)
+	c := dialOK(t, dial, "")
+	if err := c.Send(testCtx(t), frame(env("gone-1", "d", "t", `{}`))); err != nil {
+		t.Fatal(err)
+	}
+	<-st.entered
+	c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := in.Drain(ctx); err != nil { // returns once the reader ended
+		t.Fatalf("the stream's reader did not end: %v", err)
+	}
+	close(st.release)
+	testenv.Eventually(t, 10*time.Second, "the budget to be given back once", func() bool {
+		return metric(t, reg, "postbox_ingress_buffered_bytes") == 0
+	})
+}

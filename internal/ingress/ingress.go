@@ -48,6 +48,9 @@ const (
 	// DefaultMaxConnections leaves room under the server's cap on TCP
 	// connections for the HTTP API and webhooks.
 	DefaultMaxConnections = 5000
+	// DefaultMaxConnectionsPerAddress lets one address hold as many
+	// connections as a busy gateway needs, and no client all of them.
+	DefaultMaxConnectionsPerAddress = 64
 	// DefaultMaxBufferedBytes is MaxBufferedBytes's default: eight frames
 	// of the default size.
 	DefaultMaxBufferedBytes = 8 * DefaultMaxFrameBytes
@@ -78,12 +81,23 @@ type Config struct {
 	// except a device's new connection that replaces its old one. Defaults to
 	// DefaultMaxConnections; negative means no bound.
 	MaxConnections int
-	// MaxBufferedBytes bounds the memory of frames read and not yet queued
-	// for the store's writer, over all connections: a frame being read or
-	// decoded counts by the bytes of it that arrived (its buffer, which
-	// grows as they arrive: at most half again, or 64 KiB, more), its
-	// decoded envelopes by their size until the writer's queue takes them
-	// (whose own bound, the store's queue bytes, takes over). A connection
+	// MaxConnectionsPerAddress bounds the open connections without a
+	// device token (without Tokens, every connection) from one client
+	// address: an IPv4 address, or an IPv6 /64. One more is refused as one
+	// over MaxConnections is. A connection with a token is not counted: its
+	// device holds one connection at a time (a new one replaces the old),
+	// and many devices may share an address behind NAT. Behind a proxy
+	// every connection comes from the proxy's address: raise the bound or
+	// turn it off. Defaults to DefaultMaxConnectionsPerAddress; negative
+	// means no bound.
+	MaxConnectionsPerAddress int
+	// MaxBufferedBytes bounds the memory of frames read and not yet
+	// stored, over all connections: a frame being read or decoded counts
+	// by the bytes of it that arrived (its buffer, which grows as they
+	// arrive: at most half again, or 64 KiB, more), its decoded envelopes
+	// by their size until their commit (in the writer's queue, and in the
+	// batch being written, they count here as well as against the store's
+	// queue bytes). A connection
 	// holds at most MaxFrameBytes of decoded envelopes besides the frame it
 	// reads. A connection that finds no room is not read until there is.
 	// The last MaxFrameBytes (at most half) are a reserve one frame at a
@@ -130,6 +144,7 @@ type Ingress struct {
 
 	mu      sync.Mutex
 	open    int                 // connections admitted
+	byAddr  map[string]int      // connections admitted without a token, by clientAddr
 	devices map[string]*session // the connection of each token's device
 
 	// Test hooks (nil outside white-box tests): afterRead runs when a
@@ -193,6 +208,9 @@ func New(store Appender, cfg Config) (*Ingress, error) {
 	if cfg.MaxConnections == 0 {
 		cfg.MaxConnections = DefaultMaxConnections
 	}
+	if cfg.MaxConnectionsPerAddress == 0 {
+		cfg.MaxConnectionsPerAddress = DefaultMaxConnectionsPerAddress
+	}
 	if cfg.MaxBufferedBytes <= 0 {
 		cfg.MaxBufferedBytes = DefaultMaxBufferedBytes
 	}
@@ -213,7 +231,7 @@ func New(store Appender, cfg Config) (*Ingress, error) {
 		cfg.Metrics = NewMetrics(nil)
 	}
 	return &Ingress{store: store, cfg: cfg, log: cfg.Logger, m: cfg.Metrics, drain: make(chan struct{}),
-		budget: newBudget(cfg.MaxBufferedBytes, cfg.MaxFrameBytes, cfg.Metrics.buffered), devices: map[string]*session{}}, nil
+		budget: newBudget(cfg.MaxBufferedBytes, cfg.MaxFrameBytes, cfg.Metrics.buffered), devices: map[string]*session{}, byAddr: map[string]int{}}, nil
 }
 
 // decoded is one frame turned into events to append and replies to send at

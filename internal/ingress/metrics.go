@@ -30,7 +30,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "postbox_ingress_connections_refused_total",
-			Help: "Ingress connections (WebSockets and gRPC streams) refused because the connection limit was reached.",
+			Help: "Ingress connections (WebSockets and gRPC streams) refused at the connection limit, or at the limit of one address.",
 		}),
 		replaced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "postbox_ingress_connections_replaced_total",
@@ -38,7 +38,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		buffered: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "postbox_ingress_buffered_bytes",
-			Help: "Bytes of frames being read and of envelopes read but not yet queued for the writer (bounded by the buffer limit).",
+			Help: "Bytes of frames being read and of envelopes read but not yet committed (bounded by the buffer limit).",
 		}),
 	}
 	if reg != nil {

@@ -2,6 +2,7 @@ package ingress_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/client"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/ingresspb"
@@ -55,6 +57,9 @@ type transport struct {
 // errUnauthorized is a dial refused for its token.
 var errUnauthorized = errors.New("unauthorized")
 
+// errTooMany is a dial refused at a connection limit.
+var errTooMany = errors.New("too many connections")
+
 var transports = []transport{
 	{name: "websocket", serve: func(t *testing.T, in *ingress.Ingress) (string, func(*testing.T, string) (frameConn, error)) {
 		hs := httptest.NewServer(in)
@@ -68,6 +73,15 @@ var transports = []transport{
 			c, resp, err := websocket.Dial(testCtx(t), url, opts)
 			if resp != nil && resp.StatusCode == 401 {
 				return nil, errUnauthorized
+			}
+			if resp != nil && resp.StatusCode == 503 {
+				var body api.ErrorResponse
+				if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || body.Error.Code != api.CodeTooManyConnections ||
+					resp.Header.Get("Retry-After") == "" {
+					t.Errorf("refusal: %v %+v, Retry-After %q; want a too_many_connections error and a Retry-After", err, body, resp.Header.Get("Retry-After"))
+				}
+				t.Logf("refused: %s", body.Error.Message)
+				return nil, errTooMany
 			}
 			if err != nil {
 				t.Fatalf("dial: %v", err)
@@ -103,8 +117,11 @@ var transports = []transport{
 			}
 			if md, _ := s.Header(); md == nil { // refused: a status without headers
 				_, err := s.Recv()
-				if status.Code(err) == codes.Unauthenticated {
+				switch status.Code(err) {
+				case codes.Unauthenticated:
 					return nil, errUnauthorized
+				case codes.ResourceExhausted:
+					return nil, errTooMany
 				}
 				t.Fatalf("dial: %v", err)
 			}
@@ -248,6 +265,7 @@ func TestTransports(t *testing.T) {
 			t.Run("shutdown", func(t *testing.T) { testShutdown(t, tr) })
 			t.Run("client", func(t *testing.T) { testClient(t, tr) })
 			t.Run("source gone", func(t *testing.T) { testSourceGone(t, tr) })
+			t.Run("connections per address", func(t *testing.T) { testPerAddress(t, tr) })
 		})
 	}
 }
@@ -523,5 +541,37 @@ func testClient(t *testing.T, tr transport) {
 	}
 	if _, err := c.Send(testCtx(t), msgs(t, "d", "pi-a", 1)); !errors.Is(err, client.ErrClosed) {
 		t.Errorf("Send after Close: %v, want ErrClosed", err)
+	}
+}
+
+// testPerAddress: one address holds at most MaxConnectionsPerAddress
+// connections without a token, and gets one more once it closes one;
+// connections with device tokens are not counted (each device holds one).
+func testPerAddress(t *testing.T, tr transport) {
+	st := newStore()
+	close(st.full)
+	_, dial := tr.serve(t, newIngress(t, st, ingress.Config{MaxConnectionsPerAddress: 2}))
+	first := dialOK(t, dial, "")
+	dialOK(t, dial, "")
+	if _, err := dial(t, ""); !errors.Is(err, errTooMany) {
+		t.Fatalf("third connection from one address: %v, want it refused", err)
+	}
+	first.Close()
+	testenv.Eventually(t, 10*time.Second, "a closed connection to make room for its address", func() bool {
+		_, err := dial(t, "")
+		return err == nil
+	})
+
+	tokens := ingress.Tokens{}
+	for _, d := range []string{"pi-a", "pi-b", "pi-c"} {
+		tokens.Add("tok-"+d, d)
+	}
+	_, dial = tr.serve(t, newIngress(t, st, ingress.Config{Tokens: tokens, MaxConnectionsPerAddress: 1}))
+	for _, d := range []string{"pi-a", "pi-b", "pi-c"} {
+		c := dialOK(t, dial, "tok-"+d)
+		send(t, c, frame(env("pa-"+d, d, "t", `{}`)))
+		if rs := replies(t, c, 1); !rs[0].OK() {
+			t.Errorf("device %s behind one address: %+v, want its event stored", d, rs[0])
+		}
 	}
 }

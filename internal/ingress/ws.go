@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -68,15 +70,25 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.CodeUpgradeRequired, "GET "+r.URL.Path+" is a WebSocket: send Connection: Upgrade and Upgrade: websocket (a WebSocket client does), or POST events to /webhooks")
 		return
 	}
-	if !in.admit(device) {
+	addr := clientAddr(r.RemoteAddr)
+	switch in.admit(device, addr) {
+	case refusedFull:
 		in.m.refused.Inc()
 		w.Header().Set("Retry-After", retryAfterFull)
 		writeError(w, api.CodeTooManyConnections,
 			"the server holds as many WebSocket connections as it allows; connect again later")
 		in.log.Warn("ingress: refused connection over the connection limit", "remote", r.RemoteAddr, "limit", in.cfg.MaxConnections)
 		return
+	case refusedAddress:
+		in.m.refused.Inc()
+		w.Header().Set("Retry-After", retryAfterFull)
+		writeError(w, api.CodeTooManyConnections, fmt.Sprintf(
+			"%s holds %d ingress connections without a device token, as many as one address may; close one or connect again later",
+			addr, in.cfg.MaxConnectionsPerAddress))
+		in.log.Warn("ingress: refused connection over the limit of one address", "remote", r.RemoteAddr, "limit", in.cfg.MaxConnectionsPerAddress)
+		return
 	}
-	defer in.leave()
+	defer in.leave(device, addr)
 	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{Subprotocol}})
 	if err != nil {
 		in.log.Warn("ingress: websocket accept failed", "remote", r.RemoteAddr, "err", err)
@@ -220,22 +232,58 @@ func hasToken(values []string, token string) bool {
 	return false
 }
 
-// admit counts a new connection in, unless MaxConnections are open; a
-// device's connection that will replace its old one is always admitted.
-func (in *Ingress) admit(device string) bool {
+// Why admit refused a connection.
+const (
+	admitted = iota
+	refusedFull
+	refusedAddress
+)
+
+// admit counts a new connection from addr (clientAddr) in, unless
+// MaxConnections are open, or it has no device token and its address has
+// MaxConnectionsPerAddress such connections open; a device's connection
+// that will replace its old one is always admitted.
+func (in *Ingress) admit(device, addr string) int {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.cfg.MaxConnections > 0 && in.open >= in.cfg.MaxConnections && (device == "" || in.devices[device] == nil) {
-		return false
+		return refusedFull
+	}
+	if device == "" {
+		if in.cfg.MaxConnectionsPerAddress > 0 && in.byAddr[addr] >= in.cfg.MaxConnectionsPerAddress {
+			return refusedAddress
+		}
+		in.byAddr[addr]++
 	}
 	in.open++
-	return true
+	return admitted
 }
 
-func (in *Ingress) leave() {
+func (in *Ingress) leave(device, addr string) {
 	in.mu.Lock()
 	in.open--
+	if device == "" {
+		if in.byAddr[addr]--; in.byAddr[addr] <= 0 {
+			delete(in.byAddr, addr)
+		}
+	}
 	in.mu.Unlock()
+}
+
+// clientAddr is the address a connection from remote (host:port) counts
+// against for MaxConnectionsPerAddress: its IP, or for IPv6 its /64, which
+// one client usually holds whole.
+func clientAddr(remote string) string {
+	ap, err := netip.ParseAddrPort(remote)
+	if err != nil {
+		return remote // not an IP address (a test's pipe): its own
+	}
+	ip := ap.Addr().Unmap()
+	if ip.Is6() {
+		p, _ := ip.Prefix(64)
+		return p.String()
+	}
+	return ip.String()
 }
 
 // claim makes s device's connection, closing the one it replaces.
@@ -523,11 +571,17 @@ func (s *session) signalRoom() {
 // room in its queue; it returns when ctx ends or the store refuses.
 func (s *session) enqueueLoop(ctx context.Context) error {
 	for {
+		// The chunk leaves pending before it is queued, so that giveBack
+		// (on gRPC, the reader's, which may run before this loop ends)
+		// does not give its budget back too; it still counts in held
+		// until AppendAsync returns.
 		s.mu.Lock()
 		var c chunk
 		ok := len(s.pending) > 0
 		if ok {
 			c = s.pending[0]
+			s.pending[0] = chunk{}
+			s.pending = s.pending[1:]
 		}
 		s.mu.Unlock()
 		if !ok {
@@ -538,22 +592,24 @@ func (s *session) enqueueLoop(ctx context.Context) error {
 			}
 			continue
 		}
-		ids, spans := c.ids, c.spans
+		ids, spans, bytes := c.ids, c.spans, c.bytes
 		err := s.in.store.AppendAsync(ctx, s.in.cfg.StreamID, c.events, func(res []stream.AppendResult, err error) {
+			// The events are let go of once committed: until then the
+			// store's queue holds them, within the ingress's budget.
+			s.in.budget.give(bytes)
 			s.committed(commit{ids, spans, res, err})
 		})
-		if err != nil {
-			// ctx ended or the store closed: these events will not be
-			// answered here, and the sender will send them again.
-			return err
-		}
 		s.mu.Lock()
-		s.pending[0] = chunk{}
-		s.pending = s.pending[1:]
 		s.held -= c.bytes
 		s.signalRoom()
 		s.mu.Unlock()
-		s.in.budget.give(c.bytes)
+		if err != nil {
+			// ctx ended or the store closed: these events will not be
+			// answered here, and the sender will send them again.
+			endIntake(c.spans, nil, errNotQueued)
+			s.in.budget.give(c.bytes)
+			return err
+		}
 	}
 }
 
@@ -561,11 +617,13 @@ func (s *session) enqueueLoop(ctx context.Context) error {
 // ends.
 func (s *session) giveBack() {
 	s.mu.Lock()
-	held := s.held
+	var held int64
 	for _, c := range s.pending {
+		held += c.bytes
 		endIntake(c.spans, nil, errNotQueued)
 	}
-	s.held, s.pending = 0, nil
+	s.held -= held
+	s.pending = nil
 	s.mu.Unlock()
 	s.in.budget.give(held)
 }

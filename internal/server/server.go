@@ -118,6 +118,8 @@ type Config struct {
 	// poll and feed source; one answer or line is at most half of it.
 	// Defaults to DefaultSourceBufferBytes.
 	SourceBufferBytes int64
+	// WSMaxConnectionsPerAddress: see ingress.Config.MaxConnectionsPerAddress.
+	WSMaxConnectionsPerAddress int
 	// Listener, when set, is served instead of listening on Addr.
 	Listener net.Listener
 	// GRPCAddr, when set, is the listen address of the gRPC ingress
@@ -379,6 +381,8 @@ func New(cfg Config) (*Server, error) {
 		MaxBufferedBytes: cfg.WSBufferBytes,
 		MaxFrameBytes:    cfg.WSMaxFrameBytes,
 		FrameTimeout:     cfg.WSFrameTimeout,
+
+		MaxConnectionsPerAddress: cfg.WSMaxConnectionsPerAddress,
 	})
 	if err != nil {
 		return nil, err

@@ -30,6 +30,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/postbox-events/postbox/internal/groupcommit"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
@@ -151,7 +152,7 @@ func (it *item) Size() int {
 	if it.ev == nil {
 		return 256
 	}
-	return 2*(len(it.ev.Payload)+len(it.ev.Metadata)+len(it.ev.DeliveryHandle)) + len(it.ev.NativeID) + 256
+	return len(it.ev.Payload) + len(it.ev.Metadata) + 2*len(it.ev.DeliveryHandle) + len(it.ev.NativeID) + 256
 }
 
 // Open opens (creating and migrating) the database at path. Call Run to
@@ -445,7 +446,8 @@ func (b *Backend) stream(id string) (*streamState, error) {
 // AppendAsync queues events for streamID and returns; done is called from
 // the writer goroutine with one result per event after their transaction
 // committed, or with an error (nothing was stored) when it failed. done must
-// not block. AppendAsync blocks while the queue is full, and returns ctx's
+// not block. The events, and the bytes of their payloads and metadata,
+// must not change until done is called: the writer reads them in place. AppendAsync blocks while the queue is full, and returns ctx's
 // error, stream.ErrStreamNotFound or groupcommit.ErrClosed without queueing.
 // When ctx ends before the writer took the events, they are not written and
 // done gets ctx's error: a caller that went away (a closed connection) does
@@ -540,12 +542,17 @@ func (it *item) prepareRow() {
 	}
 	metadata := emptyMetadata
 	if len(ev.Metadata) > 0 {
-		metadata = string(ev.Metadata)
+		metadata = unsafe.String(unsafe.SliceData(ev.Metadata), len(ev.Metadata))
 	}
 	if ev.Sequence != nil {
 		seq = *ev.Sequence
 	}
-	it.row = [rowArgs]any{ev.NativeID, ev.Variant, ev.Type, it.occurred, metadata, string(ev.Payload), handle, it.sha[:], seq}
+	// The payload and metadata are bound as text without a copy of their
+	// bytes (string would double the memory of every queued event): the
+	// caller leaves them as they are until the append is answered, and the
+	// driver copies them when it binds them.
+	payload := unsafe.String(unsafe.SliceData(ev.Payload), len(ev.Payload))
+	it.row = [rowArgs]any{ev.NativeID, ev.Variant, ev.Type, it.occurred, metadata, payload, handle, it.sha[:], seq}
 }
 
 // chunk is how many events one INSERT statement writes.
