@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -174,7 +175,7 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 	}
 	key, err := webhookKey(r, fields, cfg, in.from)
 	if ce != nil {
-		key, err = ce.id, nil
+		key, err = cloudEventKey(ce.source, ce.id), nil
 	}
 	if err == nil && key == "" { // a signed webhook has a webhook-id
 		writeError(w, api.CodeMissingField, "idempotency key: %s", keyHint(cfg, in.from))
@@ -224,6 +225,21 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		Metadata:   meta,
 		Payload:    body, // the bytes as received: what a provider signed, and what a target gets
 	}
+	if ce != nil && s.wh.ceByID.Load() {
+		prev, found, err := s.cloudEventByID(r.Context(), source, ce)
+		if err != nil {
+			if r.Context().Err() == nil {
+				s.metrics.Count(source, "unavailable", 1)
+				w.Header().Set("Retry-After", "1")
+				writeError(w, api.CodeUnavailable, "CloudEvent %q from %q: looking for it among the events stored before postbox keyed them by source: %v; send it again", ce.id, ce.source, err)
+			}
+			return
+		}
+		if found {
+			s.answerStored(w, r, source, prev.NativeID, prev, storedAgain(prev, ev))
+			return
+		}
+	}
 	wait := appendWaits.Get().(*appendWait)
 	err = s.writer.TryAppendAsync(source, []stream.Event{ev}, wait.done)
 	switch {
@@ -269,6 +285,14 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 			return
 		}
 	}
+	s.answerStored(w, r, source, key, stored, res)
+}
+
+// answerStored answers a webhook of source sent under key whose append
+// (or lookup) gave res, the event stored under that key being stored:
+// 409 for a conflict, 200 and the stored webhook for a duplicate, 202 for
+// a new one.
+func (s *Server) answerStored(w http.ResponseWriter, r *http.Request, source, key string, stored stream.StoredEvent, res stream.AppendResult) {
 	switch {
 	case errors.Is(res.Err, stream.ErrConflict):
 		s.metrics.Count(source, "conflict", 1)
@@ -289,6 +313,14 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		s.metrics.Count(source, "stored", 1)
 		writeAccepted(w, source, res.Offset, key, res.StoredAt)
 	}
+}
+
+// webhookState is what the webhook intake keeps beside the sources'
+// settings.
+type webhookState struct {
+	// ceByID: the store may hold CloudEvents keyed by their id alone
+	// (cloudEventsKeys).
+	ceByID atomic.Bool
 }
 
 // appendOutcome is what the writer reports of a webhook's append.
@@ -807,6 +839,9 @@ const (
 // stays deleted. A default subscription an operator redefined is left as
 // it is, but its target follows the configuration (--webhook-target).
 func (s *Server) ensureWebhooks(ctx context.Context) error {
+	if err := s.cloudEventsKeys(ctx); err != nil { // before the default sources: it asks whether they were made before
+		return err
+	}
 	if c := s.cfg.Webhooks; len(s.webhookKeys) > 0 && (c.KeyHeader != "" || c.TypeHeader != "") {
 		s.log.Warn("webhooks: with a signing secret the key is the signed webhook-id and the type the signed body's field; the key and type headers are ignored",
 			"key_header", c.KeyHeader, "type_header", c.TypeHeader)
