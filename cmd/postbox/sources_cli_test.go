@@ -47,7 +47,7 @@ func TestSourcesCLI(t *testing.T) {
 		t.Fatalf("sources list: %d\n%s", code, out)
 	}
 	out, _, code = runCLI(t, s.Base, "sources", "get", "gh")
-	for _, want := range []string{"kind:", "webhook", "signature:", "github", "sha256:", "header X-GitHub-Delivery", "header X-GitHub-Event", "checkpoint:"} {
+	for _, want := range []string{"kind:", "webhook", "signature:", "github", "hmac:", "header X-GitHub-Delivery", "header X-GitHub-Event", "checkpoint:"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Fatalf("sources get: want %q in\n%s", want, out)
 		}

@@ -2,6 +2,8 @@ package server
 
 import (
 	"bytes"
+	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -294,11 +296,46 @@ func standardVerifier(keys [][]byte) func(*http.Request, []byte, time.Time) erro
 	}
 }
 
-// secretFingerprint identifies a source's secret without revealing any
-// of it: the first hex digits of its SHA-256.
-func secretFingerprint(secret string) string {
-	sum := sha256.Sum256([]byte(secret))
-	return "sha256:" + hex.EncodeToString(sum[:6])
+// fingerprintKey returns the store's key of fingerprints, read (or made)
+// the first time; ensureWebhooks reads it before the server is ready.
+func (s *Server) fingerprintKey() ([]byte, error) {
+	fk := &s.wh.fingerprintKey
+	fk.Lock()
+	defer fk.Unlock()
+	if fk.k == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		k, err := s.delivery.Key(ctx, fingerprintKeyName)
+		if err != nil {
+			return nil, err
+		}
+		fk.k = k
+	}
+	return fk.k, nil
+}
+
+// fingerprintKeyName names the store's key of fingerprints
+// (delivery.Key).
+const fingerprintKeyName = "secret-fingerprints"
+
+// fingerprint identifies a secret (a source's, an endpoint's, a header
+// value) to the operator without revealing any of it: "hmac:" and 16 hex
+// digits of its HMAC-SHA256 under the store's random key, which is never
+// shown. One secret has one fingerprint in a store, so that an operator
+// tells which secret is set and whether it changed; a fingerprint says
+// nothing of the secret, not even to a guess of it (an unsalted hash
+// would confirm a guess of a short secret), and another store gives the
+// same secret another fingerprint.
+func (s *Server) fingerprint(secret string) string {
+	key, err := s.fingerprintKey()
+	if err != nil {
+		s.log.Error("api: the store's key of fingerprints cannot be read; secrets are shown without them", "err", err)
+		return "hmac:unavailable"
+	}
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(secret))
+	var sum [sha256.Size]byte
+	return "hmac:" + hex.EncodeToString(h.Sum(sum[:0])[:8])
 }
 
 // sourceJSON is src in the API; a webhook source's settings are its
@@ -317,7 +354,7 @@ func (s *Server) sourceJSON(src delivery.Source) api.Source {
 		}
 	}
 	if src.Kind == delivery.KindPoll || src.Kind == delivery.KindFeed {
-		j.Settings = upstreamSettingsJSON(src)
+		j.Settings = upstreamSettingsJSON(src, s.fingerprint)
 	}
 	if src.Kind != delivery.KindWebhook {
 		return j
@@ -338,7 +375,7 @@ func (s *Server) sourceJSON(src delivery.Source) api.Source {
 	sj := api.WebhookSourceSettings{Preset: ws.Preset, Secrets: []api.SourceSecret{}, KeyHeader: ws.KeyHeader, KeyField: ws.KeyField,
 		TypeHeader: ws.TypeHeader, TypeField: ws.TypeField, ServeFlags: ws.ServeFlags, Signature: "none"}
 	for _, sec := range secrets {
-		sj.Secrets = append(sj.Secrets, api.SourceSecret{Fingerprint: secretFingerprint(sec)})
+		sj.Secrets = append(sj.Secrets, api.SourceSecret{Fingerprint: s.fingerprint(sec)})
 	}
 	switch {
 	case ws.Preset != "":

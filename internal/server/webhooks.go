@@ -321,6 +321,12 @@ type webhookState struct {
 	// ceByID: the store may hold CloudEvents keyed by their id alone
 	// (cloudEventsKeys).
 	ceByID atomic.Bool
+	// fingerprintKey is the store's key of secrets' fingerprints
+	// (fingerprint), read once.
+	fingerprintKey struct {
+		sync.Mutex
+		k []byte
+	}
 }
 
 // appendOutcome is what the writer reports of a webhook's append.
@@ -841,6 +847,9 @@ const (
 func (s *Server) ensureWebhooks(ctx context.Context) error {
 	if err := s.cloudEventsKeys(ctx); err != nil { // before the default sources: it asks whether they were made before
 		return err
+	}
+	if _, err := s.fingerprintKey(); err != nil {
+		return fmt.Errorf("fingerprints: %w", err)
 	}
 	if c := s.cfg.Webhooks; len(s.webhookKeys) > 0 && (c.KeyHeader != "" || c.TypeHeader != "") {
 		s.log.Warn("webhooks: with a signing secret the key is the signed webhook-id and the type the signed body's field; the key and type headers are ignored",
