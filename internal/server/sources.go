@@ -57,6 +57,39 @@ type webhookSettings struct {
 	// ServeFlags, the default source's, takes every setting from serve's
 	// flags (Config.Webhooks) and holds no other.
 	ServeFlags bool `json:"serve_flags,omitempty"`
+	// ReplayWindow, for a preset whose provider signs the body alone
+	// (GitHub), is how long a body stored under one key is not stored
+	// again under another ("0": not at all), e.g. "24h"; "" is
+	// DefaultReplayWindow.
+	ReplayWindow string `json:"replay_window,omitempty"`
+}
+
+// DefaultReplayWindow is how long, by default, the same signed body sent
+// to a GitHub source under another X-GitHub-Delivery is answered as the
+// duplicate of the first (webhookSettings.ReplayWindow). GitHub signs the
+// body alone, so a captured delivery verifies again with any delivery id
+// and event header.
+const DefaultReplayWindow = 24 * time.Hour
+
+// maxReplayWindow bounds a source's replay window.
+const maxReplayWindow = 90 * 24 * time.Hour
+
+// replayWindow returns the source's replay window: 0 when it has none.
+func (ws webhookSettings) replayWindow() (time.Duration, error) {
+	if ws.Preset != PresetGitHub {
+		if ws.ReplayWindow != "" {
+			return 0, fmt.Errorf("settings.replay_window: only for the github preset, whose signature covers the body alone (Stripe's covers a timestamp, and Standard Webhooks' the webhook-id)")
+		}
+		return 0, nil
+	}
+	if ws.ReplayWindow == "" {
+		return DefaultReplayWindow, nil
+	}
+	d, err := time.ParseDuration(ws.ReplayWindow)
+	if err != nil || d < 0 || d > maxReplayWindow {
+		return 0, fmt.Errorf("settings.replay_window %q: want a duration from 0 (none) to %v, e.g. 24h", ws.ReplayWindow, maxReplayWindow)
+	}
+	return d, nil
 }
 
 // effective returns the settings with the preset's identity filled in
@@ -85,10 +118,13 @@ func (ws webhookSettings) effective() webhookSettings {
 // the field of what is wrong.
 func (ws webhookSettings) validate() error {
 	if ws.ServeFlags {
-		if ws.Preset != "" || len(ws.Secrets) > 0 || ws.KeyHeader != "" || ws.KeyField != "" || ws.TypeHeader != "" || ws.TypeField != "" {
+		if ws.Preset != "" || len(ws.Secrets) > 0 || ws.KeyHeader != "" || ws.KeyField != "" || ws.TypeHeader != "" || ws.TypeField != "" || ws.ReplayWindow != "" {
 			return errors.New("settings.serve_flags: takes every setting from serve's --webhook-* flags; give no other")
 		}
 		return nil
+	}
+	if _, err := ws.replayWindow(); err != nil {
+		return err
 	}
 	switch ws.Preset {
 	case "":
@@ -155,6 +191,9 @@ type intake struct {
 	from identityFrom
 	// verify checks a webhook's signature; its error names the header.
 	verify func(r *http.Request, body []byte, now time.Time) error
+	// replayWindow, when not 0, is how long the same body is not stored
+	// under another key (webhookSettings.ReplayWindow).
+	replayWindow time.Duration
 }
 
 // sourceCacheTTL is how long a webhook source read from the store is used
@@ -257,6 +296,7 @@ func (s *Server) intakeOf(ws webhookSettings) intake {
 	switch ws.Preset {
 	case PresetGitHub:
 		in.from = fromProvider
+		in.replayWindow, _ = ws.replayWindow() // validated when created
 		in.verify = func(r *http.Request, body []byte, _ time.Time) error {
 			if err := webhooksig.GitHub(secrets, r.Header.Get(webhooksig.GitHubHeader), body); err != nil {
 				return fmt.Errorf("%s: %w", webhooksig.GitHubHeader, err)
@@ -374,6 +414,9 @@ func (s *Server) sourceJSON(src delivery.Source) api.Source {
 	ws = ws.effective()
 	sj := api.WebhookSourceSettings{Preset: ws.Preset, Secrets: []api.SourceSecret{}, KeyHeader: ws.KeyHeader, KeyField: ws.KeyField,
 		TypeHeader: ws.TypeHeader, TypeField: ws.TypeField, ServeFlags: ws.ServeFlags, Signature: "none"}
+	if d, err := ws.replayWindow(); err == nil && ws.Preset == PresetGitHub {
+		sj.ReplayWindow = delivery.FormatSchedule([]time.Duration{d})
+	}
 	for _, sec := range secrets {
 		sj.Secrets = append(sj.Secrets, api.SourceSecret{Fingerprint: s.fingerprint(sec)})
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -240,6 +242,9 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 			return
 		}
 	}
+	if in.replayWindow > 0 && !s.firstDelivery(w, r, source, key, body, in.replayWindow) {
+		return
+	}
 	wait := appendWaits.Get().(*appendWait)
 	err = s.writer.TryAppendAsync(source, []stream.Event{ev}, wait.done)
 	switch {
@@ -327,6 +332,44 @@ type webhookState struct {
 		sync.Mutex
 		k []byte
 	}
+}
+
+// firstDelivery reports whether the webhook of source under key, whose
+// provider signs its body alone (GitHub), may be stored: whether its body
+// was not stored under another key within the source's replay window. A
+// replay is answered here: 200 and the webhook first stored, or 409 when
+// that one is not stored (yet, or any more). The body's digest is
+// claimed in the store before the append, so that of two deliveries of
+// one body at once, on any node, only the first is stored.
+func (s *Server) firstDelivery(w http.ResponseWriter, r *http.Request, source, key string, body []byte, window time.Duration) bool {
+	sum := sha256.Sum256(body) // the bytes the provider signed
+	owner, err := s.delivery.ClaimDigest(r.Context(), source, hex.EncodeToString(sum[:]), key, window)
+	switch {
+	case r.Context().Err() != nil:
+		return false // the sender left
+	case err != nil:
+		s.metrics.Count(source, "unavailable", 1)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, api.CodeUnavailable, "not stored (%v): send it again", err)
+		return false
+	case owner == key:
+		return true
+	}
+	prev, err := s.streams.Lookup(r.Context(), source, owner, "")
+	switch {
+	case err == nil:
+		s.answerStored(w, r, source, owner, prev, stream.AppendResult{Offset: prev.Offset, StoredAt: prev.StoredAt, Duplicate: true})
+	case r.Context().Err() != nil:
+	case errors.Is(err, stream.ErrNotFound):
+		s.metrics.Count(source, "conflict", 1)
+		writeError(w, api.CodeConflict, "this signed body was sent under the key %q within the source's replay window (%s), and is not stored under it (yet, or any more): "+
+			"a provider that signs the body alone sends one body under one key, so this is a replay; nothing was stored", owner, delivery.FormatSchedule([]time.Duration{window}))
+	default:
+		s.metrics.Count(source, "unavailable", 1)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, api.CodeUnavailable, "reading the webhook this body was first sent as (%q): %v; send it again", owner, err)
+	}
+	return false
 }
 
 // appendOutcome is what the writer reports of a webhook's append.
