@@ -99,6 +99,10 @@ type WebhookSourceSettings struct {
 	TypeField  string         `json:"type_field,omitempty"`
 	ServeFlags bool           `json:"serve_flags,omitempty"`
 	Signature  string         `json:"signature"` // the scheme checked: standard-webhooks, github, stripe or none
+	// ReplayWindow, for the github preset, is how long the same signed
+	// body sent under another delivery id is answered as a duplicate
+	// ("0s": never), e.g. "24h".
+	ReplayWindow string `json:"replay_window,omitempty"`
 }
 
 // SourceSecret is a source's secret, shown by its fingerprint.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -74,7 +75,11 @@ func TestSubscriptionEndpointCLI(t *testing.T) {
 		t.Fatalf("subscriptions create: %d %s %s", code, out, errOut)
 	}
 	out, _, code = runCLI(t, s.Base, "subscriptions", "get", "billing")
-	for _, want := range []string{"whsec_MfKQ9r…", "X-Team: billing", "schedule 1s,1m", "10s"} {
+	fpA := regexp.MustCompile(`hmac:[0-9a-f]{16}`).FindString(out)
+	if fpA == "" || strings.Contains(out, cliSecretA[6:12]) {
+		t.Fatalf("subscriptions get: want the secret's fingerprint, not any of it, in\n%s", out)
+	}
+	for _, want := range []string{"X-Team: billing", "schedule 1s,1m", "10s"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Fatalf("subscriptions get: want %q in\n%s", want, out)
 		}
@@ -136,7 +141,7 @@ func TestSubscriptionEndpointCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, errOut, code = runCLI(t, s.Base, "subscriptions", "set-target", "billing", "--secret-file", file, "--secret-overlap", "1h", "--timeout", "default")
-	if code != 0 || !strings.Contains(out, "whsec_dGhpcy…, whsec_MfKQ9r… (signs until") || !strings.Contains(out, "timeout: default") {
+	if code != 0 || !regexp.MustCompile(`hmac:[0-9a-f]{16}, `+fpA+` \(signs until`).MatchString(out) || !strings.Contains(out, "timeout: default") {
 		t.Fatalf("set-target --secret-file: %d %s %s", code, out, errOut)
 	}
 	out, _, _ = runCLI(t, s.Base, "subscriptions", "get", "billing", "--json")

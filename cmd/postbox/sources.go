@@ -41,12 +41,13 @@ type source struct {
 		Secrets []struct {
 			Fingerprint string `json:"fingerprint"`
 		} `json:"secrets"`
-		KeyHeader  string `json:"key_header"`
-		KeyField   string `json:"key_field"`
-		TypeHeader string `json:"type_header"`
-		TypeField  string `json:"type_field"`
-		ServeFlags bool   `json:"serve_flags"`
-		Signature  string `json:"signature"`
+		KeyHeader    string `json:"key_header"`
+		KeyField     string `json:"key_field"`
+		TypeHeader   string `json:"type_header"`
+		TypeField    string `json:"type_field"`
+		ServeFlags   bool   `json:"serve_flags"`
+		Signature    string `json:"signature"`
+		ReplayWindow string `json:"replay_window"`
 		// A poll or feed source's: what it reads upstream.
 		URL         string            `json:"url"`
 		Items       *string           `json:"items"`
@@ -138,6 +139,11 @@ webhooks are not verified. --key-header/--key-field and --type-header/--type-fie
 where the key and type are (a header, or a top-level field of the body), replacing a
 preset's. A wrong or missing signature is answered 401 naming the header.
 
+GitHub signs the body alone, so a captured delivery verifies again under any
+X-GitHub-Delivery and X-GitHub-Event: within --replay-window (default 24h, 0 for none) the
+same body under another delivery id is answered as the duplicate of the first and not
+stored again; after it, it would be.
+
 Secrets are shown later only as fingerprints. Creating it again with the same settings
 succeeds and prints "exists"; other settings under the same name are a conflict.`)
 	af := addAPIFlags(fs, "print the source's JSON")
@@ -163,6 +169,7 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 	keyField := fs.String("key-field", "", "the top-level body `field` holding the idempotency key, e.g. id")
 	typeHeader := fs.String("type-header", "", "the `header` holding the type, e.g. X-Shop-Topic")
 	typeField := fs.String("type-field", "", "the top-level body `field` holding the type, e.g. type")
+	replayWindow := fs.String("replay-window", "", "with --preset github: how long the same signed body under another delivery id is a duplicate (`duration`, default 24h; 0: never)")
 	serveFlags := fs.Bool("serve-flags", false, "take every setting from serve's --webhook-* flags, as the default source webhooks does")
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
@@ -193,7 +200,7 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 	}
 	body := map[string]any{"name": name, "kind": *kind}
 	settings := map[string]any{}
-	for k, v := range map[string]string{"preset": *preset, "key_header": *keyHeader, "key_field": *keyField, "type_header": *typeHeader, "type_field": *typeField} {
+	for k, v := range map[string]string{"preset": *preset, "key_header": *keyHeader, "key_field": *keyField, "type_header": *typeHeader, "type_field": *typeField, "replay_window": *replayWindow} {
 		if v != "" {
 			settings[k] = v
 		}
@@ -212,7 +219,7 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 	if upstream != nil {
 		*kind = upstream.kind
 		if len(settings) > 0 {
-			return usagef("sources create: --preset, --secret, --key-* and --type-* are a webhook source's; a %s source has none", *kind)
+			return usagef("sources create: --preset, --secret, --key-*, --type-* and --replay-window are a webhook source's; a %s source has none", *kind)
 		}
 	}
 	switch *kind {
@@ -322,6 +329,9 @@ webhooks).`)
 		}
 		fields = append(fields, [][2]string{{"path", s.Path}, {"preset", settings}, {"signature", st.Signature},
 			{"secrets", orDash(strings.Join(fps, ", "))}, {"key", key}, {"type", typ}}...)
+		if st.ReplayWindow != "" {
+			fields = append(fields, [2]string{"replay window", st.ReplayWindow})
+		}
 	}
 	if s.Kind == "poll" || s.Kind == "feed" {
 		st := s.Settings

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -36,6 +37,20 @@ func TestSourcesCLI(t *testing.T) {
 	if code != 0 || !strings.HasPrefix(out, "exists: source gh") {
 		t.Fatalf("sources create again: %d %s", code, out)
 	}
+	out, _, code = runCLI(t, s.Base, "sources", "create", "gh-short", "--preset", "github", "--secret", secret, "--replay-window", "2h")
+	if code != 0 {
+		t.Fatalf("sources create --replay-window 2h: %d %s", code, out)
+	}
+	if out, _, _ = runCLI(t, s.Base, "sources", "get", "gh-short"); !regexp.MustCompile(`replay window:\s+2h`).MatchString(out) {
+		t.Fatalf("sources get gh-short: want its replay window 2h in\n%s", out)
+	}
+	if out, _, code = runCLI(t, s.Base, "sources", "delete", "gh-short"); code != 0 {
+		t.Fatalf("sources delete gh-short: %d %s", code, out)
+	}
+	if _, errOut, code := runCLI(t, s.Base, "sources", "create", "st", "--preset", "stripe", "--secret", secret, "--replay-window", "2h"); code == 0 ||
+		!strings.Contains(errOut, "replay_window") {
+		t.Fatalf("--replay-window on a stripe source: %d %s, want an error naming it", code, errOut)
+	}
 	out, _, code = runCLI(t, s.Base, "sources", "create", "shop", "--key-header", "X-Shop-Delivery", "--type-field", "topic")
 	if code != 0 || !strings.Contains(out, "signature: none") {
 		t.Fatalf("sources create shop: %d %s", code, out)
@@ -47,7 +62,7 @@ func TestSourcesCLI(t *testing.T) {
 		t.Fatalf("sources list: %d\n%s", code, out)
 	}
 	out, _, code = runCLI(t, s.Base, "sources", "get", "gh")
-	for _, want := range []string{"kind:", "webhook", "signature:", "github", "sha256:", "header X-GitHub-Delivery", "header X-GitHub-Event", "checkpoint:"} {
+	for _, want := range []string{"kind:", "webhook", "signature:", "github", "hmac:", "header X-GitHub-Delivery", "header X-GitHub-Event", "replay window:", "24h", "checkpoint:"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Fatalf("sources get: want %q in\n%s", want, out)
 		}

@@ -11,7 +11,7 @@ import (
 
 // setCloudEvent makes a delivery a CloudEvent in binary mode (CloudEvents
 // 1.0 HTTP binding) for an endpoint of FormatCloudEvents: ce-id is the
-// event's id, ce-type its type, ce-time when it occurred, ce-source the
+// id a CloudEvent webhook gave, else the event's id, ce-type its type, ce-time when it occurred, ce-source the
 // source a CloudEvent webhook gave, else /sources/{stream} (for a device
 // event /sources/{stream}/{device_id}, whose ids are unique per device),
 // and the other attributes a CloudEvent webhook came with (subject,
@@ -39,8 +39,12 @@ func setCloudEvent(h http.Header, it *Item) {
 			source += "/" + url.PathEscape(meta.DeviceID)
 		}
 	}
+	id, _ := meta.CE["id"].(string) // a CloudEvent webhook's own: its EventID is the key of its source and id
+	if id == "" {
+		id = it.EventID
+	}
 	h.Set("ce-specversion", "1.0")
-	h.Set("ce-id", it.EventID)
+	h.Set("ce-id", id)
 	h.Set("ce-source", source)
 	h.Set("ce-type", it.Type)
 	h.Set("ce-time", it.OccurredAt.UTC().Format(time.RFC3339Nano))

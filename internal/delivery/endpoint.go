@@ -85,22 +85,12 @@ func ParseFormat(name string) (string, error) {
 // Secret is a signing secret of an endpoint.
 type Secret struct {
 	// Key is "whsec_" and base64, as Standard Webhooks writes it. It is
-	// never shown whole: see Fingerprint.
+	// never shown: the API shows a keyed fingerprint of it.
 	Key       string
 	CreatedAt time.Time
 	// ExpiresAt is when a replaced secret stops signing; zero for the
 	// current one.
 	ExpiresAt time.Time
-}
-
-// Fingerprint is what identifies s to people without revealing it: the
-// prefix and the first characters of its key.
-func (s Secret) Fingerprint() string {
-	k := strings.TrimPrefix(s.Key, "whsec_")
-	if len(k) > 6 {
-		k = k[:6]
-	}
-	return "whsec_" + k + "…"
 }
 
 // validSecret refuses a key that is not "whsec_" and base64 of

@@ -107,7 +107,7 @@ func testEndpointSigns(t *testing.T, kind storeKind) {
 		t.Fatalf("%d signatures, want 1", got)
 	}
 	s, _ := e.d.Subscription(context.Background(), "hook")
-	if len(s.Secrets) != 1 || s.Secrets[0].Fingerprint() != "whsec_MfKQ9r…" {
+	if len(s.Secrets) != 1 || !strings.HasPrefix(s.Secrets[0].Key, "whsec_MfKQ9r") {
 		t.Fatalf("secrets %+v", s.Secrets)
 	}
 }

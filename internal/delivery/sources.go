@@ -278,12 +278,8 @@ func (d *Delivery) Leads() bool { return d.leads() }
 // run again (a crash before the record runs it at the next start), and
 // to run in two processes at once on a shared store.
 func (d *Delivery) Once(ctx context.Context, marker string, fn func(ctx context.Context) error) error {
-	var n int
-	if err := d.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM store_markers WHERE marker = ?`, marker).Scan(&n); err != nil {
-		return fmt.Errorf("read marker %s: %w", marker, err)
-	}
-	if n > 0 {
-		return nil
+	if done, err := d.Marked(ctx, marker); err != nil || done {
+		return err
 	}
 	if err := fn(ctx); err != nil {
 		return err
@@ -293,4 +289,13 @@ func (d *Delivery) Once(ctx context.Context, marker string, fn func(ctx context.
 			marker, d.now().UTC().Format(sqlitedb.Time))
 		return err
 	})
+}
+
+// Marked reports whether the store records marker (see Once).
+func (d *Delivery) Marked(ctx context.Context, marker string) (bool, error) {
+	var n int
+	if err := d.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM store_markers WHERE marker = ?`, marker).Scan(&n); err != nil {
+		return false, fmt.Errorf("read marker %s: %w", marker, err)
+	}
+	return n > 0, nil
 }

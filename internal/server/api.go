@@ -308,7 +308,7 @@ func durationField(w http.ResponseWriter, name string, v *string, def, lo, hi ti
 func (s *Server) subscriptionJSON(r *http.Request, sub delivery.Subscription) api.Subscription {
 	j := api.Subscription{
 		Name: sub.Name, Source: sub.Source, Stream: sub.Stream, Inbox: sub.Inbox, Types: sub.Types, Metadata: sub.Metadata,
-		Start: sub.Start.Policy, StartOffset: sub.Start.Offset, CreatedAt: sub.CreatedAt, Endpoint: newEndpointJSON(sub),
+		Start: sub.Start.Policy, StartOffset: sub.Start.Offset, CreatedAt: sub.CreatedAt, Endpoint: newEndpointJSON(sub, s.fingerprint),
 	}
 	if !sub.Start.Time.IsZero() {
 		t := sub.Start.Time

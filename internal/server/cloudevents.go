@@ -2,8 +2,12 @@ package server
 
 import (
 	"bytes"
+	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"mime"
 	"net/http"
@@ -13,6 +17,7 @@ import (
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/tracing"
+	"github.com/postbox-events/postbox/stream"
 )
 
 // CloudEvents over HTTP (https://github.com/cloudevents/spec, version 1.0)
@@ -25,9 +30,11 @@ import (
 //     "data" member as received (data_base64 is decoded and must hold
 //     JSON; no data stores null).
 //
-// id is the idempotency key, type the event's type, time (when given) when
-// it occurred; every attribute, source included, is kept in the event's
-// metadata under "cloudevents". A CloudEvent without specversion, id,
+// The spec makes source and id together unique, so both are the
+// idempotency key (cloudEventKey): the same id from two sources is two
+// events. type is the event's type, time (when given) when it occurred;
+// every attribute, source included, is kept in the event's metadata under
+// "cloudevents". A CloudEvent without specversion, id,
 // source or type is refused with 400 naming the attribute. The batched
 // mode (application/cloudevents-batch+json) is refused with 415.
 //
@@ -44,12 +51,39 @@ const (
 
 // cloudEvent is what a webhook's CloudEvent attributes give it.
 type cloudEvent struct {
-	id, typ string
-	time    time.Time       // zero without a time attribute
-	attrs   map[string]any  // every attribute but data: kept in the metadata
-	data    json.RawMessage // the payload
-	trace   [2]string       // traceparent, tracestate extension attributes
+	id, source, typ string
+	time            time.Time       // zero without a time attribute
+	attrs           map[string]any  // every attribute but data: kept in the metadata
+	data            json.RawMessage // the payload
+	trace           [2]string       // traceparent, tracestate extension attributes
 }
+
+// maxCESourceBytes bounds a CloudEvent's source attribute (a URI
+// reference, which the spec does not bound).
+const maxCESourceBytes = 4096
+
+// cloudEventKey is the idempotency key of the CloudEvent (source, id):
+// the JSON array ["source","id"] (as encoding/json writes it, but with
+// <, > and & as they are), or, when that is longer than maxKeyLength,
+// "cloudevents-sha256:" and the hex SHA-256 of that array. Each string is
+// quoted and escaped, so two different pairs never make the same key,
+// and no key of one form is of the other (an array starts with "[").
+func cloudEventKey(source, id string) string {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.Encode([2]string{source, id})
+	k := bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+	if len(k) <= maxKeyLength {
+		return string(k)
+	}
+	sum := sha256.Sum256(k)
+	return cloudEventsDigestPrefix + hex.EncodeToString(sum[:])
+}
+
+// cloudEventsDigestPrefix starts the key of a CloudEvent whose source and
+// id are too long for an array key.
+const cloudEventsDigestPrefix = "cloudevents-sha256:"
 
 // ceError is a CloudEvent the request is not: its code (which says the
 // HTTP status) and message.
@@ -203,8 +237,11 @@ func (ce *cloudEvent) check(maxType int) *ceError {
 	if e := checkText("CloudEvents attribute id", ce.id, maxKeyLength); e != nil {
 		return ceInvalid(api.CodeInvalidField, "%v", e)
 	}
-	if _, err = str("source"); err != nil {
+	if ce.source, err = str("source"); err != nil {
 		return err
+	}
+	if e := checkText("CloudEvents attribute source", ce.source, maxCESourceBytes); e != nil {
+		return ceInvalid(api.CodeInvalidField, "%v", e)
 	}
 	if ce.typ, err = str("type"); err != nil {
 		return err
@@ -278,4 +315,70 @@ func withWebhookExtras(meta json.RawMessage, traceparent, tracestate string, ce 
 	}
 	out, _ := json.Marshal(m)
 	return out
+}
+
+// Before postbox keyed CloudEvents by source and id, their key was the
+// id alone. A store that held webhooks then (markerCloudEventsByID) may
+// hold such events, and a CloudEvent sent again after the upgrade is
+// looked for under its id too, so that it stays the duplicate it is.
+const (
+	markerCloudEventsBySource = "cloudevents-keyed-by-source"
+	markerCloudEventsByID     = "cloudevents-keyed-by-id-before"
+)
+
+// cloudEventsKeys records, the first time this version runs on a store,
+// whether the store is older (it made its default webhook source before),
+// and sets s.wh.ceByID from the record.
+func (s *Server) cloudEventsKeys(ctx context.Context) error {
+	err := s.delivery.Once(ctx, markerCloudEventsBySource, func(ctx context.Context) error {
+		older, err := s.delivery.Marked(ctx, markerWebhookSource)
+		if err != nil || !older {
+			return err
+		}
+		return s.delivery.Once(ctx, markerCloudEventsByID, func(context.Context) error { return nil })
+	})
+	if err != nil {
+		return fmt.Errorf("cloudevents keys: %w", err)
+	}
+	byID, err := s.delivery.Marked(ctx, markerCloudEventsByID)
+	if err != nil {
+		return fmt.Errorf("cloudevents keys: %w", err)
+	}
+	s.wh.ceByID.Store(byID)
+	return nil
+}
+
+// cloudEventByID returns the event of source stored under ce's id alone
+// by an older postbox, when it is this CloudEvent (its source is ce's).
+func (s *Server) cloudEventByID(ctx context.Context, source string, ce *cloudEvent) (stream.StoredEvent, bool, error) {
+	prev, err := s.streams.Lookup(ctx, source, ce.id, "")
+	if errors.Is(err, stream.ErrNotFound) || errors.Is(err, stream.ErrStreamNotFound) {
+		return stream.StoredEvent{}, false, nil
+	}
+	if err != nil {
+		return stream.StoredEvent{}, false, err
+	}
+	var meta struct {
+		CE struct {
+			ID     string `json:"id"`
+			Source string `json:"source"`
+		} `json:"cloudevents"`
+	}
+	if json.Unmarshal(prev.Metadata, &meta) != nil || meta.CE.ID != ce.id || meta.CE.Source != ce.source {
+		return stream.StoredEvent{}, false, nil // another source's, or a webhook's key
+	}
+	return prev, true, nil
+}
+
+// storedAgain is what appending ev again under prev's key reports: a
+// duplicate when its type and payload are prev's (the payload's
+// whitespace aside, as for every webhook), else the conflict it is.
+func storedAgain(prev stream.StoredEvent, ev stream.Event) stream.AppendResult {
+	switch {
+	case prev.Type != ev.Type:
+		return stream.AppendResult{Err: &stream.ConflictError{Field: stream.FieldType}}
+	case !bytes.Equal(postbox.AppendCompact(nil, prev.Payload), postbox.AppendCompact(nil, ev.Payload)):
+		return stream.AppendResult{Err: &stream.ConflictError{Field: stream.FieldPayload}}
+	}
+	return stream.AppendResult{Offset: prev.Offset, StoredAt: prev.StoredAt, Duplicate: true}
 }

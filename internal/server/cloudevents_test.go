@@ -34,7 +34,7 @@ func ceSend(t *testing.T, ctx context.Context, ts *testServer, e cloudevents.Eve
 }
 
 // TestCloudEventsIntake: the CloudEvents SDK sends an event in binary and
-// in structured mode; each is stored under its id with its type, its
+// in structured mode; each is stored under its source and id with its type, its
 // source in the metadata and its data as the payload, and sent again it is
 // a duplicate.
 func TestCloudEventsIntake(t *testing.T) {
@@ -64,7 +64,7 @@ func TestCloudEventsIntake(t *testing.T) {
 			if got := ceSend(t, mode.ctx, ts, e); got != http.StatusOK {
 				t.Fatalf("second send: %d, want 200 (a duplicate)", got)
 			}
-			ev, err := ts.Srv.Streams().Lookup(testCtx(t, 10*time.Second), server.WebhookSource, e.ID(), "")
+			ev, err := ts.Srv.Streams().Lookup(testCtx(t, 10*time.Second), server.WebhookSource, ceKey(e.Source(), e.ID()), "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -100,7 +100,7 @@ func TestCloudEventsBinaryBytes(t *testing.T) {
 	if status != http.StatusAccepted {
 		t.Fatalf("POST: %d %v", status, resp)
 	}
-	ev, err := ts.Srv.Streams().Lookup(testCtx(t, 10*time.Second), server.WebhookSource, "raw-1", "")
+	ev, err := ts.Srv.Streams().Lookup(testCtx(t, 10*time.Second), server.WebhookSource, ceKey("/x", "raw-1"), "")
 	if err != nil {
 		t.Fatal(err)
 	}

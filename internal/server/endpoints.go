@@ -3,7 +3,6 @@ package server
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -208,31 +207,27 @@ func (r *endpointRequest) apply(w http.ResponseWriter, ep *delivery.Endpoint) (s
 var credentialHeader = regexp.MustCompile(`(?i)^(proxy-)?authorization$|^cookie$|token|secret|password|api-?key|signature`)
 
 // shownHeader is what the API answers for an endpoint's header: the value,
-// or for a credential its length and last four characters, enough to tell
-// which one is set.
-func shownHeader(name, value string) string {
+// or for a credential its fingerprint, enough to tell which one is set.
+func shownHeader(name, value string, fingerprint func(string) string) string {
 	if !credentialHeader.MatchString(name) {
 		return value
 	}
-	if len(value) <= 8 {
-		return fmt.Sprintf("(hidden, %d bytes)", len(value))
-	}
-	return fmt.Sprintf("(hidden, %d bytes, ends %s)", len(value), value[len(value)-4:])
+	return "(hidden, " + fingerprint(value) + ")"
 }
 
 // newEndpointJSON is the endpoint of sub in the API; null settings are
 // the server's.
-func newEndpointJSON(sub delivery.Subscription) api.Endpoint {
+func newEndpointJSON(sub delivery.Subscription, fingerprint func(string) string) api.Endpoint {
 	ep := sub.Endpoint
 	j := api.Endpoint{Secrets: []api.Secret{}, Headers: make(map[string]string, len(ep.Headers)), Format: "postbox"}
 	if ep.Format != delivery.FormatPostbox {
 		j.Format = ep.Format
 	}
 	for name, value := range ep.Headers {
-		j.Headers[name] = shownHeader(name, value)
+		j.Headers[name] = shownHeader(name, value, fingerprint)
 	}
 	for _, s := range sub.Secrets {
-		sj := api.Secret{Fingerprint: s.Fingerprint(), CreatedAt: s.CreatedAt}
+		sj := api.Secret{Fingerprint: fingerprint(s.Key), CreatedAt: s.CreatedAt}
 		if !s.ExpiresAt.IsZero() {
 			t := s.ExpiresAt
 			sj.ExpiresAt = &t

@@ -211,6 +211,7 @@ type Server struct {
 	// webhookKeys are the decoded Webhooks.Secrets.
 	webhookKeys [][]byte
 	sources     sourceCache   // webhook sources read recently (sources.go)
+	wh          webhookState  // the webhook intake's own (webhooks.go)
 	runner      *sourceRunner // the adapters of sources that read upstream (sourcerun.go)
 	ingress     *ingress.Ingress
 	reg         *prometheus.Registry

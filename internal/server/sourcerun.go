@@ -362,19 +362,19 @@ func upstreamSettings(kind string, raw json.RawMessage, checkURL func(field, url
 // upstreamSettingsJSON returns a poll or feed source's settings as the
 // API shows them: header values and a token that are not env:NAME as
 // fingerprints.
-func upstreamSettingsJSON(src delivery.Source) json.RawMessage {
+func upstreamSettingsJSON(src delivery.Source, fingerprint func(string) string) json.RawMessage {
 	switch src.Kind {
 	case delivery.KindPoll:
 		var s poll.Settings
 		if json.Unmarshal(src.Settings, &s) == nil {
-			b, _ := json.Marshal(s.Redacted(secretFingerprint))
+			b, _ := json.Marshal(s.Redacted(fingerprint))
 			return b
 		}
 	case delivery.KindFeed:
 		var s feed.Settings
 		if json.Unmarshal(src.Settings, &s) == nil {
 			if s.Token != "" && !bytes.HasPrefix([]byte(s.Token), []byte("env:")) {
-				s.Token = secretFingerprint(s.Token)
+				s.Token = fingerprint(s.Token)
 			}
 			b, _ := json.Marshal(s)
 			return b

@@ -158,7 +158,7 @@ func TestFeedSourceError(t *testing.T) {
 		t.Fatalf("create: %d %v", st, body)
 	}
 	raw, _ := json.Marshal(body)
-	if strings.Contains(string(raw), "t0ps3cret") || !strings.Contains(string(raw), `"token":"sha256:`) {
+	if strings.Contains(string(raw), "t0ps3cret") || !strings.Contains(string(raw), `"token":"hmac:`) {
 		t.Errorf("the API shows the feed source as %s", raw)
 	}
 	testenv.Eventually(t, 20*time.Second, "the connection failure in the checkpoint", func() bool {

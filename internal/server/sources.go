@@ -2,6 +2,8 @@ package server
 
 import (
 	"bytes"
+	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -55,6 +57,39 @@ type webhookSettings struct {
 	// ServeFlags, the default source's, takes every setting from serve's
 	// flags (Config.Webhooks) and holds no other.
 	ServeFlags bool `json:"serve_flags,omitempty"`
+	// ReplayWindow, for a preset whose provider signs the body alone
+	// (GitHub), is how long a body stored under one key is not stored
+	// again under another ("0": not at all), e.g. "24h"; "" is
+	// DefaultReplayWindow.
+	ReplayWindow string `json:"replay_window,omitempty"`
+}
+
+// DefaultReplayWindow is how long, by default, the same signed body sent
+// to a GitHub source under another X-GitHub-Delivery is answered as the
+// duplicate of the first (webhookSettings.ReplayWindow). GitHub signs the
+// body alone, so a captured delivery verifies again with any delivery id
+// and event header.
+const DefaultReplayWindow = 24 * time.Hour
+
+// maxReplayWindow bounds a source's replay window.
+const maxReplayWindow = 90 * 24 * time.Hour
+
+// replayWindow returns the source's replay window: 0 when it has none.
+func (ws webhookSettings) replayWindow() (time.Duration, error) {
+	if ws.Preset != PresetGitHub {
+		if ws.ReplayWindow != "" {
+			return 0, fmt.Errorf("settings.replay_window: only for the github preset, whose signature covers the body alone (Stripe's covers a timestamp, and Standard Webhooks' the webhook-id)")
+		}
+		return 0, nil
+	}
+	if ws.ReplayWindow == "" {
+		return DefaultReplayWindow, nil
+	}
+	d, err := time.ParseDuration(ws.ReplayWindow)
+	if err != nil || d < 0 || d > maxReplayWindow {
+		return 0, fmt.Errorf("settings.replay_window %q: want a duration from 0 (none) to %v, e.g. 24h", ws.ReplayWindow, maxReplayWindow)
+	}
+	return d, nil
 }
 
 // effective returns the settings with the preset's identity filled in
@@ -83,10 +118,13 @@ func (ws webhookSettings) effective() webhookSettings {
 // the field of what is wrong.
 func (ws webhookSettings) validate() error {
 	if ws.ServeFlags {
-		if ws.Preset != "" || len(ws.Secrets) > 0 || ws.KeyHeader != "" || ws.KeyField != "" || ws.TypeHeader != "" || ws.TypeField != "" {
+		if ws.Preset != "" || len(ws.Secrets) > 0 || ws.KeyHeader != "" || ws.KeyField != "" || ws.TypeHeader != "" || ws.TypeField != "" || ws.ReplayWindow != "" {
 			return errors.New("settings.serve_flags: takes every setting from serve's --webhook-* flags; give no other")
 		}
 		return nil
+	}
+	if _, err := ws.replayWindow(); err != nil {
+		return err
 	}
 	switch ws.Preset {
 	case "":
@@ -153,6 +191,9 @@ type intake struct {
 	from identityFrom
 	// verify checks a webhook's signature; its error names the header.
 	verify func(r *http.Request, body []byte, now time.Time) error
+	// replayWindow, when not 0, is how long the same body is not stored
+	// under another key (webhookSettings.ReplayWindow).
+	replayWindow time.Duration
 }
 
 // sourceCacheTTL is how long a webhook source read from the store is used
@@ -255,6 +296,7 @@ func (s *Server) intakeOf(ws webhookSettings) intake {
 	switch ws.Preset {
 	case PresetGitHub:
 		in.from = fromProvider
+		in.replayWindow, _ = ws.replayWindow() // validated when created
 		in.verify = func(r *http.Request, body []byte, _ time.Time) error {
 			if err := webhooksig.GitHub(secrets, r.Header.Get(webhooksig.GitHubHeader), body); err != nil {
 				return fmt.Errorf("%s: %w", webhooksig.GitHubHeader, err)
@@ -294,11 +336,46 @@ func standardVerifier(keys [][]byte) func(*http.Request, []byte, time.Time) erro
 	}
 }
 
-// secretFingerprint identifies a source's secret without revealing any
-// of it: the first hex digits of its SHA-256.
-func secretFingerprint(secret string) string {
-	sum := sha256.Sum256([]byte(secret))
-	return "sha256:" + hex.EncodeToString(sum[:6])
+// fingerprintKey returns the store's key of fingerprints, read (or made)
+// the first time; ensureWebhooks reads it before the server is ready.
+func (s *Server) fingerprintKey() ([]byte, error) {
+	fk := &s.wh.fingerprintKey
+	fk.Lock()
+	defer fk.Unlock()
+	if fk.k == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		k, err := s.delivery.Key(ctx, fingerprintKeyName)
+		if err != nil {
+			return nil, err
+		}
+		fk.k = k
+	}
+	return fk.k, nil
+}
+
+// fingerprintKeyName names the store's key of fingerprints
+// (delivery.Key).
+const fingerprintKeyName = "secret-fingerprints"
+
+// fingerprint identifies a secret (a source's, an endpoint's, a header
+// value) to the operator without revealing any of it: "hmac:" and 16 hex
+// digits of its HMAC-SHA256 under the store's random key, which is never
+// shown. One secret has one fingerprint in a store, so that an operator
+// tells which secret is set and whether it changed; a fingerprint says
+// nothing of the secret, not even to a guess of it (an unsalted hash
+// would confirm a guess of a short secret), and another store gives the
+// same secret another fingerprint.
+func (s *Server) fingerprint(secret string) string {
+	key, err := s.fingerprintKey()
+	if err != nil {
+		s.log.Error("api: the store's key of fingerprints cannot be read; secrets are shown without them", "err", err)
+		return "hmac:unavailable"
+	}
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(secret))
+	var sum [sha256.Size]byte
+	return "hmac:" + hex.EncodeToString(h.Sum(sum[:0])[:8])
 }
 
 // sourceJSON is src in the API; a webhook source's settings are its
@@ -317,7 +394,7 @@ func (s *Server) sourceJSON(src delivery.Source) api.Source {
 		}
 	}
 	if src.Kind == delivery.KindPoll || src.Kind == delivery.KindFeed {
-		j.Settings = upstreamSettingsJSON(src)
+		j.Settings = upstreamSettingsJSON(src, s.fingerprint)
 	}
 	if src.Kind != delivery.KindWebhook {
 		return j
@@ -337,8 +414,11 @@ func (s *Server) sourceJSON(src delivery.Source) api.Source {
 	ws = ws.effective()
 	sj := api.WebhookSourceSettings{Preset: ws.Preset, Secrets: []api.SourceSecret{}, KeyHeader: ws.KeyHeader, KeyField: ws.KeyField,
 		TypeHeader: ws.TypeHeader, TypeField: ws.TypeField, ServeFlags: ws.ServeFlags, Signature: "none"}
+	if d, err := ws.replayWindow(); err == nil && ws.Preset == PresetGitHub {
+		sj.ReplayWindow = delivery.FormatSchedule([]time.Duration{d})
+	}
 	for _, sec := range secrets {
-		sj.Secrets = append(sj.Secrets, api.SourceSecret{Fingerprint: secretFingerprint(sec)})
+		sj.Secrets = append(sj.Secrets, api.SourceSecret{Fingerprint: s.fingerprint(sec)})
 	}
 	switch {
 	case ws.Preset != "":

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -175,7 +178,7 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 	}
 	key, err := webhookKey(r, fields, cfg, in.from)
 	if ce != nil {
-		key, err = ce.id, nil
+		key, err = cloudEventKey(ce.source, ce.id), nil
 	}
 	if err == nil && key == "" { // a signed webhook has a webhook-id
 		writeError(w, api.CodeMissingField, "idempotency key: %s", keyHint(cfg, in.from))
@@ -225,6 +228,24 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		Metadata:   meta,
 		Payload:    body, // the bytes as received: what a provider signed, and what a target gets
 	}
+	if ce != nil && s.wh.ceByID.Load() {
+		prev, found, err := s.cloudEventByID(r.Context(), source, ce)
+		if err != nil {
+			if r.Context().Err() == nil {
+				s.metrics.Count(source, "unavailable", 1)
+				w.Header().Set("Retry-After", "1")
+				writeError(w, api.CodeUnavailable, "CloudEvent %q from %q: looking for it among the events stored before postbox keyed them by source: %v; send it again", ce.id, ce.source, err)
+			}
+			return
+		}
+		if found {
+			s.answerStored(w, r, source, prev.NativeID, prev, storedAgain(prev, ev))
+			return
+		}
+	}
+	if in.replayWindow > 0 && !s.firstDelivery(w, r, source, key, body, in.replayWindow) {
+		return
+	}
 	wait := appendWaits.Get().(*appendWait)
 	err = s.writer.TryAppendAsync(source, []stream.Event{ev}, wait.done)
 	switch {
@@ -270,6 +291,14 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 			return
 		}
 	}
+	s.answerStored(w, r, source, key, stored, res)
+}
+
+// answerStored answers a webhook of source sent under key whose append
+// (or lookup) gave res, the event stored under that key being stored:
+// 409 for a conflict, 200 and the stored webhook for a duplicate, 202 for
+// a new one.
+func (s *Server) answerStored(w http.ResponseWriter, r *http.Request, source, key string, stored stream.StoredEvent, res stream.AppendResult) {
 	switch {
 	case errors.Is(res.Err, stream.ErrConflict):
 		s.metrics.Count(source, "conflict", 1)
@@ -290,6 +319,58 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		s.metrics.Count(source, "stored", 1)
 		writeAccepted(w, source, res.Offset, key, res.StoredAt)
 	}
+}
+
+// webhookState is what the webhook intake keeps beside the sources'
+// settings.
+type webhookState struct {
+	// ceByID: the store may hold CloudEvents keyed by their id alone
+	// (cloudEventsKeys).
+	ceByID atomic.Bool
+	// fingerprintKey is the store's key of secrets' fingerprints
+	// (fingerprint), read once.
+	fingerprintKey struct {
+		sync.Mutex
+		k []byte
+	}
+}
+
+// firstDelivery reports whether the webhook of source under key, whose
+// provider signs its body alone (GitHub), may be stored: whether its body
+// was not stored under another key within the source's replay window. A
+// replay is answered here: 200 and the webhook first stored, or 409 when
+// that one is not stored (yet, or any more). The body's digest is
+// claimed in the store before the append, so that of two deliveries of
+// one body at once, on any node, only the first is stored.
+func (s *Server) firstDelivery(w http.ResponseWriter, r *http.Request, source, key string, body []byte, window time.Duration) bool {
+	sum := sha256.Sum256(body) // the bytes the provider signed
+	owner, err := s.delivery.ClaimDigest(r.Context(), source, hex.EncodeToString(sum[:]), key, window)
+	switch {
+	case r.Context().Err() != nil:
+		return false // the sender left
+	case err != nil:
+		s.metrics.Count(source, "unavailable", 1)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, api.CodeUnavailable, "not stored (%v): send it again", err)
+		return false
+	case owner == key:
+		return true
+	}
+	prev, err := s.streams.Lookup(r.Context(), source, owner, "")
+	switch {
+	case err == nil:
+		s.answerStored(w, r, source, owner, prev, stream.AppendResult{Offset: prev.Offset, StoredAt: prev.StoredAt, Duplicate: true})
+	case r.Context().Err() != nil:
+	case errors.Is(err, stream.ErrNotFound):
+		s.metrics.Count(source, "conflict", 1)
+		writeError(w, api.CodeConflict, "this signed body was sent under the key %q within the source's replay window (%s), and is not stored under it (yet, or any more): "+
+			"a provider that signs the body alone sends one body under one key, so this is a replay; nothing was stored", owner, delivery.FormatSchedule([]time.Duration{window}))
+	default:
+		s.metrics.Count(source, "unavailable", 1)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, api.CodeUnavailable, "reading the webhook this body was first sent as (%q): %v; send it again", owner, err)
+	}
+	return false
 }
 
 // appendOutcome is what the writer reports of a webhook's append.
@@ -808,6 +889,12 @@ const (
 // stays deleted. A default subscription an operator redefined is left as
 // it is, but its target follows the configuration (--webhook-target).
 func (s *Server) ensureWebhooks(ctx context.Context) error {
+	if err := s.cloudEventsKeys(ctx); err != nil { // before the default sources: it asks whether they were made before
+		return err
+	}
+	if _, err := s.fingerprintKey(); err != nil {
+		return fmt.Errorf("fingerprints: %w", err)
+	}
 	if c := s.cfg.Webhooks; len(s.webhookKeys) > 0 && (c.KeyHeader != "" || c.TypeHeader != "") {
 		s.log.Warn("webhooks: with a signing secret the key is the signed webhook-id and the type the signed body's field; the key and type headers are ignored",
 			"key_header", c.KeyHeader, "type_header", c.TypeHeader)
