@@ -9,8 +9,8 @@
 // always finish what it reads (at most Reserve bytes), which gives room
 // back to the others as it is stored. A reader that holds bytes must not
 // wait for more without first letting go of what it can (TryTake, then
-// store what it holds, then Take). The ingress's budget
-// (internal/ingress) follows the same design for frames.
+// store what it holds, then Take). The ingress (internal/ingress) holds
+// its frames in one too (serve --ws-buffer-bytes).
 package budget
 
 import (
@@ -127,18 +127,22 @@ func (b *Budget) Done(owner any) {
 	}
 }
 
-// Give gives n bytes back.
-func (b *Budget) Give(n int64) {
-	if b == nil || n <= 0 {
-		return
+// Give gives n bytes back and returns the bytes still taken.
+func (b *Budget) Give(n int64) (left int64) {
+	if b == nil {
+		return 0
 	}
 	b.mu.Lock()
-	b.used -= n
-	b.signal()
+	if n > 0 {
+		b.used -= n
+		b.signal()
+	}
+	left = b.used
 	b.mu.Unlock()
-	if b.onChange != nil {
+	if n > 0 && b.onChange != nil {
 		b.onChange(-n)
 	}
+	return left
 }
 
 // signal wakes the waiters. b.mu is held.
