@@ -19,12 +19,12 @@ import (
 )
 
 // TestFloodRSS floods postbox serve with 20 WebSocket connections of
-// large frames, as the issue that found the process at 805 MB under a
+// large frames, as the review that found the process at 805 MB under a
 // 128 MiB --ws-buffer-bytes did, and reads the process's peak RSS: it must
 // stay within twice the ingress budget and 64 MB, and the process must be
 // back under 100 MB within 30 s of the flood's end. In CI it runs at a
 // quarter of the size (a 32 MiB budget, 3.75 MB frames, a proportional
-// --queue-bytes); POSTBOX_TEST_FLOOD_FULL=1 runs it at the issue's size
+// --queue-bytes); POSTBOX_TEST_FLOOD_FULL=1 runs it at the review's size
 // (128 MiB, 15 MB frames). POSTBOX_TEST_FLOOD_BINARY runs another postbox
 // binary (the one before a change, to see the test fail).
 func TestFloodRSS(t *testing.T) {

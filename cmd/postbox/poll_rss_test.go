@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// hostileAPI serves what the issue's hostile poll sources did: /page, a
+// hostileAPI serves what the hostile poll sources of a review did: /page, a
 // 61 MB page of valid items without a Content-Length, and /endless, an
 // answer that never ends.
 func hostileAPI(t *testing.T) *httptest.Server {
@@ -76,11 +76,11 @@ func peakRSS(t *testing.T, pid int) float64 {
 // TestPollRSS: serve with 18 hostile poll sources (9 polling a 61 MB page,
 // 9 an endless answer, every 10 ms) for 20 s stays within 2 × the
 // sources' budget (--source-buffer-bytes, 64 MiB by default) + 64 MiB of
-// peak RSS, the issue's target for the ingress applied to this budget:
+// peak RSS, the ingress's target applied to this budget:
 // what the sources read is at most the budget, an answer is cut at half of
 // it, cut answers leave no garbage (pooled chunks), and the runtime's
 // heap goal and the process's own memory fit in the rest (about 100 MiB
-// is measured; BENCHMARKS.md). The issue measured 1.43 GB.
+// is measured; BENCHMARKS.md). A review first measured 1.43 GB.
 // POSTBOX_RSS_BINARY runs another binary (the main branch's, to measure
 // "before"; it fails the bound).
 func TestPollRSS(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 	"github.com/postbox-events/postbox/internal/testenv"
 )
 
-// TestSourcesPollCLI: sources create --poll with the flags makes
+// TestSourcesPollCLI: sources create --poll with a poll source's flags makes
 // a poll source that stores the API's items; get shows its settings (the
 // header as env:NAME) and its checkpoint; get --json has it under
 // checkpoint; bad flags are usage errors naming them.

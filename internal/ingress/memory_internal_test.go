@@ -79,7 +79,7 @@ func (s *lazyStore) state() (events int, bytes, peak int64) {
 // TestQueuedEventsCountUntilCommitted: events the writer's queue took
 // still hold the ingress's memory until they are committed, so a writer
 // slower than the connections cannot make the ingress read without bound
-// (the issue found 20 connections of 15 MB frames at 805 MB under a
+// (a review found 20 connections of 15 MB frames at 805 MB under a
 // 128 MiB budget: the budget was given back as the queue took the events).
 func TestQueuedEventsCountUntilCommitted(t *testing.T) {
 	const (
