@@ -1,7 +1,6 @@
 package server
 
 import (
-	"mime"
 	"net"
 	"net/http"
 	"strings"
@@ -88,7 +87,7 @@ func (g *browserGuard) wrap(h http.Handler, routed func(*http.Request) bool) htt
 				"from a browser; serve --allowed-origins ORIGIN (POSTBOX_ALLOWED_ORIGINS) lets another", r.Method, r.URL.Path, origin)
 			return
 		}
-		if changes(r) && r.ContentLength != 0 && !isJSON(r.Header.Get("Content-Type")) && routed(r) {
+		if changes(r) && r.ContentLength != 0 && !jsonMediaType(r.Header.Get("Content-Type")) && routed(r) {
 			ct := r.Header.Get("Content-Type")
 			if ct == "" {
 				ct = "none"
@@ -150,11 +149,4 @@ func changes(r *http.Request) bool {
 		return false
 	}
 	return true
-}
-
-// isJSON reports whether a Content-Type is application/json or a +json
-// type, with any parameters.
-func isJSON(contentType string) bool {
-	mt, _, err := mime.ParseMediaType(contentType)
-	return err == nil && (mt == "application/json" || strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))
 }
