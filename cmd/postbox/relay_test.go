@@ -385,6 +385,67 @@ func TestRelayThreeInParallel(t *testing.T) {
 	}
 }
 
+// TestRelayKill9OneOfThree: of three relays sharing an outbox, one is
+// killed with SIGKILL mid-way and not started again. Its heartbeat ends
+// with it, so its claims run out and the two others send its rows: every
+// event arrives, and none twice but those it had published and not yet
+// marked delivered. (TestRelayThreeInParallel proves the other side: the
+// claims of relays that are alive do not run out.)
+func TestRelayKill9OneOfThree(t *testing.T) {
+	if testing.Short() {
+		t.Skip("crash test runs the real binary")
+	}
+	const (
+		events      = 30000
+		maxInFlight = 400
+	)
+	dsn := testenv.PostgresSchema(t)
+	rc, to, stream := redisStream(t)
+	pool := outboxPool(t, dsn)
+	emit(t, "--db", dsn, "--type", "order.created", "--payload", `{"order":7}`, "--count", strconv.Itoa(events), "--batch", "1000")
+	ids := outboxEventIDs(t, pool)
+	if len(ids) != events {
+		t.Fatalf("the outbox holds %d rows after emit --count %d", len(ids), events)
+	}
+	var relays []*proc
+	for range 3 {
+		relays = append(relays, start(t, "relay", "--db", dsn, "--to", to, "--listen", "", "--claim", "3s", "--ack-timeout", "1s",
+			"--batch", "100", "--max-in-flight", strconv.Itoa(maxInFlight), "--poll", "200ms", "--log-level", "warn"))
+	}
+	ctx := context.Background()
+	var xlen int64
+	waitUntil(t, time.Minute, "XLEN did not reach a third of the events before the kill", func() bool {
+		var err error
+		xlen, err = rc.XLen(ctx, stream).Result()
+		return err == nil && xlen >= events/3
+	}, relays...)
+	relays[0].kill()
+	if xlen >= events*4/5 {
+		t.Fatalf("XLEN was %d when the relay was killed, past 80%% of %d: not mid-way", xlen, events)
+	}
+	waitUntil(t, 2*time.Minute, "rows still undelivered after one relay of three was killed", func() bool {
+		s, err := countStates(pool)
+		return err == nil && s.pending == 0
+	}, relays[1:]...)
+	for _, r := range relays[1:] {
+		stopRelay(t, r)
+	}
+	s, err := countStates(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.delivered != events || s.rejected != 0 {
+		t.Errorf("outbox after the kill: %d delivered, %d rejected, %d pending; want all %d delivered", s.delivered, s.rejected, s.pending, events)
+	}
+	dups := checkStream(t, rc, stream, ids)
+	t.Logf("%d events, one relay of three killed at XLEN %d; %d appended twice", events, xlen, dups)
+	// Published and not marked delivered: the window (MaxInFlight), and
+	// as many answered rows whose outcome the store was recording.
+	if dups > 2*maxInFlight {
+		t.Errorf("%d duplicates, more than the %d events the killed relay could have published and not marked delivered", dups, 2*maxInFlight)
+	}
+}
+
 // TestRelayKill9MidBatch kills a relay with SIGKILL three times while it
 // has batches in flight, restarting it each time: no event is lost, the
 // duplicates stay within what was in flight at the kills, and every row
