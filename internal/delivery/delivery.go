@@ -499,7 +499,7 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 	if err := s.validate(); err != nil {
 		return s, false, err
 	}
-	if err := d.cfg.targetPolicy().checkTarget(s.Target); err != nil {
+	if err := d.cfg.checkTarget(s.Target); err != nil {
 		return s, false, err
 	}
 	if _, err := d.streams.Stats(ctx, s.Stream); errors.Is(err, stream.ErrStreamNotFound) {
@@ -731,7 +731,7 @@ func (d *Delivery) Update(ctx context.Context, name string, c Change) (Subscript
 		if err := validTarget(*c.Target); err != nil {
 			return old, err
 		}
-		if err := d.cfg.targetPolicy().checkTarget(*c.Target); err != nil {
+		if err := d.cfg.checkTarget(*c.Target); err != nil {
 			return old, err
 		}
 		s.Target = *c.Target

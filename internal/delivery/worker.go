@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/postbox-events/postbox/internal/netpolicy"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
 	"github.com/postbox-events/postbox/retry"
 )
@@ -685,9 +686,9 @@ func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, 
 		h.Set("webhook-signature", strings.Join(sigs, " "))
 	}
 	resp, err := d.cfg.HTTPClient.Do(req)
-	var refused *refusedError
+	var refused *netpolicy.RefusedError
 	if errors.As(err, &refused) { // the target address policy
-		if host := req.URL.Hostname(); host != refused.addr.String() {
+		if host := req.URL.Hostname(); host != refused.Addr.String() {
 			return rec, fmt.Errorf("%s: %w", host, refused)
 		}
 		return rec, refused

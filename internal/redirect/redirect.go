@@ -7,7 +7,7 @@
 // of the same host; this policy is what stops that.
 //
 // Every hop goes through the client's own transport, so its dialer's
-// address policy (the server's DialControl) applies to each.
+// address policy (netpolicy.Policy.Control) applies to each.
 package redirect
 
 import (

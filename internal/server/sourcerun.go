@@ -204,7 +204,7 @@ func (r *sourceRunner) adapter(ctx context.Context, src delivery.Source) (func(c
 		c := src.Checkpoint
 		p, err := poll.New(poll.Config{Name: src.Name, Settings: settings, Sink: r.sink(src),
 			Start:  poll.Checkpoint{Cursor: c.Cursor, LastEventAt: c.LastEventAt, LastError: c.LastError, LastPollAt: c.LastPollAt},
-			Limits: r.s.cfg.Limits, Budget: r.budget, Metrics: r.polls, Logger: r.s.log, Control: r.s.delivery.DialControl()})
+			Limits: r.s.cfg.Limits, Budget: r.budget, Metrics: r.polls, Logger: r.s.log, Control: r.s.policy().Control})
 		if err != nil {
 			return nil, err
 		}
@@ -216,7 +216,7 @@ func (r *sourceRunner) adapter(ctx context.Context, src delivery.Source) (func(c
 		}
 		f, err := feed.New(feed.Config{URL: settings.URL, Token: settings.Token, Redirects: settings.Redirects, Stream: src.Stream, Name: src.Name,
 			Writer: r.s.writer, Checkpoints: feedCheckpoints{d: r.s.delivery, created: src.CreatedAt},
-			Limits: r.s.cfg.Limits, Budget: r.budget, Metrics: r.feeds, Logger: r.s.log, Control: r.s.delivery.DialControl()})
+			Limits: r.s.cfg.Limits, Budget: r.budget, Metrics: r.feeds, Logger: r.s.log, Control: r.s.policy().Control})
 		if err != nil {
 			return nil, err
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/internal/netpolicy"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
 	"github.com/postbox-events/postbox/internal/webhooksig"
 )
@@ -430,6 +431,12 @@ func (s *Server) sourceJSON(src delivery.Source) api.Source {
 	return j
 }
 
+// policy is the outbound address policy of the server's connections to
+// the URLs an operator gives: delivery's targets, poll and feed sources.
+func (s *Server) policy() netpolicy.Policy {
+	return netpolicy.Policy{AllowLinkLocal: s.cfg.Delivery.AllowLinkLocalTargets, DenyPrivate: s.cfg.Delivery.DenyPrivateTargets}
+}
+
 func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Name     *string         `json:"name"`
@@ -471,7 +478,7 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 		src.Settings, _ = json.Marshal(ws)
 	case delivery.KindPoll, delivery.KindFeed:
 		var err error
-		if src.Settings, err = upstreamSettings(*req.Kind, settings, s.delivery.CheckURL); err != nil {
+		if src.Settings, err = upstreamSettings(*req.Kind, settings, s.policy().CheckURL); err != nil {
 			writeInvalid(w, err)
 			return
 		}
