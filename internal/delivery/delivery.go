@@ -44,15 +44,14 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"regexp"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/postbox-events/postbox/internal/names"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/retry"
 	"github.com/postbox-events/postbox/stream"
@@ -401,15 +400,12 @@ type Subscription struct {
 	CreatedAt time.Time
 }
 
-var namePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
-
 // ValidName reports whether s may name a subscription, inbox, source or
-// stream: 1 to 128 of A-Z a-z 0-9 . _ -, and not dots alone ("." and ".."
-// would be steps of a path, not a name in it).
-func ValidName(s string) bool { return namePattern.MatchString(s) && strings.Trim(s, ".") != "" }
+// stream (names.Valid).
+func ValidName(s string) bool { return names.Valid(s) }
 
 // NameRule says what ValidName takes, for messages.
-const NameRule = "use 1 to 128 of A-Z a-z 0-9 . _ -, not dots alone"
+const NameRule = names.Rule
 
 // validate checks s and fills its defaults.
 func (s *Subscription) validate() error {

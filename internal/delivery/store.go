@@ -4,9 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"io/fs"
-	"strconv"
-	"strings"
 	"sync"
+
+	"github.com/postbox-events/postbox/internal/sqlitedb"
 )
 
 // Store is the SQL database delivery keeps its own state in:
@@ -58,7 +58,7 @@ type conn struct {
 
 func (c conn) q(query string) string {
 	if c.pg {
-		return rebind(query)
+		return sqlitedb.Rebind(query)
 	}
 	return query
 }
@@ -161,37 +161,6 @@ func (c *stmtCache) prepare(query string) {
 	c.mu.Lock()
 	c.stmts[query] = st
 	c.mu.Unlock()
-}
-
-// rebind rewrites SQLite's parameters to PostgreSQL's: ?N becomes $N, and
-// a bare ? takes the number after the largest one so far, as SQLite
-// numbers it. Delivery's queries hold no ? in literals.
-func rebind(query string) string {
-	if !strings.Contains(query, "?") {
-		return query
-	}
-	var b strings.Builder
-	b.Grow(len(query) + 8)
-	largest := 0
-	for i := 0; i < len(query); i++ {
-		if query[i] != '?' {
-			b.WriteByte(query[i])
-			continue
-		}
-		j := i + 1
-		for j < len(query) && query[j] >= '0' && query[j] <= '9' {
-			j++
-		}
-		n := largest + 1
-		if j > i+1 {
-			n, _ = strconv.Atoi(query[i+1 : j])
-		}
-		largest = max(largest, n)
-		b.WriteByte('$')
-		b.WriteString(strconv.Itoa(n))
-		i = j - 1
-	}
-	return b.String()
 }
 
 // forUpdate is the clause that locks the rows a read in a write
