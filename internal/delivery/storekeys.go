@@ -7,10 +7,29 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 )
+
+// ReadersOf returns, in the transaction tx of the store, the names of the
+// subscriptions that read the stream of source, by name: intake deletes
+// no source they read (intake.StoreConfig.Readers).
+func (d *Delivery) ReadersOf(ctx context.Context, tx *sql.Tx, source string) ([]string, error) {
+	rows, err := conn{c: tx, pg: d.pg}.QueryContext(ctx, `SELECT subscription_id FROM subscriptions WHERE source_id = ? ORDER BY subscription_id`, source)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var subs []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		subs = append(subs, s)
+	}
+	return subs, rows.Err()
+}
 
 // Key returns the store's random 32-byte key of name, made the first
 // time it is asked for and the same in every process of a shared store
@@ -40,31 +59,35 @@ func (d *Delivery) Key(ctx context.Context, name string) ([]byte, error) {
 	return k, nil
 }
 
-// ClaimDigest records that the webhook of source stored under key has a
-// body of digest, for window: until then, a webhook of that body under
-// another key is a replay. It returns the key that holds the digest: key
-// when it was free, had expired or was key's already, else the other key,
-// whose claim is left as it was. Claims are atomic in the store, so two
-// processes of a shared store claiming one digest at once see one owner.
-// Each claim deletes a few expired ones.
-func (d *Delivery) ClaimDigest(ctx context.Context, source, digest, key string, window time.Duration) (owner string, err error) {
-	now := d.now().UTC()
-	err = d.update(ctx, func(tx conn) error {
-		at := now.Format(sqlitedb.Time)
-		if _, err := tx.ExecContext(ctx, `INSERT INTO webhook_digests (source_id, digest, native_id, expires_at) VALUES (?1, ?2, ?3, ?4)
-			ON CONFLICT (source_id, digest) DO UPDATE SET native_id = excluded.native_id, expires_at = excluded.expires_at
-			WHERE webhook_digests.expires_at <= ?5`, source, digest, key, now.Add(window).Format(sqlitedb.Time), at); err != nil {
-			return err
-		}
-		if err := tx.QueryRowContext(ctx, `SELECT native_id FROM webhook_digests WHERE source_id = ? AND digest = ?`, source, digest).Scan(&owner); err != nil {
-			return err
-		}
-		_, err := tx.ExecContext(ctx, `DELETE FROM webhook_digests WHERE (source_id, digest) IN
-			(SELECT source_id, digest FROM webhook_digests WHERE expires_at <= ? LIMIT 16)`, at)
+// Leads reports whether this process runs the work one process of a
+// shared store runs (retention, the sources that read upstream): the
+// leader of a shared store, or the only process.
+func (d *Delivery) Leads() bool { return d.leads() }
+
+// Once runs fn unless the store records that marker was done, and then
+// records it: what fn creates is created once in the store's life, and
+// what an operator deletes afterwards stays deleted. fn must be safe to
+// run again (a crash before the record runs it at the next start), and
+// to run in two processes at once on a shared store.
+func (d *Delivery) Once(ctx context.Context, marker string, fn func(ctx context.Context) error) error {
+	if done, err := d.Marked(ctx, marker); err != nil || done {
+		return err
+	}
+	if err := fn(ctx); err != nil {
+		return err
+	}
+	return d.update(ctx, func(tx conn) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO store_markers (marker, created_at) VALUES (?, ?) ON CONFLICT (marker) DO NOTHING`,
+			marker, d.now().UTC().Format(sqlitedb.Time))
 		return err
 	})
-	if err != nil {
-		return "", fmt.Errorf("webhook digest of %s: %w", source, err)
+}
+
+// Marked reports whether the store records marker (see Once).
+func (d *Delivery) Marked(ctx context.Context, marker string) (bool, error) {
+	var n int
+	if err := d.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM store_markers WHERE marker = ?`, marker).Scan(&n); err != nil {
+		return false, fmt.Errorf("read marker %s: %w", marker, err)
 	}
-	return owner, nil
+	return n > 0, nil
 }

@@ -39,6 +39,7 @@ import (
 	"github.com/postbox-events/postbox/internal/httpdeadline"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/ingresspb"
+	ingest "github.com/postbox-events/postbox/internal/intake" // as ingest: the webhooks' own type is named intake
 	"github.com/postbox-events/postbox/internal/stdwebhook"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -210,9 +211,10 @@ type Server struct {
 	metrics  *ingress.Metrics
 	// webhookKeys are the decoded Webhooks.Secrets.
 	webhookKeys [][]byte
-	sources     sourceCache   // webhook sources read recently (sources.go)
-	wh          webhookState  // the webhook intake's own (webhooks.go)
-	runner      *sourceRunner // the adapters of sources that read upstream (sourcerun.go)
+	sources     sourceCache    // webhook sources read recently (sources.go)
+	wh          webhookState   // the webhook intake's own (webhooks.go)
+	runner      *ingest.Runner // the adapters of sources that read upstream
+	sourceStore *ingest.Store  // sources and their checkpoints
 	ingress     *ingress.Ingress
 	reg         *prometheus.Registry
 	ln          net.Listener
@@ -223,7 +225,7 @@ type Server struct {
 	conns       *connLimit
 	storeHealth *storeHealth
 	stats       *statsSampler
-	deviceGate  *sourceGate // whether the device source takes events (sourcegate.go)
+	deviceGate  *ingest.Gate // whether the device source takes events
 	closeOnce   sync.Once
 	closeErr    error
 
@@ -367,9 +369,9 @@ func New(cfg Config) (*Server, error) {
 		Help: "Bound of the writer queue (QUEUE_MAXSIZE).",
 	}, func() float64 { return float64(writer.QueueCap()) }))
 	metrics := ingress.NewMetrics(teeRegisterer{reg, statsReg})
-	gate := &sourceGate{source: DeviceSource, log: cfg.Logger}
+	gate := ingest.NewGate(DeviceSource, sourceCacheTTL, cfg.Logger)
 	in, err := ingress.New(writer, ingress.Config{
-		SourceGone:   gate.check,
+		SourceGone:   gate.Check,
 		StreamID:     DeviceSource,
 		Limits:       cfg.Limits,
 		Tokens:       cfg.Tokens,
@@ -394,16 +396,22 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
-	gate.d.Store(dl)
+	srcs, err := openSources(cfg, store, dl)
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	gate.Use(srcs)
 	for inbox, h := range cfg.Handlers {
 		dl.Handle(inbox, h)
 	}
 	reg.MustRegister(dl.LagCollector(), dl.InboxCollector(), dl.NodeCollector(), buildInfoGauge())
-	s := &Server{cfg: cfg, log: cfg.Logger, streams: cfg.Streams, store: store, writer: writer, delivery: dl, metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg,
+	s := &Server{cfg: cfg, log: cfg.Logger, streams: cfg.Streams, store: store, writer: writer, delivery: dl, metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg, sourceStore: srcs,
 		mux: http.NewServeMux(), guard: guard, conns: newConnLimit(reg, cfg.MaxConnections), storeHealth: health}
 	s.stats = &statsSampler{gather: statsReg, started: time.Now().UTC(), interval: cfg.StatsInterval, lag: s.subscriptionLags,
 		queue: func() (int, int) { return writer.QueueLen(), writer.QueueCap() }}
-	s.runner = newSourceRunner(s, reg)
+	if s.runner, err = s.newSourceRunner(reg); err != nil {
+		return nil, err
+	}
 	s.routeAPI()
 	s.routeConsumers()
 	s.deviceGate = gate
@@ -560,7 +568,7 @@ func (s *Server) Run(ctx context.Context) error {
 		case <-deliveryDone:
 			return nil
 		}
-		return s.runner.run(deliveryCtx)
+		return s.runner.Run(deliveryCtx)
 	})
 	g.Go(func() error {
 		var err error
@@ -616,7 +624,7 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 			return fmt.Errorf("webhooks: %w", err)
 		}
-		s.deviceGate.arm() // the default sources exist: a missing one was deleted
+		s.deviceGate.Arm() // the default sources exist: a missing one was deleted
 		select {
 		case <-recovered:
 		case <-gctx.Done():

@@ -14,8 +14,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
+	ingest "github.com/postbox-events/postbox/internal/intake" // as ingest: the webhooks' own type is named intake
 	"github.com/postbox-events/postbox/internal/netpolicy"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
 	"github.com/postbox-events/postbox/internal/webhooksig"
@@ -251,8 +254,8 @@ func (s *Server) webhookIntake(w http.ResponseWriter, r *http.Request, source st
 	now := time.Now()
 	e, ok := s.sources.get(source, now)
 	if !ok {
-		src, err := s.delivery.Source(r.Context(), source)
-		if errors.Is(err, delivery.ErrNotFound) {
+		src, err := s.sourceStore.Source(r.Context(), source)
+		if errors.Is(err, ingest.ErrNotFound) {
 			writeError(w, api.CodeNotFound, "no source %q: create it with postbox sources create %s --kind webhook", source, source)
 			return intake{}, false
 		}
@@ -262,7 +265,7 @@ func (s *Server) webhookIntake(w http.ResponseWriter, r *http.Request, source st
 			return intake{}, false
 		}
 		e = cachedSource{kind: src.Kind, at: now}
-		if src.Kind == delivery.KindWebhook {
+		if src.Kind == ingest.KindWebhook {
 			var ws webhookSettings
 			if err := json.Unmarshal(src.Settings, &ws); err != nil {
 				s.log.Error("webhooks: a source's settings do not decode", "source", source, "err", err)
@@ -273,7 +276,7 @@ func (s *Server) webhookIntake(w http.ResponseWriter, r *http.Request, source st
 		}
 		s.sources.put(source, e)
 	}
-	if e.kind != delivery.KindWebhook {
+	if e.kind != ingest.KindWebhook {
 		writeError(w, api.CodeInvalidSource, "source %q is of kind %s, not webhook: it takes no webhooks", source, e.kind)
 		return intake{}, false
 	}
@@ -381,7 +384,7 @@ func (s *Server) fingerprint(secret string) string {
 
 // sourceJSON is src in the API; a webhook source's settings are its
 // effective ones, api.WebhookSourceSettings.
-func (s *Server) sourceJSON(src delivery.Source) api.Source {
+func (s *Server) sourceJSON(src ingest.Source) api.Source {
 	j := api.Source{Name: src.Name, Kind: src.Kind, Stream: src.Stream, Settings: src.Settings, CreatedAt: src.CreatedAt}
 	c := src.Checkpoint
 	j.Checkpoint = api.Checkpoint{Cursor: c.Cursor, LastError: c.LastError}
@@ -394,10 +397,10 @@ func (s *Server) sourceJSON(src delivery.Source) api.Source {
 			*t.to = &v
 		}
 	}
-	if src.Kind == delivery.KindPoll || src.Kind == delivery.KindFeed {
-		j.Settings = upstreamSettingsJSON(src, s.fingerprint)
+	if src.Kind == ingest.KindPoll || src.Kind == ingest.KindFeed {
+		j.Settings = ingest.UpstreamSettingsJSON(src, s.fingerprint)
 	}
-	if src.Kind != delivery.KindWebhook {
+	if src.Kind != ingest.KindWebhook {
 		return j
 	}
 	var ws webhookSettings
@@ -431,6 +434,38 @@ func (s *Server) sourceJSON(src delivery.Source) api.Source {
 	return j
 }
 
+// SourceRescanInterval is how often the source runner reads the sources
+// again (intake.DefaultRescanInterval): sources created or deleted by
+// another process of a shared store, and leadership that moved, are acted
+// on within it. Sources created or deleted through this process's API are
+// acted on at once.
+const SourceRescanInterval = ingest.DefaultRescanInterval
+
+// DefaultSourceBufferBytes is the default of Config.SourceBufferBytes:
+// 64 MiB, so one poll answer or feed line is at most 32 MiB.
+const DefaultSourceBufferBytes = ingest.DefaultBufferBytes
+
+// openSources opens the store of sources (internal/intake) in the
+// database delivery keeps its state in, migrating its tables; a source
+// that dl's subscriptions read is not deleted.
+func openSources(cfg Config, store delivery.Store, dl *delivery.Delivery) (*ingest.Store, error) {
+	_, pg := store.(delivery.SharedStore)
+	return ingest.Open(context.Background(), store, cfg.Streams, ingest.StoreConfig{PostgreSQL: pg, Readers: dl.ReadersOf,
+		Logger: cfg.Logger, Now: cfg.Delivery.Now})
+}
+
+// newSourceRunner returns the runner of the sources that read upstream,
+// its metrics in reg. Where the store is the stream backend (the SQLite
+// default) a checkpoint commits with the events it follows.
+func (s *Server) newSourceRunner(reg prometheus.Registerer) (*ingest.Runner, error) {
+	var with ingest.AppendWither
+	if w, ok := s.streams.(ingest.AppendWither); ok && s.sameStore() {
+		with = w
+	}
+	return ingest.NewRunner(ingest.RunnerConfig{Store: s.sourceStore, Writer: s.writer, AppendWith: with, Leads: s.delivery.Leads,
+		Limits: s.cfg.Limits, BufferBytes: s.cfg.SourceBufferBytes, Policy: s.policy(), Registerer: reg, Logger: s.log})
+}
+
 // policy is the outbound address policy of the server's connections to
 // the URLs an operator gives: delivery's targets, poll and feed sources.
 func (s *Server) policy() netpolicy.Policy {
@@ -461,9 +496,9 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 	if bytes.Equal(settings, []byte("null")) {
 		settings = nil
 	}
-	src := delivery.Source{Name: *req.Name, Kind: *req.Kind}
+	src := ingest.Source{Name: *req.Name, Kind: *req.Kind}
 	switch *req.Kind {
-	case delivery.KindWebhook:
+	case ingest.KindWebhook:
 		var ws webhookSettings
 		if len(settings) > 0 {
 			if err := decodeSettings(settings, &ws); err != nil {
@@ -476,13 +511,16 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		src.Settings, _ = json.Marshal(ws)
-	case delivery.KindPoll, delivery.KindFeed:
+	case ingest.KindPoll, ingest.KindFeed:
 		var err error
-		if src.Settings, err = upstreamSettings(*req.Kind, settings, s.policy().CheckURL); err != nil {
+		if src.Settings, err = ingest.UpstreamSettings(*req.Kind, settings, decodeSettings, s.policy().CheckURL); err != nil {
+			if errors.Is(err, ingest.ErrRequired) {
+				err = &codedError{api.CodeMissingField, err.Error()}
+			}
 			writeInvalid(w, err)
 			return
 		}
-	case delivery.KindDevice:
+	case ingest.KindDevice:
 		if *req.Name != DeviceSource {
 			writeError(w, api.CodeInvalidField, "kind device: the WebSocket ingress stores every device's events in the source %s; create that one, or a webhook source", DeviceSource)
 			return
@@ -495,10 +533,10 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.CodeInvalidField, "kind %q: use webhook, poll, feed, or device for the source %s", *req.Kind, DeviceSource)
 		return
 	}
-	got, created, err := s.delivery.CreateSource(r.Context(), src)
+	got, created, err := s.sourceStore.CreateSource(r.Context(), src)
 	s.sources.forget(src.Name)
-	s.deviceGate.forget()
-	s.runner.poke()
+	s.deviceGate.Forget()
+	s.runner.Poke()
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -511,7 +549,7 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listSources(w http.ResponseWriter, r *http.Request) {
-	srcs, err := s.delivery.Sources(r.Context())
+	srcs, err := s.sourceStore.Sources(r.Context())
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -527,7 +565,7 @@ func (s *Server) getSource(w http.ResponseWriter, r *http.Request) {
 	if !checkName(w, "source", r.PathValue("name")) {
 		return
 	}
-	src, err := s.delivery.Source(r.Context(), r.PathValue("name"))
+	src, err := s.sourceStore.Source(r.Context(), r.PathValue("name"))
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -539,10 +577,10 @@ func (s *Server) deleteSource(w http.ResponseWriter, r *http.Request) {
 	if !checkName(w, "source", r.PathValue("name")) {
 		return
 	}
-	err := s.delivery.DeleteSource(r.Context(), r.PathValue("name"))
+	err := s.sourceStore.DeleteSource(r.Context(), r.PathValue("name"))
 	s.sources.forget(r.PathValue("name"))
-	s.deviceGate.forget()
-	s.runner.poke()
+	s.deviceGate.Forget()
+	s.runner.Poke()
 	if err != nil {
 		s.writeErr(w, err)
 		return

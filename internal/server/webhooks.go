@@ -28,6 +28,7 @@ import (
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/groupcommit"
+	ingest "github.com/postbox-events/postbox/internal/intake" // as ingest: the webhooks' own type is named intake
 	"github.com/postbox-events/postbox/internal/jsonenc"
 	"github.com/postbox-events/postbox/internal/tracing"
 	"github.com/postbox-events/postbox/stream"
@@ -344,7 +345,7 @@ type webhookState struct {
 // one body at once, on any node, only the first is stored.
 func (s *Server) firstDelivery(w http.ResponseWriter, r *http.Request, source, key string, body []byte, window time.Duration) bool {
 	sum := sha256.Sum256(body) // the bytes the provider signed
-	owner, err := s.delivery.ClaimDigest(r.Context(), source, hex.EncodeToString(sum[:]), key, window)
+	owner, err := s.sourceStore.ClaimDigest(r.Context(), source, hex.EncodeToString(sum[:]), key, window)
 	switch {
 	case r.Context().Err() != nil:
 		return false // the sender left
@@ -862,11 +863,11 @@ func (s *Server) isWebhookSource(w http.ResponseWriter, r *http.Request, source 
 	if !checkName(w, "source", source) {
 		return false
 	}
-	src, err := s.delivery.Source(r.Context(), source)
+	src, err := s.sourceStore.Source(r.Context(), source)
 	switch {
-	case err == nil && src.Kind == delivery.KindWebhook:
+	case err == nil && src.Kind == ingest.KindWebhook:
 		return true
-	case err == nil || errors.Is(err, delivery.ErrNotFound):
+	case err == nil || errors.Is(err, ingest.ErrNotFound):
 		writeError(w, api.CodeNotFound, "no webhook source %q", source)
 	default:
 		s.writeErr(w, err)
@@ -900,12 +901,12 @@ func (s *Server) ensureWebhooks(ctx context.Context) error {
 			"key_header", c.KeyHeader, "type_header", c.TypeHeader)
 	}
 	for _, d := range []struct{ marker, name, kind, settings string }{
-		{markerDeviceSource, DeviceSource, delivery.KindDevice, `{}`},
-		{markerWebhookSource, WebhookSource, delivery.KindWebhook, `{"serve_flags":true}`},
+		{markerDeviceSource, DeviceSource, ingest.KindDevice, `{}`},
+		{markerWebhookSource, WebhookSource, ingest.KindWebhook, `{"serve_flags":true}`},
 	} {
 		err := s.delivery.Once(ctx, d.marker, func(ctx context.Context) error {
-			_, _, err := s.delivery.CreateSource(ctx, delivery.Source{Name: d.name, Kind: d.kind, Settings: json.RawMessage(d.settings)})
-			if errors.Is(err, delivery.ErrConflict) {
+			_, _, err := s.sourceStore.CreateSource(ctx, ingest.Source{Name: d.name, Kind: d.kind, Settings: json.RawMessage(d.settings)})
+			if errors.Is(err, ingest.ErrConflict) {
 				return nil // created by an operator first: theirs
 			}
 			return err

@@ -7,15 +7,6 @@ CREATE TABLE store_keys (
   created_at TEXT NOT NULL
 );
 
--- The bodies of webhooks whose provider signs the body alone (GitHub):
--- within its replay window, a body delivered under one key is not stored
--- again under another (Delivery.ClaimDigest). Expired rows are deleted
--- by the claims that come after them.
-CREATE TABLE webhook_digests (
-  source_id  TEXT NOT NULL,
-  digest     TEXT NOT NULL,                -- hex SHA-256 of the body as received
-  native_id  TEXT NOT NULL,                -- the key it was first delivered under
-  expires_at TEXT NOT NULL,
-  PRIMARY KEY (source_id, digest)
-);
-CREATE INDEX webhook_digests_expires ON webhook_digests (expires_at);
+-- This migration also created the table webhook_digests (and its index
+-- webhook_digests_expires) until it moved to intake's migrations
+-- (internal/intake), which create it if it is not there.

@@ -1,4 +1,4 @@
-package delivery_test
+package intake_test
 
 import (
 	"context"
@@ -6,9 +6,12 @@ import (
 	"errors"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/internal/intake"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -19,9 +22,9 @@ import (
 // is deleted the source goes, its stream and events staying.
 func TestSources(t *testing.T) {
 	eachStore(t, func(t *testing.T, kind storeKind) {
-		e := setup(t, kind, delivery.Config{})
+		e := open(t, kind, openOptions{})
 		ctx := context.Background()
-		src, created, err := e.d.CreateSource(ctx, delivery.Source{Name: "gh", Kind: delivery.KindWebhook,
+		src, created, err := e.st.CreateSource(ctx, intake.Source{Name: "gh", Kind: intake.KindWebhook,
 			Settings: json.RawMessage(`{ "preset": "github",  "secrets": ["s3cret"] }`)})
 		if err != nil || !created || src.Stream != "gh" || string(src.Settings) != `{"preset":"github","secrets":["s3cret"]}` {
 			t.Fatalf("CreateSource: %+v %v %v", src, created, err)
@@ -29,28 +32,28 @@ func TestSources(t *testing.T) {
 		if _, err := e.streams.Stats(ctx, "gh"); err != nil {
 			t.Fatalf("the source's stream: %v", err)
 		}
-		if _, created, err := e.d.CreateSource(ctx, delivery.Source{Name: "gh", Kind: delivery.KindWebhook,
+		if _, created, err := e.st.CreateSource(ctx, intake.Source{Name: "gh", Kind: intake.KindWebhook,
 			Settings: json.RawMessage(`{"preset":"github","secrets":["s3cret"]}`)}); err != nil || created {
 			t.Fatalf("CreateSource again: %v %v, want exists", created, err)
 		}
-		if _, _, err := e.d.CreateSource(ctx, delivery.Source{Name: "gh", Kind: delivery.KindWebhook,
-			Settings: json.RawMessage(`{"preset":"stripe"}`)}); !errors.Is(err, delivery.ErrConflict) {
+		if _, _, err := e.st.CreateSource(ctx, intake.Source{Name: "gh", Kind: intake.KindWebhook,
+			Settings: json.RawMessage(`{"preset":"stripe"}`)}); !errors.Is(err, intake.ErrConflict) {
 			t.Fatalf("CreateSource with other settings: %v, want ErrConflict", err)
 		}
-		for _, bad := range []delivery.Source{
-			{Name: "no/slash", Kind: delivery.KindWebhook},
+		for _, bad := range []intake.Source{
+			{Name: "no/slash", Kind: intake.KindWebhook},
 			{Name: "x", Kind: ""},
-			{Name: "x", Kind: delivery.KindWebhook, Settings: json.RawMessage(`[1]`)},
-			{Name: "x", Kind: delivery.KindWebhook, Stream: "y"},
+			{Name: "x", Kind: intake.KindWebhook, Settings: json.RawMessage(`[1]`)},
+			{Name: "x", Kind: intake.KindWebhook, Stream: "y"},
 		} {
-			if _, _, err := e.d.CreateSource(ctx, bad); !errors.Is(err, delivery.ErrInvalid) {
+			if _, _, err := e.st.CreateSource(ctx, bad); !errors.Is(err, intake.ErrInvalid) {
 				t.Errorf("CreateSource(%+v): %v, want ErrInvalid", bad, err)
 			}
 		}
-		if _, _, err := e.d.CreateSource(ctx, delivery.Source{Name: "a-devices", Kind: delivery.KindDevice}); err != nil {
+		if _, _, err := e.st.CreateSource(ctx, intake.Source{Name: "a-devices", Kind: intake.KindDevice}); err != nil {
 			t.Fatal(err)
 		}
-		srcs, err := e.d.Sources(ctx)
+		srcs, err := e.st.Sources(ctx)
 		if err != nil || len(srcs) != 2 || srcs[0].Name != "a-devices" || srcs[1].Name != "gh" || string(srcs[0].Settings) != `{}` {
 			t.Fatalf("Sources: %+v %v", srcs, err)
 		}
@@ -61,23 +64,23 @@ func TestSources(t *testing.T) {
 		if _, _, err := e.d.Create(ctx, delivery.Subscription{Name: "gh-events", Source: "gh", Start: stream.Start{Policy: stream.StartEarliest}}); err != nil {
 			t.Fatalf("a subscription on a created source: %v", err)
 		}
-		err = e.d.DeleteSource(ctx, "gh")
-		if !errors.Is(err, delivery.ErrConflict) || !strings.Contains(err.Error(), "gh-events") {
+		err = e.st.DeleteSource(ctx, "gh")
+		if !errors.Is(err, intake.ErrConflict) || !strings.Contains(err.Error(), "gh-events") {
 			t.Fatalf("DeleteSource of a source read: %v, want ErrConflict naming gh-events", err)
 		}
-		if _, err := e.d.Source(ctx, "gh"); err != nil {
+		if _, err := e.st.Source(ctx, "gh"); err != nil {
 			t.Fatalf("the source after a refused delete: %v", err)
 		}
 		if err := e.d.Delete(ctx, "gh-events"); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.d.DeleteSource(ctx, "gh"); err != nil {
+		if err := e.st.DeleteSource(ctx, "gh"); err != nil {
 			t.Fatalf("DeleteSource: %v", err)
 		}
-		if _, err := e.d.Source(ctx, "gh"); !errors.Is(err, delivery.ErrNotFound) {
+		if _, err := e.st.Source(ctx, "gh"); !errors.Is(err, intake.ErrNotFound) {
 			t.Fatalf("Source after delete: %v, want ErrNotFound", err)
 		}
-		if err := e.d.DeleteSource(ctx, "gh"); !errors.Is(err, delivery.ErrNotFound) {
+		if err := e.st.DeleteSource(ctx, "gh"); !errors.Is(err, intake.ErrNotFound) {
 			t.Fatalf("DeleteSource again: %v, want ErrNotFound", err)
 		}
 		if _, err := e.streams.Stats(ctx, "gh"); err != nil {
@@ -97,7 +100,7 @@ func TestOnce(t *testing.T) {
 		runs := 0
 		create := func(ctx context.Context) error {
 			runs++
-			_, _, err := e.d.CreateSource(ctx, delivery.Source{Name: "webhooks", Kind: delivery.KindWebhook})
+			_, _, err := e.st.CreateSource(ctx, intake.Source{Name: "webhooks", Kind: intake.KindWebhook})
 			return err
 		}
 		failing := func(context.Context) error { return errors.New("not now") }
@@ -110,7 +113,7 @@ func TestOnce(t *testing.T) {
 		if err := e.d.Once(ctx, "default-sources", create); err != nil || runs != 1 {
 			t.Fatalf("Once again: %v, %d runs, want 1", err, runs)
 		}
-		if err := e.d.DeleteSource(ctx, "webhooks"); err != nil {
+		if err := e.st.DeleteSource(ctx, "webhooks"); err != nil {
 			t.Fatal(err)
 		}
 		e.stop()
@@ -119,12 +122,61 @@ func TestOnce(t *testing.T) {
 		if err := e.d.Once(ctx, "default-sources", create); err != nil || runs != 1 {
 			t.Fatalf("Once after reopening: %v, %d runs, want 1", err, runs)
 		}
-		if _, err := e.d.Source(ctx, "webhooks"); !errors.Is(err, delivery.ErrNotFound) {
+		if _, err := e.st.Source(ctx, "webhooks"); !errors.Is(err, intake.ErrNotFound) {
 			t.Fatalf("the deleted source after reopening: %v, want ErrNotFound", err)
 		}
 		ran := false
 		if err := e.d.Once(ctx, "m-fails", func(context.Context) error { ran = true; return nil }); err != nil || !ran {
 			t.Fatalf("Once after a failure: %v, ran %v", err, ran)
+		}
+	})
+}
+
+// TestClaimDigest: a digest claimed by one key is that key's for the
+// window, whoever else claims it, also at once; the same key claims it
+// again; after the window the next key takes it; sources are apart.
+func TestClaimDigest(t *testing.T) {
+	eachStore(t, func(t *testing.T, kind storeKind) {
+		ctx := context.Background()
+		e := open(t, kind, openOptions{})
+		claim := func(source, digest, key string) string {
+			t.Helper()
+			owner, err := e.st.ClaimDigest(ctx, source, digest, key, time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return owner
+		}
+		if got := claim("gh", "d1", "delivery-1"); got != "delivery-1" {
+			t.Fatalf("first claim: owner %q", got)
+		}
+		if got := claim("gh", "d1", "delivery-1"); got != "delivery-1" {
+			t.Fatalf("the same key again: owner %q", got)
+		}
+		if got := claim("gh", "d1", "replay-1"); got != "delivery-1" {
+			t.Fatalf("another key within the window: owner %q, want delivery-1", got)
+		}
+		if got := claim("gh2", "d1", "replay-1"); got != "replay-1" {
+			t.Fatalf("another source: owner %q", got)
+		}
+		owners := make([]string, 8)
+		var wg sync.WaitGroup
+		for i := range owners {
+			wg.Go(func() { owners[i] = claim("gh", "d2", string(rune('a'+i))) })
+		}
+		wg.Wait()
+		for _, o := range owners {
+			if o != owners[0] {
+				t.Fatalf("claims at once: owners %q, want one", owners)
+			}
+		}
+		e.clock.Advance(time.Hour + time.Second)
+		if got := claim("gh", "d1", "later-1"); got != "later-1" {
+			t.Fatalf("after the window: owner %q, want later-1", got)
+		}
+		// Claims delete expired rows (d2's and gh2's d1 expired).
+		if n := e.count(t, `SELECT COUNT(*) FROM webhook_digests WHERE expires_at <= ?`, e.clock.Now().Format("2006-01-02T15:04:05.000000Z")); n != 0 {
+			t.Fatalf("%d expired rows left after a claim", n)
 		}
 	})
 }
