@@ -51,7 +51,7 @@ func TestRunner(t *testing.T) {
 			t.Fatal(err)
 		}
 		var leads atomic.Bool
-		began := make(chan struct{}, 64) // a reconciliation began: each asks Leads first
+		began := make(chan struct{}, 64)                                                      // a reconciliation began: each asks Leads first
 		cfg := intake.RunnerConfig{Store: e.st, Writer: e.streams, RescanInterval: time.Hour, // only Poke starts a round after the first
 			Leads: func() bool {
 				select {
