@@ -51,8 +51,10 @@ func TestRunner(t *testing.T) {
 			t.Fatal(err)
 		}
 		var leads atomic.Bool
-		began := make(chan struct{}, 64)                                                      // a reconciliation began: each asks Leads first
-		cfg := intake.RunnerConfig{Store: e.st, Writer: e.streams, RescanInterval: time.Hour, // only Poke starts a round after the first
+		// began says a round of the runner began: each asks Leads first.
+		// With an hour between rescans, only Poke begins one after the first.
+		began := make(chan struct{}, 64)
+		cfg := intake.RunnerConfig{Store: e.st, Writer: e.streams, RescanInterval: time.Hour,
 			Leads: func() bool {
 				select {
 				case began <- struct{}{}:
