@@ -206,7 +206,8 @@ type Server struct {
 	streams  stream.Backend
 	store    delivery.Store
 	writer   Writer
-	delivery *delivery.Delivery
+	delivery *delivery.Delivery // for the lifetime (Run, recovery, /ready) and the sources' and webhooks' intake
+	roles                       // what the API's handlers use of delivery (roles.go)
 	metrics  *ingress.Metrics
 	// webhookKeys are the decoded Webhooks.Secrets.
 	webhookKeys [][]byte
@@ -399,7 +400,7 @@ func New(cfg Config) (*Server, error) {
 		dl.Handle(inbox, h)
 	}
 	reg.MustRegister(dl.LagCollector(), dl.InboxCollector(), dl.NodeCollector(), buildInfoGauge())
-	s := &Server{cfg: cfg, log: cfg.Logger, streams: cfg.Streams, store: store, writer: writer, delivery: dl, metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg,
+	s := &Server{cfg: cfg, log: cfg.Logger, streams: cfg.Streams, store: store, writer: writer, delivery: dl, roles: rolesOf(dl), metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg,
 		mux: http.NewServeMux(), guard: guard, conns: newConnLimit(reg, cfg.MaxConnections), storeHealth: health}
 	s.stats = &statsSampler{gather: statsReg, started: time.Now().UTC(), interval: cfg.StatsInterval, lag: s.subscriptionLags,
 		queue: func() (int, int) { return writer.QueueLen(), writer.QueueCap() }}
