@@ -12,7 +12,7 @@ import (
 // interface per handler group, as nats.go composes its JetStream of
 // StreamManager, Publisher and the others. *delivery.Delivery implements
 // every one; a test gives a handler group a fake of the roles it uses
-// instead (roles_test.go). Errors are delivery's: ErrNotFound,
+// instead (roles_internal_test.go). Errors are delivery's: ErrNotFound,
 // ErrConflict, ErrInvalid, ErrInvalidState and ErrLeaseLost, which
 // writeErr maps to their statuses.
 
