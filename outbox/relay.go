@@ -234,11 +234,15 @@ func (r *Relay) Run(ctx context.Context) error {
 	// only for a Claimer, whose row may be claimed again (after its settle
 	// committed) before this loop heard of that settle.
 	inFlight := map[string]int{}
-	// inFlightN counts the messages published and not yet answered (what
-	// the window bounds), settling those answered whose outcome is not
-	// yet recorded: still in inFlight, so not read again, but no longer
-	// in the window, so that the next batches do not wait for the store.
-	inFlightN, settling := 0, 0
+	// The window (see RelayConfig.MaxInFlight) counts the messages
+	// published and not yet answered, and those answered whose outcome
+	// is not yet recorded: still in inFlight, so not read again, but no
+	// longer in the window, so that the next batches do not wait for the
+	// store.
+	win := newWindow(r.cfg)
+	// Answered outcomes the store failed to record: their rows stay in
+	// flight, not sent again, and are recorded again every PollInterval.
+	held := heldOutcomes{every: r.cfg.PollInterval}
 	var cursor int64 // rows up to here were handed out in this sweep
 	running := 0     // batches published and not yet settled, and retries of held outcomes
 	results := make(chan published)
@@ -246,19 +250,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	failures := 0
 	var readFailures int64 // reads of due rows failed in a row, for thinning their lines
 	var pausedUntil time.Time
-	// The window (see RelayConfig.MaxInFlight): answered counts the
-	// messages answered since the last outage.
-	// Below threshold the window grows by one per answer (doubling each
-	// round trip); from it on by about MinInFlight per round trip, so a
-	// connection that ends loses little more than the last one carried.
-	floor := r.cfg.MinInFlight
-	window, answered, threshold := floor, 0, r.cfg.MaxInFlight
-	grown := 0 // slots the window has grown by beyond threshold, not yet added
-	// held are answered outcomes the store failed to record: their rows
-	// stay in flight, not sent again, and are recorded again at retryAt.
-	var held []Outcome
-	var retryAt time.Time
-	retrying := false
 	// The heartbeat (an Extender's): every quarter of a claim period, the
 	// claims held longer than that (rows published, settling, or held)
 	// are extended, so that a relay that is alive never loses them,
@@ -287,9 +278,11 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	for {
 		now := r.cfg.Now()
-		if ctx.Err() == nil && len(held) > 0 && !retrying && !now.Before(retryAt) {
-			outs := held
-			held, retrying = nil, true
+		var outs []Outcome // held outcomes due to be recorded again
+		if ctx.Err() == nil {
+			outs = held.take(now)
+		}
+		if len(outs) > 0 {
 			running++
 			go func() {
 				ctx, cancel := context.WithTimeout(settleCtx, r.cfg.SettleTimeout)
@@ -297,17 +290,7 @@ func (r *Relay) Run(ctx context.Context) error {
 				settled <- r.settleAgain(ctx, outs)
 			}()
 		}
-		// At most MaxInFlight answered messages wait for the store
-		// beyond the window; when they hold the room back, it is taken a
-		// whole batch at a time, or each settle's few freed slots would
-		// be sent as a small batch, and stay one.
-		room := window - inFlightN
-		if spare := 2*r.cfg.MaxInFlight - inFlightN - settling; spare < room {
-			room = spare
-			if room < min(r.cfg.BatchSize, window) {
-				room = 0
-			}
-		}
+		room := win.room()
 		if ctx.Err() == nil && room > 0 && !now.Before(pausedUntil) {
 			msgs, last, err := r.due(ctx, now, cursor, min(room, r.cfg.BatchSize), inFlight)
 			cursor = max(cursor, last)
@@ -330,7 +313,7 @@ func (r *Relay) Run(ctx context.Context) error {
 						claimed[keyOf(m)] = heldClaim{Claim{EventID: m.EventID, Seq: m.Seq, Lease: m.Lease}, now}
 					}
 				}
-				inFlightN += len(msgs)
+				win.publish(len(msgs))
 				for _, batch := range r.split(msgs) {
 					running++
 					go func() {
@@ -347,8 +330,8 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 		}
 		if ctx.Err() != nil && running == 0 {
-			if len(held) > 0 {
-				r.log.Warn("outbox: stopping with answered events the store could not record; they will be sent again", "events", len(held))
+			if n := held.count(); n > 0 {
+				r.log.Warn("outbox: stopping with answered events the store could not record; they will be sent again", "events", n)
 			}
 			return nil
 		}
@@ -356,14 +339,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		if now.Before(pausedUntil) {
 			wait = pausedUntil.Sub(now)
 		}
-		if len(held) > 0 && !retrying && ctx.Err() == nil {
-			wait = max(0, min(wait, retryAt.Sub(now)))
+		if ctx.Err() == nil {
+			wait = held.wait(now, wait)
 		}
 		timer.Reset(wait)
 		select {
 		case p := <-results:
-			inFlightN -= len(p.msgs)
-			settling += len(p.msgs)
+			win.reply(len(p.msgs))
 			err := p.outage()
 			switch {
 			case err == nil:
@@ -376,11 +358,9 @@ func (r *Relay) Run(ctx context.Context) error {
 				delay := r.cfg.Reconnect.Delay(failures)
 				failures++
 				pausedUntil = r.cfg.Now().Add(delay)
-				// The next connection is sent what this one managed.
-				window, answered, grown = min(max(answered, floor), r.cfg.MaxInFlight), 0, 0
-				threshold = window
+				win.outage()
 				r.log.Log(ctx, thinned(int64(failures)), "outbox: publish failed; pausing before the next attempt", "err", err, "pause", delay.Round(time.Millisecond),
-					"failures", failures, "batch_events", len(p.msgs), "next_window", window)
+					"failures", failures, "batch_events", len(p.msgs), "next_window", win.size)
 			}
 			// Settling runs beside the next reads and publishes; the rows
 			// stay in flight until it is done.
@@ -391,7 +371,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			}()
 		case s := <-settled:
 			running--
-			settling -= len(s.released)
+			win.release(len(s.released))
 			for _, m := range s.released {
 				if inFlight[m.EventID]--; inFlight[m.EventID] <= 0 {
 					delete(inFlight, m.EventID)
@@ -399,39 +379,22 @@ func (r *Relay) Run(ctx context.Context) error {
 				delete(claimed, keyOf(m))
 			}
 			if s.again {
-				retrying = false
+				held.retried()
 			}
 			if len(s.held) > 0 {
-				if len(held) == 0 && !retrying {
-					retryAt = r.cfg.Now().Add(r.cfg.PollInterval)
-				}
-				held = append(held, s.held...)
+				held.hold(r.cfg.Now(), s.held)
 			}
 			if s.again {
 				continue
 			}
-			if n := s.st.Delivered + s.st.Rejected + s.st.Retried; s.st.Err == nil && n > 0 {
-				answered += n
-				if window < threshold {
-					window = min(window+n, threshold)
-				} else {
-					// About MinInFlight a round trip, in steps of a whole
-					// batch: the room a step of a few slots makes is sent
-					// as a batch of its own, and its answer frees only as
-					// much again, so every such step would stay a small
-					// batch for as long as the window stays full.
-					grown += max(1, n*floor/window)
-					if grown >= min(r.cfg.BatchSize, r.cfg.MaxInFlight-window) {
-						window, grown = window+grown, 0
-					}
-				}
-				window = min(window, r.cfg.MaxInFlight)
+			if s.st.Err == nil {
+				win.answer(s.st.Delivered + s.st.Rejected + s.st.Retried)
 			}
 			if s.st.Retried > 0 || s.st.Unanswered > 0 {
 				cursor = 0 // rows behind the cursor are due again
 			}
 			if r.cfg.Observe != nil {
-				s.st.Window = window
+				s.st.Window = win.size
 				r.cfg.Observe(s.st)
 			}
 		case now := <-beatC:

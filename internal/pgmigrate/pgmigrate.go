@@ -1,7 +1,8 @@
 // Package pgmigrate applies a component's embedded SQL migrations to
 // PostgreSQL, once, however many processes start at the same time.
 //
-// Files are named NNNN_what.sql and apply in the order of their number.
+// Files are named NNNN_what.sql and apply in the order of their number
+// (planned by internal/migrate).
 // The version each component reached is in the table postbox_migrations;
 // an advisory lock, held until the transaction ends, makes concurrent
 // callers take turns, and every file of a call applies in that one
@@ -13,11 +14,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"sort"
-	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/postbox-events/postbox/internal/migrate"
 )
 
 // Beginner starts a transaction: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
@@ -40,11 +40,10 @@ func Dir(f fs.FS, dir string) fs.FS {
 // files and keeps postbox_migrations there; without one, in the
 // connection's search_path.
 func Apply(ctx context.Context, db Beginner, component string, fsys fs.FS, schema string) error {
-	names, err := fs.Glob(fsys, "*.sql")
-	if err != nil || len(names) == 0 {
-		return fmt.Errorf("migrate %s: no *.sql files (%v)", component, err)
+	all, err := migrate.Read(fsys)
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", component, err)
 	}
-	sort.Strings(names)
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("migrate %s: %w", component, err)
@@ -67,23 +66,12 @@ func Apply(ctx context.Context, db Beginner, component string, fsys fs.FS, schem
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("migrate %s: read version: %w", component, err)
 	}
-	for _, name := range names {
-		n, err := strconv.Atoi(strings.SplitN(name, "_", 2)[0])
-		if err != nil {
-			return fmt.Errorf("migrate %s: %s: name must start with a number", component, name)
-		}
-		if n <= current {
-			continue
-		}
-		body, err := fs.ReadFile(fsys, name)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, string(body)); err != nil {
-			return fmt.Errorf("migrate %s: %s: %w", component, name, err)
+	for _, m := range migrate.Pending(all, current) {
+		if _, err := tx.Exec(ctx, m.SQL); err != nil {
+			return fmt.Errorf("migrate %s: %s: %w", component, m.Name, err)
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO postbox_migrations (component, version) VALUES ($1, $2)
-			ON CONFLICT (component) DO UPDATE SET version = excluded.version, applied_at = now()`, component, n); err != nil {
+			ON CONFLICT (component) DO UPDATE SET version = excluded.version, applied_at = now()`, component, m.Version); err != nil {
 			return fmt.Errorf("migrate %s: %w", component, err)
 		}
 	}

@@ -319,7 +319,7 @@ func (s *Server) subscriptionJSON(r *http.Request, sub delivery.Subscription) ap
 		j.Target = &sub.Target
 		j.Breaker = s.breakerJSON(r, sub.Inbox)
 	}
-	if lag, err := s.delivery.Lag(r.Context(), sub.Name); err == nil {
+	if lag, err := s.subs.Lag(r.Context(), sub.Name); err == nil {
 		j.NextOffset, j.HighWatermark, j.Lag = lag.NextOffset, lag.HighWatermark, lag.Events
 	}
 	return j
@@ -402,7 +402,7 @@ func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.CodeInvalidField, "start_time is for start at_time, not %q", req.Start)
 		return
 	}
-	got, created, err := s.delivery.Create(r.Context(), sub)
+	got, created, err := s.subs.Create(r.Context(), sub)
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -415,7 +415,7 @@ func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listSubscriptions(w http.ResponseWriter, r *http.Request) {
-	subs, err := s.delivery.Subscriptions(r.Context())
+	subs, err := s.subs.Subscriptions(r.Context())
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -431,7 +431,7 @@ func (s *Server) getSubscription(w http.ResponseWriter, r *http.Request) {
 	if !checkName(w, "subscription", r.PathValue("name")) {
 		return
 	}
-	sub, err := s.delivery.Subscription(r.Context(), r.PathValue("name"))
+	sub, err := s.subs.Subscription(r.Context(), r.PathValue("name"))
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -474,7 +474,7 @@ func (s *Server) patchSubscription(w http.ResponseWriter, r *http.Request) {
 	}
 	name := r.PathValue("name")
 	if req.endpointRequest.any() {
-		sub, err := s.delivery.Subscription(r.Context(), name)
+		sub, err := s.subs.Subscription(r.Context(), name)
 		if err != nil {
 			s.writeErr(w, err)
 			return
@@ -486,7 +486,7 @@ func (s *Server) patchSubscription(w http.ResponseWriter, r *http.Request) {
 		}
 		change.Endpoint, change.Secret, change.SecretOverlap = &ep, secret, overlap
 	}
-	if _, err := s.delivery.Update(r.Context(), name, change); err != nil {
+	if _, err := s.subs.Update(r.Context(), name, change); err != nil {
 		s.writeErr(w, err)
 		return
 	}
@@ -505,7 +505,7 @@ func (s *Server) deleteSubscription(w http.ResponseWriter, r *http.Request) {
 	if !checkName(w, "subscription", r.PathValue("name")) {
 		return
 	}
-	if err := s.delivery.Delete(r.Context(), r.PathValue("name")); err != nil {
+	if err := s.subs.Delete(r.Context(), r.PathValue("name")); err != nil {
 		s.writeErr(w, err)
 		return
 	}
@@ -568,7 +568,7 @@ func (s *Server) getStream(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listConsumers(w http.ResponseWriter, r *http.Request) {
-	subs, err := s.delivery.Subscriptions(r.Context())
+	subs, err := s.subs.Subscriptions(r.Context())
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -583,7 +583,7 @@ func (s *Server) listConsumers(w http.ResponseWriter, r *http.Request) {
 			s.writeErr(w, err)
 			return
 		}
-		lag, err := s.delivery.Lag(r.Context(), sub.Name)
+		lag, err := s.subs.Lag(r.Context(), sub.Name)
 		if err != nil {
 			s.writeErr(w, err)
 			return
@@ -595,7 +595,7 @@ func (s *Server) listConsumers(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listInboxes(w http.ResponseWriter, r *http.Request) {
-	counts, err := s.delivery.Inboxes(r.Context())
+	counts, err := s.inboxes.Inboxes(r.Context())
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -645,7 +645,7 @@ func (s *Server) listItems(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	items, err := s.delivery.List(r.Context(), r.PathValue("inbox"), state, after, int(limit))
+	items, err := s.inboxes.List(r.Context(), r.PathValue("inbox"), state, after, int(limit))
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -680,7 +680,7 @@ func (s *Server) getItem(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.CodeInvalidField, "item id %q: want a positive whole number", r.PathValue("id"))
 		return
 	}
-	it, err := s.delivery.Item(r.Context(), r.PathValue("inbox"), id)
+	it, err := s.inboxes.Item(r.Context(), r.PathValue("inbox"), id)
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -721,7 +721,7 @@ func (s *Server) leaseItems(w http.ResponseWriter, r *http.Request) {
 		defer context.AfterFunc(s.stopping, cancel)()
 	}
 	s.mu.Unlock()
-	l, err := s.delivery.Lease(ctx, r.PathValue("inbox"), n, visibility, wait)
+	l, err := s.inboxes.Lease(ctx, r.PathValue("inbox"), n, visibility, wait)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the client left
@@ -764,7 +764,7 @@ func (s *Server) ackItems(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.CodeUnknownField, "delay, reason and dead are for nack, not ack")
 		return
 	}
-	res, err := s.delivery.Ack(r.Context(), r.PathValue("inbox"), req.IDs, req.SettleRequest.Lease)
+	res, err := s.inboxes.Ack(r.Context(), r.PathValue("inbox"), req.IDs, req.SettleRequest.Lease)
 	s.writeResults(w, res, err)
 }
 
@@ -778,7 +778,7 @@ func (s *Server) nackItems(w http.ResponseWriter, r *http.Request) {
 			writeError(w, api.CodeInvalidField, "delay: a dead letter has no next attempt (dead is true)")
 			return
 		}
-		res, err := s.delivery.NackDead(r.Context(), r.PathValue("inbox"), req.IDs, req.SettleRequest.Lease, req.Reason)
+		res, err := s.inboxes.NackDead(r.Context(), r.PathValue("inbox"), req.IDs, req.SettleRequest.Lease, req.Reason)
 		s.writeResults(w, res, err)
 		return
 	}
@@ -786,7 +786,7 @@ func (s *Server) nackItems(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	res, err := s.delivery.Nack(r.Context(), r.PathValue("inbox"), req.IDs, req.SettleRequest.Lease, delay, req.Reason)
+	res, err := s.inboxes.Nack(r.Context(), r.PathValue("inbox"), req.IDs, req.SettleRequest.Lease, delay, req.Reason)
 	s.writeResults(w, res, err)
 }
 
@@ -809,7 +809,7 @@ func (s *Server) extendItems(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	res, expires, err := s.delivery.Extend(r.Context(), r.PathValue("inbox"), req.IDs, req.Lease, visibility)
+	res, expires, err := s.inboxes.Extend(r.Context(), r.PathValue("inbox"), req.IDs, req.Lease, visibility)
 	if err != nil {
 		s.writeErr(w, err)
 		return

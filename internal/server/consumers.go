@@ -39,7 +39,7 @@ func (s *Server) routeConsumers() {
 // it: its next offset is the subscription's read position, which the
 // stream consumer follows.
 func (s *Server) consumerOf(ctx context.Context, name string) (api.Consumer, error) {
-	sub, err := s.delivery.Subscription(ctx, name)
+	sub, err := s.subs.Subscription(ctx, name)
 	if err != nil {
 		return api.Consumer{}, err
 	}
@@ -47,7 +47,7 @@ func (s *Server) consumerOf(ctx context.Context, name string) (api.Consumer, err
 	if err != nil {
 		return api.Consumer{}, err
 	}
-	lag, err := s.delivery.Lag(ctx, sub.Name)
+	lag, err := s.subs.Lag(ctx, sub.Name)
 	if err != nil {
 		return api.Consumer{}, err
 	}
@@ -149,7 +149,7 @@ func (s *Server) resetConsumer(w http.ResponseWriter, r *http.Request) {
 		s.consumerErr(w, name, err)
 		return
 	}
-	c, err := s.delivery.Reset(r.Context(), name, start)
+	c, err := s.positions.Reset(r.Context(), name, start)
 	if err != nil {
 		if start.Policy == stream.StartAtOffset && (errors.Is(err, stream.ErrOffsetOutOfRange) || errors.Is(err, delivery.ErrInvalid)) {
 			writeError(w, api.CodeInvalidField, "to_offset %d: past the end of stream %s, whose next offset is %d",

@@ -55,7 +55,7 @@ func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f.Limit = int(limit)
-	items, err := s.delivery.ListDeadLetters(r.Context(), f)
+	items, err := s.deadLetters.ListDeadLetters(r.Context(), f)
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -87,7 +87,7 @@ func (s *Server) getDeadLetter(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	it, err := s.delivery.Item(r.Context(), "", id)
+	it, err := s.deadLetters.Item(r.Context(), "", id)
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -107,12 +107,12 @@ func (s *Server) replayDeadLetter(w http.ResponseWriter, r *http.Request) {
 	if !ok || !decodeBody(w, r, &none, true) {
 		return
 	}
-	ids, err := s.delivery.Replay(r.Context(), delivery.DeadLetters{ID: id})
+	ids, err := s.deadLetters.Replay(r.Context(), delivery.DeadLetters{ID: id})
 	if err != nil {
 		s.writeErr(w, err)
 		return
 	}
-	it, err := s.delivery.Item(r.Context(), "", id)
+	it, err := s.deadLetters.Item(r.Context(), "", id)
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -139,7 +139,7 @@ func (s *Server) replayDeadLetters(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.CodeMissingField, "name an inbox, a subscription or a time range (from, to), or send \"all\": true to replay every dead letter")
 		return
 	}
-	ids, err := s.delivery.Replay(r.Context(), f)
+	ids, err := s.deadLetters.Replay(r.Context(), f)
 	if err != nil {
 		s.writeErr(w, err)
 		return

@@ -268,7 +268,7 @@ func newEndpointJSON(sub delivery.Subscription, fingerprint func(string) string)
 // breakerJSON returns the state of the breaker of inbox's endpoint, nil
 // when it cannot be read.
 func (s *Server) breakerJSON(r *http.Request, inbox string) *api.Breaker {
-	b, err := s.delivery.Breaker(r.Context(), inbox)
+	b, err := s.subs.Breaker(r.Context(), inbox)
 	if err != nil {
 		return nil
 	}
@@ -292,7 +292,7 @@ func (s *Server) enableSubscription(w http.ResponseWriter, r *http.Request) {
 	if !checkName(w, "subscription", r.PathValue("name")) || !decodeBody(w, r, &none, true) {
 		return
 	}
-	if _, err := s.delivery.Enable(r.Context(), r.PathValue("name")); err != nil {
+	if _, err := s.subs.Enable(r.Context(), r.PathValue("name")); err != nil {
 		s.writeErr(w, err)
 		return
 	}
@@ -308,7 +308,7 @@ func (s *Server) listAttempts(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.CodeInvalidField, "item id %q: want a positive whole number", r.PathValue("id"))
 		return
 	}
-	log, err := s.delivery.Attempts(r.Context(), r.PathValue("inbox"), id)
+	log, err := s.inboxes.Attempts(r.Context(), r.PathValue("inbox"), id)
 	if err != nil {
 		s.writeErr(w, err)
 		return

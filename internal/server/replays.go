@@ -61,7 +61,7 @@ func (s *Server) replaySubscription(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	job, err := s.delivery.ReplayRange(r.Context(), rr)
+	job, err := s.replayJobs.ReplayRange(r.Context(), rr)
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -72,7 +72,7 @@ func (s *Server) replaySubscription(w http.ResponseWriter, r *http.Request) {
 
 // getReplay answers a replay job with its progress, or 404.
 func (s *Server) getReplay(w http.ResponseWriter, r *http.Request) {
-	job, err := s.delivery.ReplayJob(r.Context(), r.PathValue("id"))
+	job, err := s.replayJobs.ReplayJob(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.writeErr(w, err)
 		return
@@ -87,7 +87,7 @@ func (s *Server) listReplays(w http.ResponseWriter, r *http.Request) {
 	if sub != "" && !checkName(w, "subscription", sub) {
 		return
 	}
-	jobs, err := s.delivery.ReplayJobs(r.Context(), sub)
+	jobs, err := s.replayJobs.ReplayJobs(r.Context(), sub)
 	if err != nil {
 		s.writeErr(w, err)
 		return

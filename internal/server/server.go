@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
@@ -207,7 +206,8 @@ type Server struct {
 	streams  stream.Backend
 	store    delivery.Store
 	writer   Writer
-	delivery *delivery.Delivery
+	delivery *delivery.Delivery // for the lifetime (Run, recovery, /ready), the webhooks' default subscription, leadership
+	roles                       // what the API's handlers use of delivery (roles.go)
 	metrics  *ingress.Metrics
 	// webhookKeys are the decoded Webhooks.Secrets.
 	webhookKeys [][]byte
@@ -240,39 +240,10 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Streams == nil || cfg.Store == nil {
 		return nil, configErrorf("Config.Streams and Config.Store are required (NewDefault opens the SQLite default)")
 	}
-	if cfg.Addr == "" {
-		cfg.Addr = ":8000"
-	}
-	if cfg.DBPath == "" {
-		cfg.DBPath = DefaultDBPath
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.setDefaults()
 	guard, err := newBrowserGuard(cfg)
 	if err != nil {
 		return nil, err
-	}
-	if cfg.Webhooks.MaxBytes <= 0 {
-		cfg.Webhooks.MaxBytes = DefaultWebhookMaxBytes
-	}
-	if cfg.ReadTimeout <= 0 {
-		cfg.ReadTimeout = DefaultReadTimeout
-	}
-	if cfg.IdleTimeout <= 0 {
-		cfg.IdleTimeout = DefaultIdleTimeout
-	}
-	if cfg.MaxHeaderBytes <= 0 {
-		cfg.MaxHeaderBytes = DefaultMaxHeaderBytes
-	}
-	if cfg.MaxConnections <= 0 {
-		cfg.MaxConnections = DefaultMaxConnections
-	}
-	if cfg.StoreProbeInterval <= 0 {
-		cfg.StoreProbeInterval = DefaultStoreProbeInterval
-	}
-	if cfg.StatsInterval <= 0 {
-		cfg.StatsInterval = DefaultStatsInterval
 	}
 	var webhookKeys [][]byte
 	for _, secret := range cfg.Webhooks.Secrets {
@@ -285,70 +256,10 @@ func New(cfg Config) (*Server, error) {
 	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
 		return nil, configErrorf("Config.TLSCert and Config.TLSKey go together: set both or neither")
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	batch := prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "postbox_writer_batch_events",
-		Help:    "Events written per group commit.",
-		Buckets: prometheus.ExponentialBuckets(1, 4, 8),
-	})
-	commit := prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "postbox_writer_commit_seconds",
-		Help:    "Time to write and commit one group commit.",
-		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 12),
-	})
-	failures := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "postbox_writer_failures_total",
-		Help: "Group commits that failed; their events were NACKed as retryable.",
-	})
-	syncs := prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "postbox_writer_sync_seconds",
-		Help:    "Time to make group commits durable: one sync of the SQLite write-ahead log, covering every commit since the last.",
-		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 12),
-	})
-	reg.MustRegister(batch, commit, failures)
-	statsReg := prometheus.NewRegistry() // what GET /v1/stats reads
-	statsReg.MustRegister(commit)
 	health := newStoreHealth()
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "postbox_store_writable",
-		Help: "1 while the store commits; 0 from a failed group commit until a probe write commits again.",
-	}, func() float64 {
-		if err, _ := health.failure(); err != nil {
-			return 0
-		}
-		return 1
-	}))
-	observe := func(n int, took time.Duration, err error) {
-		batch.Observe(float64(n))
-		commit.Observe(took.Seconds())
-		if err != nil {
-			failures.Inc()
-			health.fail(err)
-			cfg.Logger.Error("writer: group commit failed; its events are NACKed as retryable", "events", n, "err", err)
-		}
-	}
-	writer, native := cfg.Streams.(Writer)
-	if native {
-		if o, ok := writer.(observer); ok {
-			o.Observe(observe)
-		}
-		if o, ok := writer.(syncObserver); ok {
-			reg.MustRegister(syncs)
-			o.ObserveSync(func(commits int, took time.Duration, err error) {
-				syncs.Observe(took.Seconds())
-				if err != nil {
-					failures.Inc()
-					health.fail(err)
-					cfg.Logger.Error("writer: sync of the write-ahead log failed; the events of its commits are NACKed as retryable",
-						"commits", commits, "err", err)
-				}
-			})
-		}
-	} else {
-		writer = appendq.New(cfg.Streams, appendq.Config{MaxBatch: cfg.MaxBatch, QueueSize: cfg.QueueSize,
-			QueueBytes: cfg.QueueBytes, Observe: observe})
-	}
+	m := newRegistries(health, cfg.Logger)
+	reg, statsReg := m.reg, m.stats
+	writer := m.writer(cfg)
 	store := cfg.Store
 	if any(store) == any(cfg.Streams) { // the probe row of a store that is the stream backend
 		sub, _ := fs.Sub(migrations, "migrations")
@@ -356,18 +267,7 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("open store: %w", err)
 		}
 	}
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "postbox_writer_queue_depth",
-		Help: "Events waiting for the writer.",
-	}, func() float64 { return float64(writer.QueueLen()) }))
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "postbox_writer_queue_bytes",
-		Help: "Payload and metadata bytes of the events waiting for the writer.",
-	}, func() float64 { return float64(writer.QueueBytes()) }))
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "postbox_writer_queue_capacity",
-		Help: "Bound of the writer queue (QUEUE_MAXSIZE).",
-	}, func() float64 { return float64(writer.QueueCap()) }))
+	m.registerQueue(writer)
 	metrics := ingress.NewMetrics(teeRegisterer{reg, statsReg})
 	gate := ingest.NewGate(DeviceSource, sourceCacheTTL, cfg.Logger)
 	in, err := ingress.New(writer, ingress.Config{
@@ -405,31 +305,77 @@ func New(cfg Config) (*Server, error) {
 		dl.Handle(inbox, h)
 	}
 	reg.MustRegister(dl.LagCollector(), dl.InboxCollector(), dl.NodeCollector(), buildInfoGauge())
-	s := &Server{cfg: cfg, log: cfg.Logger, streams: cfg.Streams, store: store, writer: writer, delivery: dl, metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg, sourceStore: srcs,
+	s := &Server{cfg: cfg, log: cfg.Logger, streams: cfg.Streams, store: store, writer: writer, delivery: dl, roles: rolesOf(dl), metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg, sourceStore: srcs,
 		mux: http.NewServeMux(), guard: guard, conns: newConnLimit(reg, cfg.MaxConnections), storeHealth: health}
 	s.stats = &statsSampler{gather: statsReg, started: time.Now().UTC(), interval: cfg.StatsInterval, lag: s.subscriptionLags,
 		queue: func() (int, int) { return writer.QueueLen(), writer.QueueCap() }}
 	if s.runner, err = s.newSourceRunner(reg); err != nil {
 		return nil, err
 	}
+	s.deviceGate = gate
+	s.route()
+	return s, nil
+}
+
+// setDefaults gives the zero fields of c their defaults: Addr ":8000",
+// DBPath DefaultDBPath, a Logger that discards, and the Default… of
+// Webhooks.MaxBytes, ReadTimeout, IdleTimeout, MaxHeaderBytes,
+// MaxConnections, StoreProbeInterval and StatsInterval. A negative bound
+// takes its default too.
+func (c *Config) setDefaults() {
+	if c.Addr == "" {
+		c.Addr = ":8000"
+	}
+	if c.DBPath == "" {
+		c.DBPath = DefaultDBPath
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Webhooks.MaxBytes <= 0 {
+		c.Webhooks.MaxBytes = DefaultWebhookMaxBytes
+	}
+	if c.ReadTimeout <= 0 {
+		c.ReadTimeout = DefaultReadTimeout
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.MaxHeaderBytes <= 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if c.MaxConnections <= 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.StoreProbeInterval <= 0 {
+		c.StoreProbeInterval = DefaultStoreProbeInterval
+	}
+	if c.StatsInterval <= 0 {
+		c.StatsInterval = DefaultStatsInterval
+	}
+}
+
+// route registers every route of the server on its mux: the operator API
+// (api.go, consumers.go), GET /v1/stats, the console, the webhooks, the
+// WebSocket ingress, /health, /ready and /metrics, and last noRoute for
+// what no route takes.
+func (s *Server) route() {
 	s.routeAPI()
 	s.routeConsumers()
-	s.deviceGate = gate
 	s.handle("GET /v1/stats", s.requireToken(s.getStats))
 	s.handle("GET "+console.Path, console.Handler()) // static files, no token (the pages send it to the API); the mux redirects /ui here
 	s.handle("POST /webhooks", http.HandlerFunc(s.postWebhook))
 	s.handle("GET /webhooks/{source}", s.requireToken(s.getWebhook)) // {source} is a webhook id here: one name per path, as POST /webhooks/{source}
 	s.handle("GET /webhooks", s.requireToken(s.findWebhook))
-	s.handle("GET "+ingress.WSPath, in)
+	s.handle("GET "+ingress.WSPath, s.ingress)
 	s.handle("GET /health", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": buildinfo.Get().Version})
 	}))
 	s.handle("GET /ready", http.HandlerFunc(s.handleReady))
 	// /metrics names subscriptions and inboxes: it takes the API token
 	// when one is set (Prometheus sends it with authorization.credentials).
-	s.handle("GET /metrics", s.requireToken(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}).ServeHTTP))
+	s.handle("GET /metrics", s.requireToken(promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}).ServeHTTP))
 	s.mux.HandleFunc("/", s.noRoute) // what no route takes; not one of Routes
-	return s, nil
 }
 
 // handle registers h for pattern and records the pattern for Routes.

@@ -205,7 +205,7 @@ func (st *statsSampler) snapshot(ctx context.Context) statsJSON {
 // name; one whose lag cannot be read is left out.
 func (s *Server) subscriptionLags(ctx context.Context) map[string]int64 {
 	out := map[string]int64{}
-	subs, err := s.delivery.Subscriptions(ctx)
+	subs, err := s.subs.Subscriptions(ctx)
 	if err != nil {
 		return out
 	}
@@ -213,7 +213,7 @@ func (s *Server) subscriptionLags(ctx context.Context) map[string]int64 {
 		if i == statsMaxLag {
 			break
 		}
-		if lag, err := s.delivery.Lag(ctx, sub.Name); err == nil {
+		if lag, err := s.subs.Lag(ctx, sub.Name); err == nil {
 			out[sub.Name] = lag.Events
 		}
 	}

@@ -17,12 +17,13 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+
+	"github.com/postbox-events/postbox/internal/migrate"
 )
 
 // Synchronous modes an Options may ask for.
@@ -125,9 +126,10 @@ func Pragmas(ctx context.Context, db *sql.DB) (journalMode string, synchronous i
 
 // Migrate applies the migrations of component in fsys that db has not
 // seen yet, in order, each in its own transaction. A migration is a file
-// named NNNN_name.sql; the table schema_migrations records the last one
-// applied per component, so several packages can keep their tables in one
-// file (the control plane's streams and inbox items share a transaction).
+// named NNNN_name.sql (planned by internal/migrate); the table
+// schema_migrations records the last one applied per component, so
+// several packages can keep their tables in one file (the control
+// plane's streams and inbox items share a transaction).
 //
 // Files written before schema_migrations existed recorded one component's
 // version in PRAGMA user_version: the first component to migrate such a
@@ -135,51 +137,31 @@ func Pragmas(ctx context.Context, db *sql.DB) (journalMode string, synchronous i
 // migration creates. A file of another program's (a service's own
 // database, with its own user_version) is migrated from the start.
 func Migrate(ctx context.Context, db *sql.DB, component string, fsys fs.FS) error {
-	names, err := fs.Glob(fsys, "*.sql")
+	all, err := migrate.Read(fsys)
 	if err != nil {
-		return err
+		return fmt.Errorf("migrate %s: %w", component, err)
 	}
-	if len(names) == 0 {
-		return fmt.Errorf("migrate %s: no *.sql files", component)
-	}
-	sort.Strings(names)
-	first, err := fs.ReadFile(fsys, names[0])
-	if err != nil {
-		return err
-	}
-	current, err := migrationVersion(ctx, db, component, createdTables(string(first)))
+	current, err := migrationVersion(ctx, db, component, createdTables(all[0].SQL))
 	if err != nil {
 		return fmt.Errorf("migrate %s: read version: %w", component, err)
 	}
-	for _, name := range names {
-		n, err := strconv.Atoi(strings.SplitN(name, "_", 2)[0])
-		if err != nil {
-			return fmt.Errorf("migrate %s: %s: name must start with a number", component, name)
-		}
-		if n <= current {
-			continue
-		}
-		body, err := fs.ReadFile(fsys, name)
-		if err != nil {
-			return err
-		}
+	for _, m := range migrate.Pending(all, current) {
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
-			return fmt.Errorf("migrate %s: %w", name, err)
+			return fmt.Errorf("migrate %s: %w", m.Name, err)
 		}
-		if _, err := tx.ExecContext(ctx, string(body)); err != nil {
+		if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
 			tx.Rollback()
-			return fmt.Errorf("migrate %s: %w", name, err)
+			return fmt.Errorf("migrate %s: %w", m.Name, err)
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (component, version) VALUES (?, ?)
-			ON CONFLICT (component) DO UPDATE SET version = excluded.version`, component, n); err != nil {
+			ON CONFLICT (component) DO UPDATE SET version = excluded.version`, component, m.Version); err != nil {
 			tx.Rollback()
-			return fmt.Errorf("migrate %s: %w", name, err)
+			return fmt.Errorf("migrate %s: %w", m.Name, err)
 		}
 		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("migrate %s: %w", name, err)
+			return fmt.Errorf("migrate %s: %w", m.Name, err)
 		}
-		current = n
 	}
 	return nil
 }
