@@ -42,6 +42,7 @@ var dialectPairs = []dialectPair{
 			"and rows are only inserted and deleted whole",
 		"table inbox_tallies: primary key (tally_id) in sqlite, () in postgres": "the same rowid",
 	}},
+	{component: "intake", sqlite: "../intake/migrations", postgres: "../intake/pgmigrations", allow: map[string]string{}},
 	{component: "streamkafka", sqlite: "../../stream/streamkafka/migrations/sqlite", postgres: "../../stream/streamkafka/migrations/postgres", allow: map[string]string{}},
 }
 
