@@ -144,7 +144,7 @@ it says so on stderr; --all-pages fetches every page.`)
 	list, err := itemPages(env, "dlq list", "--all-pages", int64(after), *allPages, func(after int64) (api.ItemPage, error) {
 		q.After = after
 		page, err := c.DeadLetters(ctx, q)
-		return page, c.explain(http.MethodGet, "/v1/dead-letters", err)
+		return page, c.explain(http.MethodGet, "/v1/dead-letters?"+q.Encode(), err)
 	})
 	if err != nil {
 		return fmt.Errorf("dlq list: %w", err)

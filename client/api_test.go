@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/client"
@@ -89,5 +90,25 @@ func TestAPISourceSettings(t *testing.T) {
 	}
 	if _, err := c.Source(ctx, "gh"); !client.IsNotFound(err) {
 		t.Fatalf("a deleted source: %v, want ErrNotFound", err)
+	}
+}
+
+// TestDeadLetterQueryEncode: the query of a dead-letter page, keys sorted,
+// times in UTC.
+func TestDeadLetterQueryEncode(t *testing.T) {
+	from := time.Date(2026, 11, 21, 11, 0, 0, 5, time.FixedZone("CET", 3600))
+	for _, c := range []struct {
+		q    client.DeadLetterQuery
+		want string
+	}{
+		{client.DeadLetterQuery{}, ""},
+		{client.DeadLetterQuery{Limit: 100}, "limit=100"},
+		{client.DeadLetterQuery{Inbox: "a b", Subscription: "s", From: from, After: 7, Limit: 2},
+			"after=7&from=2026-11-21T10%3A00%3A00.000000005Z&inbox=a+b&limit=2&subscription=s"},
+		{client.DeadLetterQuery{To: from}, "to=2026-11-21T10%3A00%3A00.000000005Z"},
+	} {
+		if got := c.q.Encode(); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.q, got, c.want)
+		}
 	}
 }
