@@ -110,6 +110,7 @@ type Refusal struct {
 // Status is the HTTP status of the refusal.
 func (r *Refusal) Status() int { return r.Code.Status() }
 
+// Error returns the code and the message: a Refusal is an error too.
 func (r *Refusal) Error() string { return string(r.Code) + ": " + r.Message }
 
 func refuse(code api.Code, format string, args ...any) *Refusal {

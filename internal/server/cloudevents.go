@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/intake"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -67,6 +69,26 @@ func (s *Server) cloudEventByID(ctx context.Context, source string, ce *intake.C
 		return stream.StoredEvent{}, false, nil // another source's, or a webhook's key
 	}
 	return prev, true, nil
+}
+
+// answeredByID reports whether the CloudEvent ce of source, whose event
+// is ev, was answered here: as the duplicate (or conflict) of the event
+// an older postbox stored under its id alone (cloudEventByID), or with
+// 503 when that could not be looked for.
+func (s *Server) answeredByID(w http.ResponseWriter, r *http.Request, source string, ce *intake.CloudEvent, ev stream.Event) bool {
+	prev, found, err := s.cloudEventByID(r.Context(), source, ce)
+	if err != nil {
+		if r.Context().Err() == nil {
+			s.metrics.Count(source, "unavailable", 1)
+			w.Header().Set("Retry-After", "1")
+			writeError(w, api.CodeUnavailable, "CloudEvent %q from %q: looking for it among the events stored before postbox keyed them by source: %v; send it again", ce.ID, ce.Source, err)
+		}
+		return true
+	}
+	if found {
+		s.answerStored(w, r, source, prev.NativeID, prev, storedAgain(prev, ev))
+	}
+	return found
 }
 
 // storedAgain is what appending ev again under prev's key reports: a

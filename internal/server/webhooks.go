@@ -129,20 +129,8 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		defer span.End()
 	}
 	ev := p.Event()
-	if ce := p.CloudEvent; ce != nil && s.wh.ceByID.Load() {
-		prev, found, err := s.cloudEventByID(r.Context(), source, ce)
-		if err != nil {
-			if r.Context().Err() == nil {
-				s.metrics.Count(source, "unavailable", 1)
-				w.Header().Set("Retry-After", "1")
-				writeError(w, api.CodeUnavailable, "CloudEvent %q from %q: looking for it among the events stored before postbox keyed them by source: %v; send it again", ce.ID, ce.Source, err)
-			}
-			return
-		}
-		if found {
-			s.answerStored(w, r, source, prev.NativeID, prev, storedAgain(prev, ev))
-			return
-		}
+	if p.CloudEvent != nil && s.wh.ceByID.Load() && s.answeredByID(w, r, source, p.CloudEvent, ev) {
+		return
 	}
 	if wh.ReplayWindow > 0 && !s.firstDelivery(w, r, source, p.Key, p.Payload, wh.ReplayWindow) {
 		return
