@@ -494,9 +494,7 @@ type DeadLetterQuery struct {
 	Limit               int
 }
 
-// DeadLetters returns a page of dead letters (failed items), oldest
-// first.
-func (c *API) DeadLetters(ctx context.Context, q DeadLetterQuery) (api.ItemPage, error) {
+func (q DeadLetterQuery) values() url.Values {
 	v := ItemsQuery{After: q.After, Limit: q.Limit}.values()
 	for k, s := range map[string]string{"inbox": q.Inbox, "subscription": q.Subscription} {
 		if s != "" {
@@ -508,8 +506,19 @@ func (c *API) DeadLetters(ctx context.Context, q DeadLetterQuery) (api.ItemPage,
 			v.Set(k, t.UTC().Format(time.RFC3339Nano))
 		}
 	}
+	return v
+}
+
+// Encode returns q as the query DeadLetters sends, its keys sorted
+// ("inbox=planner&limit=10"), "" for the zero query: the words of a
+// message about the call.
+func (q DeadLetterQuery) Encode() string { return q.values().Encode() }
+
+// DeadLetters returns a page of dead letters (failed items), oldest
+// first.
+func (c *API) DeadLetters(ctx context.Context, q DeadLetterQuery) (api.ItemPage, error) {
 	var out api.ItemPage
-	return out, c.get(ctx, withQuery("/v1/dead-letters", v), &out)
+	return out, c.get(ctx, withQuery("/v1/dead-letters", q.values()), &out)
 }
 
 // DeadLetter returns one dead letter (ErrNotFound when the item is not

@@ -72,6 +72,10 @@ type Options struct {
 	// Logger, when set, logs each connection lost (Warn) and, for a
 	// Publisher, each connection made (Info).
 	Logger *slog.Logger
+	// AckTimeout, for a Publisher, is how long it waits for the replies
+	// to one batch before it gives the connection up for dead. Defaults
+	// to DefaultAckTimeout (zero or negative).
+	AckTimeout time.Duration
 }
 
 // Message is one encoded envelope and its event id.

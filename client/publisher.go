@@ -11,7 +11,8 @@ import (
 )
 
 // DefaultAckTimeout is how long Publisher waits for the replies to one
-// batch before it gives the connection up for dead.
+// batch before it gives the connection up for dead, when
+// Options.AckTimeout is zero.
 const DefaultAckTimeout = 30 * time.Second
 
 // Publisher is an outbox.Publisher that sends to a postbox ingress over one
@@ -32,12 +33,13 @@ type Publisher struct {
 
 var _ outbox.Publisher = (*Publisher)(nil)
 
-// NewPublisher returns a Publisher to the ingress at url. ackTimeout <= 0
-// means DefaultAckTimeout.
-func NewPublisher(url string, opts Options, ackTimeout time.Duration) (*Publisher, error) {
+// NewPublisher returns a Publisher to the ingress at url, which waits
+// opts.AckTimeout for the replies to a batch.
+func NewPublisher(url string, opts Options) (*Publisher, error) {
 	if _, err := URL(url); err != nil {
 		return nil, err
 	}
+	ackTimeout := opts.AckTimeout
 	if ackTimeout <= 0 {
 		ackTimeout = DefaultAckTimeout
 	}

@@ -18,7 +18,7 @@ import (
 // place, and the others of the batch are sent.
 func TestPublisherRefusesABodyThatIsNotJSON(t *testing.T) {
 	s := servertest.Start(t, server.Config{}, nil)
-	p, err := client.NewPublisher(s.WS, client.Options{}, 0)
+	p, err := client.NewPublisher(s.WS, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,5 +57,30 @@ func TestPublisherRefusesABodyThatIsNotJSON(t *testing.T) {
 	}
 	if n != 2 {
 		t.Fatalf("the server holds %d events, want 2", n)
+	}
+}
+
+// Options.AckTimeout bounds the wait for a batch's replies: past it the
+// Publisher gives the connection up, well before DefaultAckTimeout.
+func TestPublisherAckTimeoutFromOptions(t *testing.T) {
+	s := servertest.Start(t, server.Config{}, nil)
+	hole := newBlackhole(t, s.Addr)
+	p, err := client.NewPublisher("ws://"+hole.ln.Addr().String(), client.Options{AckTimeout: 200 * time.Millisecond, PingInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	msg := func(id string) []outbox.Message {
+		return []outbox.Message{{EventID: id, Type: "t", Body: []byte(`{}`), TenantID: "dev-1", CreatedAt: time.Now()}}
+	}
+	if _, err := p.Publish(ctx, msg("evt-before-the-hole")); err != nil {
+		t.Fatalf("publish before the network died: %v", err)
+	}
+	hole.dead.Store(true)
+	_, err = p.Publish(ctx, msg("evt-into-the-hole"))
+	if err == nil || !strings.Contains(err.Error(), "no replies within 200ms") {
+		t.Fatalf("publish into a dead network: %v; want no replies within 200ms", err)
 	}
 }

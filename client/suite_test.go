@@ -42,7 +42,7 @@ func runSuite(t *testing.T, overGRPC bool) {
 		if overGRPC {
 			url = "grpc://" + cfg.GRPCListener.Addr().String()
 		}
-		p, err := client.NewPublisher(url, client.Options{}, 0)
+		p, err := client.NewPublisher(url, client.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}

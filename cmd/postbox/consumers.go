@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -49,13 +48,12 @@ offset its subscription materialises, the stream's high watermark and the lag be
 	if err != nil {
 		return err
 	}
-	var cons api.Consumer
-	raw, err := c.get(ctx, "/v1/consumers/"+url.PathEscape(name), &cons)
+	cons, err := c.Consumer(ctx, name)
 	if err != nil {
-		return fmt.Errorf("consumers get %s: %w", name, err)
+		return fmt.Errorf("consumers get %s: %w", name, c.explain(http.MethodGet, "/v1/consumers/"+url.PathEscape(name), err))
 	}
 	if af.json {
-		return printJSON(env, raw)
+		return printValue(env, cons)
 	}
 	return printFields(env, consumerFields(cons))
 }
@@ -127,16 +125,12 @@ reset shows in postbox consumers history NAME.`)
 	default:
 		return usagef("consumers reset: %s: give only one", strings.Join(given, ", "))
 	}
-	var res api.ConsumerReset
-	var raw json.RawMessage
-	if _, err := c.do(ctx, http.MethodPost, "/v1/consumers/"+url.PathEscape(name)+"/reset", req, &raw); err != nil {
-		return fmt.Errorf("consumers reset %s: %w", name, err)
+	res, err := c.ResetConsumer(ctx, name, req)
+	if err != nil {
+		return fmt.Errorf("consumers reset %s: %w", name, c.explain(http.MethodPost, "/v1/consumers/"+url.PathEscape(name)+"/reset", err))
 	}
 	if af.json {
-		return printJSON(env, raw)
-	}
-	if err := json.Unmarshal(raw, &res); err != nil {
-		return fmt.Errorf("consumers reset %s: the server's answer: %w", name, err)
+		return printValue(env, res)
 	}
 	fmt.Fprintf(env.stdout, "consumer %s reset to %s: next offset %d (was %d), high watermark %d, lag %d\n",
 		res.Consumer.Consumer, startText(res.Start), res.NextOffset, res.PreviousNextOffset, res.HighWatermark, res.Lag)
@@ -173,13 +167,12 @@ stream backends (nats and kafka keep none: the command says so).`)
 	if *limit < 1 || *limit > 1000 {
 		return usagef("consumers history: --limit %d: want 1 to 1000", *limit)
 	}
-	var h api.ConsumerHistory
-	raw, err := c.get(ctx, fmt.Sprintf("/v1/consumers/%s/commits?limit=%d", url.PathEscape(name), *limit), &h)
+	h, err := c.ConsumerCommits(ctx, name, *limit)
 	if err != nil {
-		return fmt.Errorf("consumers history %s: %w", name, err)
+		return fmt.Errorf("consumers history %s: %w", name, c.explain(http.MethodGet, fmt.Sprintf("/v1/consumers/%s/commits?limit=%d", url.PathEscape(name), *limit), err))
 	}
 	if af.json {
-		return printJSON(env, raw)
+		return printValue(env, h)
 	}
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "AT\tKIND\tOFFSET\tNEXT_OFFSET\tTO")

@@ -6,13 +6,13 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/postbox-events/postbox/api"
+	"github.com/postbox-events/postbox/client"
 )
 
 // The dead-letter commands: failed items (their last attempt failed, or
@@ -71,38 +71,46 @@ func addSelectionFlags(fs *flag.FlagSet, verb string) *dlqSelection {
 // empty reports whether the selection selects every dead letter.
 func (s *dlqSelection) empty() bool { return *s == dlqSelection{} }
 
-// values checks the selection and returns it as the API's fields, with
-// the times in RFC 3339 (UTC).
-func (s *dlqSelection) values(cmd string, now time.Time) (url.Values, error) {
-	v := url.Values{}
-	for _, f := range []struct{ flag, name, value string }{{"--inbox", "inbox", s.inbox}, {"--subscription", "subscription", s.subscription}} {
+// query checks the selection and returns it as the client's query.
+func (s *dlqSelection) query(cmd string, now time.Time) (client.DeadLetterQuery, error) {
+	var q client.DeadLetterQuery
+	for _, f := range []struct {
+		flag, value string
+		to          *string
+	}{{"--inbox", s.inbox, &q.Inbox}, {"--subscription", s.subscription, &q.Subscription}} {
 		if f.value == "" {
 			continue
 		}
 		if err := checkName(cmd, f.flag, f.value); err != nil {
-			return nil, err
+			return q, err
 		}
-		v.Set(f.name, f.value)
+		*f.to = f.value
 	}
-	var from, to time.Time
 	for _, f := range []struct {
 		name, value string
 		t           *time.Time
-	}{{"from", s.from, &from}, {"to", s.to, &to}} {
+	}{{"from", s.from, &q.From}, {"to", s.to, &q.To}} {
 		if f.value == "" {
 			continue
 		}
 		t, err := parseWhen(f.value, now)
 		if err != nil {
-			return nil, usagef("%s: --%s %v", cmd, f.name, err)
+			return q, usagef("%s: --%s %v", cmd, f.name, err)
 		}
 		*f.t = t
-		v.Set(f.name, t.UTC().Format(time.RFC3339Nano))
 	}
-	if !from.IsZero() && !to.IsZero() && !from.Before(to) {
-		return nil, usagef("%s: --from %s is not before --to %s", cmd, from.UTC().Format(time.RFC3339), to.UTC().Format(time.RFC3339))
+	if !q.From.IsZero() && !q.To.IsZero() && !q.From.Before(q.To) {
+		return q, usagef("%s: --from %s is not before --to %s", cmd, q.From.UTC().Format(time.RFC3339), q.To.UTC().Format(time.RFC3339))
 	}
-	return v, nil
+	return q, nil
+}
+
+// apiTime is t as the API reads it (RFC 3339, UTC), "" for none.
+func apiTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
 }
 
 func runDLQList(ctx context.Context, env *cmdEnv, args []string) error {
@@ -128,22 +136,21 @@ it says so on stderr; --all-pages fetches every page.`)
 	if limit > maxItemsPerCall {
 		return usagef("dlq list: --limit is at most %d, not %d", maxItemsPerCall, limit)
 	}
-	q, err := sel.values("dlq list", time.Now())
+	q, err := sel.query("dlq list", time.Now())
 	if err != nil {
 		return err
 	}
-	q.Set("limit", strconv.Itoa(int(limit)))
-	items, err := fetchPages(ctx, env, c, "dlq list", "/v1/dead-letters", q, int64(after), *allPages, "--all-pages")
+	q.Limit = int(limit)
+	list, err := itemPages(env, "dlq list", "--all-pages", int64(after), *allPages, func(after int64) (api.ItemPage, error) {
+		q.After = after
+		page, err := c.DeadLetters(ctx, q)
+		return page, c.explain(http.MethodGet, "/v1/dead-letters?"+q.Encode(), err)
+	})
 	if err != nil {
 		return fmt.Errorf("dlq list: %w", err)
 	}
-	raw := jsonArray(items)
 	if af.json {
-		return printJSON(env, raw)
-	}
-	var list []api.Item
-	if err := json.Unmarshal(raw, &list); err != nil {
-		return fmt.Errorf("dlq list: the server's answer: %w", err)
+		return printJSON(env, jsonArray(list))
 	}
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tINBOX\tSUBSCRIPTION\tATTEMPTS\tFAILED_AT\tLAST_ERROR")
@@ -153,31 +160,24 @@ it says so on stderr; --all-pages fetches every page.`)
 	return tw.Flush()
 }
 
-// fetchPages gets the page of path (a list answering {"items": [...],
-// "next_after": N}) with the query q after the item after; with all, the
-// pages that follow until the last. When it stops early it says on stderr
-// how to go on: --after N, or allFlag.
-func fetchPages(ctx context.Context, env *cmdEnv, c *apiClient, cmd, path string, q url.Values, after int64, all bool, allFlag string) ([]json.RawMessage, error) {
-	var items []json.RawMessage
+// itemPages gets the page of items after the item after with page; with all, the
+// pages that follow until the last. When it stops early it says on
+// stderr how to go on: --after N, or allFlag.
+func itemPages(env *cmdEnv, cmd, allFlag string, after int64, all bool, page func(after int64) (api.ItemPage, error)) ([]api.Item, error) {
+	var items []api.Item
 	for {
-		if after > 0 {
-			q.Set("after", strconv.FormatInt(after, 10))
-		}
-		var page struct {
-			Items     []json.RawMessage `json:"items"`
-			NextAfter int64             `json:"next_after"`
-		}
-		if _, err := c.get(ctx, path+"?"+q.Encode(), &page); err != nil {
+		p, err := page(after)
+		if err != nil {
 			return nil, err
 		}
-		items = append(items, page.Items...)
+		items = append(items, p.Items...)
 		switch {
-		case page.NextAfter == 0:
+		case p.NextAfter == 0:
 			return items, nil
-		case page.NextAfter <= after:
-			return nil, fmt.Errorf("the server's next_after %d does not move past %d", page.NextAfter, after)
+		case p.NextAfter <= after:
+			return nil, fmt.Errorf("the server's next_after %d does not move past %d", p.NextAfter, after)
 		}
-		after = page.NextAfter
+		after = p.NextAfter
 		if !all {
 			fmt.Fprintf(env.stderr, "%s: more items: --after %d, or %s\n", cmd, after, allFlag)
 			return items, nil
@@ -279,11 +279,11 @@ Prints how many it replayed; an ID that is not a dead letter is an error (exit s
 	case !*all && sel.empty():
 		return usagef("dlq replay: name an ID, or select dead letters with --inbox, --subscription, --from or --to, or replay every one with --all")
 	default:
-		q, err := sel.values("dlq replay", time.Now())
+		q, err := sel.query("dlq replay", time.Now())
 		if err != nil {
 			return err
 		}
-		pick := api.ReplayDeadLetters{Inbox: q.Get("inbox"), Subscription: q.Get("subscription"), From: q.Get("from"), To: q.Get("to"), All: *all}
+		pick := api.ReplayDeadLetters{Inbox: q.Inbox, Subscription: q.Subscription, From: apiTime(q.From), To: apiTime(q.To), All: *all}
 		if out, err = c.ReplayDeadLetters(ctx, pick); err != nil {
 			return fmt.Errorf("dlq replay: %w", c.explain(http.MethodPost, "/v1/dead-letters/replay", err))
 		}

@@ -116,25 +116,12 @@ Without INBOX, lists the inboxes with how many items each holds in each state.`)
 		return usagef("inbox list: --limit is at most %d, not %d", maxItemsPerCall, limit)
 	}
 
-	var items []api.Item
-	next := int64(after)
-	for {
-		page, err := c.Items(ctx, inbox, client.ItemsQuery{State: *state, After: next, Limit: int(limit)})
-		if err != nil {
-			return fmt.Errorf("inbox list %s: %w", inbox, c.explain(http.MethodGet, inboxPath(inbox, "/items"), err))
-		}
-		items = append(items, page.Items...)
-		if page.NextAfter == 0 {
-			break
-		}
-		if page.NextAfter <= next {
-			return fmt.Errorf("inbox list %s: the server's next_after %d does not move past %d", inbox, page.NextAfter, next)
-		}
-		next = page.NextAfter
-		if !*all {
-			fmt.Fprintf(env.stderr, "inbox list: more items: --after %d, or --all\n", next)
-			break
-		}
+	items, err := itemPages(env, "inbox list", "--all", int64(after), *all, func(after int64) (api.ItemPage, error) {
+		page, err := c.Items(ctx, inbox, client.ItemsQuery{State: *state, After: after, Limit: int(limit)})
+		return page, c.explain(http.MethodGet, inboxPath(inbox, "/items"), err)
+	})
+	if err != nil {
+		return fmt.Errorf("inbox list %s: %w", inbox, err)
 	}
 	if af.json {
 		return printJSON(env, jsonArray(items))

@@ -100,14 +100,6 @@ func isAPIError(err error, code api.Code) bool {
 	return errors.As(err, &ae) && ae.Code == code
 }
 
-// do sends method path with in (nil: no body) as JSON and decodes the
-// answer into out (nil: ignore it; *json.RawMessage: keep it as is). It
-// returns the answer's status. An error answer is a *client.APIError.
-func (c *apiClient) do(ctx context.Context, method, path string, in, out any) (int, error) {
-	status, err := c.API.Do(ctx, method, path, in, out)
-	return status, c.explain(method, path, err)
-}
-
 // explain says in the command line's words what a failed call means: no
 // server, no answer in time, or a server without this endpoint.
 func (c *apiClient) explain(method, path string, err error) error {
@@ -129,20 +121,6 @@ func (c *apiClient) explain(method, path string, err error) error {
 	return fmt.Errorf("server %s: %w", c.base, err)
 }
 
-// get is do for a GET that keeps the answer as is and decodes it into out.
-func (c *apiClient) get(ctx context.Context, path string, out any) (json.RawMessage, error) {
-	var raw json.RawMessage
-	if _, err := c.do(ctx, http.MethodGet, path, nil, &raw); err != nil {
-		return nil, err
-	}
-	if out != nil {
-		if err := json.Unmarshal(raw, out); err != nil {
-			return nil, fmt.Errorf("server %s: the answer to GET %s is not what docs/API.md says (%v): %.200s", c.base, path, err, raw)
-		}
-	}
-	return raw, nil
-}
-
 // printJSON prints one JSON value, indented.
 func printJSON(env *cmdEnv, raw json.RawMessage) error {
 	var buf bytes.Buffer
@@ -155,34 +133,6 @@ func printJSON(env *cmdEnv, raw json.RawMessage) error {
 }
 
 // jsonArray encodes v (a slice) as a JSON array; nil is [].
-// wrapErr prefixes err, if any, with what failed.
-func wrapErr(what string, err error) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf("%s: %w", what, err)
-}
-
-// getList fetches path, whose answer holds an array under key, and with
-// --json prints that array (printed is true), or else decodes it.
-func getList[T any](ctx context.Context, env *cmdEnv, c *apiClient, af *apiFlags, path, key string) (list []T, printed bool, err error) {
-	var out map[string]json.RawMessage
-	if _, err := c.get(ctx, path, &out); err != nil {
-		return nil, false, err
-	}
-	raw := out[key]
-	if len(raw) == 0 || string(raw) == "null" {
-		raw = json.RawMessage("[]")
-	}
-	if af.json {
-		return nil, true, printJSON(env, raw)
-	}
-	if err := json.Unmarshal(raw, &list); err != nil {
-		return nil, false, fmt.Errorf("the server's answer: %w", err)
-	}
-	return list, false, nil
-}
-
 func jsonArray[T any](v []T) json.RawMessage {
 	if v == nil {
 		v = []T{}
@@ -221,41 +171,6 @@ func metadataPairs(raw json.RawMessage) string {
 	var m map[string]any
 	json.Unmarshal(raw, &m)
 	return pairs(m)
-}
-
-// apiTime is a time in an answer: RFC 3339, or null (also "") for none.
-type apiTime struct {
-	t   time.Time
-	raw string // what the server sent when it does not parse
-}
-
-func (a *apiTime) UnmarshalJSON(b []byte) error {
-	var s *string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("a time must be an RFC 3339 string or null, got %s", b)
-	}
-	*a = apiTime{}
-	if s == nil || *s == "" {
-		return nil
-	}
-	t, err := time.Parse(time.RFC3339Nano, *s)
-	if err != nil {
-		a.raw = *s
-		return nil
-	}
-	a.t = t
-	return nil
-}
-
-// String is the time in RFC 3339 (UTC, whole seconds), or "-" for none.
-func (a apiTime) String() string {
-	switch {
-	case a.raw != "":
-		return a.raw
-	case a.t.IsZero():
-		return "-"
-	}
-	return a.t.UTC().Format(time.RFC3339)
 }
 
 // orDash is s, or "-" when empty.

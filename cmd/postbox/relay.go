@@ -383,7 +383,7 @@ func relayTarget(ctx context.Context, to, token string, ackTimeout time.Duration
 	case "kafka":
 		return kafkaTarget(ctx, u, q, ackTimeout, log)
 	case "ws", "wss":
-		pub, err := client.NewPublisher(to, client.Options{Token: token, Logger: log}, ackTimeout)
+		pub, err := client.NewPublisher(to, client.Options{Token: token, Logger: log, AckTimeout: ackTimeout})
 		if err != nil {
 			return nil, nil, usagef("--to: %v", err)
 		}

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/api"
 )
 
 // sendChunk is how many events send posts in one request.
@@ -199,10 +200,7 @@ func postEvents(ctx context.Context, agentURL string, body []byte) ([]map[string
 	data, _ := io.ReadAll(resp.Body)
 	var out struct {
 		Events []map[string]any `json:"events"`
-		Error  *struct {
-			Code    string `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
+		Error  *api.Error       `json:"error"`
 	}
 	if err := json.Unmarshal(data, &out); err != nil {
 		return nil, fmt.Errorf("the agent answered %s: %.200s", resp.Status, data)

@@ -30,49 +30,36 @@ func runSources(ctx context.Context, env *cmdEnv, args []string) error {
 	return runGroup(ctx, env, "sources", sourceCommands, args)
 }
 
-// source is a source as the API answers it.
-type source struct {
-	Name     string `json:"name"`
-	Kind     string `json:"kind"`
-	Stream   string `json:"stream"`
-	Path     string `json:"path"`
-	Settings struct {
-		Preset  string `json:"preset"`
-		Secrets []struct {
-			Fingerprint string `json:"fingerprint"`
-		} `json:"secrets"`
-		KeyHeader    string `json:"key_header"`
-		KeyField     string `json:"key_field"`
-		TypeHeader   string `json:"type_header"`
-		TypeField    string `json:"type_field"`
-		ServeFlags   bool   `json:"serve_flags"`
-		Signature    string `json:"signature"`
-		ReplayWindow string `json:"replay_window"`
-		// A poll or feed source's: what it reads upstream.
-		URL         string            `json:"url"`
-		Items       *string           `json:"items"`
-		ID          string            `json:"id"`
-		Type        string            `json:"type"`
-		Time        string            `json:"time"`
-		CursorParam string            `json:"cursor_param"`
-		Next        string            `json:"next"`
-		Interval    string            `json:"interval"`
-		Headers     map[string]string `json:"headers"`
-		Token       string            `json:"token"`
-		Redirects   string            `json:"redirects"`
-	} `json:"settings"`
-	Checkpoint struct {
-		Cursor      string  `json:"cursor"`
-		LastEventAt apiTime `json:"last_event_at"`
-		LastError   string  `json:"last_error"`
-		LastPollAt  apiTime `json:"last_poll_at"`
-		UpdatedAt   apiTime `json:"updated_at"`
-	} `json:"checkpoint"`
-	CreatedAt apiTime `json:"created_at"`
+// sourceView is a source with its kind's settings decoded, for printing.
+type sourceView struct {
+	api.Source
+	hook api.WebhookSourceSettings // a webhook source's
+	poll api.PollSourceSettings    // a poll source's
+	feed api.FeedSourceSettings    // a feed source's
+}
+
+// viewSource is s with the settings of its kind decoded.
+func viewSource(s api.Source) (sourceView, error) {
+	out := sourceView{Source: s}
+	var err error
+	switch s.Kind {
+	case api.SourceWebhook:
+		out.hook, err = s.WebhookSettings()
+	case api.SourcePoll:
+		out.poll, err = s.PollSettings()
+	case api.SourceFeed:
+		out.feed, err = s.FeedSettings()
+	}
+	return out, err
+}
+
+// upstream is the URL a poll or feed source reads, "" for another kind.
+func (s sourceView) upstream() string {
+	return s.poll.URL + s.feed.URL // at most one is set
 }
 
 // identity says where a webhook source takes a webhook's key and type.
-func (s source) identity() (key, typ string) {
+func (s sourceView) identity() (key, typ string) {
 	from := func(header, field, def string) string {
 		switch {
 		case header != "":
@@ -82,7 +69,7 @@ func (s source) identity() (key, typ string) {
 		}
 		return def
 	}
-	st := s.Settings
+	st := s.hook
 	if st.Signature == "standard-webhooks" && st.Preset == "" {
 		return from("", st.KeyField, "webhook-id"), from("", st.TypeField, "field type")
 	}
@@ -198,70 +185,64 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 	if *preset != "" && len(secrets) == 0 {
 		return usagef("sources create: --preset %s verifies signatures: give --secret or --secret-file", *preset)
 	}
-	body := map[string]any{"name": name, "kind": *kind}
-	settings := map[string]any{}
-	for k, v := range map[string]string{"preset": *preset, "key_header": *keyHeader, "key_field": *keyField, "type_header": *typeHeader, "type_field": *typeField, "replay_window": *replayWindow} {
-		if v != "" {
-			settings[k] = v
-		}
-	}
-	if len(secrets) > 0 {
-		settings["secrets"] = []string(secrets)
-	}
-	if *serveFlags {
-		settings["serve_flags"] = true
-	}
-	upstream, err := upstreamFlags(fs, *kind, *pollURL, *feedURL, map[string]string{"items": *items, "id": *idPtr, "type": *typePtr,
-		"time": *timePtr, "cursor_param": *cursorParam, "next": *next, "interval": *interval, "token": *token, "redirects": *redirects}, headers)
+	hook := api.CreateWebhookSettings{Preset: *preset, Secrets: secrets, KeyHeader: *keyHeader, KeyField: *keyField,
+		TypeHeader: *typeHeader, TypeField: *typeField, ServeFlags: *serveFlags, ReplayWindow: *replayWindow}
+	hookGiven := len(secrets) > 0 || *serveFlags || *preset+*keyHeader+*keyField+*typeHeader+*typeField+*replayWindow != ""
+	upstream, err := upstreamFlags(fs, *kind, *pollURL, *feedURL, upstreamOptions{items: *items, id: *idPtr, typ: *typePtr,
+		time: *timePtr, cursorParam: *cursorParam, next: *next, interval: *interval, token: *token, redirects: *redirects}, headers)
 	if err != nil {
 		return err
 	}
 	if upstream != nil {
 		*kind = upstream.kind
-		if len(settings) > 0 {
+		if hookGiven {
 			return usagef("sources create: --preset, --secret, --key-*, --type-* and --replay-window are a webhook source's; a %s source has none", *kind)
 		}
 	}
+	req := api.CreateSource{Name: name, Kind: *kind}
 	switch *kind {
-	case "webhook":
-		body["settings"] = settings
-	case "poll", "feed":
-		body["kind"], body["settings"] = *kind, upstream.settings
-	case "device":
-		if len(settings) > 0 {
+	case api.SourceWebhook:
+		req.Settings, err = json.Marshal(hook)
+	case api.SourcePoll, api.SourceFeed:
+		req.Settings, err = json.Marshal(upstream.settings)
+	case api.SourceDevice:
+		if hookGiven {
 			return usagef("sources create: a device source has no settings")
 		}
 	default:
 		return usagef("sources create: --kind must be webhook, poll, feed or device, not %q", *kind)
 	}
-	var raw json.RawMessage
-	status, err := c.do(ctx, http.MethodPost, "/v1/sources", body, &raw)
 	if err != nil {
+		return fmt.Errorf("sources create %s: %w", name, err)
+	}
+	created, isNew, err := c.CreateSource(ctx, req)
+	if err != nil {
+		err = c.explain(http.MethodPost, "/v1/sources", err)
 		if isAPIError(err, api.CodeConflict) {
 			return fmt.Errorf("sources create %s: %w (delete it first, or pick another name)", name, err)
 		}
 		return fmt.Errorf("sources create %s: %w", name, err)
 	}
 	if af.json {
-		return printJSON(env, raw)
+		return printValue(env, created)
 	}
-	var s source
-	if err := json.Unmarshal(raw, &s); err != nil {
+	s, err := viewSource(created)
+	if err != nil {
 		return fmt.Errorf("sources create %s: the server's answer: %w", name, err)
 	}
 	verb := "created"
-	if status == http.StatusOK {
+	if !isNew {
 		verb = "exists:"
 	}
 	fmt.Fprintf(env.stdout, "%s source %s (%s) → stream %s", verb, s.Name, s.Kind, s.Stream)
 	if s.Path != "" {
-		fmt.Fprintf(env.stdout, "; webhooks: POST %s (signature: %s)", s.Path, s.Settings.Signature)
+		fmt.Fprintf(env.stdout, "; webhooks: POST %s (signature: %s)", s.Path, s.hook.Signature)
 	}
 	switch s.Kind {
-	case "poll":
-		fmt.Fprintf(env.stdout, "; polling %s every %s", s.Settings.URL, cmp.Or(s.Settings.Interval, "5s"))
-	case "feed":
-		fmt.Fprintf(env.stdout, "; following %s", s.Settings.URL)
+	case api.SourcePoll:
+		fmt.Fprintf(env.stdout, "; polling %s every %s", s.poll.URL, cmp.Or(s.poll.Interval, "5s"))
+	case api.SourceFeed:
+		fmt.Fprintf(env.stdout, "; following %s", s.feed.URL)
 	}
 	fmt.Fprintln(env.stdout)
 	return nil
@@ -277,18 +258,25 @@ func runSourcesList(ctx context.Context, env *cmdEnv, args []string) error {
 	if err := noArgs(fs); err != nil {
 		return err
 	}
-	srcs, printed, err := getList[source](ctx, env, c, af, "/v1/sources", "sources")
-	if err != nil || printed {
-		return wrapErr("sources list", err)
+	srcs, err := c.Sources(ctx)
+	if err != nil {
+		return fmt.Errorf("sources list: %w", c.explain(http.MethodGet, "/v1/sources", err))
+	}
+	if af.json {
+		return printJSON(env, jsonArray(srcs))
 	}
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tKIND\tSTREAM\tPATH/UPSTREAM\tSIGNATURE\tCREATED")
-	for _, s := range srcs {
-		where := s.Path
-		if s.Kind == "poll" || s.Kind == "feed" {
-			where = s.Settings.URL // where it reads from
+	for _, src := range srcs {
+		s, err := viewSource(src)
+		if err != nil {
+			return fmt.Errorf("sources list: the server's answer: %w", err)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Kind, s.Stream, orDash(where), orDash(s.Settings.Signature), s.CreatedAt)
+		where := s.Path
+		if s.Kind == api.SourcePoll || s.Kind == api.SourceFeed {
+			where = s.upstream() // where it reads from
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Kind, s.Stream, orDash(where), orDash(s.hook.Signature), when(s.CreatedAt))
 	}
 	return tw.Flush()
 }
@@ -307,17 +295,20 @@ webhooks).`)
 	if err != nil {
 		return err
 	}
-	var s source
-	raw, err := c.get(ctx, "/v1/sources/"+url.PathEscape(name), &s)
+	got, err := c.Source(ctx, name)
 	if err != nil {
-		return fmt.Errorf("sources get %s: %w", name, err)
+		return fmt.Errorf("sources get %s: %w", name, c.explain(http.MethodGet, "/v1/sources/"+url.PathEscape(name), err))
 	}
 	if af.json {
-		return printJSON(env, raw)
+		return printValue(env, got)
+	}
+	s, err := viewSource(got)
+	if err != nil {
+		return fmt.Errorf("sources get %s: the server's answer: %w", name, err)
 	}
 	fields := [][2]string{{"name", s.Name}, {"kind", s.Kind}, {"stream", s.Stream}}
-	if s.Kind == "webhook" {
-		st := s.Settings
+	if s.Kind == api.SourceWebhook {
+		st := s.hook
 		fps := make([]string, len(st.Secrets))
 		for i, sec := range st.Secrets {
 			fps[i] = sec.Fingerprint
@@ -333,34 +324,33 @@ webhooks).`)
 			fields = append(fields, [2]string{"replay window", st.ReplayWindow})
 		}
 	}
-	if s.Kind == "poll" || s.Kind == "feed" {
-		st := s.Settings
-		fields = append(fields, [2]string{"url", st.URL})
-		if s.Kind == "poll" {
-			items := "-"
-			if st.Items != nil {
-				items = strconv.Quote(*st.Items)
-			}
-			names := slices.Sorted(maps.Keys(st.Headers))
-			hs := make([]string, len(names))
-			for i, n := range names {
-				hs[i] = n + ": " + st.Headers[n]
-			}
-			fields = append(fields, [][2]string{{"items", items}, {"id", st.ID}, {"type", st.Type}, {"time", orDash(st.Time)},
-				{"cursor", orDash(strings.TrimSuffix(st.CursorParam+" from "+st.Next, " from "))},
-				{"interval", cmp.Or(st.Interval, "5s")}, {"headers", orDash(strings.Join(hs, ", "))}}...)
-		} else {
-			fields = append(fields, [2]string{"token", orDash(st.Token)})
+	switch s.Kind {
+	case api.SourcePoll:
+		st := s.poll
+		items := "-"
+		if st.Items != nil {
+			items = strconv.Quote(*st.Items)
 		}
-		fields = append(fields, [2]string{"redirects", cmp.Or(st.Redirects, "same-origin")})
+		names := slices.Sorted(maps.Keys(st.Headers))
+		hs := make([]string, len(names))
+		for i, n := range names {
+			hs[i] = n + ": " + st.Headers[n]
+		}
+		fields = append(fields, [][2]string{{"url", st.URL}, {"items", items}, {"id", st.ID}, {"type", st.Type}, {"time", orDash(st.Time)},
+			{"cursor", orDash(strings.TrimSuffix(st.CursorParam+" from "+st.Next, " from "))},
+			{"interval", cmp.Or(st.Interval, "5s")}, {"headers", orDash(strings.Join(hs, ", "))},
+			{"redirects", cmp.Or(st.Redirects, "same-origin")}}...)
+	case api.SourceFeed:
+		st := s.feed
+		fields = append(fields, [][2]string{{"url", st.URL}, {"token", orDash(st.Token)}, {"redirects", cmp.Or(st.Redirects, "same-origin")}}...)
 	}
 	cp := s.Checkpoint
 	checkpoint := "-"
-	if cp.UpdatedAt.String() != "-" {
+	if whenPtr(cp.UpdatedAt) != "-" {
 		checkpoint = fmt.Sprintf("cursor %s, last event %s, last poll %s, last error %s (updated %s)", orDash(cp.Cursor),
-			cp.LastEventAt, cp.LastPollAt, orDash(cp.LastError), cp.UpdatedAt)
+			whenPtr(cp.LastEventAt), whenPtr(cp.LastPollAt), orDash(cp.LastError), whenPtr(cp.UpdatedAt))
 	}
-	fields = append(fields, [][2]string{{"checkpoint", checkpoint}, {"created_at", s.CreatedAt.String()}}...)
+	fields = append(fields, [][2]string{{"checkpoint", checkpoint}, {"created_at", when(s.CreatedAt)}}...)
 	return printFields(env, fields)
 }
 
@@ -379,8 +369,8 @@ subscriptions read is not deleted: the error names them. --json prints
 	if err != nil {
 		return err
 	}
-	if _, err := c.do(ctx, http.MethodDelete, "/v1/sources/"+url.PathEscape(name), nil, nil); err != nil {
-		return fmt.Errorf("sources delete %s: %w", name, err)
+	if err := c.DeleteSource(ctx, name); err != nil {
+		return fmt.Errorf("sources delete %s: %w", name, c.explain(http.MethodDelete, "/v1/sources/"+url.PathEscape(name), err))
 	}
 	if af.json {
 		b, _ := json.Marshal(map[string]any{"name": name, "deleted": true})
@@ -404,14 +394,19 @@ func (h *headerList) Set(v string) error {
 
 // upstreamSource is what sources create's --poll or --feed flags make.
 type upstreamSource struct {
-	kind     string // poll or feed
-	settings map[string]any
+	kind     string // api.SourcePoll or api.SourceFeed
+	settings any    // api.PollSourceSettings or api.FeedSourceSettings
+}
+
+// upstreamOptions are the values of the flags of a poll or feed source.
+type upstreamOptions struct {
+	items, id, typ, time, cursorParam, next, interval, token, redirects string
 }
 
 // upstreamFlags reads the --poll and --feed flags: nil when neither is
 // given (and none of their flags either), else the kind and settings,
 // or a usage error naming the flag.
-func upstreamFlags(fs *flag.FlagSet, kind, pollURL, feedURL string, opts map[string]string, headers []string) (*upstreamSource, error) {
+func upstreamFlags(fs *flag.FlagSet, kind, pollURL, feedURL string, opts upstreamOptions, headers []string) (*upstreamSource, error) {
 	pollOnly := []string{"items", "id", "type", "time", "cursor-param", "next", "interval", "header"}
 	switch {
 	case pollURL != "" && feedURL != "":
@@ -422,11 +417,11 @@ func upstreamFlags(fs *flag.FlagSet, kind, pollURL, feedURL string, opts map[str
 				return nil, usagef("sources create: --%s is a poll or feed source's: give --poll URL or --feed URL", f)
 			}
 		}
-		if kind == "poll" || kind == "feed" {
+		if kind == api.SourcePoll || kind == api.SourceFeed {
 			return nil, usagef("sources create: --kind %s: give --%s URL", kind, kind)
 		}
 		return nil, nil
-	case isSet(fs, "kind") && kind != "poll" && pollURL != "", isSet(fs, "kind") && kind != "feed" && feedURL != "":
+	case isSet(fs, "kind") && kind != api.SourcePoll && pollURL != "", isSet(fs, "kind") && kind != api.SourceFeed && feedURL != "":
 		return nil, usagef("sources create: --kind %s does not go with --poll or --feed", kind)
 	}
 	if feedURL != "" {
@@ -435,13 +430,7 @@ func upstreamFlags(fs *flag.FlagSet, kind, pollURL, feedURL string, opts map[str
 				return nil, usagef("sources create: --%s is a poll source's, not a feed's", f)
 			}
 		}
-		settings := map[string]any{"url": feedURL}
-		for _, k := range []string{"token", "redirects"} {
-			if opts[k] != "" {
-				settings[k] = opts[k]
-			}
-		}
-		return &upstreamSource{kind: "feed", settings: settings}, nil
+		return &upstreamSource{kind: api.SourceFeed, settings: api.FeedSourceSettings{URL: feedURL, Token: opts.token, Redirects: opts.redirects}}, nil
 	}
 	if isSet(fs, "feed-token") {
 		return nil, usagef("sources create: --feed-token is a feed source's; a poll source sends --header 'Authorization: env:VAR'")
@@ -449,30 +438,25 @@ func upstreamFlags(fs *flag.FlagSet, kind, pollURL, feedURL string, opts map[str
 	if !isSet(fs, "items") {
 		return nil, usagef("sources create: --poll needs --items: a JSON pointer to the array of items in an answer, e.g. --items /events ('' for the answer itself)")
 	}
-	for _, f := range []string{"id", "type"} {
-		if opts[f] == "" {
-			return nil, usagef("sources create: --poll needs --%s: a JSON pointer to each item's %s, e.g. --%s /%s", f, f, f, f)
+	for _, f := range []struct{ name, v string }{{"id", opts.id}, {"type", opts.typ}} {
+		if f.v == "" {
+			return nil, usagef("sources create: --poll needs --%s: a JSON pointer to each item's %s, e.g. --%s /%s", f.name, f.name, f.name, f.name)
 		}
 	}
-	if (opts["cursor_param"] == "") != (opts["next"] == "") {
+	if (opts.cursorParam == "") != (opts.next == "") {
 		return nil, usagef("sources create: --cursor-param and --next go together: the cursor read at --next goes back as ?PARAM=CURSOR")
 	}
-	settings := map[string]any{"url": pollURL, "items": opts["items"]}
-	for _, k := range []string{"id", "type", "time", "cursor_param", "next", "interval", "redirects"} {
-		if opts[k] != "" {
-			settings[k] = opts[k]
-		}
-	}
+	settings := api.PollSourceSettings{URL: pollURL, Items: &opts.items, ID: opts.id, Type: opts.typ, Time: opts.time,
+		CursorParam: opts.cursorParam, Next: opts.next, Interval: opts.interval, Redirects: opts.redirects}
 	if len(headers) > 0 {
-		hs := map[string]string{}
+		settings.Headers = map[string]string{}
 		for _, h := range headers {
 			name, v, err := poll.ParseHeader(h)
 			if err != nil {
 				return nil, usagef("sources create: --header: %v", err)
 			}
-			hs[name] = v
+			settings.Headers[name] = v
 		}
-		settings["headers"] = hs
 	}
-	return &upstreamSource{kind: "poll", settings: settings}, nil
+	return &upstreamSource{kind: api.SourcePoll, settings: settings}, nil
 }

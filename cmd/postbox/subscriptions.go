@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -29,11 +28,6 @@ var subscriptionCommands = []subcommand{
 
 func runSubscriptions(ctx context.Context, env *cmdEnv, args []string) error {
 	return runGroup(ctx, env, "subscriptions", subscriptionCommands, args)
-}
-
-// subscription is a subscription as the API answers it.
-type subscription struct {
-	api.Subscription
 }
 
 // deref is *p, or "" for nil.
@@ -75,8 +69,8 @@ func stringPairs(m map[string]string) string {
 	return pairs(a)
 }
 
-// startText is the start policy with its offset or time.
-func (s subscription) startText() string {
+// subscriptionStart is the start policy of s with its offset or time.
+func subscriptionStart(s api.Subscription) string {
 	switch s.Start {
 	case "at_offset":
 		return fmt.Sprintf("at_offset %d", s.StartOffset)
@@ -88,7 +82,7 @@ func (s subscription) startText() string {
 
 // endpointFields are the lines of a subscription's endpoint settings, a
 // server default as "default".
-func (s subscription) endpointFields() [][2]string {
+func endpointFields(s api.Subscription) [][2]string {
 	or := func(v string) string {
 		if v == "" {
 			return "default"
@@ -208,140 +202,142 @@ func addEndpointFlags(fs *flag.FlagSet, update bool) *endpointFlags {
 	return f
 }
 
-// fields returns the body fields of the flags given, checking them; with
-// update, "default" resets a setting (null).
-func (f *endpointFlags) fields(cmd string, given map[string]bool, update bool) (map[string]any, error) {
-	out := map[string]any{}
+// endpointChange is what the endpoint flags set and reset.
+type endpointChange struct {
+	set   api.EndpointSettings
+	reset []string // the settings (their JSON names) set back to the server's default
+	n     int      // how many settings the flags set or reset
+}
+
+// fields returns the settings of the flags given, checking them; with
+// update, "default" resets a setting.
+func (f *endpointFlags) fields(cmd string, given map[string]bool, update bool) (endpointChange, error) {
+	var out endpointChange
+	set := func(p **string, v string) { *p = &v; out.n++ }
+	setInt := func(p **int, v int) { *p = &v; out.n++ }
+	reset := func(name string) { out.reset = append(out.reset, name); out.n++ }
 	if given["secret"] && given["secret-file"] {
-		return nil, usagef("%s: --secret and --secret-file exclude each other", cmd)
+		return out, usagef("%s: --secret and --secret-file exclude each other", cmd)
 	}
 	if given["secret-file"] {
 		b, err := os.ReadFile(f.secretFile)
 		if err != nil {
-			return nil, usagef("%s: --secret-file: %v", cmd, err)
+			return out, usagef("%s: --secret-file: %v", cmd, err)
 		}
 		f.secret, given["secret"] = strings.TrimSpace(string(b)), true
 	}
 	if given["secret"] {
 		if !strings.HasPrefix(f.secret, "whsec_") {
-			return nil, usagef("%s: --secret must be whsec_ and base64", cmd)
+			return out, usagef("%s: --secret must be whsec_ and base64", cmd)
 		}
 		if given["no-secret"] {
-			return nil, usagef("%s: --secret and --no-secret exclude each other", cmd)
+			return out, usagef("%s: --secret and --no-secret exclude each other", cmd)
 		}
-		out["secret"] = f.secret
+		set(&out.set.Secret, f.secret)
 	}
 	if given["no-secret"] {
-		out["secret"] = nil
+		reset("secret")
 	}
 	if given["secret-overlap"] {
 		if !given["secret"] {
-			return nil, usagef("%s: --secret-overlap goes with --secret", cmd)
+			return out, usagef("%s: --secret-overlap goes with --secret", cmd)
 		}
 		if d, err := time.ParseDuration(f.secretOverlap); err != nil || d <= 0 {
-			return nil, usagef("%s: --secret-overlap %q is not a positive duration (e.g. 24h)", cmd, f.secretOverlap)
+			return out, usagef("%s: --secret-overlap %q is not a positive duration (e.g. 24h)", cmd, f.secretOverlap)
 		}
-		out["secret_overlap"] = f.secretOverlap
+		set(&out.set.SecretOverlap, f.secretOverlap)
 	}
 	if given["header"] {
 		if given["no-headers"] {
-			return nil, usagef("%s: --header and --no-headers exclude each other", cmd)
+			return out, usagef("%s: --header and --no-headers exclude each other", cmd)
 		}
-		out["headers"] = map[string]string(f.headers)
+		out.set.Headers, out.n = f.headers, out.n+1
 	}
 	if given["no-headers"] {
-		out["headers"] = nil
+		reset("headers")
 	}
 	if given["format"] {
 		switch v := strings.ToLower(strings.TrimSpace(f.format)); v {
 		case "postbox", "cloudevents":
-			out["format"] = v
+			set(&out.set.Format, v)
 		case "default":
 			if !update {
-				return nil, usagef("%s: --format %q: want postbox or cloudevents", cmd, f.format)
+				return out, usagef("%s: --format %q: want postbox or cloudevents", cmd, f.format)
 			}
-			out["format"] = nil
+			reset("format")
 		default:
-			return nil, usagef("%s: --format %q: want postbox or cloudevents", cmd, f.format)
+			return out, usagef("%s: --format %q: want postbox or cloudevents", cmd, f.format)
 		}
 	}
-	for _, d := range []struct{ flag, field, v string }{
-		{"timeout", "timeout", f.timeout}, {"retry-base-delay", "retry_base_delay", f.baseDelay}, {"retry-max-delay", "retry_max_delay", f.maxDelay},
-		{"breaker-probe", "breaker_probe", f.breakerProbe}, {"disable-after", "disable_after", f.disableAfter},
+	for _, d := range []struct {
+		flag, field, v string
+		to             **string
+	}{
+		{"timeout", "timeout", f.timeout, &out.set.Timeout}, {"retry-base-delay", "retry_base_delay", f.baseDelay, &out.set.RetryBaseDelay},
+		{"retry-max-delay", "retry_max_delay", f.maxDelay, &out.set.RetryMaxDelay},
+		{"breaker-probe", "breaker_probe", f.breakerProbe, &out.set.BreakerProbe}, {"disable-after", "disable_after", f.disableAfter, &out.set.DisableAfter},
 	} {
 		switch {
 		case !given[d.flag]:
 		case update && d.v == "default":
-			out[d.field] = nil
+			reset(d.field)
 		default:
 			if w, err := time.ParseDuration(d.v); err != nil || w <= 0 {
-				return nil, usagef("%s: --%s %q is not a positive duration (e.g. 10s)", cmd, d.flag, d.v)
+				return out, usagef("%s: --%s %q is not a positive duration (e.g. 10s)", cmd, d.flag, d.v)
 			}
-			out[d.field] = d.v
+			set(d.to, d.v)
 		}
 	}
 	switch {
 	case !given["retry-schedule"]:
 	case update && f.schedule == "default":
-		out["retry_schedule"] = nil
+		reset("retry_schedule")
 	default:
 		for part := range strings.SplitSeq(f.schedule, ",") {
 			if w, err := time.ParseDuration(strings.TrimSpace(part)); err != nil || w <= 0 {
-				return nil, usagef("%s: --retry-schedule %q: %q is not a positive duration (want e.g. 5s,1m,10m)", cmd, f.schedule, part)
+				return out, usagef("%s: --retry-schedule %q: %q is not a positive duration (want e.g. 5s,1m,10m)", cmd, f.schedule, part)
 			}
 		}
-		out["retry_schedule"] = f.schedule
+		set(&out.set.RetrySchedule, f.schedule)
 	}
 	switch {
 	case !given["max-attempts"]:
 	case update && f.maxAttempts == "default":
-		out["max_attempts"] = nil
+		reset("max_attempts")
 	default:
 		n, err := strconv.Atoi(f.maxAttempts)
 		if err != nil || n <= 0 {
-			return nil, usagef("%s: --max-attempts %q is not a positive whole number", cmd, f.maxAttempts)
+			return out, usagef("%s: --max-attempts %q is not a positive whole number", cmd, f.maxAttempts)
 		}
-		out["max_attempts"] = n
+		setInt(&out.set.MaxAttempts, n)
 	}
 	for _, c := range []struct {
 		flag, field, v string
 		least          int
-	}{{"concurrency", "concurrency", f.concurrency, 1}, {"breaker-failures", "breaker_failures", f.breakerFailures, 0}} {
+		to             **int
+	}{{"concurrency", "concurrency", f.concurrency, 1, &out.set.Concurrency}, {"breaker-failures", "breaker_failures", f.breakerFailures, 0, &out.set.BreakerFailures}} {
 		switch {
 		case !given[c.flag]:
 		case update && c.v == "default":
-			out[c.field] = nil
+			reset(c.field)
 		default:
 			n, err := strconv.Atoi(c.v)
 			if err != nil || n < c.least {
-				return nil, usagef("%s: --%s %q is not a whole number of %d or more", cmd, c.flag, c.v, c.least)
+				return out, usagef("%s: --%s %q is not a whole number of %d or more", cmd, c.flag, c.v, c.least)
 			}
-			out[c.field] = n
+			setInt(c.to, n)
 		}
 	}
 	switch {
 	case !given["rate"]:
 	case update && f.rate == "default":
-		out["rate"] = nil
+		reset("rate")
 	case !strings.Contains(f.rate, "/"):
-		return nil, usagef("%s: --rate %q: want attempts per period, such as 50/s, 600/m or 10/500ms", cmd, f.rate)
+		return out, usagef("%s: --rate %q: want attempts per period, such as 50/s, 600/m or 10/500ms", cmd, f.rate)
 	default:
-		out["rate"] = f.rate // the server checks the rest, naming the field
+		set(&out.set.Rate, f.rate) // the server checks the rest, naming the field
 	}
 	return out, nil
-}
-
-// createSubscription is the body of POST /v1/subscriptions.
-type createSubscription struct {
-	Name        string            `json:"name"`
-	Source      string            `json:"source"`
-	Types       []string          `json:"types,omitempty"`
-	Metadata    map[string]string `json:"metadata,omitempty"`
-	Inbox       string            `json:"inbox,omitempty"`
-	Start       string            `json:"start"`
-	StartOffset int64             `json:"start_offset,omitempty"`
-	StartTime   string            `json:"start_time,omitempty"`
-	Target      string            `json:"target,omitempty"`
 }
 
 // patternList is a repeatable flag of comma-separated patterns.
@@ -468,10 +464,11 @@ definition under the same name is a conflict (exit status 1).`)
 	if err != nil {
 		return err
 	}
-	if len(settings) > 0 && target == "" {
+	if settings.n > 0 && target == "" {
 		return usagef("subscriptions create: endpoint settings (--secret, --header, --timeout, --retry-*, --max-attempts) need --target")
 	}
-	body := createSubscription{Name: name, Source: *source, Types: types, Inbox: *inbox, Start: *start, Target: string(target)}
+	body := api.CreateSubscription{Name: name, Source: *source, Types: types, Inbox: *inbox, Start: *start, Target: string(target),
+		EndpointSettings: settings.set}
 	if len(match) > 0 {
 		body.Metadata = match
 	}
@@ -506,26 +503,22 @@ definition under the same name is a conflict (exit status 1).`)
 		}
 	}
 
-	var raw json.RawMessage
-	status, err := c.do(ctx, http.MethodPost, "/v1/subscriptions", withFields(body, settings), &raw)
+	s, created, err := c.CreateSubscription(ctx, body)
 	if err != nil {
+		err = c.explain(http.MethodPost, "/v1/subscriptions", err)
 		if isAPIError(err, api.CodeConflict) {
 			return fmt.Errorf("subscriptions create %s: %w (delete it first, or pick another name)", name, err)
 		}
 		return fmt.Errorf("subscriptions create %s: %w", name, err)
 	}
 	if af.json {
-		return printJSON(env, raw)
-	}
-	var s subscription
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return fmt.Errorf("subscriptions create %s: the server's answer: %w", name, err)
+		return printValue(env, s)
 	}
 	verb := "created"
-	if status == http.StatusOK {
+	if !created {
 		verb = "exists:"
 	}
-	fmt.Fprintf(env.stdout, "%s subscription %s on %s (start %s) → inbox %s", verb, s.Name, s.Source, s.startText(), s.Inbox)
+	fmt.Fprintf(env.stdout, "%s subscription %s on %s (start %s) → inbox %s", verb, s.Name, s.Source, subscriptionStart(s), s.Inbox)
 	if s.Target != nil {
 		fmt.Fprintf(env.stdout, " → POST %s", *s.Target)
 	}
@@ -543,15 +536,18 @@ func runSubscriptionsList(ctx context.Context, env *cmdEnv, args []string) error
 	if err := noArgs(fs); err != nil {
 		return err
 	}
-	subs, printed, err := getList[subscription](ctx, env, c, af, "/v1/subscriptions", "subscriptions")
-	if err != nil || printed {
-		return wrapErr("subscriptions list", err)
+	subs, err := c.Subscriptions(ctx)
+	if err != nil {
+		return fmt.Errorf("subscriptions list: %w", c.explain(http.MethodGet, "/v1/subscriptions", err))
+	}
+	if af.json {
+		return printJSON(env, jsonArray(subs))
 	}
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSOURCE\tINBOX\tTYPES\tMATCH\tSTART\tTARGET\tNEXT_OFFSET\tLAG\tCREATED")
 	for _, s := range subs {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", s.Name, s.Source, s.Inbox, typesText(s.Types),
-			stringPairs(s.Metadata), s.startText(), orDash(deref(s.Target)), s.NextOffset, s.Lag, when(s.CreatedAt))
+			stringPairs(s.Metadata), subscriptionStart(s), orDash(deref(s.Target)), s.NextOffset, s.Lag, when(s.CreatedAt))
 	}
 	return tw.Flush()
 }
@@ -574,21 +570,20 @@ func runSubscriptionsGet(ctx context.Context, env *cmdEnv, args []string) error 
 	if err != nil {
 		return err
 	}
-	var s subscription
-	raw, err := c.get(ctx, "/v1/subscriptions/"+url.PathEscape(name), &s)
+	s, err := c.Subscription(ctx, name)
 	if err != nil {
-		return fmt.Errorf("subscriptions get %s: %w", name, err)
+		return fmt.Errorf("subscriptions get %s: %w", name, c.explain(http.MethodGet, "/v1/subscriptions/"+url.PathEscape(name), err))
 	}
 	if af.json {
-		return printJSON(env, raw)
+		return printValue(env, s)
 	}
 	fields := [][2]string{
 		{"name", s.Name}, {"source", s.Source}, {"stream", s.Stream}, {"inbox", s.Inbox},
-		{"types", typesText(s.Types)}, {"match", stringPairs(s.Metadata)}, {"start", s.startText()},
+		{"types", typesText(s.Types)}, {"match", stringPairs(s.Metadata)}, {"start", subscriptionStart(s)},
 		{"target", orDash(deref(s.Target))},
 	}
 	if s.Target != nil {
-		fields = append(fields, s.endpointFields()...)
+		fields = append(fields, endpointFields(s)...)
 	}
 	return printFields(env, append(fields, [][2]string{
 		{"created_at", when(s.CreatedAt)},
@@ -596,23 +591,6 @@ func runSubscriptionsGet(ctx context.Context, env *cmdEnv, args []string) error 
 		{"high_watermark", strconv.FormatInt(s.HighWatermark, 10)},
 		{"lag", strconv.FormatInt(s.Lag, 10)},
 	}...))
-}
-
-// withFields is the JSON object of v with fields added.
-func withFields(v any, fields map[string]any) any {
-	if len(fields) == 0 {
-		return v
-	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return v
-	}
-	out := map[string]any{}
-	if json.Unmarshal(b, &out) != nil {
-		return v
-	}
-	maps.Copy(out, fields)
-	return out
 }
 
 func runSubscriptionsSetTarget(ctx context.Context, env *cmdEnv, args []string) error {
@@ -641,34 +619,31 @@ endpoint: its settings apply to every subscription filling the inbox with the ta
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	body, err := ef.fields("subscriptions set-target", given, true)
+	change, err := ef.fields("subscriptions set-target", given, true)
 	if err != nil {
 		return err
 	}
+	body := api.UpdateSubscription{EndpointSettings: change.set, Reset: change.reset}
 	switch {
 	case target != "" && *none:
 		return usagef("subscriptions set-target: --target and --none exclude each other")
 	case target != "":
-		body["target"] = string(target)
+		body.Target = (*string)(&target)
 	case *none:
-		body["target"] = nil
-	case len(body) == 0:
+		body.Target = new(string) // "": no target
+	case change.n == 0:
 		return usagef("subscriptions set-target: give --target URL, --none or an endpoint flag (--secret, --header, --timeout, --retry-schedule, --max-attempts, --rate, --concurrency, --breaker-failures, ...)")
 	}
-	var raw json.RawMessage
-	if _, err := c.do(ctx, http.MethodPatch, "/v1/subscriptions/"+url.PathEscape(name), body, &raw); err != nil {
-		return fmt.Errorf("subscriptions set-target %s: %w", name, err)
+	s, err := c.UpdateSubscription(ctx, name, body)
+	if err != nil {
+		return fmt.Errorf("subscriptions set-target %s: %w", name, c.explain(http.MethodPatch, "/v1/subscriptions/"+url.PathEscape(name), err))
 	}
 	if af.json {
-		return printJSON(env, raw)
-	}
-	var s subscription
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return fmt.Errorf("subscriptions set-target %s: %w", name, err)
+		return printValue(env, s)
 	}
 	fmt.Fprintf(env.stdout, "subscription %s: target %s\n", name, orDash(deref(s.Target)))
-	if _, onlyTarget := body["target"]; s.Target != nil && (len(body) > 1 || !onlyTarget) {
-		for _, kv := range s.endpointFields() {
+	if s.Target != nil && change.n > 0 {
+		for _, kv := range endpointFields(s) {
 			fmt.Fprintf(env.stdout, "  %s: %s\n", kv[0], kv[1])
 		}
 	}
@@ -688,8 +663,8 @@ items stay in their inbox. The server answers with no body; --json prints
 	if err != nil {
 		return err
 	}
-	if _, err := c.do(ctx, http.MethodDelete, "/v1/subscriptions/"+url.PathEscape(name), nil, nil); err != nil {
-		return fmt.Errorf("subscriptions delete %s: %w", name, err)
+	if err := c.DeleteSubscription(ctx, name); err != nil {
+		return fmt.Errorf("subscriptions delete %s: %w", name, c.explain(http.MethodDelete, "/v1/subscriptions/"+url.PathEscape(name), err))
 	}
 	if af.json {
 		b, _ := json.Marshal(map[string]any{"name": name, "deleted": true})
@@ -713,16 +688,12 @@ until this command. Enabling a closed endpoint changes nothing.`)
 	if err != nil {
 		return err
 	}
-	var raw json.RawMessage
-	if _, err := c.do(ctx, http.MethodPost, "/v1/subscriptions/"+url.PathEscape(name)+"/enable", nil, &raw); err != nil {
-		return fmt.Errorf("subscriptions enable %s: %w", name, err)
+	s, err := c.EnableSubscription(ctx, name)
+	if err != nil {
+		return fmt.Errorf("subscriptions enable %s: %w", name, c.explain(http.MethodPost, "/v1/subscriptions/"+url.PathEscape(name)+"/enable", err))
 	}
 	if af.json {
-		return printJSON(env, raw)
-	}
-	var s subscription
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return fmt.Errorf("subscriptions enable %s: %w", name, err)
+		return printValue(env, s)
 	}
 	fmt.Fprintf(env.stdout, "subscription %s: endpoint %s, breaker %s\n", name, orDash(deref(s.Target)), breakerText(s.Breaker))
 	return nil

@@ -92,7 +92,7 @@ func New(cfg Config) (*Agent, error) {
 	default:
 		return nil, fmt.Errorf("agent: synchronous must be FULL or NORMAL, not %q", cfg.Synchronous)
 	}
-	opts := client.Options{Token: cfg.Token, Logger: cfg.Logger}
+	opts := client.Options{Token: cfg.Token, Logger: cfg.Logger, AckTimeout: cfg.AckTimeout}
 	if cfg.CACert != "" {
 		tc, err := tlsca.Config(cfg.CACert)
 		if err != nil {
@@ -102,7 +102,7 @@ func New(cfg Config) (*Agent, error) {
 		tr.TLSClientConfig = tc
 		opts.HTTPClient, opts.TLSConfig = &http.Client{Transport: tr}, tc
 	}
-	pub, err := client.NewPublisher(cfg.Server, opts, cfg.AckTimeout)
+	pub, err := client.NewPublisher(cfg.Server, opts)
 	if err != nil {
 		return nil, fmt.Errorf("agent: --server: %w", err)
 	}

@@ -21,7 +21,7 @@ import (
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/httproute"
 	"github.com/postbox-events/postbox/internal/ingress"
-	ingest "github.com/postbox-events/postbox/internal/intake" // as ingest: the webhooks' own type is named intake
+	"github.com/postbox-events/postbox/internal/intake"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -144,11 +144,11 @@ const maxErrorMessage = 1024
 // writeErr answers err with the status and code of its kind.
 func (s *Server) writeErr(w http.ResponseWriter, err error) {
 	switch {
-	case errors.Is(err, delivery.ErrNotFound), errors.Is(err, ingest.ErrNotFound), errors.Is(err, stream.ErrStreamNotFound), errors.Is(err, stream.ErrConsumerNotFound):
+	case errors.Is(err, delivery.ErrNotFound), errors.Is(err, intake.ErrNotFound), errors.Is(err, stream.ErrStreamNotFound), errors.Is(err, stream.ErrConsumerNotFound):
 		writeError(w, api.CodeNotFound, "%v", err)
-	case errors.Is(err, delivery.ErrConflict), errors.Is(err, ingest.ErrConflict):
+	case errors.Is(err, delivery.ErrConflict), errors.Is(err, intake.ErrConflict):
 		writeError(w, api.CodeConflict, "%v", err)
-	case errors.Is(err, delivery.ErrInvalid), errors.Is(err, ingest.ErrInvalid), errors.Is(err, stream.ErrOffsetOutOfRange), errors.Is(err, stream.ErrInvalidStart):
+	case errors.Is(err, delivery.ErrInvalid), errors.Is(err, intake.ErrInvalid), errors.Is(err, stream.ErrOffsetOutOfRange), errors.Is(err, stream.ErrInvalidStart):
 		writeError(w, api.CodeInvalidField, "%v", err)
 	case errors.Is(err, delivery.ErrLeaseLost):
 		writeError(w, api.CodeLeaseLost, "%v", err)

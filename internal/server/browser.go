@@ -7,6 +7,7 @@ import (
 
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/ingress"
+	"github.com/postbox-events/postbox/internal/intake"
 )
 
 // A web page the operator opens can send requests to a server on their
@@ -87,7 +88,7 @@ func (g *browserGuard) wrap(h http.Handler, routed func(*http.Request) bool) htt
 				"from a browser; serve --allowed-origins ORIGIN (POSTBOX_ALLOWED_ORIGINS) lets another", r.Method, r.URL.Path, origin)
 			return
 		}
-		if changes(r) && r.ContentLength != 0 && !jsonMediaType(r.Header.Get("Content-Type")) && routed(r) {
+		if changes(r) && r.ContentLength != 0 && !intake.IsJSONMediaType(r.Header.Get("Content-Type")) && routed(r) {
 			ct := r.Header.Get("Content-Type")
 			if ct == "" {
 				ct = "none"

@@ -38,7 +38,7 @@ import (
 	"github.com/postbox-events/postbox/internal/httpdeadline"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/ingresspb"
-	ingest "github.com/postbox-events/postbox/internal/intake" // as ingest: the webhooks' own type is named intake
+	"github.com/postbox-events/postbox/internal/intake"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -213,8 +213,8 @@ type Server struct {
 	webhookKeys [][]byte
 	sources     sourceCache    // webhook sources read recently (sources.go)
 	wh          webhookState   // the webhook intake's own (webhooks.go)
-	runner      *ingest.Runner // the adapters of sources that read upstream
-	sourceStore *ingest.Store  // sources and their checkpoints
+	runner      *intake.Runner // the adapters of sources that read upstream
+	sourceStore *intake.Store  // sources and their checkpoints
 	ingress     *ingress.Ingress
 	reg         *prometheus.Registry
 	ln          net.Listener
@@ -225,7 +225,7 @@ type Server struct {
 	conns       *connLimit
 	storeHealth *storeHealth
 	stats       *statsSampler
-	deviceGate  *ingest.Gate // whether the device source takes events
+	deviceGate  *intake.Gate // whether the device source takes events
 	closeOnce   sync.Once
 	closeErr    error
 
@@ -269,7 +269,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	m.registerQueue(writer)
 	metrics := ingress.NewMetrics(teeRegisterer{reg, statsReg})
-	gate := ingest.NewGate(DeviceSource, sourceCacheTTL, cfg.Logger)
+	gate := intake.NewGate(DeviceSource, sourceCacheTTL, cfg.Logger)
 	in, err := ingress.New(writer, ingress.Config{
 		SourceGone:   gate.Check,
 		StreamID:     DeviceSource,

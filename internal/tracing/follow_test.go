@@ -92,7 +92,7 @@ func TestTraceFollowsEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := client.NewPublisher(ts.WS, client.Options{}, 0)
+	pub, err := client.NewPublisher(ts.WS, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ func Example() {
 	defer func() { cancel(); wg.Wait(); store.Close() }()
 	wg.Go(func() { store.Run(ctx) }) // the group-commit writer of inserts
 
-	pub, err := client.NewPublisher("ws://127.0.0.1:1", client.Options{}, 0)
+	pub, err := client.NewPublisher("ws://127.0.0.1:1", client.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}
