@@ -169,6 +169,8 @@ type Config struct {
 	Logger   *slog.Logger     // defaults to one that discards
 	Now      func() time.Time // defaults to time.Now
 	Metrics  *Metrics         // nil: none
+
+	testSignals *testSignals // nil but in tests (WithTestSignals)
 }
 
 func (cfg *Config) setDefaults() {
@@ -342,6 +344,7 @@ func (d *Delivery) Run(ctx context.Context) error {
 				l.cancel()
 				<-l.done
 			}
+			d.cfg.testSignals.stop()
 			workers.Wait()
 			close(d.completions) // the workers acked what they finished
 			acker.Wait()

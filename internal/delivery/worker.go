@@ -154,6 +154,7 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler, target
 				case <-ctx.Done():
 				}
 				t.Stop()
+				d.cfg.testSignals.roundEnded(inbox, 0)
 				continue
 			}
 			if allowed > 0 {
@@ -178,6 +179,7 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler, target
 			if probe && !d.claimProbe(ctx, inbox, ep, fl) { // another process probes
 				d.slots.release(len(l.Items))
 				d.handBack(inbox, l.Token, l.Items)
+				d.cfg.testSignals.roundEnded(inbox, len(l.Items))
 				continue
 			}
 			fl.took(len(l.Items), ep)
@@ -192,6 +194,7 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler, target
 				// lease's.
 				b.taken = make(chan struct{})
 			}
+			d.cfg.testSignals.roundEnded(inbox, len(l.Items)) // before a worker can take them
 			leased <- b
 			if b.taken != nil {
 				select {
@@ -211,6 +214,7 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler, target
 		case <-ctx.Done():
 		}
 		t.Stop()
+		d.cfg.testSignals.roundEnded(inbox, 0)
 	}
 }
 
