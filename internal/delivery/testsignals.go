@@ -10,8 +10,10 @@ import "sync"
 // buffer, then causes the step and reads its signals.
 type testSignals struct {
 	// dispatched receives the end of each round of an inbox's dispatcher
-	// that leased items, paused (its endpoint's breaker or limits) or
-	// found nothing to lease.
+	// that leased items (those of a probe another process holds are
+	// handed back at once), paused (its endpoint's breaker or limits) or
+	// found nothing due. A round that failed to read or lease is not
+	// signalled.
 	dispatched chan dispatchRound
 	// stopping is closed once Run has stopped its loops and waits for the
 	// attempts in flight.
