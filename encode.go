@@ -1,10 +1,9 @@
 package postbox
 
 import (
+	"encoding/json"
 	"strconv"
 	"unicode/utf8"
-
-	"github.com/postbox-events/postbox/internal/jsonenc"
 )
 
 // AppendJSON appends e as JSON: its fields as json.Marshal writes them,
@@ -36,22 +35,22 @@ func (e *Envelope) AppendJSON(dst []byte) ([]byte, error) {
 	dst = append(dst, `{"schema_version":`...)
 	dst = strconv.AppendInt(dst, int64(e.SchemaVersion), 10)
 	dst = append(dst, `,"event_id":`...)
-	dst = jsonenc.AppendString(dst, e.EventID)
+	dst = appendString(dst, e.EventID)
 	dst = append(dst, `,"type":`...)
-	dst = jsonenc.AppendString(dst, e.Type)
+	dst = appendString(dst, e.Type)
 	dst = append(dst, `,"ts":`...)
-	dst = jsonenc.AppendString(dst, e.TS)
+	dst = appendString(dst, e.TS)
 	dst = append(dst, `,"session_id":`...)
-	dst = jsonenc.AppendString(dst, e.SessionID)
+	dst = appendString(dst, e.SessionID)
 	dst = append(dst, `,"device_id":`...)
-	dst = jsonenc.AppendString(dst, e.DeviceID)
+	dst = appendString(dst, e.DeviceID)
 	if e.TraceParent != "" {
 		dst = append(dst, `,"traceparent":`...)
-		dst = jsonenc.AppendString(dst, e.TraceParent)
+		dst = appendString(dst, e.TraceParent)
 	}
 	if e.TraceState != "" {
 		dst = append(dst, `,"tracestate":`...)
-		dst = jsonenc.AppendString(dst, e.TraceState)
+		dst = appendString(dst, e.TraceState)
 	}
 	if e.Seq != nil {
 		dst = append(dst, `,"seq":`...)
@@ -62,11 +61,28 @@ func (e *Envelope) AppendJSON(dst []byte) ([]byte, error) {
 	return append(dst, '}'), nil
 }
 
-// PayloadDepth returns how deep the arrays and objects of the JSON value
+// appendString appends s as encoding/json writes a string: the same
+// bytes, escapes included (HTML characters, invalid UTF-8, U+2028 and
+// U+2029). Plain ASCII is copied as it is; anything else goes through
+// encoding/json. internal/jsonenc.AppendString is the same for the rest
+// of postbox: this package imports the standard library only.
+func appendString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+// payloadDepth returns how deep the arrays and objects of the JSON value
 // payload nest: 0 for a scalar, 1 for {"a":1}; -1 when it is not one
 // valid JSON value. A payload deeper than MaxPayloadDepth is refused. A
 // payload of n bytes nests at most n/2 deep.
-func PayloadDepth(payload []byte) int {
+func payloadDepth(payload []byte) int {
 	s := scanner{data: payload}
 	i := s.value(skipSpace(payload, 0), 0)
 	if i < 0 || skipSpace(payload, i) != len(payload) {
@@ -82,7 +98,7 @@ func CheckPayloadDepth(payload []byte) *FieldError {
 	if len(payload) <= 2*MaxPayloadDepth {
 		return nil
 	}
-	if d := PayloadDepth(payload); d > MaxPayloadDepth {
+	if d := payloadDepth(payload); d > MaxPayloadDepth {
 		return payloadTooDeep(d)
 	}
 	return nil

@@ -10,7 +10,12 @@
 // and stored once; a redelivery with another payload is refused as a
 // conflict.
 //
-// This package depends on the standard library only.
+// This package imports the standard library only: no other package of
+// postbox (internal ones included) and no third-party module. Its JSON
+// decoder and encoder are its own; besides the envelope, it exports of
+// them only what the wire says of a payload: Valid (one JSON value),
+// AppendCompact (the bytes a receiver stores) and CheckPayloadDepth (how
+// deep it may nest).
 package postbox
 
 // SchemaVersion is the envelope schema this version of postbox writes and

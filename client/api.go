@@ -65,7 +65,7 @@ func NewAPI(baseURL string, opts APIOptions) (*API, error) {
 	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
 		return nil, fmt.Errorf("client: server URL %q: want no query or fragment, only http(s)://HOST:PORT and a path prefix", baseURL)
 	case u.User != nil:
-		return nil, fmt.Errorf("client: server URL %s: credentials in the URL are not sent: use the API token instead (APIOptions.Token, --token)", u.Redacted())
+		return nil, fmt.Errorf("client: server URL %s: credentials in the URL are not sent: use the API token instead (APIOptions.Token)", u.Redacted())
 	}
 	if opts.Timeout < 0 {
 		return nil, fmt.Errorf("client: APIOptions.Timeout must not be negative")

@@ -3,9 +3,10 @@
 // jitter, and settles each row only after the receiver answered it.
 //
 // The edge agent's outbox (outboxsqlite) and the transactional outbox of a
-// service's own database are both a Store; the ingress client, Redis
-// Streams and JetStream are each a Publisher. The Relay is the same for
-// all of them.
+// service's own database (outboxpg) are both a Store; the ingress client
+// (client.Publisher), Redis Streams (outboxredis), NATS JetStream
+// (outboxnats) and Kafka (outboxkafka) are each a Publisher. The Relay is
+// the same for all of them.
 //
 // Guarantees: a row leaves the outbox (deleted or marked delivered) only
 // after the Publisher returned an ACK for it; a row refused with a
@@ -181,8 +182,8 @@ type Publisher interface {
 
 // Store is an outbox as the Relay sees it.
 type Store interface {
-	// Due returns up to limit pending rows after seq whose next attempt is
-	// due at now, in Seq order. The Relay never has one event in flight
+	// Due returns up to limit pending rows whose Seq is above after and
+	// whose next attempt is due at now, in Seq order. The Relay never has one event in flight
 	// twice; a store that several relays share (the transactional outbox)
 	// must also keep relays apart, for example by claiming the rows it
 	// returns with a lease (FOR UPDATE SKIP LOCKED, then a next attempt

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/sealed"
 	"github.com/postbox-events/postbox/retry"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -269,6 +270,10 @@ type Tokens map[string]string
 // Store is the SQL database that keeps delivery state (Config.Store): a
 // *PostgresStore or the *streamsqlite.Backend of OpenSQLite. Its methods
 // are for the server; a program passes a Store, it does not call it.
+//
+// Store is sealed: only postbox's own stores implement it (a type outside
+// postbox may embed one of them), since the server runs its own SQL on
+// the database and relies on the dialect and the transactions of those.
 type Store interface {
 	// Update runs fn in a write transaction; fn's error undoes its writes.
 	// It may run fn again when its transaction must be retried.
@@ -277,4 +282,7 @@ type Store interface {
 	Migrate(ctx context.Context, component string, fsys fs.FS) error
 	// ReadDB returns read-only connections to the database.
 	ReadDB() *sql.DB
+	// DeliveryStore marks postbox's own stores; a type outside postbox
+	// cannot declare it.
+	DeliveryStore(sealed.Token)
 }

@@ -39,6 +39,7 @@ import (
 
 	"github.com/postbox-events/postbox/internal/delivery/deliverypg"
 	"github.com/postbox-events/postbox/internal/ingress"
+	"github.com/postbox-events/postbox/internal/sealed"
 	iserver "github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
 )
@@ -151,6 +152,9 @@ func (p *PostgresStore) Migrate(ctx context.Context, component string, fsys fs.F
 
 // ReadDB returns the store's connections for reading (Store.ReadDB).
 func (p *PostgresStore) ReadDB() *sql.DB { return p.s.ReadDB() }
+
+// DeliveryStore marks PostgresStore as a Store.
+func (p *PostgresStore) DeliveryStore(sealed.Token) {}
 
 // tokens is t as the ingress keeps it: by the hash of each token.
 func (t Tokens) internal() ingress.Tokens {

@@ -350,7 +350,16 @@ type Lag struct {
 	StreamID      string
 	NextOffset    int64
 	HighWatermark int64
-	Events        int64 // events at or after NextOffset: HighWatermark - NextOffset + 1, at least 0
+	Events        int64 // events at or after NextOffset: LagOf(NextOffset, HighWatermark)
+}
+
+// LagOf returns how many events a reader whose next offset is next has
+// not read in a stream whose high watermark (its last offset, 0 when
+// nothing was ever stored) is highWatermark: highWatermark - next + 1, at
+// least 0. Offsets start at 1, so a reader at 1 of an empty stream, or
+// one past the high watermark, has none to read.
+func LagOf(next, highWatermark int64) int64 {
+	return max(highWatermark-next+1, 0)
 }
 
 // Scanner is implemented by backends that can read a stream by offset

@@ -32,3 +32,23 @@ func TestStartJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestLagOf: the events from a reader's next offset to the high
+// watermark, none when it is past it or the stream is empty.
+func TestLagOf(t *testing.T) {
+	for _, c := range []struct {
+		next, hw, want int64
+	}{
+		{1, 0, 0},   // an empty stream
+		{1, 1, 1},   // one event, unread
+		{2, 1, 0},   // read to the end
+		{1, 10, 10}, // nothing read
+		{4, 10, 7},
+		{11, 10, 0},
+		{20, 10, 0}, // past the end (the stream was trimmed)
+	} {
+		if got := stream.LagOf(c.next, c.hw); got != c.want {
+			t.Errorf("LagOf(%d, %d) = %d, want %d", c.next, c.hw, got, c.want)
+		}
+	}
+}

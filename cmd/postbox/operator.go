@@ -69,6 +69,9 @@ func parseAPI(env *cmdEnv, fs *flag.FlagSet, af *apiFlags, args []string) (*apiC
 		}
 		return nil, usagef("%s: %s %q: want http://HOST:PORT or https://HOST:PORT%s", fs.Name(), cmp.Or(flagSource(fs, "server"), "--server"), af.server, hint)
 	}
+	if u.User != nil { // the client refuses it, naming its option: name the flag
+		return nil, usagef("%s: server URL %s: credentials in the URL are not sent: use the API token instead (--token)", fs.Name(), u.Redacted())
+	}
 	hc := http.DefaultClient
 	if af.caCert != "" {
 		tc, err := tlsca.Config(af.caCert)

@@ -99,7 +99,7 @@ requests not started are not sent, and send exits 1.`)
 		})
 	}
 	g.Wait()
-	var statuses []map[string]any
+	var statuses []api.AgentEvent
 	for _, r := range replies {
 		statuses = append(statuses, r.statuses...)
 	}
@@ -109,7 +109,7 @@ requests not started are not sent, and send exits 1.`)
 			b, _ := json.Marshal(statuses)
 			fmt.Fprintln(env.stdout, string(b))
 		case count == 1:
-			fmt.Fprintf(env.stdout, "%s\t%s\n", statuses[0]["event_id"], statuses[0]["status"])
+			fmt.Fprintf(env.stdout, "%s\t%s\n", statuses[0].EventID, statuses[0].Status)
 		default:
 			fmt.Fprintf(env.stdout, "%d events queued\n", len(statuses))
 		}
@@ -126,7 +126,7 @@ requests not started are not sent, and send exits 1.`)
 // sendReply is what send got for one request.
 type sendReply struct {
 	sent     bool             // the request was made
-	statuses []map[string]any // the agent's answer for each event, if any
+	statuses []api.AgentEvent // the agent's answer for each event, if any
 	err      error
 }
 
@@ -179,7 +179,7 @@ func readPayload(arg string) (json.RawMessage, error) {
 
 // postEvents posts an array of envelopes to the intake and returns the
 // per-event statuses.
-func postEvents(ctx context.Context, agentURL string, body []byte) ([]map[string]any, error) {
+func postEvents(ctx context.Context, agentURL string, body []byte) ([]api.AgentEvent, error) {
 	// The agent answers once its outbox committed: seconds at most, unless
 	// it hangs.
 	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
@@ -199,8 +199,8 @@ func postEvents(ctx context.Context, agentURL string, body []byte) ([]map[string
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
 	var out struct {
-		Events []map[string]any `json:"events"`
-		Error  *api.Error       `json:"error"`
+		api.AgentEvents
+		Error *api.Error `json:"error"`
 	}
 	if err := json.Unmarshal(data, &out); err != nil {
 		return nil, fmt.Errorf("the agent answered %s: %.200s", resp.Status, data)
@@ -210,8 +210,8 @@ func postEvents(ctx context.Context, agentURL string, body []byte) ([]map[string
 	}
 	if resp.StatusCode == http.StatusConflict {
 		for _, ev := range out.Events {
-			if ev["status"] == "conflict" || ev["status"] == "rejected" {
-				return out.Events, fmt.Errorf("the agent did not queue event %v: %v: %v", ev["event_id"], ev["status"], ev["message"])
+			if ev.Status == api.AgentConflict || ev.Status == api.AgentRejected {
+				return out.Events, fmt.Errorf("the agent did not queue event %s: %s: %s", ev.EventID, ev.Status, ev.Message)
 			}
 		}
 		return out.Events, fmt.Errorf("the agent answered %s", resp.Status)

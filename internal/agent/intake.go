@@ -61,13 +61,6 @@ func (in *intake) handler() http.Handler {
 	return mux
 }
 
-// eventStatus is the intake's answer for one event.
-type eventStatus struct {
-	EventID string `json:"event_id"`
-	Status  string `json:"status"` // queued, duplicate, conflict or rejected
-	Message string `json:"message,omitempty"`
-}
-
 // handleEvents queues one envelope (a JSON object) or many (an array).
 // Missing schema_version, event_id, ts, session_id and device_id are filled
 // in. Every envelope is validated before any is queued: one bad envelope
@@ -155,23 +148,23 @@ func (in *intake) handleEvents(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "", "the outbox could not store the events; nothing was queued: "+err.Error(), -1)
 		return
 	}
-	out := make([]eventStatus, len(results))
+	out := make([]api.AgentEvent, len(results))
 	status := http.StatusAccepted
 	for i, res := range results {
-		out[i] = eventStatus{EventID: res.EventID, Status: "queued"}
+		out[i] = api.AgentEvent{EventID: res.EventID, Status: api.AgentQueued}
 		switch {
 		case errors.Is(res.Err, outboxsqlite.ErrRejected):
 			reason := ""
 			if re, ok := errors.AsType[*outboxsqlite.RejectedError](res.Err); ok {
 				reason = re.Reason
 			}
-			out[i].Status, out[i].Message = "rejected", "event_id is in the outbox, refused by the server ("+reason+"): it is not sent again unless requeued (postbox outbox requeue)"
+			out[i].Status, out[i].Message = api.AgentRejected, "event_id is in the outbox, refused by the server ("+reason+"): it is not sent again unless requeued (postbox outbox requeue)"
 			status = http.StatusConflict
 		case res.Err != nil:
-			out[i].Status, out[i].Message = "conflict", "event_id is queued already with a different type or payload; this one was not queued"
+			out[i].Status, out[i].Message = api.AgentConflict, "event_id is queued already with a different type or payload; this one was not queued"
 			status = http.StatusConflict
 		case res.Duplicate:
-			out[i].Status = "duplicate"
+			out[i].Status = api.AgentDuplicate
 		}
 	}
 	for _, o := range out {
@@ -181,7 +174,7 @@ func (in *intake) handleEvents(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, status, out[0])
 		return
 	}
-	writeJSON(w, status, map[string]any{"events": out})
+	writeJSON(w, status, api.AgentEvents{Events: out})
 }
 
 // requestTrace returns the W3C trace context of the request's traceparent

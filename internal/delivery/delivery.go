@@ -109,22 +109,24 @@ type Config struct {
 	// DefaultReapInterval.
 	ReapInterval time.Duration
 	// MaxAttempts is how many attempts an item gets; after the last one
-	// fails it is failed: a dead letter (MAX_ATTEMPTS).
+	// fails it is failed: a dead letter. Defaults to DefaultMaxAttempts.
 	MaxAttempts int
 	// RetryBaseDelay and RetryMaxDelay shape the backoff of workers: the
 	// n-th retry of an item has the ceiling min(RetryBaseDelay·2^(n-1),
-	// RetryMaxDelay) (RETRY_BASE_DELAY, RETRY_MAX_DELAY), and waits the
-	// part of it Jitter draws: the zero value, retry.FullJitter, a random
-	// wait up to the ceiling; retry.EqualJitter, at least half of it;
-	// retry.NoJitter, exactly the ceiling. RetryMaxDelay also bounds what
-	// a target's Retry-After or a handler's retry.RetryAfter asks for.
+	// RetryMaxDelay), and waits the part of it Jitter draws: the zero
+	// value, retry.FullJitter, a random wait up to the ceiling;
+	// retry.EqualJitter, at least half of it; retry.NoJitter, exactly the
+	// ceiling. RetryMaxDelay also bounds what a target's Retry-After or a
+	// handler's retry.RetryAfter asks for. They default to
+	// DefaultRetryBaseDelay and DefaultRetryMaxDelay.
 	RetryBaseDelay time.Duration
 	RetryMaxDelay  time.Duration
 	Jitter         retry.Jitter
 	// Workers is how many items the workers handle at once, over every
-	// inbox with a handler (WORKER_COUNT).
+	// inbox with a handler. Defaults to DefaultWorkers.
 	Workers int
-	// HandlerTimeout bounds one attempt of a handler.
+	// HandlerTimeout bounds one attempt of a handler. Defaults to
+	// DefaultHandlerTimeout.
 	HandlerTimeout time.Duration
 	// DrainGrace is how long the attempts in flight when Run's context
 	// ends may take to finish, and be recorded as they ended; those still
@@ -152,8 +154,8 @@ type Config struct {
 	DenyPrivateTargets    bool
 	// Retention is how long completed and failed items, and stream events
 	// every consumer has read, are kept; CleanupInterval is how often they
-	// are deleted (RETENTION_DAYS, CLEANUP_INTERVAL_HOURS). A negative
-	// Retention keeps them.
+	// are deleted. A negative Retention keeps them. They default to
+	// DefaultRetention and DefaultCleanupInterval.
 	Retention       time.Duration
 	CleanupInterval time.Duration
 	// Node names this process in logs and in the leases of a shared
@@ -163,9 +165,11 @@ type Config struct {
 	// renewed; they are renewed every LeaseTTL/5. Defaults to
 	// DefaultLeaseTTL.
 	LeaseTTL time.Duration
-	Logger   *slog.Logger
+	Logger   *slog.Logger     // defaults to one that discards
 	Now      func() time.Time // defaults to time.Now
 	Metrics  *Metrics         // nil: none
+
+	testSignals *testSignals // nil but in tests (WithTestSignals)
 }
 
 func (cfg *Config) setDefaults() {
@@ -339,6 +343,7 @@ func (d *Delivery) Run(ctx context.Context) error {
 				l.cancel()
 				<-l.done
 			}
+			d.cfg.testSignals.stop()
 			workers.Wait()
 			close(d.completions) // the workers acked what they finished
 			acker.Wait()

@@ -4,3 +4,25 @@ import "context"
 
 // FoldTallies folds the counts of completed items now, for tests.
 func (d *Delivery) FoldTallies(ctx context.Context) error { return d.foldTallies(ctx, true) }
+
+// DispatchRound is one round of an inbox's dispatcher, as its test signal
+// reports it.
+type DispatchRound = dispatchRound
+
+// TestSignals are the signals a Delivery sends when it finished a step.
+type TestSignals struct {
+	// Dispatched receives each round of a dispatcher that leased, paused
+	// or found nothing due; it holds the last 64 nobody read.
+	Dispatched <-chan DispatchRound
+	// Stopping is closed once Run has stopped its loops and waits for the
+	// attempts in flight.
+	Stopping <-chan struct{}
+}
+
+// WithTestSignals returns cfg with the test signals of the Delivery it
+// configures turned on, and those signals.
+func WithTestSignals(cfg Config) (Config, TestSignals) {
+	s := newTestSignals()
+	cfg.testSignals = s
+	return cfg, TestSignals{Dispatched: s.dispatched, Stopping: s.stopping}
+}

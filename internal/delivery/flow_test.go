@@ -127,6 +127,38 @@ func newSwitchable(t *testing.T, mode string) *switchable {
 	return s
 }
 
+// leasesNothing drops the dispatch rounds sig holds, calls change (when
+// not nil), and waits for two rounds of inbox's dispatcher: the first may
+// have begun before the change, the second began after it. It fails the
+// test if one of them leased an item.
+func leasesNothing(t *testing.T, sig delivery.TestSignals, inbox string, change func()) {
+	t.Helper()
+	for drained := false; !drained; {
+		select {
+		case <-sig.Dispatched:
+		default:
+			drained = true
+		}
+	}
+	if change != nil {
+		change()
+	}
+	for rounds := 0; rounds < 2; {
+		select {
+		case r := <-sig.Dispatched:
+			if r.Inbox != inbox {
+				continue
+			}
+			if r.Leased != 0 {
+				t.Fatalf("the dispatcher of %s leased %d items, want none", inbox, r.Leased)
+			}
+			rounds++
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no round of the dispatcher of %s in 10s", inbox)
+		}
+	}
+}
+
 // TestBreaker: after 3 consecutive failures the breaker opens: items wait
 // pending without counting attempts, one probe goes per probe interval
 // (measured on the injected clock), and a probe's success closes it.
@@ -139,7 +171,8 @@ func testBreaker(t *testing.T, kind storeKind) {
 	reg := prometheus.NewRegistry()
 	metrics := delivery.NewMetrics(reg)
 	path := filepath.Join(t.TempDir(), "p.db")
-	e := open(t, kind, openOptions{streams: path, cfg: delivery.Config{Metrics: metrics}})
+	cfg, sig := delivery.WithTestSignals(delivery.Config{Metrics: metrics})
+	e := open(t, kind, openOptions{streams: path, cfg: cfg})
 	tg := newSwitchable(t, "fail")
 	e.create(t, delivery.Subscription{Name: "hook", Source: "devices", Target: tg.URL,
 		Endpoint: delivery.Endpoint{BreakerFailures: 3, BreakerProbe: time.Minute, DisableAfter: 3 * time.Minute,
@@ -168,8 +201,7 @@ func testBreaker(t *testing.T, kind storeKind) {
 	testenv.Eventually(t, 10*time.Second, "the new items", func() bool {
 		return e.count(t, `SELECT count(*) FROM inbox_items WHERE inbox_id = 'hook'`) == 5
 	})
-	e.clock.Advance(50 * time.Second)
-	time.Sleep(1500 * time.Millisecond) // two rounds of the dispatcher: it must lease nothing
+	leasesNothing(t, sig, "hook", func() { e.clock.Advance(50 * time.Second) })
 	if got := tg.calls.Load(); got != 3 {
 		t.Fatalf("%d calls while open before the probe's time, want 3", got)
 	}
@@ -184,7 +216,7 @@ func testBreaker(t *testing.T, kind storeKind) {
 			b, _ := e.d.Breaker(context.Background(), "hook")
 			return b.State == delivery.BreakerOpen && b.Failures == 3+probe
 		})
-		time.Sleep(1200 * time.Millisecond)
+		leasesNothing(t, sig, "hook", nil)
 		if got := tg.calls.Load(); got != int64(3+probe) {
 			t.Fatalf("%d calls after probe %d, want %d: one probe per interval", got, probe, 3+probe)
 		}
@@ -227,12 +259,13 @@ func testBreaker(t *testing.T, kind storeKind) {
 	// Disabled survives a restart; no time brings it back.
 	now := e.clock.Now()
 	e.stop()
-	e = open(t, kind, openOptions{streams: path, state: e.stateAt, cfg: delivery.Config{Metrics: metrics}})
+	cfg, sig = delivery.WithTestSignals(delivery.Config{Metrics: metrics})
+	e = open(t, kind, openOptions{streams: path, state: e.stateAt, cfg: cfg})
 	e.clock.ns.Store(now.UnixNano())
 	tg.mode.Store("ok")
 	e.clock.Advance(24 * time.Hour)
 	calls := tg.calls.Load()
-	time.Sleep(1500 * time.Millisecond)
+	leasesNothing(t, sig, "hook", nil)
 	if got := tg.calls.Load(); got != calls {
 		t.Fatalf("%d calls while disabled", got-calls)
 	}

@@ -172,5 +172,5 @@ func (d *Delivery) lag(ctx context.Context, s Subscription, stats map[string]int
 			stats[s.Stream] = hw
 		}
 	}
-	return stream.Lag{ConsumerID: s.Name, StreamID: s.Stream, NextOffset: next, HighWatermark: hw, Events: max(hw-next+1, 0)}, nil
+	return stream.Lag{ConsumerID: s.Name, StreamID: s.Stream, NextOffset: next, HighWatermark: hw, Events: stream.LagOf(next, hw)}, nil
 }

@@ -155,6 +155,7 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler, target
 				case <-ctx.Done():
 				}
 				t.Stop()
+				d.cfg.testSignals.roundEnded(inbox, 0)
 				continue
 			}
 			if allowed > 0 {
@@ -179,6 +180,7 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler, target
 			if probe && !d.claimProbe(ctx, inbox, ep, fl) { // another process probes
 				d.slots.release(len(l.Items))
 				d.handBack(inbox, l.Token, l.Items)
+				d.cfg.testSignals.roundEnded(inbox, len(l.Items))
 				continue
 			}
 			fl.took(len(l.Items), ep)
@@ -193,6 +195,7 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler, target
 				// lease's.
 				b.taken = make(chan struct{})
 			}
+			d.cfg.testSignals.roundEnded(inbox, len(l.Items)) // before a worker can take them
 			leased <- b
 			if b.taken != nil {
 				select {
@@ -212,6 +215,7 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler, target
 		case <-ctx.Done():
 		}
 		t.Stop()
+		d.cfg.testSignals.roundEnded(inbox, 0)
 	}
 }
 
@@ -716,30 +720,9 @@ func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, 
 	if resp.StatusCode == http.StatusGone {
 		return rec, retry.Permanent(err)
 	}
-	if wait := retryAfter(resp.Header.Get("Retry-After"), now); wait > 0 {
+	// The workers bound the wait, and log when they cut it.
+	if wait, ok := retry.ParseRetryAfter(resp.Header.Get("Retry-After"), now, math.MaxInt64); ok && wait > 0 {
 		return rec, retry.RetryAfter(wait, err)
 	}
 	return rec, err
-}
-
-// retryAfter parses a Retry-After header: seconds or an HTTP date. More
-// seconds than a Duration holds are the longest Duration (the worker
-// bounds the wait anyway).
-func retryAfter(v string, now time.Time) time.Duration {
-	if v == "" {
-		return 0
-	}
-	if s, err := strconv.ParseInt(v, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) { // out of range: ±MaxInt64
-		switch {
-		case s <= 0:
-			return 0
-		case s > int64(math.MaxInt64/time.Second):
-			return math.MaxInt64
-		}
-		return time.Duration(s) * time.Second
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return t.Sub(now)
-	}
-	return 0
 }

@@ -197,7 +197,8 @@ func testTargetGoneAndRetryAfter(t *testing.T, kind storeKind) {
 func TestAttemptInFlightAtStop(t *testing.T) { eachStore(t, testAttemptInFlightAtStop) }
 
 func testAttemptInFlightAtStop(t *testing.T, kind storeKind) {
-	e := setup(t, kind, delivery.Config{})
+	cfg, sig := delivery.WithTestSignals(delivery.Config{})
+	e := setup(t, kind, cfg)
 	started, release := make(chan struct{}, 1), make(chan struct{})
 	tg := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
@@ -216,7 +217,11 @@ func testAttemptInFlightAtStop(t *testing.T, kind storeKind) {
 	}
 	halted := make(chan struct{})
 	go func() { e.halt(); close(halted) }()
-	time.Sleep(200 * time.Millisecond) // delivery is stopping, the attempt in flight
+	select { // delivery is stopping, the attempt in flight
+	case <-sig.Stopping:
+	case <-time.After(30 * time.Second):
+		t.Fatal("delivery did not begin to stop")
+	}
 	close(release)
 	select {
 	case <-halted:

@@ -1,6 +1,10 @@
 // Package jsonenc appends JSON by hand, byte for byte as encoding/json
 // writes it, for the paths where encoding/json's reflection shows in the
 // profile.
+//
+// The root package postbox, which imports the standard library only,
+// writes an envelope's strings with its own appendString, this
+// package's AppendString: change both together.
 package jsonenc
 
 import "encoding/json"

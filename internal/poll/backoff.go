@@ -1,9 +1,6 @@
 package poll
 
 import (
-	"net/http"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/postbox-events/postbox/retry"
@@ -34,25 +31,3 @@ func (b *backoff) ceiling() time.Duration { return b.b.Ceiling(b.n) }
 
 // reset starts over after a success.
 func (b *backoff) reset() { b.n = 0 }
-
-// retryAfter reads a Retry-After header (seconds, or an HTTP date) as a
-// wait from now, bounded by limit; ok is false when there is none or it
-// does not parse.
-func retryAfter(h string, now time.Time, limit time.Duration) (time.Duration, bool) {
-	h = strings.TrimSpace(h)
-	if h == "" {
-		return 0, false
-	}
-	var d time.Duration
-	if n, err := strconv.ParseInt(h, 10, 64); err == nil {
-		if n < 0 {
-			return 0, false
-		}
-		d = time.Duration(min(n, int64(limit/time.Second)+1)) * time.Second
-	} else if t, err := http.ParseTime(h); err == nil {
-		d = max(t.Sub(now), 0)
-	} else {
-		return 0, false
-	}
-	return min(d, limit), true
-}

@@ -41,6 +41,7 @@ import (
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/budget"
 	"github.com/postbox-events/postbox/internal/redirect"
+	"github.com/postbox-events/postbox/retry"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -475,7 +476,7 @@ func (p *Poller) fetch(ctx context.Context, cursor string, stored pageSum) (page
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		e := failed("throttled", "GET %s answered %s", s.URL, resp.Status)
-		if d, ok := retryAfter(resp.Header.Get("Retry-After"), p.cfg.Now(), p.cfg.MaxRetryAfter); ok {
+		if d, ok := retry.ParseRetryAfter(resp.Header.Get("Retry-After"), p.cfg.Now(), p.cfg.MaxRetryAfter); ok {
 			e.wait = max(d, time.Millisecond)
 			e.err = fmt.Errorf("%w (Retry-After %s)", e.err, d)
 		}

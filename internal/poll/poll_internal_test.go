@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/postbox-events/postbox/stream"
-	"net/http"
 	"testing"
 	"time"
 )
@@ -35,29 +34,6 @@ func TestBackoff(t *testing.T) {
 	}
 	if len(seen) < 2 {
 		t.Errorf("50 first waits were all %v: no jitter", seen)
-	}
-}
-
-func TestRetryAfter(t *testing.T) {
-	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	for _, c := range []struct {
-		h    string
-		want time.Duration
-		ok   bool
-	}{
-		{"", 0, false},
-		{"3", 3 * time.Second, true},
-		{"0", 0, true},
-		{"-1", 0, false},
-		{"soon", 0, false},
-		{"99999999", time.Minute, true}, // bounded
-		{now.Add(20 * time.Second).Format(http.TimeFormat), 20 * time.Second, true},
-		{now.Add(-time.Hour).Format(http.TimeFormat), 0, true},
-	} {
-		got, ok := retryAfter(c.h, now, time.Minute)
-		if got != c.want || ok != c.ok {
-			t.Errorf("retryAfter(%q) = %v, %v; want %v, %v", c.h, got, ok, c.want, c.ok)
-		}
 	}
 }
 

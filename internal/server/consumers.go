@@ -168,7 +168,7 @@ func (s *Server) resetConsumer(w http.ResponseWriter, r *http.Request) {
 	}
 	after := before
 	after.NextOffset, after.HighWatermark, after.UpdatedAt = c.NextOffset, st.LastOffset, c.UpdatedAt
-	after.Lag = max(st.LastOffset-c.NextOffset+1, 0)
+	after.Lag = stream.LagOf(c.NextOffset, st.LastOffset)
 	writeJSON(w, http.StatusOK, api.ConsumerReset{Consumer: after, PreviousNextOffset: before.NextOffset, Start: startPosition(start)})
 }
 

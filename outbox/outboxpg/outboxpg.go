@@ -70,8 +70,9 @@ type Config struct {
 	// RetentionInterval is how often Run deletes. Defaults to 1h.
 	RetentionInterval time.Duration
 	Logger            *slog.Logger
-	// Observe, when set, is called with the rows each retention pass
-	// deleted.
+	// ObserveRetention, when set, is called after each retention pass of
+	// Run with the rows it deleted: 0 too, and those a pass that failed
+	// deleted before it failed.
 	ObserveRetention func(deleted int64)
 }
 

@@ -400,7 +400,7 @@ func (b *Backend) Lag(ctx context.Context, consumerID string) (stream.Lag, error
 		return stream.Lag{}, err
 	}
 	l := stream.Lag{ConsumerID: consumerID, StreamID: c.StreamID, NextOffset: c.NextOffset, HighWatermark: int64(s.LastSeq)}
-	l.Events = max(0, l.HighWatermark-l.NextOffset+1)
+	l.Events = stream.LagOf(l.NextOffset, l.HighWatermark)
 	return l, nil
 }
 

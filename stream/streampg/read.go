@@ -197,6 +197,6 @@ func (b *Backend) Lag(ctx context.Context, consumerID string) (stream.Lag, error
 	if err != nil {
 		return l, fmt.Errorf("lag of %s: %w", consumerID, err)
 	}
-	l.Events = max(0, l.HighWatermark-l.NextOffset+1)
+	l.Events = stream.LagOf(l.NextOffset, l.HighWatermark)
 	return l, nil
 }

@@ -173,7 +173,7 @@ func (b *Backend) Lag(ctx context.Context, consumerID string) (stream.Lag, error
 		return stream.Lag{}, err
 	}
 	l := stream.Lag{ConsumerID: consumerID, StreamID: c.StreamID, NextOffset: c.NextOffset, HighWatermark: st.committed.Load()}
-	l.Events = max(0, l.HighWatermark-l.NextOffset+1)
+	l.Events = stream.LagOf(l.NextOffset, l.HighWatermark)
 	return l, nil
 }
 
