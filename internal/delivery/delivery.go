@@ -63,6 +63,17 @@ import (
 //go:embed migrations/*.sql pgmigrations/*.sql
 var migrations embed.FS
 
+// Migrations returns the migrations of delivery's tables: PostgreSQL's
+// when postgres, else SQLite's. New applies them.
+func Migrations(postgres bool) fs.FS {
+	dir := "migrations"
+	if postgres {
+		dir = "pgmigrations"
+	}
+	sub, _ := fs.Sub(migrations, dir)
+	return sub
+}
+
 // Errors the API maps to statuses.
 var (
 	ErrNotFound     = errors.New("not found")
@@ -258,12 +269,7 @@ type loop struct {
 func New(ctx context.Context, streams stream.Backend, store Store, cfg Config) (*Delivery, error) {
 	cfg.setDefaults()
 	shared, pg := store.(SharedStore)
-	dir := "migrations"
-	if pg {
-		dir = "pgmigrations"
-	}
-	sub, _ := fs.Sub(migrations, dir)
-	if err := store.Migrate(ctx, "delivery", sub); err != nil {
+	if err := store.Migrate(ctx, "delivery", Migrations(pg)); err != nil {
 		return nil, err
 	}
 	waiter, _ := streams.(stream.Waiter)

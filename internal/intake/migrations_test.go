@@ -4,19 +4,46 @@ import (
 	"context"
 	"embed"
 	"encoding/json"
+	"io/fs"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/intake"
 )
 
-// oldDelivery holds delivery's migrations as they were while they created
-// the tables sources, source_checkpoints and webhook_digests (SQLite's up
-// to 0012, PostgreSQL's up to 0010).
+// oldDelivery holds the two of delivery's migrations, per dialect, as
+// they were while they created the tables sources, source_checkpoints
+// (SQLite's 0005, PostgreSQL's 0003) and webhook_digests (0012, 0010).
 //
 //go:embed testdata/olddelivery
 var oldDelivery embed.FS
+
+// oldMigrations returns delivery's migrations of kind as they were before
+// intake took its tables over: today's, with the two that created them as
+// they were.
+func oldMigrations(t testing.TB, kind storeKind) fs.FS {
+	t.Helper()
+	old, dir := fstest.MapFS{}, "testdata/olddelivery/migrations"
+	if kind == postgresStore {
+		dir = "testdata/olddelivery/pgmigrations"
+	}
+	for _, fsys := range []fs.FS{delivery.Migrations(kind == postgresStore), subFS(t, oldDelivery, dir)} {
+		err := fs.WalkDir(fsys, ".", func(name string, e fs.DirEntry, err error) error {
+			if err != nil || e.IsDir() {
+				return err
+			}
+			data, err := fs.ReadFile(fsys, name)
+			old[name] = &fstest.MapFile{Data: data}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return old
+}
 
 // TestMigrationsCarryOver: a database whose sources, checkpoints and
 // webhook digests delivery's older migrations made keeps them once
@@ -26,11 +53,7 @@ func TestMigrationsCarryOver(t *testing.T) {
 	eachStore(t, func(t *testing.T, kind storeKind) {
 		created := time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)
 		before := func(t testing.TB, state delivery.Store) {
-			dir := "testdata/olddelivery/migrations"
-			if kind == postgresStore {
-				dir = "testdata/olddelivery/pgmigrations"
-			}
-			if err := state.Migrate(context.Background(), "delivery", subFS(t, oldDelivery, dir)); err != nil {
+			if err := state.Migrate(context.Background(), "delivery", oldMigrations(t, kind)); err != nil {
 				t.Fatalf("the old migrations: %v", err)
 			}
 			exec(t, kind, state, `INSERT INTO sources (source_id, kind, stream_id, settings_json, created_at) VALUES (?, ?, ?, ?, ?)`,

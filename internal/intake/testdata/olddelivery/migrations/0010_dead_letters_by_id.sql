@@ -1,5 +1,0 @@
--- Dead letters in id order (GET /v1/dead-letters without an inbox, the
--- console's dead-letter page): without this index the list walks every
--- item below the first dead letter, a scan of the whole table when the
--- inboxes hold a million completed or pending items.
-CREATE INDEX inbox_items_failed_by_id ON inbox_items (item_id) WHERE state = 'failed';
