@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/postbox-events/postbox/internal/forwarded"
 	"github.com/postbox-events/postbox/internal/netpolicy"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
 	"github.com/postbox-events/postbox/retry"
@@ -577,44 +578,6 @@ func truncate(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// forwardedHeaders are the headers a webhook arrived with (kept in its
-// event's metadata) that the workers send on to a target, lower case: the
-// provider's own identity, event and signature headers and request
-// tracing. Any other header (credentials such as Authorization, Cookie or
-// X-Api-Key, the first hop's X-Forwarded-*, Host, Content-Length,
-// Content-Encoding, Connection, X-HTTP-Method-Override, ...) describes the
-// request to postbox, not the event, and is not sent.
-var forwardedHeaders = []string{
-	"webhook-id", "webhook-timestamp", "webhook-signature", // Standard Webhooks
-	"svix-id", "svix-timestamp", "svix-signature",
-	"stripe-signature",
-	"x-gitlab-event", "x-gitlab-event-uuid", "x-gitlab-webhook-uuid", "x-gitlab-instance",
-	"x-slack-signature", "x-slack-request-timestamp",
-	"x-twilio-signature",
-	"x-shopify-hmac-sha256", "x-shopify-topic", "x-shopify-webhook-id", "x-shopify-event-id",
-	"x-shopify-shop-domain", "x-shopify-api-version", "x-shopify-triggered-at",
-	"x-request-id", "x-correlation-id", "traceparent", "tracestate",
-}
-
-// forwardedPrefixes are prefixes of forwarded headers, lower case: GitHub's
-// X-GitHub-Event, -Delivery, -Hook-ID, ... and X-Hub-Signature(-256).
-var forwardedPrefixes = []string{"x-github-", "x-hub-signature"}
-
-// ForwardedHeader reports whether a webhook's header name (any case) is
-// one the workers send on to a target (see forwardedHeaders).
-func ForwardedHeader(name string) bool {
-	name = strings.ToLower(name)
-	if slices.Contains(forwardedHeaders, name) {
-		return true
-	}
-	for _, p := range forwardedPrefixes {
-		if strings.HasPrefix(name, p) {
-			return true
-		}
-	}
-	return false
-}
-
 // idempotencyKey is what a target may skip a redelivery by: a webhook's
 // idempotency key, or for a device event its identity (device_id,
 // event_id) as "device/event_id", the device escaped so that no two
@@ -654,7 +617,7 @@ func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, 
 	}
 	if json.Unmarshal(it.Metadata, &meta) == nil {
 		for name, value := range meta.Headers {
-			if ForwardedHeader(name) {
+			if forwarded.Header(name) {
 				req.Header.Set(name, value)
 			}
 		}

@@ -22,7 +22,7 @@ import (
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/api"
-	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/internal/forwarded"
 	"github.com/postbox-events/postbox/internal/jsonenc"
 	"github.com/postbox-events/postbox/internal/tracing"
 	"github.com/postbox-events/postbox/stream"
@@ -482,7 +482,7 @@ func scalar(raw json.RawMessage) string {
 // keptHeader reports whether a header (canonical name) is kept in a
 // webhook's metadata, so that handlers see X-GitHub-Event,
 // Stripe-Signature and the like: those the workers forward to a target
-// (delivery.ForwardedHeader), Content-Type, User-Agent, X-Event-Type and
+// (forwarded.Header), Content-Type, User-Agent, X-Event-Type and
 // the configured key and type headers. Credentials and the first hop's
 // headers are not kept.
 func keptHeader(name string, id *Identity) bool {
@@ -493,17 +493,17 @@ func keptHeader(name string, id *Identity) bool {
 	if (id.KeyHeader != "" && strings.EqualFold(name, id.KeyHeader)) || (id.TypeHeader != "" && strings.EqualFold(name, id.TypeHeader)) {
 		return true
 	}
-	// ForwardedHeader lower-cases the name; a short ASCII one is lowered
+	// Header lower-cases the name; a short ASCII one is lowered
 	// here, on the stack, so that it need not allocate.
 	var buf [32]byte
 	if len(name) > len(buf) || !isASCII(name) {
-		return delivery.ForwardedHeader(name)
+		return forwarded.Header(name)
 	}
 	lower := buf[:len(name)]
 	for i := range lower {
 		lower[i] = lowerASCII(name[i])
 	}
-	return delivery.ForwardedHeader(string(lower))
+	return forwarded.Header(string(lower))
 }
 
 // metaHeader is a header kept in a webhook's metadata: its name, lower
