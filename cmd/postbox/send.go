@@ -198,15 +198,13 @@ func postEvents(ctx context.Context, agentURL string, body []byte) ([]api.AgentE
 	}
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
-	var out struct {
-		api.AgentEvents
-		Error *api.Error `json:"error"`
-	}
-	if err := json.Unmarshal(data, &out); err != nil {
+	var out api.AgentEvents
+	var refused api.ErrorResponse
+	if json.Unmarshal(data, &out) != nil || json.Unmarshal(data, &refused) != nil {
 		return nil, fmt.Errorf("the agent answered %s: %.200s", resp.Status, data)
 	}
-	if out.Error != nil {
-		return nil, fmt.Errorf("the agent refused the events (%s, %s): %s", resp.Status, out.Error.Code, out.Error.Message)
+	if e := refused.Error; e.Code != "" || e.Message != "" {
+		return nil, fmt.Errorf("the agent refused the events (%s, %s): %s", resp.Status, e.Code, e.Message)
 	}
 	if resp.StatusCode == http.StatusConflict {
 		for _, ev := range out.Events {
