@@ -382,6 +382,11 @@ func (d *Delivery) runsHere(name string) bool {
 // retention: the leader of a shared store, or the only process.
 func (d *Delivery) leads() bool { return d.cluster == nil || d.cluster.leader.Load() }
 
+// Leads reports whether this process runs the work one process of a
+// shared store runs (retention, the sources that read upstream): the
+// leader of a shared store, or the only process.
+func (d *Delivery) Leads() bool { return d.leads() }
+
 // NodeCollector returns a collector of which subscriptions' loops run in
 // this process (postbox_subscription_loop_running, 1 each) and whether it
 // leads (postbox_node_leader): summed over the processes of a shared

@@ -411,20 +411,13 @@ type Subscription struct {
 	CreatedAt time.Time
 }
 
-// ValidName reports whether s may name a subscription, inbox, source or
-// stream (names.Valid).
-func ValidName(s string) bool { return names.Valid(s) }
-
-// NameRule says what ValidName takes, for messages.
-const NameRule = names.Rule
-
 // validate checks s and fills its defaults.
 func (s *Subscription) validate() error {
 	if s.Name == "" {
 		return errorf(ErrInvalid, "name: required")
 	}
-	if !ValidName(s.Name) {
-		return errorf(ErrInvalid, "name %q: %s", s.Name, NameRule)
+	if !names.Valid(s.Name) {
+		return errorf(ErrInvalid, "name %q: %s", s.Name, names.Rule)
 	}
 	if s.Source == "" {
 		return errorf(ErrInvalid, "source: required")
@@ -432,8 +425,8 @@ func (s *Subscription) validate() error {
 	if s.Inbox == "" {
 		s.Inbox = s.Name
 	}
-	if !ValidName(s.Inbox) {
-		return errorf(ErrInvalid, "inbox %q: %s", s.Inbox, NameRule)
+	if !names.Valid(s.Inbox) {
+		return errorf(ErrInvalid, "inbox %q: %s", s.Inbox, names.Rule)
 	}
 	for _, t := range s.Types {
 		if t == "" {
@@ -633,6 +626,26 @@ func (d *Delivery) Subscription(ctx context.Context, name string) (Subscription,
 	}
 	subs[0].Secrets = live(subs[0].Secrets, d.now())
 	return subs[0], nil
+}
+
+// ReadersOf returns, in the transaction tx of the store, the names of the
+// subscriptions that read the stream of source, by name: intake deletes
+// no source they read (intake.StoreConfig.Readers).
+func (d *Delivery) ReadersOf(ctx context.Context, tx *sql.Tx, source string) ([]string, error) {
+	rows, err := conn{c: tx, pg: d.pg}.QueryContext(ctx, `SELECT subscription_id FROM subscriptions WHERE source_id = ? ORDER BY subscription_id`, source)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var subs []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		subs = append(subs, s)
+	}
+	return subs, rows.Err()
 }
 
 // Subscriptions returns every subscription, by name.

@@ -8,10 +8,10 @@ import (
 	"github.com/postbox-events/postbox/internal/netpolicy"
 )
 
-// policy is the outbound address policy of Config
+// Policy is the outbound address policy of Config
 // (AllowLinkLocalTargets, DenyPrivateTargets): which addresses the
 // workers may connect to.
-func (cfg *Config) policy() netpolicy.Policy {
+func (cfg *Config) Policy() netpolicy.Policy {
 	return netpolicy.Policy{AllowLinkLocal: cfg.AllowLinkLocalTargets, DenyPrivate: cfg.DenyPrivateTargets}
 }
 
@@ -22,7 +22,7 @@ func (cfg *Config) checkTarget(target string) error {
 	if target == "" {
 		return nil
 	}
-	if err := cfg.policy().CheckURL("target", target); err != nil {
+	if err := cfg.Policy().CheckURL("target", target); err != nil {
 		return &Error{Kind: ErrInvalid, Msg: err.Error()}
 	}
 	return nil
@@ -34,7 +34,7 @@ func (cfg *Config) checkTarget(target string) error {
 func newHTTPClient(cfg *Config) *http.Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConnsPerHost = cfg.Workers
-	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: cfg.policy().Control}
+	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: cfg.Policy().Control}
 	t.DialContext = dialer.DialContext
 	return &http.Client{Transport: t}
 }

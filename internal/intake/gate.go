@@ -39,7 +39,8 @@ type gateState struct {
 	at  time.Time
 }
 
-// NewGate returns the gate of source, which keeps what it read for ttl.
+// NewGate returns the gate of source, which keeps what it read for ttl
+// (0: reads the store on every check).
 // A nil log discards.
 func NewGate(source string, ttl time.Duration, log *slog.Logger) *Gate {
 	if log == nil {

@@ -41,6 +41,8 @@ type Writer interface {
 	// AppendAsync queues events and calls done after they are stored,
 	// or with an error; it blocks while the queue is full.
 	AppendAsync(ctx context.Context, streamID string, events []stream.Event, done func([]stream.AppendResult, error)) error
+	// QueueLen and QueueCap are the events queued for the writer and how
+	// many it queues at most: a page that would overflow the queue waits.
 	QueueLen() int
 	QueueCap() int
 }
@@ -140,9 +142,6 @@ func NewRunner(cfg RunnerConfig) (*Runner, error) {
 // Poke makes the runner read the sources now: call it after creating or
 // deleting one.
 func (r *Runner) Poke() {
-	if r == nil {
-		return
-	}
 	select {
 	case r.wake <- struct{}{}:
 	default:

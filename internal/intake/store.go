@@ -173,7 +173,7 @@ func Open(ctx context.Context, db DB, streams Streams, cfg StoreConfig) (*Store,
 		return nil, err
 	}
 	if err := db.Migrate(ctx, Component, sub); err != nil {
-		return nil, fmt.Errorf("intake: %w", err)
+		return nil, err
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -110,9 +110,6 @@ type Refusal struct {
 // Status is the HTTP status of the refusal.
 func (r *Refusal) Status() int { return r.Code.Status() }
 
-// Error returns the code and the message: a Refusal is an error too.
-func (r *Refusal) Error() string { return string(r.Code) + ": " + r.Message }
-
 func refuse(code api.Code, format string, args ...any) *Refusal {
 	return &Refusal{Code: code, Message: fmt.Sprintf(format, args...)}
 }
@@ -493,7 +490,7 @@ func keptHeader(name string, id *Identity) bool {
 	if (id.KeyHeader != "" && strings.EqualFold(name, id.KeyHeader)) || (id.TypeHeader != "" && strings.EqualFold(name, id.TypeHeader)) {
 		return true
 	}
-	// Header lower-cases the name; a short ASCII one is lowered
+	// forwarded.Header lower-cases the name; a short ASCII one is lowered
 	// here, on the stack, so that it need not allocate.
 	var buf [32]byte
 	if len(name) > len(buf) || !isASCII(name) {

@@ -22,6 +22,7 @@ import (
 	"github.com/postbox-events/postbox/internal/httproute"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/intake"
+	"github.com/postbox-events/postbox/internal/names"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -243,7 +244,7 @@ const (
 	// MaxNackDelay bounds a nack's delay.
 	MaxNackDelay = 24 * time.Hour
 	// maxNameLen bounds the names of subscriptions, inboxes, sources and
-	// streams (delivery.ValidName).
+	// streams (names.Valid).
 	maxNameLen = 128
 	// maxTypes and maxTypeLen bound a subscription's type patterns.
 	maxTypes, maxTypeLen = 100, 128
@@ -259,20 +260,21 @@ const (
 )
 
 // checkName answers 400 naming field unless v is a valid name
-// (delivery.ValidName).
+// (names.Valid).
 func checkName(w http.ResponseWriter, field, v string) bool {
-	if delivery.ValidName(v) {
+	if names.Valid(v) {
 		return true
 	}
 	if len(v) > maxNameLen {
 		v = v[:maxNameLen] + "…"
 	}
-	writeError(w, api.CodeInvalidField, "%s %q: %s", field, v, delivery.NameRule)
+	writeError(w, api.CodeInvalidField, "%s %q: %s", field, v, names.Rule)
 	return false
 }
 
-// checkAPIText answers 400 naming field unless v passes checkText (and
-// is not empty unless allowEmpty).
+// checkAPIText answers 400 naming field unless v passes intake.CheckText,
+// the check of a webhook's key and type (and is not empty unless
+// allowEmpty).
 func checkAPIText(w http.ResponseWriter, field, v string, max int, allowEmpty bool) bool {
 	if v == "" {
 		if !allowEmpty {
@@ -280,7 +282,7 @@ func checkAPIText(w http.ResponseWriter, field, v string, max int, allowEmpty bo
 		}
 		return allowEmpty
 	}
-	if err := checkText(field, v, max); err != nil {
+	if err := intake.CheckText(field, v, max); err != nil {
 		writeError(w, api.CodeInvalidField, "%v", err)
 		return false
 	}

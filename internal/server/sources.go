@@ -17,7 +17,6 @@ import (
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/intake"
-	"github.com/postbox-events/postbox/internal/netpolicy"
 )
 
 // The HTTP API of sources (docs/API.md#sources), and the webhook sources'
@@ -210,13 +209,6 @@ func (s *Server) sourceJSON(src intake.Source) api.Source {
 	return j
 }
 
-// SourceRescanInterval is how often the source runner reads the sources
-// again (intake.DefaultRescanInterval): sources created or deleted by
-// another process of a shared store, and leadership that moved, are acted
-// on within it. Sources created or deleted through this process's API are
-// acted on at once.
-const SourceRescanInterval = intake.DefaultRescanInterval
-
 // DefaultSourceBufferBytes is the default of Config.SourceBufferBytes:
 // 64 MiB, so one poll answer or feed line is at most 32 MiB.
 const DefaultSourceBufferBytes = intake.DefaultBufferBytes
@@ -239,13 +231,7 @@ func (s *Server) newSourceRunner(reg prometheus.Registerer) (*intake.Runner, err
 		with = w
 	}
 	return intake.NewRunner(intake.RunnerConfig{Store: s.sourceStore, Writer: s.writer, AppendWith: with, Leads: s.delivery.Leads,
-		Limits: s.cfg.Limits, BufferBytes: s.cfg.SourceBufferBytes, Policy: s.policy(), Registerer: reg, Logger: s.log})
-}
-
-// policy is the outbound address policy of the server's connections to
-// the URLs an operator gives: delivery's targets, poll and feed sources.
-func (s *Server) policy() netpolicy.Policy {
-	return netpolicy.Policy{AllowLinkLocal: s.cfg.Delivery.AllowLinkLocalTargets, DenyPrivate: s.cfg.Delivery.DenyPrivateTargets}
+		Limits: s.cfg.Limits, BufferBytes: s.cfg.SourceBufferBytes, Policy: s.cfg.Delivery.Policy(), Registerer: reg, Logger: s.log})
 }
 
 func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
@@ -289,7 +275,7 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 		src.Settings, _ = json.Marshal(ws)
 	case intake.KindPoll, intake.KindFeed:
 		var err error
-		if src.Settings, err = intake.UpstreamSettings(*req.Kind, settings, decodeSettings, s.policy().CheckURL); err != nil {
+		if src.Settings, err = intake.UpstreamSettings(*req.Kind, settings, decodeSettings, s.cfg.Delivery.Policy().CheckURL); err != nil {
 			if errors.Is(err, intake.ErrRequired) {
 				err = &codedError{api.CodeMissingField, err.Error()}
 			}

@@ -22,6 +22,7 @@ import (
 	"github.com/postbox-events/postbox/internal/groupcommit"
 	"github.com/postbox-events/postbox/internal/intake"
 	"github.com/postbox-events/postbox/internal/jsonenc"
+	"github.com/postbox-events/postbox/internal/names"
 	"github.com/postbox-events/postbox/internal/tracing"
 	"github.com/postbox-events/postbox/stream"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
@@ -83,7 +84,7 @@ func parseWebhookID(id string) (source string, offset int64, ok bool) {
 		source, rest = rest[:i], rest[i+1:]
 	}
 	offset, err := strconv.ParseInt(rest, 10, 64)
-	return source, offset, err == nil && offset >= 1 && delivery.ValidName(source)
+	return source, offset, err == nil && offset >= 1 && names.Valid(source)
 }
 
 // postWebhook takes a webhook for the default source, WebhookSource.
@@ -279,7 +280,7 @@ type appendOutcome struct {
 	err error
 }
 
-// appendWait is where receiveWebhook waits for its append: done, the
+// appendWait is where storeWebhook waits for its append: done, the
 // callback given to the writer (which calls it once), sends its outcome
 // on c. A handler puts it back into appendWaits once it received the
 // outcome, and drops it when it stops waiting first (the writer calls
@@ -319,10 +320,6 @@ func writeAccepted(w http.ResponseWriter, source string, offset int64, key strin
 
 // answerBufs are the buffers of writeAccepted.
 var answerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
-
-// checkText is intake.CheckText: the operator API checks its names and
-// texts as the intake checks a webhook's key and type.
-func checkText(from, v string, max int) error { return intake.CheckText(from, v, max) }
 
 // maxTypeBytes bounds a webhook's type as Limits bound an envelope's.
 func (s *Server) maxTypeBytes() int {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/internal/intake"
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/internal/testenv"
@@ -80,7 +81,7 @@ func TestPollSource(t *testing.T) {
 	// checkpoint does not come back.
 	testenv.Eventually(t, 10*time.Second, "the poller to stop", func() bool {
 		n := requests.Load()
-		time.Sleep(3 * server.SourceRescanInterval / 2)
+		time.Sleep(3 * intake.DefaultRescanInterval / 2)
 		return requests.Load() == n
 	})
 	if st, _ := srcCall(t, ts, "GET", "/v1/sources/gh", "", nil); st != 404 {
