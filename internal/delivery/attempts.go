@@ -43,7 +43,7 @@ func (st *settlement) record(ctx context.Context, tx conn) error {
 	if n == 0 {
 		return nil
 	}
-	if tx.pg {
+	if tx.PostgreSQL {
 		items, numbers, statuses, latencies := make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n)
 		ats, urls, errs, excerpts := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
 		for _, a := range st.log {

@@ -225,11 +225,11 @@ type Delivery struct {
 	streams stream.Backend
 	waiter  stream.Waiter // streams, when it is one; nil: the loops poll
 	store   Store
-	db      conn        // reads of store
-	stmts   *stmtCache  // statements of the writer's transactions, on SQLite
-	shared  SharedStore // store, when several processes share it; nil: SQLite
-	pg      bool        // the store speaks PostgreSQL
-	cluster *cluster    // leases of loops, with a shared store; nil: every loop runs here
+	db      conn                // reads of store
+	stmts   *sqlitedb.StmtCache // statements of the writer's transactions, on SQLite
+	shared  SharedStore         // store, when several processes share it; nil: SQLite
+	pg      bool                // the store speaks PostgreSQL
+	cluster *cluster            // leases of loops, with a shared store; nil: every loop runs here
 	cfg     Config
 	log     *slog.Logger
 	now     func() time.Time
@@ -273,8 +273,8 @@ func New(ctx context.Context, streams stream.Backend, store Store, cfg Config) (
 		return nil, err
 	}
 	waiter, _ := streams.(stream.Waiter)
-	d := &Delivery{streams: streams, waiter: waiter, store: store, db: conn{c: store.ReadDB(), pg: pg}, shared: shared, pg: pg,
-		stmts: newStmtCache(store, pg), cfg: cfg, log: cfg.Logger, now: cfg.Now,
+	d := &Delivery{streams: streams, waiter: waiter, store: store, db: conn{Tx: store.ReadDB(), PostgreSQL: pg}, shared: shared, pg: pg,
+		stmts: stmtCache(store, pg), cfg: cfg, log: cfg.Logger, now: cfg.Now,
 		loops: map[string]*loop{}, held: map[string]bool{},
 		jobs: make(chan job), completions: make(chan completion, ackQueue*cfg.Workers), slots: newSlots(slotsPerWorker * cfg.Workers),
 		handlers: map[string]Handler{}, targets: map[string]string{}, dispatchers: map[string]*loop{}}
@@ -632,7 +632,7 @@ func (d *Delivery) Subscription(ctx context.Context, name string) (Subscription,
 // subscriptions that read the stream of source, by name: intake deletes
 // no source they read (intake.StoreConfig.Readers).
 func (d *Delivery) ReadersOf(ctx context.Context, tx *sql.Tx, source string) ([]string, error) {
-	rows, err := conn{c: tx, pg: d.pg}.QueryContext(ctx, `SELECT subscription_id FROM subscriptions WHERE source_id = ? ORDER BY subscription_id`, source)
+	rows, err := conn{Tx: tx, PostgreSQL: d.pg}.QueryContext(ctx, `SELECT subscription_id FROM subscriptions WHERE source_id = ? ORDER BY subscription_id`, source)
 	if err != nil {
 		return nil, err
 	}

@@ -46,7 +46,7 @@ func (d *Delivery) Inboxes(ctx context.Context) ([]InboxCounts, error) {
 		return nil, fmt.Errorf("inboxes: %w", err)
 	}
 	defer sqlTx.Rollback()
-	out, err := inboxCounts(ctx, conn{c: sqlTx, pg: d.pg})
+	out, err := inboxCounts(ctx, conn{Tx: sqlTx, PostgreSQL: d.pg})
 	if err != nil {
 		return nil, fmt.Errorf("inboxes: %w", err)
 	}

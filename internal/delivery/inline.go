@@ -32,12 +32,6 @@ type inlineState struct {
 	next sync.Map // subscription uid → *atomic.Int64: the position after the newest inline items committed
 }
 
-// writePreparer is a store whose writer's connection prepares statements
-// for its transactions (streamsqlite.Backend).
-type writePreparer interface {
-	PrepareWrite(ctx context.Context, query string) (*sql.Stmt, error)
-}
-
 // inliner writes one subscription's items in the transactions of its
 // events (InlineHook). It runs on the writer goroutine.
 type inliner struct {
@@ -64,7 +58,7 @@ type inliner struct {
 // subscription of that name that does not exist, or reads another stream,
 // gets nothing written, and one created again later is found.
 func (d *Delivery) InlineHook(ctx context.Context, name string) (func(tx *sql.Tx, events []stream.StoredEvent) (func(), error), error) {
-	p, ok := d.store.(writePreparer)
+	p, ok := d.store.(sqlitedb.WritePreparer)
 	if d.shared != nil || d.pg || any(d.store) != any(d.streams) || !ok {
 		return nil, nil
 	}

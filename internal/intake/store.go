@@ -153,7 +153,8 @@ type StoreConfig struct {
 // Store keeps sources, their checkpoints and the webhook digests in a DB.
 type Store struct {
 	db      DB
-	read    *sql.DB
+	read    sqlitedb.Conn // the store's read-only connections
+	stmts   *sqlitedb.StmtCache
 	streams Streams
 	pg      bool
 	readers Readers
@@ -181,15 +182,18 @@ func Open(ctx context.Context, db DB, streams Streams, cfg StoreConfig) (*Store,
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Store{db: db, read: db.ReadDB(), streams: streams, pg: cfg.PostgreSQL, readers: cfg.Readers, log: cfg.Logger, now: cfg.Now}, nil
+	var stmts *sqlitedb.StmtCache
+	if !cfg.PostgreSQL {
+		stmts = sqlitedb.NewStmtCache(db)
+	}
+	return &Store{db: db, read: sqlitedb.Conn{Tx: db.ReadDB(), PostgreSQL: cfg.PostgreSQL}, stmts: stmts, streams: streams, pg: cfg.PostgreSQL, readers: cfg.Readers, log: cfg.Logger, now: cfg.Now}, nil
 }
 
 // q returns query, written with SQLite's parameters, in the DB's dialect.
-func (s *Store) q(query string) string {
-	if s.pg {
-		return sqlitedb.Rebind(query)
-	}
-	return query
+// conn runs queries on tx, a write transaction of the store (see
+// sqlitedb.Conn).
+func (s *Store) conn(tx *sql.Tx) sqlitedb.Conn {
+	return sqlitedb.Conn{Tx: tx, PostgreSQL: s.pg, Stmts: s.stmts}
 }
 
 // CreateSource stores src and creates its stream. It reports
@@ -214,8 +218,9 @@ func (s *Store) CreateSource(ctx context.Context, src Source) (_ Source, created
 	src.CreatedAt = s.now().UTC().Truncate(time.Microsecond)
 	var inserted int64
 	err := s.db.Update(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, s.q(`INSERT INTO sources (source_id, kind, stream_id, settings_json, created_at)
-			VALUES (?, ?, ?, ?, ?) ON CONFLICT (source_id) DO NOTHING`),
+		c := s.conn(tx)
+		res, err := c.ExecContext(ctx, `INSERT INTO sources (source_id, kind, stream_id, settings_json, created_at)
+			VALUES (?, ?, ?, ?, ?) ON CONFLICT (source_id) DO NOTHING`,
 			src.Name, src.Kind, src.Stream, string(src.Settings), src.CreatedAt.Format(sqlitedb.Time))
 		if err != nil {
 			return err
@@ -248,7 +253,7 @@ func (s *Store) Sources(ctx context.Context) ([]Source, error) {
 
 // Source returns the source name, or ErrNotFound.
 func (s *Store) Source(ctx context.Context, name string) (Source, error) {
-	rows, err := s.read.QueryContext(ctx, s.q(sourceSelect+` WHERE s.source_id = ?`), name)
+	rows, err := s.read.QueryContext(ctx, sourceSelect+` WHERE s.source_id = ?`, name)
 	if err != nil {
 		return Source{}, fmt.Errorf("read source %s: %w", name, err)
 	}
@@ -296,6 +301,7 @@ func scanSources(rows *sql.Rows) ([]Source, error) {
 func (s *Store) DeleteSource(ctx context.Context, name string) error {
 	found := false
 	err := s.db.Update(ctx, func(tx *sql.Tx) error {
+		c := s.conn(tx)
 		if s.readers != nil {
 			subs, err := s.readers(ctx, tx, name)
 			if err != nil {
@@ -305,7 +311,7 @@ func (s *Store) DeleteSource(ctx context.Context, name string) error {
 				return errorf(ErrConflict, "source %q is read by the subscriptions %s: delete them first", name, strings.Join(subs, ", "))
 			}
 		}
-		res, err := tx.ExecContext(ctx, s.q(`DELETE FROM sources WHERE source_id = ?`), name)
+		res, err := c.ExecContext(ctx, `DELETE FROM sources WHERE source_id = ?`, name)
 		if err != nil {
 			return err
 		}
@@ -314,7 +320,7 @@ func (s *Store) DeleteSource(ctx context.Context, name string) error {
 		if err != nil || !found {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, s.q(`DELETE FROM source_checkpoints WHERE source_id = ?`), name)
+		_, err = c.ExecContext(ctx, `DELETE FROM source_checkpoints WHERE source_id = ?`, name)
 		return err
 	})
 	if _, ok := errors.AsType[*kindError](err); ok {
@@ -347,11 +353,12 @@ func (s *Store) CheckpointWriter(ctx context.Context, name string, created time.
 	}
 	now := s.now().UTC().Format(sqlitedb.Time)
 	return func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, s.q(`INSERT INTO source_checkpoints (source_id, next_cursor, last_event_at, last_error, last_poll_at, updated_at)
+		c := sqlitedb.Conn{Tx: tx, PostgreSQL: s.pg}
+		res, err := c.ExecContext(ctx, `INSERT INTO source_checkpoints (source_id, next_cursor, last_event_at, last_error, last_poll_at, updated_at)
 			SELECT CAST(?1 AS TEXT), CAST(?2 AS TEXT), CAST(?3 AS TEXT), CAST(?4 AS TEXT), CAST(?5 AS TEXT), CAST(?6 AS TEXT)
 			WHERE EXISTS (SELECT 1 FROM sources WHERE source_id = ?1 AND created_at = ?7)
 			ON CONFLICT (source_id) DO UPDATE SET next_cursor = excluded.next_cursor, last_event_at = excluded.last_event_at,
-				last_error = excluded.last_error, last_poll_at = excluded.last_poll_at, updated_at = excluded.updated_at`),
+				last_error = excluded.last_error, last_poll_at = excluded.last_poll_at, updated_at = excluded.updated_at`,
 			name, cp.Cursor, text(cp.LastEventAt), cp.LastError, text(cp.LastPollAt), now, created.UTC().Format(sqlitedb.Time))
 		if err != nil {
 			return fmt.Errorf("save checkpoint of %s: %w", name, err)
@@ -379,17 +386,18 @@ func (s *Store) SaveCheckpoint(ctx context.Context, name string, created time.Ti
 func (s *Store) ClaimDigest(ctx context.Context, source, digest, key string, window time.Duration) (owner string, err error) {
 	now := s.now().UTC()
 	err = s.db.Update(ctx, func(tx *sql.Tx) error {
+		c := s.conn(tx)
 		at := now.Format(sqlitedb.Time)
-		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO webhook_digests (source_id, digest, native_id, expires_at) VALUES (?1, ?2, ?3, ?4)
+		if _, err := c.ExecContext(ctx, `INSERT INTO webhook_digests (source_id, digest, native_id, expires_at) VALUES (?1, ?2, ?3, ?4)
 			ON CONFLICT (source_id, digest) DO UPDATE SET native_id = excluded.native_id, expires_at = excluded.expires_at
-			WHERE webhook_digests.expires_at <= ?5`), source, digest, key, now.Add(window).Format(sqlitedb.Time), at); err != nil {
+			WHERE webhook_digests.expires_at <= ?5`, source, digest, key, now.Add(window).Format(sqlitedb.Time), at); err != nil {
 			return err
 		}
-		if err := tx.QueryRowContext(ctx, s.q(`SELECT native_id FROM webhook_digests WHERE source_id = ? AND digest = ?`), source, digest).Scan(&owner); err != nil {
+		if err := c.QueryRowContext(ctx, `SELECT native_id FROM webhook_digests WHERE source_id = ? AND digest = ?`, source, digest).Scan(&owner); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, s.q(`DELETE FROM webhook_digests WHERE (source_id, digest) IN
-			(SELECT source_id, digest FROM webhook_digests WHERE expires_at <= ? LIMIT 16)`), at)
+		_, err := c.ExecContext(ctx, `DELETE FROM webhook_digests WHERE (source_id, digest) IN
+			(SELECT source_id, digest FROM webhook_digests WHERE expires_at <= ? LIMIT 16)`, at)
 		return err
 	})
 	if err != nil {

@@ -1,4 +1,4 @@
-package delivery
+package sqlitedb_test
 
 import (
 	"context"
@@ -8,12 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
 )
 
 // TestStmtCache runs queries in the SQLite writer's transactions the way
-// delivery does: a query seen twice is prepared on the writer's connection
+// delivery and intake do: a query seen twice is prepared on the writer's connection
 // and then run from its statement, with the same results as text.
 func TestStmtCache(t *testing.T) {
 	b, err := streamsqlite.Open(filepath.Join(t.TempDir(), "p.db"), streamsqlite.Config{})
@@ -25,25 +26,21 @@ func TestStmtCache(t *testing.T) {
 	go func() { defer close(done); b.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done; b.Close() })
 
-	c := newStmtCache(b, false)
+	c := sqlitedb.NewStmtCache(b)
 	if c == nil {
 		t.Fatal("no cache for a SQLite writer")
 	}
-	if newStmtCache(b, true) != nil {
-		t.Fatal("a cache for a store that speaks PostgreSQL")
+	if sqlitedb.NewStmtCache(b.ReadDB()) != nil {
+		t.Fatal("a cache for a database that prepares no writer's statements")
 	}
-	update := func(fn func(tx conn) error) {
+	update := func(fn func(tx sqlitedb.Conn) error) {
 		t.Helper()
-		if err := b.Update(ctx, func(tx *sql.Tx) error { return fn(conn{c: tx, stmts: c}) }); err != nil {
+		if err := b.Update(ctx, func(tx *sql.Tx) error { return fn(sqlitedb.Conn{Tx: tx, Stmts: c}) }); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cached := func(q string) bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return c.stmts[q] != nil
-	}
-	update(func(tx conn) error {
+	cached := c.Cached
+	update(func(tx sqlitedb.Conn) error {
 		_, err := tx.ExecContext(ctx, `CREATE TABLE kv (k INTEGER PRIMARY KEY, v TEXT NOT NULL)`)
 		return err
 	})
@@ -51,7 +48,7 @@ func TestStmtCache(t *testing.T) {
 	const insert = `INSERT INTO kv (k, v) VALUES (?, ?) RETURNING k`
 	const read = `SELECT v FROM kv WHERE k = ?`
 	for i := 1; i <= 4; i++ {
-		update(func(tx conn) error {
+		update(func(tx sqlitedb.Conn) error {
 			var k int
 			if err := tx.QueryRowContext(ctx, insert, i, fmt.Sprint("v", i)).Scan(&k); err != nil || k != i {
 				return fmt.Errorf("insert %d: got %d, %v", i, k, err)
@@ -86,13 +83,13 @@ func TestStmtCache(t *testing.T) {
 
 	// A failed statement from the cache fails its function only.
 	err = b.Update(ctx, func(tx *sql.Tx) error {
-		_, err := conn{c: tx, stmts: c}.ExecContext(ctx, insert, 1, "again")
+		_, err := sqlitedb.Conn{Tx: tx, Stmts: c}.ExecContext(ctx, insert, 1, "again")
 		return err
 	})
 	if err == nil {
 		t.Fatal("a duplicate key through the cached statement: no error")
 	}
-	update(func(tx conn) error {
+	update(func(tx sqlitedb.Conn) error {
 		var n int
 		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM kv`).Scan(&n); err != nil || n != 4 {
 			return fmt.Errorf("rows: %d, %v; want 4", n, err)
@@ -101,16 +98,13 @@ func TestStmtCache(t *testing.T) {
 	})
 
 	// Past maxCachedStmts queries, new ones stay text.
-	for i := range maxCachedStmts + 10 {
+	for i := range sqlitedb.MaxCachedStmts + 10 {
 		q := fmt.Sprintf(`SELECT %d`, i)
 		for range 2 {
-			update(func(tx conn) error { return tx.QueryRowContext(ctx, q).Scan(new(int)) })
+			update(func(tx sqlitedb.Conn) error { return tx.QueryRowContext(ctx, q).Scan(new(int)) })
 		}
 	}
-	c.mu.Lock()
-	n := len(c.seen)
-	c.mu.Unlock()
-	if n > maxCachedStmts {
-		t.Fatalf("%d queries seen, want at most %d", n, maxCachedStmts)
+	if n := c.Seen(); n > sqlitedb.MaxCachedStmts {
+		t.Fatalf("%d queries seen, want at most %d", n, sqlitedb.MaxCachedStmts)
 	}
 }
