@@ -32,11 +32,13 @@ const (
 	DefaultPingInterval       = 20 * time.Second
 	DefaultPingTimeout        = 10 * time.Second
 	DefaultWSMaxConnections   = 5000
-	DefaultWSBufferBytes      = 8 * DefaultWSMaxFrameBytes
-	DefaultWSMaxFrameBytes    = 16 << 20
-	DefaultWSFrameTimeout     = time.Minute
-	DefaultWebhookMaxBytes    = 1 << 20
-	DefaultSourceBufferBytes  = 64 << 20
+	// DefaultWSMaxConnectionsPerAddress: see Config.WSMaxConnectionsPerAddress.
+	DefaultWSMaxConnectionsPerAddress = 64
+	DefaultWSBufferBytes              = 8 * DefaultWSMaxFrameBytes
+	DefaultWSMaxFrameBytes            = 16 << 20
+	DefaultWSFrameTimeout             = time.Minute
+	DefaultWebhookMaxBytes            = 1 << 20
+	DefaultSourceBufferBytes          = 64 << 20
 )
 
 // Config configures a Server. Every field may be left zero: the zero
@@ -104,6 +106,18 @@ type Config struct {
 	// start there: whoever reaches the address could point subscriptions
 	// at any target and read every inbox.
 	InsecureNoAPIToken bool
+	// AllowedHosts are the names, besides IP addresses, localhost and
+	// the host of Addr, the operator API, the console and /metrics answer
+	// under ("postbox.example.com"; ".example.com" takes its subdomains;
+	// "*" any name). Others get 421 host_not_allowed: a page that rebinds
+	// its DNS name to the server could otherwise read the API. A server
+	// reached under a DNS name (through a load balancer that keeps Host)
+	// must list it.
+	AllowedHosts []string
+	// AllowedOrigins are the origins besides the server's own
+	// ("https://ops.example.com") whose browser pages may change state
+	// through the operator API; others get 403 cross_origin.
+	AllowedOrigins []string
 
 	// ReadTimeout bounds how long a request's body may take to arrive
 	// after its headers. Defaults to DefaultReadTimeout.
@@ -134,6 +148,13 @@ type Config struct {
 	// ResourceExhausted). Defaults to DefaultWSMaxConnections; negative
 	// means no bound.
 	WSMaxConnections int
+	// WSMaxConnectionsPerAddress bounds the open ingress connections
+	// without a device token (without Tokens, every connection) from one
+	// client address (an IPv4 address, or an IPv6 /64); more are refused
+	// as those over WSMaxConnections are. Behind a proxy every connection
+	// comes from its address: raise it or turn it off. Defaults to
+	// DefaultWSMaxConnectionsPerAddress; negative means no bound.
+	WSMaxConnectionsPerAddress int
 	// WSBufferBytes bounds the memory of ingress frames being read and of
 	// envelopes waiting for the writer's queue, over all connections; a
 	// connection that finds no room is not read until there is. Defaults

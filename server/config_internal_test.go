@@ -139,6 +139,7 @@ func TestDefaults(t *testing.T) {
 		{"PingInterval", DefaultPingInterval, wsping.DefaultInterval},
 		{"PingTimeout", DefaultPingTimeout, wsping.DefaultTimeout},
 		{"WSMaxConnections", DefaultWSMaxConnections, ingress.DefaultMaxConnections},
+		{"WSMaxConnectionsPerAddress", DefaultWSMaxConnectionsPerAddress, ingress.DefaultMaxConnectionsPerAddress},
 		{"WSBufferBytes", int64(DefaultWSBufferBytes), int64(ingress.DefaultMaxBufferedBytes)},
 		{"WSMaxFrameBytes", int64(DefaultWSMaxFrameBytes), int64(ingress.DefaultMaxFrameBytes)},
 		{"WSFrameTimeout", DefaultWSFrameTimeout, ingress.DefaultFrameTimeout},

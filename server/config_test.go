@@ -3,6 +3,8 @@ package server_test
 import (
 	"context"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -70,5 +72,40 @@ func TestRunRefusesAnOpenAPIBeyondLoopback(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "Config.APIToken") || !strings.Contains(err.Error(), "Config.InsecureNoAPIToken") ||
 		strings.Contains(err.Error(), "--") {
 		t.Fatalf("Run beyond loopback without an API token: %v, want a refusal naming Config.APIToken and Config.InsecureNoAPIToken", err)
+	}
+}
+
+// TestAllowedHostsAndOrigins: a program that embeds the server lets its
+// operator API answer under its DNS name, and a page of its own console's
+// origin change state, through Config. The request passes the guard to
+// the handler, which refuses its body (400), not its origin (403) or host
+// (421).
+func TestAllowedHostsAndOrigins(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		hosts, origs []string
+		want         int
+	}{
+		{"name not allowed", nil, nil, http.StatusMisdirectedRequest},
+		{"name allowed", []string{"postbox.example.com"}, nil, http.StatusForbidden},
+		{"name and origin allowed", []string{"postbox.example.com"}, []string{"https://ops.example.com"}, http.StatusBadRequest},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv, err := server.New(server.Config{DBPath: filepath.Join(t.TempDir(), "p.db"), AllowedHosts: c.hosts, AllowedOrigins: c.origs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Close()
+			req := httptest.NewRequest(http.MethodPost, "http://postbox.example.com/v1/sources",
+				strings.NewReader(`{"kind":"webhook"}`))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Origin", "https://ops.example.com")
+			req.Header.Set("Sec-Fetch-Site", "cross-site")
+			w := httptest.NewRecorder()
+			srv.Handler().ServeHTTP(w, req)
+			if w.Code != c.want {
+				t.Fatalf("POST /v1/sources under postbox.example.com from https://ops.example.com: %d %s, want %d", w.Code, w.Body, c.want)
+			}
+		})
 	}
 }

@@ -153,9 +153,8 @@ of each event's intake, materialisation and delivery attempts are exported over 
 	// serve wires internal/server, not the public server package: that
 	// package documents its defaults as constants of its own, which a test
 	// (server/config_internal_test.go) pins to the internal ones whoever
-	// calls it, and it lacks settings serve has (--allowed-hosts,
-	// --allowed-origins, --ws-max-connections-per-address, the store's
-	// logger) and the ConfigError that lets serve name its flags.
+	// calls it, and it lacks what serve needs of the internal one: the
+	// store's logger, and the ConfigError that lets serve name its flags.
 	cfg := server.Config{
 		Addr:               *addr,
 		GRPCAddr:           *grpcAddr,
