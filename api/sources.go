@@ -131,7 +131,7 @@ type CreateWebhookSettings struct {
 	ServeFlags bool `json:"serve_flags,omitempty"`
 	// ReplayWindow, for the github preset, is how long the same signed
 	// body sent under another delivery id is answered as a duplicate
-	// ("0": never); "": 24h.
+	// ("0" or "0s": never); "": 24h.
 	ReplayWindow string `json:"replay_window,omitempty"`
 }
 

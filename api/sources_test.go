@@ -3,12 +3,45 @@ package api_test
 import (
 	"bytes"
 	"encoding/json"
+	"reflect"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/feed"
+	"github.com/postbox-events/postbox/internal/intake"
 	"github.com/postbox-events/postbox/internal/poll"
 )
+
+// jsonFields returns the JSON names of t's fields, sorted.
+func jsonFields(t reflect.Type) []string {
+	var names []string
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name != "-" && f.IsExported() {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// TestSettingsFieldsMatch: each kind's settings in the API and where the
+// server reads them have the same JSON fields, so a setting added to one
+// and not the other fails here (set or not in a test's values).
+func TestSettingsFieldsMatch(t *testing.T) {
+	for _, c := range []struct{ api, server any }{
+		{api.PollSourceSettings{}, poll.Settings{}},
+		{api.FeedSourceSettings{}, feed.Settings{}},
+		{api.CreateWebhookSettings{}, intake.WebhookSettings{}},
+	} {
+		a, s := jsonFields(reflect.TypeOf(c.api)), jsonFields(reflect.TypeOf(c.server))
+		if !slices.Equal(a, s) {
+			t.Errorf("%T has the fields %v, %T %v", c.api, a, c.server, s)
+		}
+	}
+}
 
 // sameJSON encodes from, decodes it into to refusing unknown fields, and
 // wants to encode to the same JSON: the two types carry the same fields.

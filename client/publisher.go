@@ -34,7 +34,7 @@ type Publisher struct {
 var _ outbox.Publisher = (*Publisher)(nil)
 
 // NewPublisher returns a Publisher to the ingress at url, which waits
-// opts.AckTimeout for the replies to a batch.
+// opts.AckTimeout (zero: DefaultAckTimeout) for the replies to a batch.
 func NewPublisher(url string, opts Options) (*Publisher, error) {
 	if _, err := URL(url); err != nil {
 		return nil, err

@@ -235,9 +235,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	// committed) before this loop heard of that settle.
 	inFlight := map[string]int{}
 	// The window (see RelayConfig.MaxInFlight) counts the messages
-	// published and not yet answered, and those answered whose outcome
-	// is not yet recorded: still in inFlight, so not read again, but no
-	// longer in the window, so that the next batches do not wait for the
+	// published and not yet answered. Those answered whose outcome is not
+	// yet recorded stay in inFlight, so that they are not read again, but
+	// leave the window, so that the next batches do not wait for the
 	// store.
 	win := newWindow(r.cfg)
 	// Answered outcomes the store failed to record: their rows stay in

@@ -346,7 +346,7 @@ webhooks).`)
 	}
 	cp := s.Checkpoint
 	checkpoint := "-"
-	if whenPtr(cp.UpdatedAt) != "-" {
+	if cp.UpdatedAt != nil {
 		checkpoint = fmt.Sprintf("cursor %s, last event %s, last poll %s, last error %s (updated %s)", orDash(cp.Cursor),
 			whenPtr(cp.LastEventAt), whenPtr(cp.LastPollAt), orDash(cp.LastError), whenPtr(cp.UpdatedAt))
 	}

@@ -12,7 +12,8 @@ type DispatchRound = dispatchRound
 // TestSignals are the signals a Delivery sends when it finished a step.
 type TestSignals struct {
 	// Dispatched receives each round of a dispatcher that leased, paused
-	// or found nothing due; it holds the last 64 nobody read.
+	// or found nothing due; it holds up to 64 nobody read, and drops
+	// later ones until they are read.
 	Dispatched <-chan DispatchRound
 	// Stopping is closed once Run has stopped its loops and waits for the
 	// attempts in flight.
