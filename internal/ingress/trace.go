@@ -1,7 +1,6 @@
 package ingress
 
 import (
-	"context"
 	"errors"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -25,18 +24,9 @@ import (
 // startIntake starts the intake span of a valid envelope of streamID and
 // makes it the envelope's trace context.
 func startIntake(env *postbox.Envelope, streamID string) trace.Span {
-	ctx := tracing.WithRemote(context.Background(), env.TraceParent, env.TraceState)
-	_, span := tracing.Tracer().Start(ctx, "postbox.intake", trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(
-			attribute.String("messaging.system", "postbox"),
-			attribute.String("messaging.destination.name", streamID),
-			attribute.String("messaging.message.id", env.EventID),
-			attribute.String("postbox.event.type", env.Type),
-			attribute.String("postbox.device_id", env.DeviceID),
-		))
-	if tp, ts := tracing.Format(span.SpanContext()); tp != "" {
-		env.TraceParent, env.TraceState = tp, ts
-	}
+	span, tp, ts := tracing.StartIntake(env.TraceParent, env.TraceState, streamID, env.EventID, env.Type,
+		attribute.String("postbox.device_id", env.DeviceID))
+	env.TraceParent, env.TraceState = tp, ts
 	return span
 }
 

@@ -2,7 +2,6 @@ package intake
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,7 +16,6 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/postbox-events/postbox"
@@ -151,17 +149,8 @@ func (p *Parsed) Event() stream.Event {
 // the one its event carries. The caller ends the span once the webhook
 // is answered; it is called only when tracing is enabled.
 func (p *Parsed) Trace(source string) trace.Span {
-	ctx := tracing.WithRemote(context.Background(), p.Traceparent, p.Tracestate)
-	_, span := tracing.Tracer().Start(ctx, "postbox.intake", trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(
-			attribute.String("messaging.system", "postbox"),
-			attribute.String("messaging.destination.name", source),
-			attribute.String("messaging.message.id", p.Key),
-			attribute.String("postbox.event.type", p.Type),
-		))
-	if tp, ts := tracing.Format(span.SpanContext()); tp != "" {
-		p.Traceparent, p.Tracestate = tp, ts
-	}
+	var span trace.Span
+	span, p.Traceparent, p.Tracestate = tracing.StartIntake(p.Traceparent, p.Tracestate, source, p.Key, p.Type)
 	return span
 }
 

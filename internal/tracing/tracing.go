@@ -190,3 +190,24 @@ func metaString(meta []byte, key string) string {
 	}
 	return string(v[:j])
 }
+
+// StartIntake starts the intake span of an event accepted into stream,
+// the child of the trace context it brought (traceparent, tracestate),
+// with its id and type and attrs, and returns it with the span's own
+// trace context, which the event carries from then on (what it causes
+// later nests under its intake). Call it only while Enabled.
+func StartIntake(traceparent, tracestate, stream, id, typ string, attrs ...attribute.KeyValue) (_ trace.Span, spanTraceparent, spanTracestate string) {
+	ctx := WithRemote(context.Background(), traceparent, tracestate)
+	_, span := Tracer().Start(ctx, "postbox.intake", trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "postbox"),
+			attribute.String("messaging.destination.name", stream),
+			attribute.String("messaging.message.id", id),
+			attribute.String("postbox.event.type", typ),
+		),
+		trace.WithAttributes(attrs...))
+	if tp, ts := Format(span.SpanContext()); tp != "" {
+		traceparent, tracestate = tp, ts
+	}
+	return span, traceparent, tracestate
+}

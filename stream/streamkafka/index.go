@@ -14,7 +14,6 @@ import (
 	"io/fs"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -113,27 +112,9 @@ func (x *index) q(query string) string {
 	query = strings.ReplaceAll(query, "{s}.", x.prefix)
 	query = strings.ReplaceAll(query, "{now}", x.now)
 	if x.pg {
-		query = rebind(query)
+		query = sqlitedb.Rebind(query)
 	}
 	return query
-}
-
-// rebind rewrites ? parameters as PostgreSQL's $1, $2, ... in order. The
-// index's queries hold no ? in literals.
-func rebind(query string) string {
-	var b strings.Builder
-	b.Grow(len(query) + 16)
-	n := 0
-	for i := 0; i < len(query); i++ {
-		if query[i] != '?' {
-			b.WriteByte(query[i])
-			continue
-		}
-		n++
-		b.WriteByte('$')
-		b.WriteString(strconv.Itoa(n))
-	}
-	return b.String()
 }
 
 // tx runs fn in one transaction.
