@@ -109,7 +109,20 @@ type APIError struct {
 	Status  int      // the HTTP status
 	Code    api.Code // one of api.Codes; "" when the answer was not the API's JSON error
 	Message string
+	// Method and Path (with its query) are the call the server answered;
+	// "" for an error of an item's result (ResultErr) and of the ingress.
+	Method, Path string
 }
+
+// CallError is a call of the API that got no answer, or none that could
+// be read: the connection failed or the call timed out (Err).
+type CallError struct {
+	Method, Path string // the call, Path with its query
+	Err          error
+}
+
+func (e *CallError) Error() string { return e.Method + " " + e.Path + ": " + e.Err.Error() }
+func (e *CallError) Unwrap() error { return e.Err }
 
 func (e *APIError) Error() string {
 	if e.Code == "" {
@@ -199,23 +212,23 @@ func (c *API) do(ctx context.Context, method, path string, in, out any, extra ti
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("%s %s: %w", method, path, err)
+		return 0, &CallError{Method: method, Path: path, Err: err}
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return resp.StatusCode, fmt.Errorf("%s %s: read the answer: %w", method, path, err)
+		return resp.StatusCode, &CallError{Method: method, Path: path, Err: fmt.Errorf("read the answer: %w", err)}
 	}
 	if resp.StatusCode >= 300 {
 		var e api.ErrorResponse
 		if json.Unmarshal(data, &e) == nil && e.Error.Code != "" {
-			return resp.StatusCode, &APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+			return resp.StatusCode, &APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message, Method: method, Path: path}
 		}
 		msg := string(bytes.TrimSpace(data))
 		if len(msg) > 200 {
 			msg = msg[:200] + "…"
 		}
-		return resp.StatusCode, &APIError{Status: resp.StatusCode, Message: fmt.Sprintf("%s %s: %s", method, path, msg)}
+		return resp.StatusCode, &APIError{Status: resp.StatusCode, Message: fmt.Sprintf("%s %s: %s", method, path, msg), Method: method, Path: path}
 	}
 	if out == nil || resp.StatusCode == http.StatusNoContent {
 		return resp.StatusCode, nil
@@ -508,11 +521,6 @@ func (q DeadLetterQuery) values() url.Values {
 	}
 	return v
 }
-
-// Encode returns q as the query DeadLetters sends, its keys sorted
-// ("inbox=planner&limit=10"), "" for the zero query: the words of a
-// message about the call.
-func (q DeadLetterQuery) Encode() string { return q.values().Encode() }
 
 // DeadLetters returns a page of dead letters (failed items), oldest
 // first.

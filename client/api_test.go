@@ -93,22 +93,46 @@ func TestAPISourceSettings(t *testing.T) {
 	}
 }
 
-// TestDeadLetterQueryEncode: the query of a dead-letter page, keys sorted,
-// times in UTC.
-func TestDeadLetterQueryEncode(t *testing.T) {
+// TestDeadLetterQuery: the query of a dead-letter page, keys sorted,
+// times in UTC, as the call an error names (APIError.Method, Path).
+func TestDeadLetterQuery(t *testing.T) {
+	ts := httptest.NewServer(http.NotFoundHandler())
+	defer ts.Close()
+	c, err := client.NewAPI(ts.URL, client.APIOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	from := time.Date(2026, 11, 21, 11, 0, 0, 5, time.FixedZone("CET", 3600))
-	for _, c := range []struct {
+	for _, q := range []struct {
 		q    client.DeadLetterQuery
 		want string
 	}{
-		{client.DeadLetterQuery{}, ""},
-		{client.DeadLetterQuery{Limit: 100}, "limit=100"},
+		{client.DeadLetterQuery{}, "/v1/dead-letters"},
+		{client.DeadLetterQuery{Limit: 100}, "/v1/dead-letters?limit=100"},
 		{client.DeadLetterQuery{Inbox: "a b", Subscription: "s", From: from, After: 7, Limit: 2},
-			"after=7&from=2026-11-21T10%3A00%3A00.000000005Z&inbox=a+b&limit=2&subscription=s"},
-		{client.DeadLetterQuery{To: from}, "to=2026-11-21T10%3A00%3A00.000000005Z"},
+			"/v1/dead-letters?after=7&from=2026-11-21T10%3A00%3A00.000000005Z&inbox=a+b&limit=2&subscription=s"},
+		{client.DeadLetterQuery{To: from}, "/v1/dead-letters?to=2026-11-21T10%3A00%3A00.000000005Z"},
 	} {
-		if got := c.q.Encode(); got != c.want {
-			t.Errorf("%+v: %q, want %q", c.q, got, c.want)
+		_, err := c.DeadLetters(context.Background(), q.q)
+		ae, ok := errors.AsType[*client.APIError](err)
+		if !ok || ae.Status != http.StatusNotFound || ae.Method != http.MethodGet || ae.Path != q.want {
+			t.Errorf("%+v: %v (%+v), want a 404 of GET %s", q.q, err, ae, q.want)
 		}
+	}
+}
+
+// TestCallError: a call that gets no answer names itself and wraps why.
+func TestCallError(t *testing.T) {
+	ts := httptest.NewServer(http.NotFoundHandler())
+	url := ts.URL
+	ts.Close()
+	c, err := client.NewAPI(url, client.APIOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Subscription(context.Background(), "orders")
+	ce, ok := errors.AsType[*client.CallError](err)
+	if !ok || ce.Method != http.MethodGet || ce.Path != "/v1/subscriptions/orders" || ce.Err == nil {
+		t.Fatalf("a call to a closed server: %v, want a *CallError of GET /v1/subscriptions/orders", err)
 	}
 }

@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"net/url"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -50,7 +48,7 @@ offset its subscription materialises, the stream's high watermark and the lag be
 	}
 	cons, err := c.Consumer(ctx, name)
 	if err != nil {
-		return fmt.Errorf("consumers get %s: %w", name, c.explain(http.MethodGet, "/v1/consumers/"+url.PathEscape(name), err))
+		return fmt.Errorf("consumers get %s: %w", name, c.explain(err))
 	}
 	if af.json {
 		return printValue(env, cons)
@@ -127,7 +125,7 @@ reset shows in postbox consumers history NAME.`)
 	}
 	res, err := c.ResetConsumer(ctx, name, req)
 	if err != nil {
-		return fmt.Errorf("consumers reset %s: %w", name, c.explain(http.MethodPost, "/v1/consumers/"+url.PathEscape(name)+"/reset", err))
+		return fmt.Errorf("consumers reset %s: %w", name, c.explain(err))
 	}
 	if af.json {
 		return printValue(env, res)
@@ -169,7 +167,7 @@ stream backends (nats and kafka keep none: the command says so).`)
 	}
 	h, err := c.ConsumerCommits(ctx, name, *limit)
 	if err != nil {
-		return fmt.Errorf("consumers history %s: %w", name, c.explain(http.MethodGet, fmt.Sprintf("/v1/consumers/%s/commits?limit=%d", url.PathEscape(name), *limit), err))
+		return fmt.Errorf("consumers history %s: %w", name, c.explain(err))
 	}
 	if af.json {
 		return printValue(env, h)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"net/http"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -144,7 +143,7 @@ it says so on stderr; --all-pages fetches every page.`)
 	list, err := itemPages(env, "dlq list", "--all-pages", int64(after), *allPages, func(after int64) (api.ItemPage, error) {
 		q.After = after
 		page, err := c.DeadLetters(ctx, q)
-		return page, c.explain(http.MethodGet, "/v1/dead-letters?"+q.Encode(), err)
+		return page, c.explain(err)
 	})
 	if err != nil {
 		return fmt.Errorf("dlq list: %w", err)
@@ -223,7 +222,7 @@ any item.`)
 	}
 	it, err := c.DeadLetter(ctx, id)
 	if err != nil {
-		return fmt.Errorf("dlq show %d: %w", id, c.explain(http.MethodGet, "/v1/dead-letters/ID", err))
+		return fmt.Errorf("dlq show %d: %w", id, c.explain(err))
 	}
 	if af.json {
 		return printValue(env, it)
@@ -271,7 +270,7 @@ Prints how many it replayed; an ID that is not a dead letter is an error (exit s
 			return err
 		}
 		if _, err := c.ReplayDeadLetter(ctx, id); err != nil {
-			return fmt.Errorf("dlq replay %d: %w", id, c.explain(http.MethodPost, "/v1/dead-letters/ID/replay", err))
+			return fmt.Errorf("dlq replay %d: %w", id, c.explain(err))
 		}
 		out.Replayed, out.IDs = 1, []int64{id}
 	case *all && !sel.empty():
@@ -285,7 +284,7 @@ Prints how many it replayed; an ID that is not a dead letter is an error (exit s
 		}
 		pick := api.ReplayDeadLetters{Inbox: q.Inbox, Subscription: q.Subscription, From: apiTime(q.From), To: apiTime(q.To), All: *all}
 		if out, err = c.ReplayDeadLetters(ctx, pick); err != nil {
-			return fmt.Errorf("dlq replay: %w", c.explain(http.MethodPost, "/v1/dead-letters/replay", err))
+			return fmt.Errorf("dlq replay: %w", c.explain(err))
 		}
 		if out.Replayed != len(out.IDs) {
 			return fmt.Errorf("dlq replay: the server says it replayed %d items but names %d", out.Replayed, len(out.IDs))

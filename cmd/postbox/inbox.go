@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -70,11 +68,6 @@ func itemIDs(cmd string, args []string) ([]int64, error) {
 	return ids, nil
 }
 
-// inboxPath is the path of inbox's endpoint rest.
-func inboxPath(inbox, rest string) string {
-	return "/v1/inboxes/" + url.PathEscape(inbox) + rest
-}
-
 func runInboxList(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "inbox list", "[INBOX] [flags]", `Lists the items of INBOX in id order, one page of --limit items from after --after.
 When more are left it says so on stderr; --all fetches every page.
@@ -118,7 +111,7 @@ Without INBOX, lists the inboxes with how many items each holds in each state.`)
 
 	items, err := itemPages(env, "inbox list", "--all", int64(after), *all, func(after int64) (api.ItemPage, error) {
 		page, err := c.Items(ctx, inbox, client.ItemsQuery{State: *state, After: after, Limit: int(limit)})
-		return page, c.explain(http.MethodGet, inboxPath(inbox, "/items"), err)
+		return page, c.explain(err)
 	})
 	if err != nil {
 		return fmt.Errorf("inbox list %s: %w", inbox, err)
@@ -139,7 +132,7 @@ Without INBOX, lists the inboxes with how many items each holds in each state.`)
 func listInboxes(ctx context.Context, env *cmdEnv, c *apiClient, af *apiFlags) error {
 	inboxes, err := c.Inboxes(ctx)
 	if err != nil {
-		return fmt.Errorf("inbox list: %w", c.explain(http.MethodGet, "/v1/inboxes", err))
+		return fmt.Errorf("inbox list: %w", c.explain(err))
 	}
 	if af.json {
 		return printJSON(env, jsonArray(inboxes))
@@ -178,7 +171,7 @@ func runInboxShow(ctx context.Context, env *cmdEnv, args []string) error {
 	}
 	it, err := c.Item(ctx, inbox, ids[0])
 	if err != nil {
-		return fmt.Errorf("inbox show %s %d: %w", inbox, ids[0], c.explain(http.MethodGet, inboxPath(inbox, "/items/ID"), err))
+		return fmt.Errorf("inbox show %s %d: %w", inbox, ids[0], c.explain(err))
 	}
 	if af.json {
 		return printValue(env, it)
@@ -228,7 +221,7 @@ body. Items that runtimes lease have none. Retention deletes them with the item.
 	}
 	log, err := c.Attempts(ctx, inbox, ids[0])
 	if err != nil {
-		return fmt.Errorf("inbox attempts %s %d: %w", inbox, ids[0], c.explain(http.MethodGet, inboxPath(inbox, "/items/ID/attempts"), err))
+		return fmt.Errorf("inbox attempts %s %d: %w", inbox, ids[0], c.explain(err))
 	}
 	if af.json {
 		return printJSON(env, jsonArray(log))
@@ -285,7 +278,7 @@ that long for an item when none is ready.`)
 	c.timeout += *wait
 	out, err := c.Lease(ctx, inbox, client.LeaseOptions{Max: int(maxItems), VisibilityTimeout: *visibility, Wait: *wait})
 	if err != nil {
-		return fmt.Errorf("inbox lease %s: %w", inbox, c.explain(http.MethodPost, inboxPath(inbox, "/lease"), err))
+		return fmt.Errorf("inbox lease %s: %w", inbox, c.explain(err))
 	}
 	if af.json {
 		return printValue(env, out)
@@ -402,7 +395,7 @@ func settle(ctx context.Context, env *cmdEnv, c *apiClient, af *apiFlags, cmd, v
 	for chunk := range slices.Chunk(ids, maxSettle) {
 		res, err := call(inbox, chunk)
 		if err != nil {
-			return fmt.Errorf("%s %s: %w", cmd, inbox, c.explain(http.MethodPost, inboxPath(inbox, "/"+verb), err))
+			return fmt.Errorf("%s %s: %w", cmd, inbox, c.explain(err))
 		}
 		if len(res) != len(chunk) {
 			return fmt.Errorf("%s %s: the server answered %d results for %d ids", cmd, inbox, len(res), len(chunk))

@@ -105,8 +105,14 @@ func isAPIError(err error, code api.Code) bool {
 
 // explain says in the command line's words what a failed call means: no
 // server, no answer in time, or a server without this endpoint.
-func (c *apiClient) explain(method, path string, err error) error {
-	var ae *client.APIError
+func (c *apiClient) explain(err error) error {
+	var method, path string
+	ae, isAPI := errors.AsType[*client.APIError](err)
+	if ce, ok := errors.AsType[*client.CallError](err); ok {
+		method, path = ce.Method, ce.Path
+	} else if isAPI {
+		method, path = ae.Method, ae.Path
+	}
 	switch {
 	case err == nil:
 		return nil
@@ -114,9 +120,9 @@ func (c *apiClient) explain(method, path string, err error) error {
 		return fmt.Errorf("no server answers at %s: is it running? (start one with `postbox serve`, or point --server or POSTBOX_API_URL at it)", c.base)
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("server %s did not answer %s %s within %v", c.base, method, path, c.timeout)
-	case errors.As(err, &ae) && ae.Code == "" && (ae.Status == http.StatusNotFound || ae.Status == http.StatusMethodNotAllowed):
+	case isAPI && ae.Code == "" && (ae.Status == http.StatusNotFound || ae.Status == http.StatusMethodNotAllowed):
 		return fmt.Errorf("server %s has no %s %s (%d %s): is it a postbox server of this version?", c.base, method, path, ae.Status, http.StatusText(ae.Status))
-	case errors.As(err, &ae):
+	case isAPI:
 		return err
 	case errors.As(err, new(x509.UnknownAuthorityError)):
 		return fmt.Errorf("server %s: %w (give the CA that signed its certificate, or the certificate itself, with --ca-cert or POSTBOX_CA_CERT)", c.base, err)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 	"time"
 
@@ -94,7 +93,7 @@ RFC 3339 time or how long ago (90m, 2h30m, 7d). postbox replays get ID shows a j
 	body.States = list
 	j, err := c.ReplaySubscription(ctx, name, body)
 	if err != nil {
-		return fmt.Errorf("subscriptions replay %s: %w", name, c.explain(http.MethodPost, "/v1/subscriptions/NAME/replay", err))
+		return fmt.Errorf("subscriptions replay %s: %w", name, c.explain(err))
 	}
 	if *wait {
 		fmt.Fprintln(env.stderr, progress(j))
@@ -127,7 +126,7 @@ func followReplay(ctx context.Context, env *cmdEnv, c *apiClient, j api.Replay) 
 		}
 		next, err := c.Replay(ctx, j.ID)
 		if err != nil {
-			return j, c.explain(http.MethodGet, "/v1/replays/ID", err)
+			return j, c.explain(err)
 		}
 		j = next
 		if j.Replayed != last || j.State != "running" {
@@ -152,7 +151,7 @@ how many items it matched when it started and how many it has replayed, and its 
 	}
 	j, err := c.Replay(ctx, id)
 	if err != nil {
-		return fmt.Errorf("replays get %s: %w", id, c.explain(http.MethodGet, "/v1/replays/ID", err))
+		return fmt.Errorf("replays get %s: %w", id, c.explain(err))
 	}
 	if af.json {
 		return printValue(env, j)

@@ -7,8 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"maps"
-	"net/http"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -217,7 +215,7 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 	}
 	created, isNew, err := c.CreateSource(ctx, req)
 	if err != nil {
-		err = c.explain(http.MethodPost, "/v1/sources", err)
+		err = c.explain(err)
 		if isAPIError(err, api.CodeConflict) {
 			return fmt.Errorf("sources create %s: %w (delete it first, or pick another name)", name, err)
 		}
@@ -260,7 +258,7 @@ func runSourcesList(ctx context.Context, env *cmdEnv, args []string) error {
 	}
 	srcs, err := c.Sources(ctx)
 	if err != nil {
-		return fmt.Errorf("sources list: %w", c.explain(http.MethodGet, "/v1/sources", err))
+		return fmt.Errorf("sources list: %w", c.explain(err))
 	}
 	if af.json {
 		return printJSON(env, jsonArray(srcs))
@@ -297,7 +295,7 @@ webhooks).`)
 	}
 	got, err := c.Source(ctx, name)
 	if err != nil {
-		return fmt.Errorf("sources get %s: %w", name, c.explain(http.MethodGet, "/v1/sources/"+url.PathEscape(name), err))
+		return fmt.Errorf("sources get %s: %w", name, c.explain(err))
 	}
 	if af.json {
 		return printValue(env, got)
@@ -370,7 +368,7 @@ subscriptions read is not deleted: the error names them. --json prints
 		return err
 	}
 	if err := c.DeleteSource(ctx, name); err != nil {
-		return fmt.Errorf("sources delete %s: %w", name, c.explain(http.MethodDelete, "/v1/sources/"+url.PathEscape(name), err))
+		return fmt.Errorf("sources delete %s: %w", name, c.explain(err))
 	}
 	if af.json {
 		b, _ := json.Marshal(map[string]any{"name": name, "deleted": true})

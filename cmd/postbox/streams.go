@@ -6,7 +6,6 @@ import (
 	"text/tabwriter"
 
 	"github.com/postbox-events/postbox/api"
-	"net/http"
 )
 
 func runStreams(ctx context.Context, env *cmdEnv, args []string) error {
@@ -23,7 +22,7 @@ With STREAM, shows that stream only.`)
 	switch fs.NArg() {
 	case 0:
 		if streams, err = c.Streams(ctx); err != nil {
-			return fmt.Errorf("streams: %w", c.explain(http.MethodGet, "/v1/streams", err))
+			return fmt.Errorf("streams: %w", c.explain(err))
 		}
 		if af.json {
 			return printJSON(env, jsonArray(streams))
@@ -31,7 +30,7 @@ With STREAM, shows that stream only.`)
 	case 1:
 		s, err := c.Stream(ctx, fs.Arg(0))
 		if err != nil {
-			return fmt.Errorf("streams %s: %w", fs.Arg(0), c.explain(http.MethodGet, "/v1/streams/STREAM", err))
+			return fmt.Errorf("streams %s: %w", fs.Arg(0), c.explain(err))
 		}
 		if af.json {
 			return printValue(env, s)
@@ -62,7 +61,7 @@ its next offset it has not yet looked at).`)
 	}
 	consumers, err := c.Consumers(ctx)
 	if err != nil {
-		return fmt.Errorf("consumers: %w", c.explain(http.MethodGet, "/v1/consumers", err))
+		return fmt.Errorf("consumers: %w", c.explain(err))
 	}
 	if af.json {
 		return printJSON(env, jsonArray(consumers))

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"net/http"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -505,7 +503,7 @@ definition under the same name is a conflict (exit status 1).`)
 
 	s, created, err := c.CreateSubscription(ctx, body)
 	if err != nil {
-		err = c.explain(http.MethodPost, "/v1/subscriptions", err)
+		err = c.explain(err)
 		if isAPIError(err, api.CodeConflict) {
 			return fmt.Errorf("subscriptions create %s: %w (delete it first, or pick another name)", name, err)
 		}
@@ -538,7 +536,7 @@ func runSubscriptionsList(ctx context.Context, env *cmdEnv, args []string) error
 	}
 	subs, err := c.Subscriptions(ctx)
 	if err != nil {
-		return fmt.Errorf("subscriptions list: %w", c.explain(http.MethodGet, "/v1/subscriptions", err))
+		return fmt.Errorf("subscriptions list: %w", c.explain(err))
 	}
 	if af.json {
 		return printJSON(env, jsonArray(subs))
@@ -572,7 +570,7 @@ func runSubscriptionsGet(ctx context.Context, env *cmdEnv, args []string) error 
 	}
 	s, err := c.Subscription(ctx, name)
 	if err != nil {
-		return fmt.Errorf("subscriptions get %s: %w", name, c.explain(http.MethodGet, "/v1/subscriptions/"+url.PathEscape(name), err))
+		return fmt.Errorf("subscriptions get %s: %w", name, c.explain(err))
 	}
 	if af.json {
 		return printValue(env, s)
@@ -636,7 +634,7 @@ endpoint: its settings apply to every subscription filling the inbox with the ta
 	}
 	s, err := c.UpdateSubscription(ctx, name, body)
 	if err != nil {
-		return fmt.Errorf("subscriptions set-target %s: %w", name, c.explain(http.MethodPatch, "/v1/subscriptions/"+url.PathEscape(name), err))
+		return fmt.Errorf("subscriptions set-target %s: %w", name, c.explain(err))
 	}
 	if af.json {
 		return printValue(env, s)
@@ -664,7 +662,7 @@ items stay in their inbox. The server answers with no body; --json prints
 		return err
 	}
 	if err := c.DeleteSubscription(ctx, name); err != nil {
-		return fmt.Errorf("subscriptions delete %s: %w", name, c.explain(http.MethodDelete, "/v1/subscriptions/"+url.PathEscape(name), err))
+		return fmt.Errorf("subscriptions delete %s: %w", name, c.explain(err))
 	}
 	if af.json {
 		b, _ := json.Marshal(map[string]any{"name": name, "deleted": true})
@@ -690,7 +688,7 @@ until this command. Enabling a closed endpoint changes nothing.`)
 	}
 	s, err := c.EnableSubscription(ctx, name)
 	if err != nil {
-		return fmt.Errorf("subscriptions enable %s: %w", name, c.explain(http.MethodPost, "/v1/subscriptions/"+url.PathEscape(name)+"/enable", err))
+		return fmt.Errorf("subscriptions enable %s: %w", name, c.explain(err))
 	}
 	if af.json {
 		return printValue(env, s)
