@@ -81,6 +81,12 @@ type Config struct {
 	// survives a power loss) or "NORMAL" (an ACK survives a crash of the
 	// process). Defaults to DefaultSynchronous.
 	Synchronous string
+	// WALCheckpoint says who checkpoints the SQLite file's write-ahead
+	// log: "auto" (the store itself, as without replication) or
+	// "litestream" (never the store: Litestream, which replicates the
+	// file, checkpoints the log once it has shipped it; without it
+	// running the log grows without bound). Defaults to "auto".
+	WALCheckpoint string
 	// MaxBatch is the most events written per group commit; 1 commits
 	// each event alone. Defaults to DefaultMaxBatch.
 	MaxBatch int

@@ -50,6 +50,11 @@ func (cfg Config) validate() error {
 	default:
 		return errorf("Config.Synchronous %q: use FULL or NORMAL", cfg.Synchronous)
 	}
+	switch cfg.WALCheckpoint {
+	case "", "auto", "litestream":
+	default:
+		return errorf("Config.WALCheckpoint %q: use auto or litestream", cfg.WALCheckpoint)
+	}
 	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
 		return errorf("Config.TLSCert and Config.TLSKey go together: set both or neither")
 	}
@@ -88,6 +93,7 @@ func (cfg Config) internal() iserver.Config {
 		Streams:                    cfg.Streams,
 		DBPath:                     cfg.DBPath,
 		Synchronous:                strings.ToUpper(cfg.Synchronous),
+		WALCheckpoint:              cfg.WALCheckpoint,
 		MaxBatch:                   cfg.MaxBatch,
 		QueueSize:                  cfg.QueueSize,
 		QueueBytes:                 cfg.QueueBytes,

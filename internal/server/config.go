@@ -34,6 +34,7 @@ func OpenSQLite(cfg Config) (*streamsqlite.Backend, error) {
 	}
 	db, err := streamsqlite.Open(cfg.DBPath, streamsqlite.Config{
 		Synchronous: cfg.Synchronous,
+		Checkpoint:  cfg.WALCheckpoint,
 		MaxBatch:    cfg.MaxBatch,
 		QueueSize:   cfg.QueueSize,
 		QueueBytes:  cfg.QueueBytes,

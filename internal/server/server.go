@@ -69,6 +69,10 @@ type Config struct {
 	// DefaultDBPath, Synchronous to FULL.
 	DBPath      string
 	Synchronous string
+	// WALCheckpoint says who checkpoints the SQLite file's write-ahead
+	// log: sqlitedb.CheckpointAuto (the default, the store itself) or
+	// sqlitedb.CheckpointLitestream (Litestream, which replicates it).
+	WALCheckpoint string
 	// MaxBatch, QueueSize and QueueBytes bound the writer: events per
 	// group commit (1 = one commit per event), and the events and bytes
 	// queued for it (QUEUE_MAXSIZE). The wiring that opens SQLite passes

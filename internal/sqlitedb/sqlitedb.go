@@ -43,7 +43,9 @@ type Options struct {
 	ReadOnly bool
 	// AutoCheckpoint is the size of the WAL, in pages, from which a
 	// committing connection checkpoints it itself (PRAGMA
-	// wal_autocheckpoint). Zero keeps SQLite's default, 1000 pages.
+	// wal_autocheckpoint). Zero keeps SQLite's default, 1000 pages; a
+	// negative value turns the connection's checkpoints off, for a log
+	// another process checkpoints (Litestream).
 	AutoCheckpoint int
 }
 
@@ -89,8 +91,8 @@ func Open(path string, opts Options) (*sql.DB, error) {
 	if opts.ReadOnly {
 		q.Add("_pragma", "query_only(1)")
 	}
-	if opts.AutoCheckpoint > 0 {
-		q.Add("_pragma", "wal_autocheckpoint("+strconv.Itoa(opts.AutoCheckpoint)+")")
+	if opts.AutoCheckpoint != 0 {
+		q.Add("_pragma", "wal_autocheckpoint("+strconv.Itoa(max(opts.AutoCheckpoint, 0))+")")
 	}
 	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
 	if err != nil {
@@ -237,6 +239,30 @@ func migrationVersion(ctx context.Context, db *sql.DB, component string, firstTa
 		return 0, err
 	}
 	return v, tx.Commit()
+}
+
+// Checkpoint modes: who checkpoints a store's write-ahead log into its
+// database file.
+const (
+	// CheckpointAuto: the store checkpoints its log itself, as SQLite
+	// users expect. The default.
+	CheckpointAuto = "auto"
+	// CheckpointLitestream: the store never checkpoints its log, and
+	// leaves it to Litestream, which replicates the log and checkpoints
+	// it once it has shipped it (Litestream's advice: PRAGMA
+	// wal_autocheckpoint = 0 in the application). Without Litestream
+	// running the log grows without bound.
+	CheckpointLitestream = "litestream"
+)
+
+// CheckCheckpointMode returns an error naming mode when it is not one of
+// the checkpoint modes ("" is CheckpointAuto).
+func CheckCheckpointMode(mode string) error {
+	switch mode {
+	case "", CheckpointAuto, CheckpointLitestream:
+		return nil
+	}
+	return fmt.Errorf("WAL checkpoint mode %q: use %s or %s", mode, CheckpointAuto, CheckpointLitestream)
 }
 
 // Time is the text form postbox stores times in: UTC, fixed width, so that

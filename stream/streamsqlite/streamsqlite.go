@@ -66,6 +66,12 @@ type Config struct {
 	// writer checkpoints it itself after a commit. Defaults to
 	// WriterCheckpointPages.
 	CheckpointPages int
+	// Checkpoint says who checkpoints the write-ahead log:
+	// sqlitedb.CheckpointAuto (the default) has the writer and Run
+	// checkpoint it; sqlitedb.CheckpointLitestream checkpoints nothing and
+	// leaves the log to Litestream, whose checkpoints then never race the
+	// store's.
+	Checkpoint string
 	// ObserveSync is called after each sync of the write-ahead log with
 	// FULL (see groupcommit.Config).
 	ObserveSync func(commits int, took time.Duration, err error)
@@ -80,6 +86,7 @@ type Backend struct {
 	write       *sql.DB            // one connection: the writer's
 	read        *sql.DB            // readers, on their own connections
 	checkpoint  *sql.DB            // one connection that checkpoints the WAL
+	external    bool               // Config.Checkpoint is litestream: checkpoint nothing
 	writer      *groupcommit.Writer[*item]
 	now         func() time.Time
 	observe     func(events int, took time.Duration, err error)  // Config.Observe, or what Observe set
@@ -164,8 +171,15 @@ func (it *item) Size() int {
 // is acknowledged only once it is on the disk, as with FULL, but the
 // writer writes the next batch while the disk syncs the last.
 func Open(path string, cfg Config) (*Backend, error) {
+	if err := sqlitedb.CheckCheckpointMode(cfg.Checkpoint); err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
 	if cfg.CheckpointPages <= 0 {
 		cfg.CheckpointPages = WriterCheckpointPages
+	}
+	external := cfg.Checkpoint == sqlitedb.CheckpointLitestream
+	if external {
+		cfg.CheckpointPages = -1
 	}
 	// The writer keeps each stream's next offset in memory: a second
 	// process on the file would fail every append.
@@ -207,6 +221,7 @@ func Open(path string, cfg Config) (*Backend, error) {
 		write:       write,
 		read:        read,
 		checkpoint:  checkpoint,
+		external:    external,
 		now:         cfg.Now,
 		observe:     cfg.Observe,
 		observeSync: cfg.ObserveSync,
@@ -351,8 +366,12 @@ const CheckpointInterval = 10 * time.Millisecond
 // Run runs the writer until ctx ends, then writes what is still queued.
 // Beside it, Run checkpoints the WAL into the database file every
 // CheckpointInterval on its own connection, so the writer pays only for
-// the last pages of a checkpoint (WriterCheckpointPages).
+// the last pages of a checkpoint (WriterCheckpointPages). With
+// Config.Checkpoint litestream it checkpoints nothing.
 func (b *Backend) Run(ctx context.Context) error {
+	if b.external {
+		return b.writer.Run(ctx)
+	}
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
@@ -378,9 +397,12 @@ func (b *Backend) Run(ctx context.Context) error {
 	return err
 }
 
-// Close checkpoints and closes the database. Run must have returned.
+// Close checkpoints (unless Config.Checkpoint is litestream) and closes
+// the database. Run must have returned.
 func (b *Backend) Close() error {
-	sqlitedb.Checkpoint(context.Background(), b.checkpoint)
+	if !b.external {
+		sqlitedb.Checkpoint(context.Background(), b.checkpoint)
+	}
 	err := errors.Join(b.write.Close(), b.read.Close(), b.checkpoint.Close())
 	return errors.Join(err, b.wal.Close(), b.lock.Unlock())
 }
