@@ -35,6 +35,8 @@ exported over OTLP (docs/TRACING.md).`)
 	caCert := fs.String("ca-cert", "", "PEM file of the CA (or self-signed certificate) a wss:// or grpcs:// server must present; default: the system's roots [POSTBOX_CA_CERT]")
 	session := fs.String("session-id", "", "session id filled into events without one (default: a new one per run)")
 	sync := fs.String("synchronous", "FULL", "outbox SQLite synchronous mode: FULL or NORMAL")
+	walCheckpoint := choice{value: "auto", choices: []string{"auto", "litestream"}}
+	fs.Var(&walCheckpoint, "wal-checkpoint", "who checkpoints the outbox's write-ahead log: auto (postbox) or litestream (never postbox: Litestream, which replicates --outbox; docs/LITESTREAM.md) [POSTBOX_WAL_CHECKPOINT]")
 	window := positiveInt(agentWindow)
 	fs.Var(&window, "window", "most `events` sent and not yet answered; the window grows up to this")
 	windowMin := positiveInt(outbox.DefaultMinInFlight)
@@ -63,7 +65,7 @@ exported over OTLP (docs/TRACING.md).`)
 	defer stopTracing()
 	a, err := agent.New(agent.Config{
 		Server: *server, OutboxPath: *path, DeviceID: *device, SessionID: *session, Listen: *listen, Token: *token, CACert: *caCert,
-		Synchronous: strings.ToUpper(*sync), AckTimeout: *ackTimeout, Logger: log,
+		Synchronous: strings.ToUpper(*sync), WALCheckpoint: walCheckpoint.value, AckTimeout: *ackTimeout, Logger: log,
 		Relay: outbox.RelayConfig{
 			BatchSize: int(batch), MaxInFlight: int(window), MinInFlight: int(windowMin),
 			Retry:     retry.Backoff{Base: outbox.DefaultRetryBase, Max: *retryMax},

@@ -40,9 +40,13 @@ type Config struct {
 	// Empty means the system's roots.
 	CACert      string
 	Synchronous string
-	Limits      postbox.Limits
-	Relay       outbox.RelayConfig
-	AckTimeout  time.Duration
+	// WALCheckpoint says who checkpoints the outbox's write-ahead log:
+	// "auto" (the default: the outbox) or "litestream" (Litestream, which
+	// replicates it); see outboxsqlite.Config.Checkpoint.
+	WALCheckpoint string
+	Limits        postbox.Limits
+	Relay         outbox.RelayConfig
+	AckTimeout    time.Duration
 	// ReadTimeout bounds how long an intake request's body may take to
 	// arrive after its headers; a slower one is answered 408
 	// request_timeout. Defaults to DefaultReadTimeout.
@@ -120,7 +124,7 @@ func New(cfg Config) (*Agent, error) {
 		a.ln.Close()
 		return nil, fmt.Errorf("agent: outbox %w", err)
 	}
-	store, err := outboxsqlite.Open(cfg.OutboxPath, outboxsqlite.Config{Synchronous: cfg.Synchronous})
+	store, err := outboxsqlite.Open(cfg.OutboxPath, outboxsqlite.Config{Synchronous: cfg.Synchronous, Checkpoint: cfg.WALCheckpoint})
 	if err != nil {
 		pub.Close()
 		a.ln.Close()

@@ -27,7 +27,9 @@
 // write that fails for space (SQLITE_FULL, an I/O error) is followed by a
 // checkpoint that truncates the log (PRAGMA wal_checkpoint(TRUNCATE)), and
 // Run truncates it too whenever nothing was written for
-// Config.CheckpointInterval.
+// Config.CheckpointInterval. With Config.Checkpoint "litestream" the
+// Store checkpoints nothing, neither of those nor SQLite's automatic
+// ones, and leaves the log to Litestream, which replicates the file.
 package outboxsqlite
 
 import (
@@ -101,6 +103,13 @@ type Config struct {
 	// CheckpointInterval is how often Run truncates the write-ahead log
 	// when nothing was written since the last time. Defaults to 1m.
 	CheckpointInterval time.Duration
+	// Checkpoint says who checkpoints the write-ahead log: "auto" (the
+	// default: the Store, as above) or "litestream" (never the Store:
+	// Litestream, which replicates the file and checkpoints the log once
+	// it has shipped it; a truncating checkpoint of the Store's would
+	// wait on Litestream's read transaction, holding the writer). See
+	// sqlitedb.CheckpointAuto and sqlitedb.CheckpointLitestream.
+	Checkpoint string
 }
 
 // DefaultCheckpointInterval is Config.CheckpointInterval's default.
@@ -121,7 +130,9 @@ type Store struct {
 	now     func() time.Time
 	notify  chan struct{}
 	every   time.Duration
-	writes  atomic.Int64 // writes tried; Run truncates the log when it stood still
+	// external: Config.Checkpoint is litestream, the Store checkpoints nothing
+	external bool
+	writes   atomic.Int64 // writes tried; Run truncates the log when it stood still
 }
 
 // insertChunk is how many rows one INSERT writes, as the server's stream
@@ -219,7 +230,15 @@ func Open(path string, cfg Config) (*Store, error) {
 	// log reaches 16 MiB, not SQLite's 4: rows live for moments, so a
 	// longer log copies each page once for more of its versions, and the
 	// agent path ran faster (BENCHMARKS.md).
-	db, wal, err := sqlitedb.OpenWriter(path, sqlitedb.Options{Synchronous: cfg.Synchronous, AutoCheckpoint: checkpointPages})
+	if err := sqlitedb.CheckCheckpointMode(cfg.Checkpoint); err != nil {
+		return nil, fmt.Errorf("open outbox %s: %w", path, err)
+	}
+	pages := checkpointPages
+	external := cfg.Checkpoint == sqlitedb.CheckpointLitestream
+	if external {
+		pages = -1
+	}
+	db, wal, err := sqlitedb.OpenWriter(path, sqlitedb.Options{Synchronous: cfg.Synchronous, AutoCheckpoint: pages})
 	if err != nil {
 		return nil, err
 	}
@@ -237,7 +256,7 @@ func Open(path string, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{db: db, read: read, wal: wal, now: cfg.Now, notify: make(chan struct{}, 1), stmts: map[string]*sql.Stmt{},
-		deletes: map[int]*sql.Stmt{}, every: cfg.CheckpointInterval}
+		deletes: map[int]*sql.Stmt{}, every: cfg.CheckpointInterval, external: external}
 	if s.every <= 0 {
 		s.every = DefaultCheckpointInterval
 	}
@@ -328,6 +347,9 @@ func (s *Store) Run(ctx context.Context) error {
 // truncates it to nothing, giving its space back. A checkpoint that
 // cannot finish (a reader holds old pages) leaves the log as it is.
 func (s *Store) truncateWAL(ctx context.Context) error {
+	if s.external {
+		return nil
+	}
 	if _, err := s.db.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`); err != nil {
 		return fmt.Errorf("outbox checkpoint: %w", err)
 	}
