@@ -36,7 +36,7 @@ exported over OTLP (docs/TRACING.md).`)
 	session := fs.String("session-id", "", "session id filled into events without one (default: a new one per run)")
 	sync := fs.String("synchronous", "FULL", "outbox SQLite synchronous mode: FULL or NORMAL")
 	walCheckpoint := choice{value: "auto", choices: []string{"auto", "litestream"}}
-	fs.Var(&walCheckpoint, "wal-checkpoint", "who checkpoints the outbox's write-ahead log: auto (postbox) or litestream (never postbox: Litestream, which replicates --outbox; docs/LITESTREAM.md) [POSTBOX_WAL_CHECKPOINT]")
+	fs.Var(&walCheckpoint, "wal-checkpoint", "who checkpoints the outbox's write-ahead log, a `mode`: auto (postbox) or litestream (never postbox: Litestream, which replicates --outbox; docs/LITESTREAM.md) [POSTBOX_WAL_CHECKPOINT]")
 	window := positiveInt(agentWindow)
 	fs.Var(&window, "window", "most `events` sent and not yet answered; the window grows up to this")
 	windowMin := positiveInt(outbox.DefaultMinInFlight)

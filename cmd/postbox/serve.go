@@ -52,7 +52,7 @@ of each event's intake, materialisation and delivery attempts are exported over 
 	sync := choice{value: "full", choices: []string{"full", "normal"}}
 	fs.Var(&sync, "synchronous", "SQLite synchronous `mode`: full (an ACK survives power loss) or normal [POSTBOX_SYNCHRONOUS]")
 	walCheckpoint := choice{value: "auto", choices: []string{"auto", "litestream"}}
-	fs.Var(&walCheckpoint, "wal-checkpoint", "who checkpoints the SQLite write-ahead log: auto (postbox) or litestream (never postbox: Litestream, which replicates --db; docs/LITESTREAM.md) [POSTBOX_WAL_CHECKPOINT]")
+	fs.Var(&walCheckpoint, "wal-checkpoint", "who checkpoints the SQLite write-ahead log, a `mode`: auto (postbox) or litestream (never postbox: Litestream, which replicates --db; docs/LITESTREAM.md) [POSTBOX_WAL_CHECKPOINT]")
 	maxBatch := positiveInt(groupcommit.DefaultMaxBatch)
 	fs.Var(&maxBatch, "max-batch", "most `events` written per group commit; 1 = one transaction per event [POSTBOX_MAX_BATCH]")
 	queue := positiveInt(groupcommit.DefaultQueueSize)
