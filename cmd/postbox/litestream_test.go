@@ -117,7 +117,7 @@ func litestreamRun(t *testing.T, litestream, mode string) {
 	}
 	// Events flow until enough were ACKed for both programs to have
 	// checkpointed a few times.
-	testenv.Eventually(t, 20*time.Second, "20,000 events ACKed", func() bool {
+	testenv.Eventually(t, 60*time.Second, "20,000 events ACKed", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(acked) >= 20000
@@ -149,7 +149,7 @@ func litestreamRun(t *testing.T, litestream, mode string) {
 	}
 	var lastErr error
 	round := 0
-	testenv.Eventually(t, 30*time.Second, "the replica to hold every ACKed event", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the replica to hold every ACKed event", func() bool {
 		round++
 		out := filepath.Join(dir, fmt.Sprintf("probe-%d.db", round))
 		if lastErr = restore(out); lastErr != nil {
