@@ -225,14 +225,14 @@ func Insert(ctx context.Context, tx *sql.Tx, events ...outbox.Event) error {
 // Open opens (creating and migrating) the outbox at path. Call Run for
 // inserts to be written, and Close when done.
 func Open(path string, cfg Config) (*Store, error) {
+	if err := sqlitedb.CheckCheckpointMode(cfg.Checkpoint); err != nil {
+		return nil, fmt.Errorf("open outbox %s: %w", path, err)
+	}
 	// With FULL it commits as NORMAL, and the group commit syncs the log
 	// before it answers: durable as FULL. The writer checkpoints once the
 	// log reaches 16 MiB, not SQLite's 4: rows live for moments, so a
 	// longer log copies each page once for more of its versions, and the
 	// agent path ran faster (BENCHMARKS.md).
-	if err := sqlitedb.CheckCheckpointMode(cfg.Checkpoint); err != nil {
-		return nil, fmt.Errorf("open outbox %s: %w", path, err)
-	}
 	pages := checkpointPages
 	external := cfg.Checkpoint == sqlitedb.CheckpointLitestream
 	if external {
