@@ -588,6 +588,9 @@ func (s *Server) Run(ctx context.Context) error {
 		scheme = "wss"
 	}
 	where := []any{"db", s.cfg.DBPath, "synchronous", s.synchronous()}
+	if s.cfg.WALCheckpoint != "" && s.cfg.WALCheckpoint != "auto" {
+		where = append(where, "wal_checkpoint", s.cfg.WALCheckpoint) // litestream: the log grows unless Litestream runs
+	}
 	if _, shared := s.store.(delivery.SharedStore); shared { // no SQLite file
 		where = []any{"store", "postgres", "node", s.delivery.Node()}
 	}
