@@ -33,6 +33,7 @@ func TestConfigErrorsNameFields(t *testing.T) {
 			"Config.Delivery.RetryMaxDelay 5m0s"},
 		{"tls", server.Config{TLSCert: "cert.pem"}, "Config.TLSCert and Config.TLSKey go together"},
 		{"synchronous", server.Config{Synchronous: "OFF"}, `Config.Synchronous "OFF"`},
+		{"wal checkpoint", server.Config{WALCheckpoint: "never"}, `Config.WALCheckpoint "never": use auto or litestream`},
 		{"secret", server.Config{Webhooks: server.WebhookConfig{Secrets: []string{"whsec_%%%"}}}, "Config.Webhooks.Secrets[0]"},
 		{"short secret", server.Config{Webhooks: server.WebhookConfig{Secrets: []string{"whsec_bm9wZQ=="}}}, "Config.Webhooks.Secrets[0]: webhook secret: a key of 4 bytes; want 16 to 128"},
 		{"nil handler", server.Config{Handlers: map[string]server.Handler{"orders": nil}}, `Config.Handlers["orders"] is nil`},
