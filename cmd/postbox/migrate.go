@@ -439,3 +439,38 @@ func migrateUp(ctx context.Context, w io.Writer, targets []*schemaTarget, dryRun
 	}
 	return nil
 }
+
+// refuseNewer checks the databases serve is about to open with --db
+// dbPath, --streams and --store, and returns the error of the first
+// component a newer postbox wrote, before serve applies any migration to
+// any of them: each applier refuses its own component too, but serve
+// applies the streams' before delivery's, and a file must not be half
+// migrated. A SQLite file not there yet has nothing to check.
+func refuseNewer(ctx context.Context, dbPath, streamsSpec, storeSpec string) error {
+	targets, err := serveTargets(dbPath, streamsSpec, storeSpec)
+	if err != nil {
+		return err
+	}
+	for _, t := range targets {
+		if t.pgURL == "" {
+			if _, err := os.Stat(t.path); errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+		}
+		o, err := t.open(ctx, false)
+		if err != nil {
+			return err
+		}
+		plan, err := o.plan(ctx)
+		o.close()
+		if err != nil {
+			return err
+		}
+		for _, p := range plan {
+			if p.tooNew != nil {
+				return fmt.Errorf("%s: %w", t.label, p.tooNew)
+			}
+		}
+	}
+	return nil
+}
