@@ -1,0 +1,105 @@
+package main_test
+
+import (
+	"context"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/postbox-events/postbox/internal/testenv"
+)
+
+// TestMigrateUsage: migrate's help, and its bad invocations each with a
+// clear error and exit status 2.
+func TestMigrateUsage(t *testing.T) {
+	for _, args := range [][]string{{"migrate", "--help"}, {"migrate", "status", "--help"}, {"migrate", "up", "--help"}} {
+		if out, code := run(t, args...); code != 0 || !strings.Contains(out, "Usage: postbox migrate") || !strings.Contains(out, "--dry-run") {
+			t.Errorf("postbox %s: exit %d, %s", strings.Join(args, " "), code, out)
+		}
+	}
+	db := copyFixture(t, "0.1.0/postbox.db")
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"migrate"}, 2, "migrate: no command given (status, up)"},
+		{[]string{"migrate", "down"}, 2, `migrate: unknown command "down" (status, up)`},
+		{[]string{"migrate", "status", "--dry-run", "--db", db}, 2, "--dry-run is up's"},
+		{[]string{"migrate", "up", "--outbox", db, "--db", db}, 2, "--outbox and --db name two databases"},
+		{[]string{"migrate", "status", "--store", "mysql://x"}, 2, "--store"},
+		{[]string{"migrate", "status", "--db", filepath.Join(t.TempDir(), "none.db")}, 1, "no database there"},
+	} {
+		if out, code := run(t, tc.args...); code != tc.code || !strings.Contains(out, tc.want) {
+			t.Errorf("postbox %s: exit %d, %s\nwant exit %d and %q", strings.Join(tc.args, " "), code, out, tc.code, tc.want)
+		}
+	}
+}
+
+// TestMigratePostgres: migrate status, up --dry-run and up on serve's
+// PostgreSQL store and streams (?schema=) and on a relay's PostgreSQL
+// outbox (its search_path), then the refusal of a component a newer
+// postbox migrated, by migrate and by serve.
+func TestMigratePostgres(t *testing.T) {
+	base := testenv.PostgresSchema(t)
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := u.Query().Get("search_path")
+	q := u.Query()
+	q.Set("schema", schema)
+	u.RawQuery = q.Encode()
+	store := u.String()
+	serveArgs := []string{"--store", store, "--streams", store}
+
+	out, code := run(t, append([]string{"migrate", "status"}, serveArgs...)...)
+	if code != 0 || !strings.Contains(out, "schema "+schema) || !strings.Contains(out, "0001_streams.sql") ||
+		!strings.Contains(out, "0001_delivery.sql") || !strings.Contains(out, "0001_intake.sql") {
+		t.Fatalf("migrate status of an empty schema: exit %d, %s", code, out)
+	}
+	if out, code = run(t, append([]string{"migrate", "up", "--dry-run"}, serveArgs...)...); code != 0 || !strings.Contains(out, "would apply delivery 0001_delivery.sql") {
+		t.Fatalf("migrate up --dry-run: exit %d, %s", code, out)
+	}
+	if out, code = run(t, append([]string{"migrate", "status"}, serveArgs...)...); code != 0 || !strings.Contains(out, "0001_delivery.sql") {
+		t.Fatalf("migrate status after --dry-run: exit %d, %s (--dry-run applied something?)", code, out)
+	}
+	if out, code = run(t, append([]string{"migrate", "up"}, serveArgs...)...); code != 0 || !strings.Contains(out, "applied streams 0001_streams.sql") ||
+		!strings.Contains(out, "applied delivery 0001_delivery.sql") {
+		t.Fatalf("migrate up: exit %d, %s", code, out)
+	}
+	if out, code = run(t, append([]string{"migrate", "status"}, serveArgs...)...); code != 0 || strings.Contains(out, ".sql") {
+		t.Fatalf("migrate status after up: exit %d, pending left:\n%s", code, out)
+	}
+	if out, code = run(t, "migrate", "up", "--outbox", base); code != 0 || !strings.Contains(out, "applied outbox 0001_") {
+		t.Fatalf("migrate up --outbox postgres: exit %d, %s", code, out)
+	}
+	if out, code = run(t, "migrate", "status", "--outbox", base); code != 0 || strings.Contains(out, ".sql") || !strings.Contains(out, "outbox") {
+		t.Fatalf("migrate status --outbox postgres after up: exit %d, %s", code, out)
+	}
+
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var latest int
+	if err := conn.QueryRow(ctx, `UPDATE postbox_migrations SET version = version + 2 WHERE component = 'delivery' RETURNING version - 2`).Scan(&latest); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		append([]string{"migrate", "up"}, serveArgs...),
+		append([]string{"serve", "--addr", "127.0.0.1:0", "--db", filepath.Join(t.TempDir(), "p.db")}, serveArgs...),
+	} {
+		out, code := run(t, args...)
+		want := "database holds delivery schema " + strconv.Itoa(latest+2) + "; this postbox ("
+		if code != 1 || !strings.Contains(out, want) || !strings.Contains(out, "knows up to "+strconv.Itoa(latest)) {
+			t.Errorf("postbox %s on a newer store: exit %d, %s\nwant exit 1 and %q", args[0], code, out, want)
+		}
+	}
+}
