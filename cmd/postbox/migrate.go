@@ -292,7 +292,7 @@ func (t *schemaTarget) open(ctx context.Context, lock bool) (*openedTarget, erro
 	if lock {
 		l, err := sqlitedb.Lock(t.path)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w: stop the serve, agent or relay that has it open first", t.path, err)
+			return nil, fmt.Errorf("%w: stop the serve, agent or relay that has it open first", err)
 		}
 		o.lock = l
 	}

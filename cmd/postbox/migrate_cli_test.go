@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"context"
+	"maps"
 	"net/url"
 	"path/filepath"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/internal/testenv"
 )
 
@@ -37,6 +39,22 @@ func TestMigrateUsage(t *testing.T) {
 		if out, code := run(t, tc.args...); code != tc.code || !strings.Contains(out, tc.want) {
 			t.Errorf("postbox %s: exit %d, %s\nwant exit %d and %q", strings.Join(tc.args, " "), code, out, tc.code, tc.want)
 		}
+	}
+
+	// up refuses a file another process holds (a running serve), and
+	// applies nothing.
+	older := copyFixture(t, "older/postbox.db")
+	lock, err := sqlitedb.Lock(older)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Unlock()
+	versions := schemaVersions(t, older)
+	if out, code := run(t, "migrate", "up", "--db", older); code != 1 || !strings.Contains(out, "in use by another process") {
+		t.Errorf("migrate up of a file in use: exit %d, %s", code, out)
+	}
+	if got := schemaVersions(t, older); !maps.Equal(got, versions) {
+		t.Errorf("migrate up of a file in use changed the versions: %v, were %v", got, versions)
 	}
 }
 
