@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -445,12 +446,16 @@ func migrateUp(ctx context.Context, w io.Writer, targets []*schemaTarget, dryRun
 // component a newer postbox wrote, before serve applies any migration to
 // any of them: each applier refuses its own component too, but serve
 // applies the streams' before delivery's, and a file must not be half
-// migrated. A SQLite file not there yet has nothing to check.
+// migrated. A SQLite file not there yet has nothing to check, and a
+// database this cannot read is left to serve's own open to report, in its
+// words.
 func refuseNewer(ctx context.Context, dbPath, streamsSpec, storeSpec string) error {
 	targets, err := serveTargets(dbPath, streamsSpec, storeSpec)
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	for _, t := range targets {
 		if t.pgURL == "" {
 			if _, err := os.Stat(t.path); errors.Is(err, os.ErrNotExist) {
@@ -459,12 +464,12 @@ func refuseNewer(ctx context.Context, dbPath, streamsSpec, storeSpec string) err
 		}
 		o, err := t.open(ctx, false)
 		if err != nil {
-			return err
+			continue
 		}
 		plan, err := o.plan(ctx)
 		o.close()
 		if err != nil {
-			return err
+			continue
 		}
 		for _, p := range plan {
 			if p.tooNew != nil {
