@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -101,7 +102,7 @@ func runMigrate(ctx context.Context, env *cmdEnv, args []string) error {
 	switch sub {
 	case "status", "up":
 	case "", "help":
-		if sub == "" && len(args) == 0 {
+		if sub == "" && (len(args) == 0 || !slices.Contains([]string{"-h", "--help", "-help"}, args[0])) {
 			return usagef("migrate: no command given (status, up)")
 		}
 		args = []string{"--help"}

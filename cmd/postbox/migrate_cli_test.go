@@ -30,6 +30,7 @@ func TestMigrateUsage(t *testing.T) {
 		want string
 	}{
 		{[]string{"migrate"}, 2, "migrate: no command given (status, up)"},
+		{[]string{"migrate", "--db", db}, 2, "migrate: no command given (status, up)"},
 		{[]string{"migrate", "down"}, 2, `migrate: unknown command "down" (status, up)`},
 		{[]string{"migrate", "status", "--dry-run", "--db", db}, 2, "--dry-run is up's"},
 		{[]string{"migrate", "up", "--outbox", db, "--db", db}, 2, "--outbox and --db name two databases"},
