@@ -34,7 +34,10 @@ import (
 // migration of each component (olderSchema). Regenerate them with the
 // binary of the release they stand for:
 //
-//	POSTBOX_WRITE_UPGRADE_FIXTURES=1 go test ./cmd/postbox/ -run TestWriteUpgradeFixtures
+//	POSTBOX_WRITE_UPGRADE_FIXTURES=0.1.0 go test ./cmd/postbox/ -run TestWriteUpgradeFixtures
+//
+// which writes testdata/upgrade/0.1.0 (the version given) and
+// testdata/upgrade/older.
 const upgradeFixtures = "testdata/upgrade"
 
 // olderSchema is how many migrations of each component the older fixture
@@ -48,8 +51,9 @@ var olderSchema = map[string]int{"streams": 3, "server": 1, "delivery": 11, inta
 // failed, pending again after a nack) and its consumer's offset, and an
 // agent's outbox with rows pending, its server gone.
 func TestWriteUpgradeFixtures(t *testing.T) {
-	if os.Getenv("POSTBOX_WRITE_UPGRADE_FIXTURES") == "" {
-		t.Skip("writes the upgrade fixtures with POSTBOX_WRITE_UPGRADE_FIXTURES=1")
+	release := os.Getenv("POSTBOX_WRITE_UPGRADE_FIXTURES")
+	if release == "" {
+		t.Skip("writes the upgrade fixtures of a release with POSTBOX_WRITE_UPGRADE_FIXTURES=VERSION (0.1.0)")
 	}
 	dir := t.TempDir()
 	db, outboxDB := filepath.Join(dir, "postbox.db"), filepath.Join(dir, "outbox.db")
@@ -117,7 +121,7 @@ func TestWriteUpgradeFixtures(t *testing.T) {
 	mustRun("send", "--agent", "http://"+listen, "--type", "reading.taken", "--payload", `{"celsius":19}`, "--count", "5")
 	stop(t, pending)
 
-	want := filepath.Join(upgradeFixtures, "0.1.0")
+	want := filepath.Join(upgradeFixtures, release)
 	older := filepath.Join(upgradeFixtures, "older")
 	for _, d := range []string{want, older} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
