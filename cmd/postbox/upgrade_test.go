@@ -384,6 +384,9 @@ func TestNewerDatabaseRefused(t *testing.T) {
 			return []string{"serve", "--db", p, "--addr", "127.0.0.1:0", "--log-level", "warn"}
 		}},
 		{"migrate up --outbox", "0.1.0/outbox.db", "outbox", func(p string) []string { return []string{"migrate", "up", "--outbox", p} }},
+		{"relay", "0.1.0/outbox.db", "outbox", func(p string) []string {
+			return []string{"relay", "--db", p, "--to", "ws://127.0.0.1:1", "--listen", ""}
+		}},
 		{"agent", "0.1.0/outbox.db", "outbox", func(p string) []string {
 			return []string{"agent", "--server", "ws://127.0.0.1:1", "--outbox", p, "--device-id", "pi-02", "--listen", "127.0.0.1:0"}
 		}},

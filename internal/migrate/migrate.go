@@ -5,6 +5,9 @@
 // PostgreSQL, run the plan each in their own transactions and record the
 // version each component reached.
 //
+// A database that records a version above the last migration, written by
+// a newer postbox, is refused (Check): nothing may be applied to it.
+//
 // A migration is a file named NNNN_what.sql; its number is its version.
 // Files apply in the order of their names, which must be the order of
 // their numbers (the same width for every number).
