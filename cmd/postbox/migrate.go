@@ -480,3 +480,19 @@ func refuseNewer(ctx context.Context, dbPath, streamsSpec, storeSpec string) err
 	}
 	return nil
 }
+
+// refuseNewerOutbox returns the error of a PostgreSQL outbox (in the
+// search_path) a newer postbox migrated, for the relay that does not
+// migrate it (--migrate=false): with migrations, pgmigrate.Apply refuses
+// it.
+func refuseNewerOutbox(ctx context.Context, pool *pgxpool.Pool) error {
+	versions, err := pgmigrate.Versions(ctx, pool, "")
+	if err != nil {
+		return err
+	}
+	all, err := migrate.Read(outboxpg.Migrations)
+	if err != nil {
+		return err
+	}
+	return migrate.Check("outbox", all, versions["outbox"])
+}

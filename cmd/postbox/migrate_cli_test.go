@@ -2,12 +2,15 @@ package main_test
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"net/url"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -110,6 +113,26 @@ func TestMigratePostgres(t *testing.T) {
 	var latest int
 	if err := conn.QueryRow(ctx, `UPDATE postbox_migrations SET version = version + 2 WHERE component = 'delivery' RETURNING version - 2`).Scan(&latest); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `UPDATE postbox_migrations SET version = version + 2 WHERE component = 'outbox'`); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"relay", "--db", base, "--migrate=false", "--to", "ws://127.0.0.1:1", "--listen", ""},
+		{"relay", "--db", base, "--to", "ws://127.0.0.1:1", "--listen", ""},
+	} {
+		// Bounded: a relay that took the outbox would run on, waiting
+		// for its target.
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		b, err := exec.CommandContext(cctx, binary, args...).CombinedOutput()
+		cancel()
+		out, code := string(b), 0
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+			code = ee.ExitCode()
+		}
+		if code != 1 || !strings.Contains(out, "database holds outbox schema") || !strings.Contains(out, "written by a newer postbox") {
+			t.Errorf("postbox %s on a newer outbox: exit %d, %s", strings.Join(args, " "), code, out)
+		}
 	}
 	for _, args := range [][]string{
 		append([]string{"migrate", "up"}, serveArgs...),
