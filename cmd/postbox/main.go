@@ -54,6 +54,7 @@ func init() {
 		"agent":   {"run the edge agent: durable outbox, local intake, sender", runAgent},
 		"send":    {"hand events to a running agent", runSend},
 		"outbox":  {"inspect an outbox, re-queue rejected events, emit test events (list, requeue, emit, migrate)", runOutbox},
+		"migrate": {"show or apply the schema migrations of serve's store or of an outbox (status, up [--dry-run])", runMigrate},
 		"relay":   {"relay a transactional outbox (PostgreSQL or SQLite) to Redis Streams, JetStream, Kafka or postbox", runRelay},
 		"bench":   {"measure ingest end to end: N devices pipelining events (bench webhooks: POST /webhooks)", runBench},
 

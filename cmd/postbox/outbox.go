@@ -40,6 +40,7 @@ func runOutbox(ctx context.Context, env *cmdEnv, args []string) error {
   requeue   make rejected (refused or parked) rows pending again, so the relay sends them again
   emit      insert events into a transactional outbox, for trials and tests
   migrate   create or upgrade the outbox table in a PostgreSQL database
+            (postbox migrate status|up --outbox shows or applies any outbox's migrations)
 
 list and requeue work on the edge agent's outbox (--outbox FILE) or on a
 transactional outbox (--db postgres://... or --db FILE); emit and migrate

@@ -297,6 +297,8 @@ func openOutboxDB(ctx context.Context, dsn string, migrate bool, cfg outboxpg.Co
 		err = e
 	} else if !ok {
 		err = fmt.Errorf("no outbox table in %s; create it with: postbox outbox migrate --db '%s'", redact(dsn), redact(dsn))
+	} else {
+		err = refuseNewerOutbox(pctx, pool)
 	}
 	if err != nil {
 		pool.Close()

@@ -250,6 +250,9 @@ func openBackends(cfg *server.Config, spec, storeSpec string, log *slog.Logger) 
 		return nil, usagef("--store %s (POSTBOX_STORE) is shared by several nodes, but --streams sqlite is a file of this node alone: "+
 			"use --streams nats://…, kafka://… or postgres://… with it", redactURL(storeSpec))
 	}
+	if err := refuseNewer(context.Background(), cfg.DBPath, spec, storeSpec); err != nil {
+		return nil, err
+	}
 	if kind == "sqlite" {
 		db, err := server.OpenSQLite(*cfg)
 		if err != nil {

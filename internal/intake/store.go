@@ -23,6 +23,20 @@ import (
 //go:embed migrations/*.sql pgmigrations/*.sql
 var migrations embed.FS
 
+// Migrations returns the migrations of intake's tables: PostgreSQL's
+// with postgres, else SQLite's.
+func Migrations(postgres bool) fs.FS {
+	dir := "migrations"
+	if postgres {
+		dir = "pgmigrations"
+	}
+	sub, err := fs.Sub(migrations, dir)
+	if err != nil {
+		panic(err)
+	}
+	return sub
+}
+
 // Component is the name intake's migrations are recorded under.
 const Component = "intake"
 
@@ -165,15 +179,7 @@ type Store struct {
 // Open applies intake's migrations to db and returns its Store. Sources
 // are created with their stream in streams.
 func Open(ctx context.Context, db DB, streams Streams, cfg StoreConfig) (*Store, error) {
-	dir := "migrations"
-	if cfg.PostgreSQL {
-		dir = "pgmigrations"
-	}
-	sub, err := fs.Sub(migrations, dir)
-	if err != nil {
-		return nil, err
-	}
-	if err := db.Migrate(ctx, Component, sub); err != nil {
+	if err := db.Migrate(ctx, Component, Migrations(cfg.PostgreSQL)); err != nil {
 		return nil, err
 	}
 	if cfg.Logger == nil {

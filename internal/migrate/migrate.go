@@ -5,6 +5,9 @@
 // PostgreSQL, run the plan each in their own transactions and record the
 // version each component reached.
 //
+// A database that records a version above the last migration, written by
+// a newer postbox, is refused (Check): nothing may be applied to it.
+//
 // A migration is a file named NNNN_what.sql; its number is its version.
 // Files apply in the order of their names, which must be the order of
 // their numbers (the same width for every number).
@@ -17,6 +20,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/postbox-events/postbox/internal/buildinfo"
 )
 
 // Migration is one migration file.
@@ -75,4 +80,40 @@ func Pending(all []Migration, current int) []Migration {
 		}
 	}
 	return out
+}
+
+// Latest returns the version of the last migration of all, 0 for none:
+// the highest this binary knows.
+func Latest(all []Migration) int {
+	if len(all) == 0 {
+		return 0
+	}
+	return all[len(all)-1].Version
+}
+
+// TooNewError is the error of Check for a database a newer postbox
+// wrote: a component's recorded version is above the last migration this
+// binary embeds. Nothing may be applied to such a database.
+type TooNewError struct {
+	Component string // streams, delivery, intake, outbox ...
+	Have      int    // the version the database records
+	Know      int    // the highest version this binary embeds
+}
+
+func (e *TooNewError) Error() string {
+	return fmt.Sprintf("database holds %s schema %d; this postbox (%s) knows up to %d: "+
+		"it was written by a newer postbox; use that version or restore a backup",
+		e.Component, e.Have, binaryVersion(), e.Know)
+}
+
+// binaryVersion is this binary's version, for TooNewError.
+var binaryVersion = func() string { return buildinfo.Get().Version }
+
+// Check returns a *TooNewError when current, the version a database
+// records for component, is above the last migration of all.
+func Check(component string, all []Migration, current int) error {
+	if latest := Latest(all); current > latest {
+		return &TooNewError{Component: component, Have: current, Know: latest}
+	}
+	return nil
 }

@@ -74,3 +74,32 @@ func TestReadNoFilesIsErrNoFiles(t *testing.T) {
 		t.Fatalf("Read of an empty directory: %v, want ErrNoFiles", err)
 	}
 }
+
+func TestCheck(t *testing.T) {
+	all, err := migrate.Read(files("0001_a.sql", "0002_b.sql", "0003_c.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		current int
+		err     string // a substring of Check's error; none for nil
+	}{
+		{current: 0},
+		{current: 2},
+		{current: 3},
+		{current: 5, err: "database holds delivery schema 5; this postbox ("},
+	} {
+		err := migrate.Check("delivery", all, tc.current)
+		if tc.err == "" {
+			if err != nil {
+				t.Errorf("Check at %d: %v, want nil", tc.current, err)
+			}
+			continue
+		}
+		var tooNew *migrate.TooNewError
+		if !errors.As(err, &tooNew) || tooNew.Have != tc.current || tooNew.Know != 3 || tooNew.Component != "delivery" ||
+			!strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), ") knows up to 3: it was written by a newer postbox") {
+			t.Errorf("Check at %d: %v, want a *TooNewError saying %q", tc.current, err, tc.err)
+		}
+	}
+}

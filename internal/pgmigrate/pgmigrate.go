@@ -38,7 +38,9 @@ func Dir(f fs.FS, dir string) fs.FS {
 // Apply applies the *.sql files of fsys that component has not applied
 // yet. With a schema, it creates the schema if needed and applies the
 // files and keeps postbox_migrations there; without one, in the
-// connection's search_path.
+// connection's search_path. A component whose recorded version is above
+// the last file of fsys, written by a newer postbox, is refused with a
+// *migrate.TooNewError and nothing is applied.
 func Apply(ctx context.Context, db Beginner, component string, fsys fs.FS, schema string) error {
 	all, err := migrate.Read(fsys)
 	if err != nil {
@@ -66,6 +68,9 @@ func Apply(ctx context.Context, db Beginner, component string, fsys fs.FS, schem
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("migrate %s: read version: %w", component, err)
 	}
+	if err := migrate.Check(component, all, current); err != nil {
+		return err
+	}
 	for _, m := range migrate.Pending(all, current) {
 		if _, err := tx.Exec(ctx, m.SQL); err != nil {
 			return fmt.Errorf("migrate %s: %s: %w", component, m.Name, err)
@@ -79,4 +84,46 @@ func Apply(ctx context.Context, db Beginner, component string, fsys fs.FS, schem
 		return fmt.Errorf("migrate %s: commit: %w", component, err)
 	}
 	return nil
+}
+
+// Querier runs a query: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Versions returns the version each component recorded in
+// postbox_migrations in schema (the search_path without one), changing
+// nothing: none where the table is not there.
+func Versions(ctx context.Context, db Querier, schema string) (map[string]int, error) {
+	table := "postbox_migrations"
+	if schema != "" {
+		table = pgx.Identifier{schema, table}.Sanitize()
+	}
+	var exists bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("read versions: %w", err)
+	}
+	out := map[string]int{}
+	if !exists {
+		return out, nil
+	}
+	rows, err := db.Query(ctx, `SELECT component, version FROM `+table)
+	if err != nil {
+		return nil, fmt.Errorf("read versions: %w", err)
+	}
+	for rows.Next() {
+		var c string
+		var v int
+		if err := rows.Scan(&c, &v); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read versions: %w", err)
+		}
+		out[c] = v
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read versions: %w", err)
+	}
+	return out, nil
 }

@@ -2,6 +2,7 @@ package pgmigrate_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/postbox-events/postbox/internal/migrate"
 	"github.com/postbox-events/postbox/internal/pgmigrate"
 	"github.com/postbox-events/postbox/internal/testenv"
 )
@@ -65,5 +67,47 @@ func TestApplyOnceAndAllOrNothing(t *testing.T) {
 	pool.QueryRow(ctx, `SELECT version FROM `+schema+`.postbox_migrations WHERE component = 'test'`).Scan(&version)
 	if b != nil || version != 1 {
 		t.Fatalf("after a failed 0003: table b %v, version %d; want no table b and version 1", b, version)
+	}
+}
+
+// TestApplyRefusesNewer: a component a newer postbox migrated further
+// than the files given is refused, naming both versions, and nothing is
+// applied; Versions reads what the schema records, and none where there
+// is no postbox_migrations.
+func TestApplyRefusesNewer(t *testing.T) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testenv.PostgresSchema(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	if v, err := pgmigrate.Versions(ctx, conn, ""); err != nil || len(v) != 0 {
+		t.Fatalf("Versions of an empty schema: %v, %v; want none", v, err)
+	}
+	if v, err := pgmigrate.Versions(ctx, conn, "no_such_schema_here"); err != nil || len(v) != 0 {
+		t.Fatalf("Versions of a schema not there: %v, %v; want none", v, err)
+	}
+	a := fstest.MapFS{
+		"0001_first.sql":  {Data: []byte(`CREATE TABLE a1 (x INTEGER);`)},
+		"0002_second.sql": {Data: []byte(`CREATE TABLE a2 (x INTEGER);`)},
+	}
+	if err := pgmigrate.Apply(ctx, conn, "a", a, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `UPDATE postbox_migrations SET version = 4 WHERE component = 'a'`); err != nil {
+		t.Fatal(err)
+	}
+	a["0003_third.sql"] = &fstest.MapFile{Data: []byte(`CREATE TABLE a3 (x INTEGER);`)}
+	err = pgmigrate.Apply(ctx, conn, "a", a, "")
+	var tooNew *migrate.TooNewError
+	if !errors.As(err, &tooNew) || tooNew.Have != 4 || tooNew.Know != 3 || !strings.Contains(err.Error(), "database holds a schema 4;") {
+		t.Fatalf("Apply to a newer schema: %v, want a *migrate.TooNewError of a at 4, knowing 3", err)
+	}
+	var a3 bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('a3') IS NOT NULL`).Scan(&a3); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := pgmigrate.Versions(ctx, conn, ""); err != nil || v["a"] != 4 || a3 {
+		t.Fatalf("after the refusal: versions %v (%v), a3 made %v; want a at 4, no a3", v, err, a3)
 	}
 }

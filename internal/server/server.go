@@ -171,6 +171,16 @@ const DefaultStoreProbeInterval = time.Second
 //go:embed migrations/*.sql
 var migrations embed.FS
 
+// Migrations holds the migrations of the server's own table (component
+// "server"), applied to a store that is also the stream backend.
+func Migrations() fs.FS {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		panic(err)
+	}
+	return sub
+}
+
 // Writer is the asynchronous, bounded, group-committed append path the
 // ingress and POST /webhooks write through. streamsqlite.Backend and
 // appendq.Queue are Writers.
@@ -266,8 +276,7 @@ func New(cfg Config) (*Server, error) {
 	writer := m.writer(cfg)
 	store := cfg.Store
 	if any(store) == any(cfg.Streams) { // the probe row of a store that is the stream backend
-		sub, _ := fs.Sub(migrations, "migrations")
-		if err := store.Migrate(context.Background(), "server", sub); err != nil {
+		if err := store.Migrate(context.Background(), "server", Migrations()); err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
 		}
 	}

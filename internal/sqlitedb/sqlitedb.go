@@ -127,7 +127,10 @@ func Pragmas(ctx context.Context, db *sql.DB) (journalMode string, synchronous i
 }
 
 // Migrate applies the migrations of component in fsys that db has not
-// seen yet, in order, each in its own transaction. A migration is a file
+// seen yet, in order, each in its own transaction. A file whose recorded
+// version is above the last migration of fsys, written by a newer
+// postbox, is refused with a *migrate.TooNewError before anything is
+// applied. A migration is a file
 // named NNNN_name.sql (planned by internal/migrate); the table
 // schema_migrations records the last one applied per component, so
 // several packages can keep their tables in one file (the control
@@ -146,6 +149,9 @@ func Migrate(ctx context.Context, db *sql.DB, component string, fsys fs.FS) erro
 	current, err := migrationVersion(ctx, db, component, createdTables(all[0].SQL))
 	if err != nil {
 		return fmt.Errorf("migrate %s: read version: %w", component, err)
+	}
+	if err := migrate.Check(component, all, current); err != nil {
+		return err
 	}
 	for _, m := range migrate.Pending(all, current) {
 		tx, err := db.BeginTx(ctx, nil)
@@ -166,6 +172,39 @@ func Migrate(ctx context.Context, db *sql.DB, component string, fsys fs.FS) erro
 		}
 	}
 	return nil
+}
+
+// Versions returns the version each component recorded in db's
+// schema_migrations, without changing the file: none for a file without
+// the table. A file older than that table, which recorded one component's
+// version in PRAGMA user_version, reads as none too; Migrate takes that
+// version over.
+func Versions(ctx context.Context, db *sql.DB) (map[string]int, error) {
+	out := map[string]int{}
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&n); err != nil {
+		return nil, fmt.Errorf("read versions: %w", err)
+	}
+	if n == 0 {
+		return out, nil
+	}
+	rows, err := db.QueryContext(ctx, `SELECT component, version FROM schema_migrations`)
+	if err != nil {
+		return nil, fmt.Errorf("read versions: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var c string
+		var v int
+		if err := rows.Scan(&c, &v); err != nil {
+			return nil, fmt.Errorf("read versions: %w", err)
+		}
+		out[c] = v
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read versions: %w", err)
+	}
+	return out, nil
 }
 
 // createTable finds the tables a migration creates.

@@ -2,12 +2,14 @@ package sqlitedb_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
 	"testing/fstest"
 	"time"
 
+	"github.com/postbox-events/postbox/internal/migrate"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 )
 
@@ -130,5 +132,41 @@ func TestParseTime(t *testing.T) {
 		if _, err := sqlitedb.ParseTime(s); err == nil {
 			t.Errorf("%q parsed", s)
 		}
+	}
+}
+
+// TestMigrateRefusesNewer: a component a newer postbox migrated further
+// than the files given is refused, naming both versions, and nothing is
+// applied; Versions reads what the file records.
+func TestMigrateRefusesNewer(t *testing.T) {
+	ctx := context.Background()
+	db, err := sqlitedb.Open(filepath.Join(t.TempDir(), "m.db"), sqlitedb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if v, err := sqlitedb.Versions(ctx, db); err != nil || len(v) != 0 {
+		t.Fatalf("Versions of a new file: %v, %v; want none", v, err)
+	}
+	a := fstest.MapFS{
+		"0001_first.sql":  {Data: []byte(`CREATE TABLE a1 (x INTEGER);`)},
+		"0002_second.sql": {Data: []byte(`CREATE TABLE a2 (x INTEGER);`)},
+	}
+	if err := sqlitedb.Migrate(ctx, db, "a", a); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`UPDATE schema_migrations SET version = 4 WHERE component = 'a'`); err != nil {
+		t.Fatal(err)
+	}
+	a["0003_third.sql"] = &fstest.MapFile{Data: []byte(`CREATE TABLE a3 (x INTEGER);`)}
+	err = sqlitedb.Migrate(ctx, db, "a", a)
+	var tooNew *migrate.TooNewError
+	if !errors.As(err, &tooNew) || tooNew.Have != 4 || tooNew.Know != 3 || !strings.Contains(err.Error(), "database holds a schema 4;") {
+		t.Fatalf("Migrate of a newer file: %v, want a *migrate.TooNewError of a at 4, knowing 3", err)
+	}
+	var n int
+	db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name = 'a3'`).Scan(&n)
+	if v, err := sqlitedb.Versions(ctx, db); err != nil || v["a"] != 4 || n != 0 {
+		t.Fatalf("after the refusal: versions %v (%v), a3 made %d times; want a at 4, no a3", v, err, n)
 	}
 }

@@ -58,6 +58,19 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
+// Migrations holds the SQL files that create and upgrade the outbox table
+// (component "outbox" in schema_migrations), in the order they apply;
+// Migrate and Open apply them.
+var Migrations fs.FS = mustSub(migrations, "migrations")
+
+func mustSub(f fs.FS, dir string) fs.FS {
+	sub, err := fs.Sub(f, dir)
+	if err != nil {
+		panic(err)
+	}
+	return sub
+}
+
 // Row states.
 const (
 	StatePending  = outbox.StatePending
@@ -185,8 +198,7 @@ const untracedArgs = insertArgs - 2
 // its events with Insert calls it once on its own database; a relay then
 // sends them from a Store opened on the same file.
 func Migrate(ctx context.Context, db *sql.DB) error {
-	sub, _ := fs.Sub(migrations, "migrations")
-	return sqlitedb.Migrate(ctx, db, "outbox", sub)
+	return sqlitedb.Migrate(ctx, db, "outbox", Migrations)
 }
 
 // Insert writes events to the outbox inside the caller's transaction tx,

@@ -40,6 +40,19 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
+// Migrations holds the SQL files that create and upgrade the streams'
+// tables (component "streams" in schema_migrations), in the order they
+// apply; Open applies them.
+var Migrations fs.FS = mustSub(migrations, "migrations")
+
+func mustSub(f fs.FS, dir string) fs.FS {
+	sub, err := fs.Sub(f, dir)
+	if err != nil {
+		panic(err)
+	}
+	return sub
+}
+
 // DefaultQueueBytes is the default of Config.QueueBytes.
 const DefaultQueueBytes = 64 << 20
 
@@ -192,8 +205,7 @@ func Open(path string, cfg Config) (*Backend, error) {
 		lock.Unlock()
 		return nil, err
 	}
-	sub, _ := fs.Sub(migrations, "migrations")
-	err = sqlitedb.Migrate(context.Background(), write, "streams", sub)
+	err = sqlitedb.Migrate(context.Background(), write, "streams", Migrations)
 	if err == nil {
 		err = wal.Sync()
 	}
