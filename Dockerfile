@@ -2,7 +2,7 @@
 # appuser (uid 10001) with its database on the volume /data.
 #
 #   docker build -t postbox --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) \
-#     --build-arg CREATED=$(git log -1 --format=%cI) .
+#     --build-arg CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ) .
 #   docker run -p 8000:8000 -v postbox-data:/data -e POSTBOX_API_TOKEN=TOKEN postbox
 #
 # Both platforms at once, cross-compiled on the build machine's own
