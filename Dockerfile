@@ -1,17 +1,20 @@
 # postbox serve in a container: one static binary on Alpine, running as
 # appuser (uid 10001) with its database on the volume /data.
 #
-#   docker build -t postbox --build-arg VERSION=v1.2.3 --build-arg REVISION=$(git rev-parse HEAD) .
+#   docker build -t postbox --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) \
+#     --build-arg CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ) .
 #   docker run -p 8000:8000 -v postbox-data:/data -e POSTBOX_API_TOKEN=TOKEN postbox
 #
 # Both platforms at once, cross-compiled on the build machine's own
 # platform (no emulation: the binary is pure Go):
 #
-#   docker buildx build --platform linux/amd64,linux/arm64 -t postbox --build-arg VERSION=v1.2.3 .
+#   docker buildx build --platform linux/amd64,linux/arm64 -t postbox --build-arg VERSION=0.1.0 .
 #
-# VERSION is what postbox version, /health and postbox_build_info say
-# (default "devel"); REVISION and CREATED fill the OCI labels and are the
-# commit and time postbox version shows (the build context has no .git).
+# postbox version, /health and postbox_build_info say the source's version
+# (internal/buildinfo.Version) in every build; VERSION only labels the
+# image and should be that. REVISION and CREATED fill the OCI labels and
+# are the commit and time postbox version shows (the build context has no
+# .git).
 #
 # PORT=8000 makes serve listen on every interface of the container, so it
 # refuses to start without an API token (POSTBOX_API_TOKEN), unless
@@ -20,7 +23,7 @@
 
 FROM --platform=$BUILDPLATFORM golang:1.26-alpine AS build
 ARG TARGETOS TARGETARCH
-ARG VERSION=devel REVISION="" CREATED=""
+ARG VERSION="" REVISION="" CREATED=""
 WORKDIR /src
 # Modules first, so that a change to the code does not download them again.
 COPY go.mod go.sum ./
@@ -28,11 +31,11 @@ RUN go mod download
 COPY . .
 # The SQLite driver is pure Go (modernc.org/sqlite): no cgo, no libc.
 RUN CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath \
-    -ldflags="-s -w -X github.com/postbox-events/postbox/internal/buildinfo.version=$VERSION -X github.com/postbox-events/postbox/internal/buildinfo.commit=$REVISION -X github.com/postbox-events/postbox/internal/buildinfo.buildTime=$CREATED" \
+    -ldflags="-s -w -X github.com/postbox-events/postbox/internal/buildinfo.commit=$REVISION -X github.com/postbox-events/postbox/internal/buildinfo.buildTime=$CREATED" \
     -o /out/postbox ./cmd/postbox
 
 FROM alpine:3.22
-ARG VERSION=devel REVISION="" CREATED=""
+ARG VERSION="" REVISION="" CREATED=""
 LABEL org.opencontainers.image.title="postbox" \
       org.opencontainers.image.description="Moves events from where they happen to the code that handles them, without losing one and without handling one twice" \
       org.opencontainers.image.source="https://github.com/postbox-events/postbox" \

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/buildinfo"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/outbox"
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
@@ -254,5 +255,29 @@ func TestVersion(t *testing.T) {
 	// The binary is built from this checkout: git stamps its commit.
 	if m["commit"] != "" && !strings.Contains(out, m["commit"]) {
 		t.Errorf("postbox version %q does not name the commit %q", out, m["commit"])
+	}
+}
+
+// TestVersionIsTheSources: the binary says the version the source
+// declares (buildinfo.Version, not "devel"), and the commit git has
+// checked out when the build stamped one.
+func TestVersionIsTheSources(t *testing.T) {
+	js, code := run(t, "version", "--json")
+	var m map[string]string
+	if code != 0 || json.Unmarshal([]byte(js), &m) != nil || m["version"] != buildinfo.Version {
+		t.Fatalf("postbox version --json: exit %d: %q, want version %q", code, js, buildinfo.Version)
+	}
+	if out, _ := run(t, "version"); !strings.HasPrefix(out, "postbox "+buildinfo.Version+" ") {
+		t.Errorf("postbox version: %q, want it to start with %q", out, "postbox "+buildinfo.Version+" ")
+	}
+	// A build without VCS stamping (-buildvcs=false, no git) has no
+	// commit; one with it names HEAD.
+	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil || m["commit"] == "" {
+		t.Logf("commit %q (git: %v): not compared", m["commit"], err)
+		return
+	}
+	if want := strings.TrimSpace(string(head)); !strings.HasPrefix(m["commit"], want) || m["build_time"] == "" {
+		t.Errorf("postbox version --json: commit %q, build_time %q: want commit %s and its time", m["commit"], m["build_time"], want)
 	}
 }

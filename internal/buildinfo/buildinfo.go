@@ -1,16 +1,18 @@
-// Package buildinfo says which postbox this is: its version, the commit it
-// was built from and when, read from the build information Go embeds in
-// every binary (debug.ReadBuildInfo), so that `go install` and a plain
-// `go build` in a checkout both report it without flags.
+// Package buildinfo says which postbox this is: its version (the constant
+// Version, the same in every build: go build, go run, go install, a test
+// binary, the image), and the commit it was built from and when, read
+// from the build information Go embeds in every binary built in a git
+// checkout (debug.ReadBuildInfo), so that a plain `go build` reports it
+// without flags.
 //
-// A release build may stamp the version with
+// Where the build has no VCS information (the Dockerfile's build context
+// has no .git) the commit and its time may be stamped with
 //
-//	go build -ldflags "-X github.com/postbox-events/postbox/internal/buildinfo.version=v1.2.3" ./cmd/postbox
+//	-ldflags "-X github.com/postbox-events/postbox/internal/buildinfo.commit=… -X github.com/postbox-events/postbox/internal/buildinfo.buildTime=…"
 //
-// which wins over what the module says, and the commit and its time
-// (buildinfo.commit, buildinfo.buildTime) where the build has no VCS
-// information: the Dockerfile stamps all three, its build context having
-// no .git.
+// A packager may stamp another version (buildinfo.version, e.g.
+// 0.1.0+deb1); scripts/release.sh does not: it refuses a VERSION other
+// than Version.
 package buildinfo
 
 import (
@@ -19,13 +21,18 @@ import (
 	"sync"
 )
 
-// version, commit and buildTime are set by -ldflags -X at release
-// builds.
+// Version is this source's version, in semantic versioning (without the
+// "v" of its git tag, v0.1.0). A release bumps it in the commit it tags,
+// and CHANGELOG.md has a section of the same name.
+const Version = "0.1.0"
+
+// version, commit and buildTime may be set by -ldflags -X; version, when
+// set, replaces Version.
 var version, commit, buildTime string
 
 // Info is what a binary knows of its build.
 type Info struct {
-	Version   string `json:"version"`              // v1.2.3, a pseudo-version, or "devel" for a build from a checkout
+	Version   string `json:"version"`              // Version, unless the build stamped another
 	Commit    string `json:"commit,omitempty"`     // the VCS revision, with "-dirty" when the tree had changes
 	BuildTime string `json:"build_time,omitempty"` // the commit's time (RFC 3339), as the VCS stamp says
 	GoVersion string `json:"go_version"`
@@ -43,14 +50,13 @@ func Get() Info {
 }
 
 // read reads the build information, with the version, commit and time
-// stamped at build, when set, over what it says.
+// stamped at build, when set, over what it says. The module version Go
+// records (v0.1.0 for go install …@v0.1.0, a pseudo-version, or (devel))
+// is not read: Version is the version in every build.
 func read(stamped, stampedCommit, stampedTime string) Info {
-	i := Info{Version: "devel", GoVersion: runtime.Version()}
+	i := Info{Version: Version, GoVersion: runtime.Version()}
 	bi, ok := debug.ReadBuildInfo()
 	if ok {
-		if v := bi.Main.Version; v != "" && v != "(devel)" {
-			i.Version = v
-		}
 		dirty := false
 		for _, s := range bi.Settings {
 			switch s.Key {
