@@ -1,0 +1,323 @@
+package sqlitedb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"modernc.org/sqlite"
+)
+
+// PartialSuffix ends the name of a snapshot being written. A file so
+// named is never a complete backup: Backup renames it to its final name
+// only after it is written and synced.
+const PartialSuffix = ".partial"
+
+// File returns the path of the main database file of db, and false when
+// db is not a SQLite database (a PostgreSQL store) or is in memory.
+func File(ctx context.Context, db *sql.DB) (string, bool) {
+	if _, ok := db.Driver().(*sqlite.Driver); !ok {
+		return "", false
+	}
+	var seq int
+	var name, file string
+	if err := db.QueryRowContext(ctx, "PRAGMA database_list").Scan(&seq, &name, &file); err != nil || file == "" {
+		return "", false
+	}
+	return file, true
+}
+
+// openExisting opens the existing SQLite file at path with one
+// connection and none of Open's pragmas but busy_timeout: it neither
+// creates the file nor changes its journal mode. ro makes the connection
+// read-only.
+func openExisting(path string, ro bool) (*sql.DB, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if fi.IsDir() {
+		return nil, fmt.Errorf("%s is a directory, not a database file", path)
+	}
+	mode := "rw"
+	if ro {
+		mode = "ro"
+	}
+	q := url.Values{}
+	q.Add("mode", mode)
+	q.Add("_pragma", "busy_timeout(5000)")
+	db, err := sql.Open("sqlite", "file:"+(&url.URL{Path: path}).EscapedPath()+"?"+q.Encode())
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(1)
+	if err := db.Ping(); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// OpenReadOnly opens the existing SQLite file at path for reading, for
+// an inspection of a backup or of a database in use; it never creates
+// the file or changes it.
+func OpenReadOnly(path string) (*sql.DB, error) {
+	db, err := openExisting(path, true)
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	return db, nil
+}
+
+// Snapshot writes a consistent copy of the SQLite database at path to
+// the file tmp, which must not exist or be empty, and syncs it to the
+// disk. The database may be in use by other connections and processes,
+// writers included: the copy is one read transaction (VACUUM INTO), which
+// holds no lock that stops writers; it holds what was committed when it
+// began, WAL included. progress, when not nil, is called every
+// progressEvery with the bytes written to tmp so far.
+func Snapshot(ctx context.Context, path, tmp string, progress func(written int64)) error {
+	db, err := openExisting(path, false)
+	if err != nil {
+		return fmt.Errorf("snapshot %s: %w", path, err)
+	}
+	defer db.Close()
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		if progress == nil {
+			return
+		}
+		t := time.NewTicker(progressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if fi, err := os.Stat(tmp); err == nil {
+					progress(fi.Size())
+				}
+			}
+		}
+	}()
+	_, err = db.ExecContext(ctx, "VACUUM INTO ?", tmp)
+	close(done)
+	<-stopped
+	if err != nil {
+		return fmt.Errorf("snapshot %s: %w", path, err)
+	}
+	f, err := os.OpenFile(tmp, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("snapshot %s: %w", path, err)
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("snapshot %s: sync %s: %w", path, tmp, err)
+	}
+	return nil
+}
+
+// progressEvery is how often Snapshot reports its progress.
+var progressEvery = 2 * time.Second
+
+// Backup writes a consistent snapshot of the SQLite database at path
+// (see Snapshot) to the file to, atomically: it is written to a
+// temporary file beside to, named to + ".*" + PartialSuffix, synced, and
+// renamed to to only when complete, so that a backup killed halfway
+// leaves no file at to, only a partial one, which the next Backup to the
+// same name removes. A partial file is locked while it is written, so a
+// Backup never removes the one another is writing. An existing file at
+// to is replaced.
+func Backup(ctx context.Context, path, to string, progress func(written int64)) error {
+	dir, base := filepath.Dir(to), filepath.Base(to)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("backup to %s: %w", to, err)
+	}
+	removeStalePartials(dir, base)
+	f, err := os.CreateTemp(dir, base+".*"+PartialSuffix)
+	if err != nil {
+		return fmt.Errorf("backup to %s: %w", to, err)
+	}
+	tmp := f.Name()
+	// The flock tells a later Backup the file is being written; it ends
+	// with the process, however that ends. f stays open until the copy
+	// is over: closing a descriptor of the file would drop the POSIX
+	// locks SQLite holds on it.
+	flock(f)
+	defer f.Close()
+	if err := Snapshot(ctx, path, tmp, progress); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, to); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("backup to %s: %w", to, err)
+	}
+	if err := SyncDir(dir); err != nil {
+		return fmt.Errorf("backup to %s: %w", to, err)
+	}
+	return nil
+}
+
+// removeStalePartials removes the partial files of earlier backups to
+// base in dir that no process is writing (whose flock it can take).
+func removeStalePartials(dir, base string) {
+	names, _ := filepath.Glob(filepath.Join(dir, globEscape(base)+".*"+PartialSuffix))
+	for _, name := range names {
+		f, err := os.OpenFile(name, os.O_RDWR, 0)
+		if err != nil {
+			continue
+		}
+		if err := flock(f); err == nil {
+			os.Remove(name)
+		}
+		f.Close()
+	}
+}
+
+// globEscape escapes the pattern characters of s for filepath.Glob.
+func globEscape(s string) string {
+	r := strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`)
+	return r.Replace(s)
+}
+
+// SyncDir syncs the directory dir, so that a rename or a file created in
+// it survives a power cut.
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
+		return err
+	}
+	return nil
+}
+
+// IntegrityCheck runs PRAGMA integrity_check on db and returns nil when
+// it answers ok, else an error with its first findings.
+func IntegrityCheck(ctx context.Context, db *sql.DB) error {
+	rows, err := db.QueryContext(ctx, "PRAGMA integrity_check(10)")
+	if err != nil {
+		return fmt.Errorf("integrity check: %w", err)
+	}
+	defer rows.Close()
+	var found []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return fmt.Errorf("integrity check: %w", err)
+		}
+		found = append(found, s)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("integrity check: %w", err)
+	}
+	if len(found) == 1 && found[0] == "ok" {
+		return nil
+	}
+	return fmt.Errorf("integrity check failed: %s", strings.Join(found, "; "))
+}
+
+// ErrExists is wrapped by the error of a Restore that finds a database
+// at its target and was not told to replace it.
+var ErrExists = errors.New("exists")
+
+// Restore puts the snapshot from (a file Backup wrote) in place as the
+// database at to. It checks the snapshot's integrity first, takes the
+// lock of to (see Lock: a process that has it open refuses the restore,
+// ErrLocked), refuses an existing database at to unless replace is set
+// (ErrExists), copies the snapshot beside to, syncs it, removes the log
+// files of the database it replaces (to + "-wal", "-shm", "-journal",
+// which SQLite would otherwise apply to the restored file) and renames
+// the copy to to.
+func Restore(ctx context.Context, from, to string, replace bool) error {
+	src, err := OpenReadOnly(from)
+	if err != nil {
+		return fmt.Errorf("restore from %s: %w", from, err)
+	}
+	err = IntegrityCheck(ctx, src)
+	src.Close()
+	if err != nil {
+		return fmt.Errorf("restore from %s: %w", from, err)
+	}
+	if same(from, to) {
+		return fmt.Errorf("restore from %s: it is the target database itself", from)
+	}
+	fi, statErr := os.Stat(to)
+	exists := statErr == nil && (fi.Size() > 0 || hasLog(to))
+	lock, err := Lock(to)
+	if err != nil {
+		return fmt.Errorf("restore to %s: %w", to, err)
+	}
+	defer lock.Unlock()
+	if exists && !replace {
+		return fmt.Errorf("restore to %s: a database %w there", to, ErrExists)
+	}
+	dir, base := filepath.Dir(to), filepath.Base(to)
+	in, err := os.Open(from)
+	if err != nil {
+		return fmt.Errorf("restore from %s: %w", from, err)
+	}
+	defer in.Close()
+	out, err := os.CreateTemp(dir, base+".*"+PartialSuffix)
+	if err != nil {
+		return fmt.Errorf("restore to %s: %w", to, err)
+	}
+	tmp := out.Name()
+	_, err = out.ReadFrom(in)
+	if err == nil {
+		err = out.Sync()
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("restore to %s: copy: %w", to, err)
+	}
+	for _, suffix := range []string{"-wal", "-shm", "-journal"} {
+		if err := os.Remove(to + suffix); err != nil && !errors.Is(err, os.ErrNotExist) {
+			os.Remove(tmp)
+			return fmt.Errorf("restore to %s: remove the old database's log: %w", to, err)
+		}
+	}
+	if err := os.Rename(tmp, to); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("restore to %s: %w", to, err)
+	}
+	if err := SyncDir(dir); err != nil {
+		return fmt.Errorf("restore to %s: %w", to, err)
+	}
+	return nil
+}
+
+// hasLog reports whether the database at path has a WAL or rollback
+// journal beside it (an empty main file may still hold data in its WAL).
+func hasLog(path string) bool {
+	for _, suffix := range []string{"-wal", "-journal"} {
+		if fi, err := os.Stat(path + suffix); err == nil && fi.Size() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// same reports whether a and b name one existing file.
+func same(a, b string) bool {
+	fa, err1 := os.Stat(a)
+	fb, err2 := os.Stat(b)
+	return err1 == nil && err2 == nil && os.SameFile(fa, fb)
+}
