@@ -166,10 +166,18 @@ prints what the restored database holds, as postbox backup does.`)
 	if fi, err := os.Stat(*db); err == nil && fi.IsDir() {
 		return usagef("restore: --db %s is a directory: name the database file", *db)
 	}
+	src, err := sqlitedb.OpenReadOnly(*from)
+	if err == nil {
+		err = sqlitedb.IntegrityCheck(ctx, src)
+		src.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("restore: --from %s: %w", *from, err)
+	}
 	if _, err := summarize(ctx, *from); err != nil {
 		return fmt.Errorf("restore: --from %s: %w", *from, err)
 	}
-	err := sqlitedb.Restore(ctx, *from, *db, *force)
+	err = sqlitedb.Restore(*from, *db, *force)
 	switch {
 	case errors.Is(err, sqlitedb.ErrLocked):
 		return fmt.Errorf("restore: %w: stop the process that has it open first", err)

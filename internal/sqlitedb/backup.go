@@ -236,23 +236,14 @@ func IntegrityCheck(ctx context.Context, db *sql.DB) error {
 var ErrExists = errors.New("exists")
 
 // Restore puts the snapshot from (a file Backup wrote) in place as the
-// database at to. It checks the snapshot's integrity first, takes the
-// lock of to (see Lock: a process that has it open refuses the restore,
+// database at to; check it first (IntegrityCheck). It takes the lock of
+// to (see Lock: a process that has it open refuses the restore,
 // ErrLocked), refuses an existing database at to unless replace is set
 // (ErrExists), copies the snapshot beside to, syncs it, removes the log
 // files of the database it replaces (to + "-wal", "-shm", "-journal",
 // which SQLite would otherwise apply to the restored file) and renames
 // the copy to to.
-func Restore(ctx context.Context, from, to string, replace bool) error {
-	src, err := OpenReadOnly(from)
-	if err != nil {
-		return fmt.Errorf("restore from %s: %w", from, err)
-	}
-	err = IntegrityCheck(ctx, src)
-	src.Close()
-	if err != nil {
-		return fmt.Errorf("restore from %s: %w", from, err)
-	}
+func Restore(from, to string, replace bool) error {
 	if same(from, to) {
 		return fmt.Errorf("restore from %s: it is the target database itself", from)
 	}
