@@ -39,7 +39,8 @@ Restore it with postbox restore.`)
 	db := fs.String("db", "", "the SQLite `file` to back up (serve's --db, an agent's --outbox, a relay's SQLite outbox)")
 	to := fs.String("to", "", "the backup `file` to write (required)")
 	af := addAPIFlags(fs, "print what the backup holds as one JSON object")
-	if err := parse(env, fs, args); err != nil {
+	c, err := parseAPI(env, fs, af, args)
+	if err != nil {
 		return err
 	}
 	if err := noArgs(fs); err != nil {
@@ -60,10 +61,6 @@ Restore it with postbox restore.`)
 	}
 	start := time.Now()
 	if remote {
-		c, err := parseAPI(env, fs, af, nil)
-		if err != nil {
-			return err
-		}
 		fmt.Fprintf(env.stderr, "backup: fetching a snapshot from %s to %s\n", c.base, *to)
 		if err := fetchBackup(ctx, c, *to); err != nil {
 			return err

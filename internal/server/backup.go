@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 
 	"github.com/postbox-events/postbox/api"
@@ -13,10 +12,10 @@ import (
 )
 
 // getBackup answers GET /v1/backup: a consistent snapshot of the
-// server's SQLite database, taken while it serves (sqlitedb.Snapshot),
-// written to a temporary file beside the database and streamed with its
-// Content-Length. A store that is not a SQLite file (PostgreSQL) has its
-// own backup tools: 501.
+// server's SQLite database, taken while it serves, written to a
+// temporary file beside the database (sqlitedb.SnapshotFile, removed
+// once sent) and streamed with its Content-Length. A store that is not a
+// SQLite file (PostgreSQL) has its own backup tools: 501.
 func (s *Server) getBackup(w http.ResponseWriter, r *http.Request) {
 	if site := r.Header.Get("Sec-Fetch-Site"); site == "cross-site" || site == "same-site" {
 		// A GET a page of another site can make (a link, an image), which
@@ -29,19 +28,14 @@ func (s *Server) getBackup(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.CodeNotKept, "this server's store is not a SQLite file: back up PostgreSQL with its own tools (pg_dump, pg_basebackup; docs/CLUSTER.md)")
 		return
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".backup-*"+sqlitedb.PartialSuffix)
+	f, err := sqlitedb.SnapshotFile(r.Context(), path)
 	if err != nil {
-		writeError(w, api.CodeUnavailable, "backup: %v", err)
-		return
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	defer f.Close()
-	if err := sqlitedb.Snapshot(r.Context(), path, tmp, nil); err != nil {
 		s.log.Error("backup: snapshot failed", "err", err)
 		writeError(w, api.CodeUnavailable, "backup: %v", err)
 		return
 	}
+	defer os.Remove(f.Name())
+	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
 		writeError(w, api.CodeUnavailable, "backup: %v", err)

@@ -170,6 +170,28 @@ func Backup(ctx context.Context, path, to string, progress func(written int64)) 
 	return nil
 }
 
+// SnapshotFile writes a snapshot of the database at path (see Snapshot)
+// to a new file beside it, named "." + its name + ".snapshot-*" +
+// PartialSuffix, and returns it open at its start, for the caller to
+// send, close and remove. The file is locked while it is open; the next
+// SnapshotFile removes those a process killed while it sent one left
+// behind.
+func SnapshotFile(ctx context.Context, path string) (*os.File, error) {
+	dir, base := filepath.Dir(path), "."+filepath.Base(path)+".snapshot"
+	removeStalePartials(dir, base)
+	f, err := os.CreateTemp(dir, base+".*"+PartialSuffix)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", path, err)
+	}
+	flock(f)
+	if err := Snapshot(ctx, path, f.Name(), nil); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, err
+	}
+	return f, nil
+}
+
 // removeStalePartials removes the partial files of earlier backups to
 // base in dir that no process is writing (whose flock it can take).
 func removeStalePartials(dir, base string) {
