@@ -24,9 +24,9 @@ func runBackup(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "backup", "--db FILE --to BACKUP | --server URL --to BACKUP [flags]", `Takes a consistent snapshot of a postbox SQLite database while it is in use (serve
 taking traffic, an agent or relay sending) and writes it to BACKUP. Works on any postbox
 SQLite file: serve's database (--db), an agent's outbox, the relay's SQLite outbox; it
-names which it found. The copy is SQLite's VACUUM INTO on a read transaction: writers
-go on while it runs, and it holds every transaction committed when it began (WAL
-included). It is written to BACKUP.*.partial beside BACKUP, synced, and renamed to
+names which it found. The copy is SQLite's online backup inside one read transaction:
+writers go on while it runs, and it holds every transaction committed when it began
+(WAL included). It is written to BACKUP.*.partial beside BACKUP, synced, and renamed to
 BACKUP only when complete: a backup killed halfway leaves no file at BACKUP, and the
 next backup removes the partial one. An existing BACKUP is replaced.
 
@@ -74,8 +74,8 @@ Restore it with postbox restore.`)
 		}
 		size := storeBytes(*db)
 		fmt.Fprintf(env.stderr, "backup: copying %s (%s with its WAL) to %s\n", *db, bytesText(size), *to)
-		progress := func(n int64) {
-			fmt.Fprintf(env.stderr, "backup: %s written (of at most %s)\n", bytesText(n), bytesText(size))
+		progress := func(copied, total int64) {
+			fmt.Fprintf(env.stderr, "backup: %s of %s copied\n", bytesText(copied), bytesText(total))
 		}
 		if err := sqlitedb.Backup(ctx, *db, *to, progress); err != nil {
 			return fmt.Errorf("backup: %w", err)

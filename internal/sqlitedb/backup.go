@@ -78,39 +78,74 @@ func OpenReadOnly(path string) (*sql.DB, error) {
 // Snapshot writes a consistent copy of the SQLite database at path to
 // the file tmp, which must not exist or be empty, and syncs it to the
 // disk. The database may be in use by other connections and processes,
-// writers included: the copy is one read transaction (VACUUM INTO), which
-// holds no lock that stops writers; it holds what was committed when it
-// began, WAL included. progress, when not nil, is called every
-// progressEvery with the bytes written to tmp so far.
-func Snapshot(ctx context.Context, path, tmp string, progress func(written int64)) error {
+// writers included: the copy is SQLite's online backup, page by page,
+// inside one read transaction of the source, which holds no lock that
+// stops a writer in WAL mode (a checkpoint cannot pass it while it
+// runs, so the WAL grows by what is written meanwhile); it holds what was
+// committed when it began, WAL included. It copies snapshotStep pages
+// at a time, so other work gets the disk between steps. progress, when
+// not nil, is called every progressEvery with the bytes copied so far
+// and the bytes to copy in all.
+func Snapshot(ctx context.Context, path, tmp string, progress func(copied, total int64)) error {
 	db, err := openExisting(path, false)
 	if err != nil {
 		return fmt.Errorf("snapshot %s: %w", path, err)
 	}
 	defer db.Close()
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		if progress == nil {
-			return
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("snapshot %s: %w", path, err)
+	}
+	defer conn.Close()
+	// The read transaction pins the snapshot for every step: no step
+	// sees another connection's commit, so the copy never restarts.
+	if _, err := conn.ExecContext(ctx, "BEGIN"); err != nil {
+		return fmt.Errorf("snapshot %s: %w", path, err)
+	}
+	defer conn.ExecContext(context.Background(), "ROLLBACK")
+	var pageSize int64
+	if err := conn.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_schema").Scan(new(int)); err != nil {
+		return fmt.Errorf("snapshot %s: %w", path, err)
+	}
+	if err := conn.QueryRowContext(ctx, "PRAGMA page_size").Scan(&pageSize); err != nil {
+		return fmt.Errorf("snapshot %s: %w", path, err)
+	}
+	// The copy is written without a journal of its own: it is nothing
+	// until Backup renames it, and it is synced before.
+	dst := "file:" + (&url.URL{Path: tmp}).EscapedPath() + "?_pragma=journal_mode(OFF)&_pragma=synchronous(OFF)"
+	err = conn.Raw(func(dc any) error {
+		bc, ok := dc.(interface {
+			NewBackup(string) (*sqlite.Backup, error)
+		})
+		if !ok {
+			return fmt.Errorf("the driver's connection %T has no online backup", dc)
 		}
-		t := time.NewTicker(progressEvery)
-		defer t.Stop()
+		b, err := bc.NewBackup(dst)
+		if err != nil {
+			return err
+		}
+		last := time.Now()
 		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				if fi, err := os.Stat(tmp); err == nil {
-					progress(fi.Size())
-				}
+			more, err := b.Step(snapshotStep)
+			if err != nil {
+				b.Finish()
+				return err
+			}
+			if !more {
+				break
+			}
+			if err := ctx.Err(); err != nil {
+				b.Finish()
+				return err
+			}
+			if progress != nil && time.Since(last) >= progressEvery {
+				last = time.Now()
+				total := int64(b.PageCount())
+				progress((total-int64(b.Remaining()))*pageSize, total*pageSize)
 			}
 		}
-	}()
-	_, err = db.ExecContext(ctx, "VACUUM INTO ?", tmp)
-	close(done)
-	<-stopped
+		return b.Finish()
+	})
 	if err != nil {
 		return fmt.Errorf("snapshot %s: %w", path, err)
 	}
@@ -128,6 +163,10 @@ func Snapshot(ctx context.Context, path, tmp string, progress func(written int64
 	return nil
 }
 
+// snapshotStep is how many pages Snapshot copies at a time (4 MiB of
+// 4 KiB pages).
+const snapshotStep = 1024
+
 // progressEvery is how often Snapshot reports its progress.
 var progressEvery = 2 * time.Second
 
@@ -139,7 +178,7 @@ var progressEvery = 2 * time.Second
 // same name removes. A partial file is locked while it is written, so a
 // Backup never removes the one another is writing. An existing file at
 // to is replaced.
-func Backup(ctx context.Context, path, to string, progress func(written int64)) error {
+func Backup(ctx context.Context, path, to string, progress func(copied, total int64)) error {
 	dir, base := filepath.Dir(to), filepath.Base(to)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("backup to %s: %w", to, err)
@@ -203,6 +242,7 @@ func removeStalePartials(dir, base string) {
 		}
 		if err := flock(f); err == nil {
 			os.Remove(name)
+			os.Remove(name + "-journal") // should SQLite have written one
 		}
 		f.Close()
 	}
