@@ -153,7 +153,14 @@ func Snapshot(ctx context.Context, path, tmp string, progress func(copied, total
 	if err != nil {
 		return fmt.Errorf("snapshot %s: %w", path, err)
 	}
-	err = f.Sync()
+	// The pages are the source's, its header too: bytes 18 and 19 say
+	// WAL mode. Set them to rollback mode (1), as PRAGMA journal_mode =
+	// DELETE would, so that reading the copy creates no -wal and -shm
+	// files beside it; whoever opens it to write sets the mode they use.
+	_, err = f.WriteAt([]byte{1, 1}, 18)
+	if err == nil {
+		err = f.Sync()
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -198,6 +205,10 @@ func Backup(ctx context.Context, path, to string, progress func(copied, total in
 	if err := Snapshot(ctx, path, tmp, progress); err != nil {
 		os.Remove(tmp)
 		return err
+	}
+	if err := removeLogs(to); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("backup to %s: %w", to, err)
 	}
 	if err := os.Rename(tmp, to); err != nil {
 		os.Remove(tmp)
@@ -330,7 +341,14 @@ func Restore(from, to string, replace bool) error {
 		return fmt.Errorf("restore to %s: %w", to, err)
 	}
 	tmp := out.Name()
-	_, err = out.ReadFrom(in)
+	mode := os.FileMode(0o644) // as Lock creates a database
+	if exists {
+		mode = fi.Mode().Perm()
+	}
+	err = out.Chmod(mode)
+	if err == nil {
+		_, err = out.ReadFrom(in)
+	}
 	if err == nil {
 		err = out.Sync()
 	}
@@ -341,11 +359,9 @@ func Restore(from, to string, replace bool) error {
 		os.Remove(tmp)
 		return fmt.Errorf("restore to %s: copy: %w", to, err)
 	}
-	for _, suffix := range []string{"-wal", "-shm", "-journal"} {
-		if err := os.Remove(to + suffix); err != nil && !errors.Is(err, os.ErrNotExist) {
-			os.Remove(tmp)
-			return fmt.Errorf("restore to %s: remove the old database's log: %w", to, err)
-		}
+	if err := removeLogs(to); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("restore to %s: %w", to, err)
 	}
 	if err := os.Rename(tmp, to); err != nil {
 		os.Remove(tmp)
@@ -353,6 +369,18 @@ func Restore(from, to string, replace bool) error {
 	}
 	if err := SyncDir(dir); err != nil {
 		return fmt.Errorf("restore to %s: %w", to, err)
+	}
+	return nil
+}
+
+// removeLogs removes the WAL, shared memory and rollback journal of the
+// database at path, before another file takes its name: SQLite would
+// apply a WAL left beside it to the new file.
+func removeLogs(path string) error {
+	for _, suffix := range []string{"-wal", "-shm", "-journal"} {
+		if err := os.Remove(path + suffix); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove the old database's log: %w", err)
+		}
 	}
 	return nil
 }
