@@ -72,8 +72,17 @@ Restore it with postbox restore.`)
 		if same(*db, *to) {
 			return usagef("backup: --to %s is the database itself", *to)
 		}
+		src, err := sqlitedb.OpenReadOnly(*db)
+		if err != nil {
+			return fmt.Errorf("backup: --db %s: %w", *db, err)
+		}
+		_, kind, err := fileKind(ctx, src, *db)
+		src.Close()
+		if err != nil {
+			return fmt.Errorf("backup: --db %w", err)
+		}
 		size := storeBytes(*db)
-		fmt.Fprintf(env.stderr, "backup: copying %s (%s with its WAL) to %s\n", *db, bytesText(size), *to)
+		fmt.Fprintf(env.stderr, "backup: copying %s, a %s (%s with its WAL), to %s\n", *db, kind, bytesText(size), *to)
 		progress := func(copied, total int64) {
 			fmt.Fprintf(env.stderr, "backup: %s of %s copied\n", bytesText(copied), bytesText(total))
 		}
@@ -242,30 +251,13 @@ func summarize(ctx context.Context, path string) (storeSummary, error) {
 		return sum, err
 	}
 	defer db.Close()
-	rows, err := db.QueryContext(ctx, `SELECT component, version FROM schema_migrations`)
-	if err != nil {
-		if strings.Contains(err.Error(), "no such table") {
-			return sum, fmt.Errorf("%s is not a postbox database: it has no table schema_migrations", path)
-		}
-		return sum, fmt.Errorf("%s: %w", path, err)
+	if sum.Schema, sum.Kind, err = fileKind(ctx, db, path); err != nil {
+		return sum, err
 	}
-	for rows.Next() {
-		var c string
-		var v int
-		if err := rows.Scan(&c, &v); err != nil {
-			rows.Close()
-			return sum, fmt.Errorf("%s: %w", path, err)
-		}
-		sum.Schema[c] = v
-	}
-	rows.Close()
-	has := func(c string) bool { _, ok := sum.Schema[c]; return ok }
-	switch {
-	case has("streams") || has("delivery"):
-		sum.Kind = kindServe
+	switch sum.Kind {
+	case kindServe:
 		err = summarizeServe(ctx, db, &sum)
-	case has("outbox"):
-		sum.Kind = kindOutbox
+	case kindOutbox:
 		sum.Outbox = map[string]int64{}
 		err = query(ctx, db, `SELECT state, count(*) FROM outbox GROUP BY state`, func(r *sql.Rows) error {
 			var s string
@@ -274,15 +266,40 @@ func summarize(ctx context.Context, path string) (storeSummary, error) {
 			sum.Outbox[s] = n
 			return err
 		})
-	case has("streamkafka"):
-		sum.Kind = kindKafka
-	default:
-		return sum, fmt.Errorf("%s is not a postbox database: schema_migrations names none of postbox's components", path)
 	}
 	if err != nil {
 		return sum, fmt.Errorf("%s: %w", path, err)
 	}
 	return sum, nil
+}
+
+// fileKind reads the schema versions of the postbox SQLite file db (at
+// path) and tells its kind by them.
+func fileKind(ctx context.Context, db *sql.DB, path string) (map[string]int, string, error) {
+	schema := map[string]int{}
+	err := query(ctx, db, `SELECT component, version FROM schema_migrations`, func(r *sql.Rows) error {
+		var c string
+		var v int
+		err := r.Scan(&c, &v)
+		schema[c] = v
+		return err
+	})
+	if err != nil {
+		if strings.Contains(err.Error(), "no such table") {
+			return nil, "", fmt.Errorf("%s is not a postbox database: it has no table schema_migrations", path)
+		}
+		return nil, "", fmt.Errorf("%s: %w", path, err)
+	}
+	has := func(c string) bool { _, ok := schema[c]; return ok }
+	switch {
+	case has("streams") || has("delivery"):
+		return schema, kindServe, nil
+	case has("outbox"):
+		return schema, kindOutbox, nil
+	case has("streamkafka"):
+		return schema, kindKafka, nil
+	}
+	return nil, "", fmt.Errorf("%s is not a postbox database: schema_migrations names none of postbox's components", path)
 }
 
 // summarizeServe reads the streams, inboxes, subscriptions and sources

@@ -493,3 +493,43 @@ func TestBackupAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestBackupRefuses: postbox backup exits non-zero, naming why, and
+// writes nothing, for a file that is not postbox's or not there, and
+// for flags that do not say what to back up or where.
+func TestBackupRefuses(t *testing.T) {
+	dir := t.TempDir()
+	foreign := filepath.Join(dir, "app.db")
+	db, err := sqlitedb.Open(foreign, sqlitedb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE TABLE orders (id INTEGER PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	to := filepath.Join(dir, "backup.db")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+		code int
+	}{
+		{"not postbox's", []string{"--db", foreign, "--to", to}, "not a postbox database", 1},
+		{"no such file", []string{"--db", filepath.Join(dir, "none.db"), "--to", to}, "no such file", 1},
+		{"no --to", []string{"--db", foreign}, "--to FILE is required", 2},
+		{"nothing to back up", []string{"--to", to}, "give --db FILE", 2},
+		{"both", []string{"--db", foreign, "--server", "http://127.0.0.1:9", "--to", to}, "not both", 2},
+		{"onto itself", []string{"--db", foreign, "--to", foreign}, "the database itself", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, code := run(t, append([]string{"backup"}, tc.args...)...)
+			if code != tc.code || !strings.Contains(out, tc.want) {
+				t.Fatalf("backup %v: exit %d, %q; want exit %d naming %q", tc.args, code, out, tc.code, tc.want)
+			}
+			if _, err := os.Stat(to); err == nil {
+				t.Fatal("a refused backup wrote its file")
+			}
+		})
+	}
+}
