@@ -124,6 +124,10 @@ func TestBackupUnderLoad(t *testing.T) {
 	remote := filepath.Join(dir, "backups", "remote.db")
 	sumLocal := runJSON(t, "backup", "--db", dbPath, "--to", local, "--json")
 	sumRemote := runJSON(t, "backup", "--server", base, "--to", remote, "--json")
+	// An agent's outbox, the agent sending.
+	if sum := runJSON(t, "backup", "--db", filepath.Join(dir, "pi-0.db"), "--to", filepath.Join(dir, "backups", "pi-0.db"), "--json"); !strings.HasPrefix(sum.Kind, "outbox") || sum.Schema["outbox"] == 0 {
+		t.Fatalf("backup of an agent's outbox: %+v, want kind outbox with its schema version", sum)
+	}
 	stop()
 	wg.Wait()
 	srv.kill()
