@@ -175,7 +175,7 @@ func Snapshot(ctx context.Context, path, tmp string, progress func(copied, total
 const snapshotStep = 1024
 
 // progressEvery is how often Snapshot reports its progress.
-var progressEvery = 2 * time.Second
+const progressEvery = 2 * time.Second
 
 // Backup writes a consistent snapshot of the SQLite database at path
 // (see Snapshot) to the file to, atomically: it is written to a
