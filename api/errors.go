@@ -65,7 +65,8 @@ const (
 	// Retry-After. 429.
 	CodeQueueFull Code = "queue_full"
 	// CodeNotKept: the server does not keep what was asked for (the
-	// stream backend keeps no history of consumer commits). 501.
+	// stream backend keeps no history of consumer commits; the store is
+	// not a SQLite file GET /v1/backup can copy). 501.
 	CodeNotKept Code = "not_kept"
 	// CodeUnavailable: the store did not answer, or the server is
 	// shutting down; send again later. 503.
@@ -92,7 +93,7 @@ var codes = []CodeInfo{
 	{CodeInvalidSource, http.StatusBadRequest, "a webhook was sent to a source that is not of kind `webhook`"},
 	{CodeUnauthorized, http.StatusUnauthorized, "the server has an API token and the request did not carry it"},
 	{CodeInvalidSignature, http.StatusUnauthorized, "a webhook's signature is missing or does not verify with its source's secrets"},
-	{CodeCrossOrigin, http.StatusForbidden, "a browser page of another origin than the server's own (Origin, Sec-Fetch-Site) asked to change something; `--allowed-origins` lets it"},
+	{CodeCrossOrigin, http.StatusForbidden, "a browser page of another origin than the server's own (Origin, Sec-Fetch-Site) asked to change something, or for a backup (`GET /v1/backup`); `--allowed-origins` lets it"},
 	{CodeNotFound, http.StatusNotFound, "no subscription, source, stream, consumer, inbox, item or webhook has that name or id; no route takes the path, or the path is not in its clean form (`//`, `/./`, `/../`)"},
 	{CodeMethodNotAllowed, http.StatusMethodNotAllowed, "the path takes other methods, which `Allow` names"},
 	{CodeRequestTimeout, http.StatusRequestTimeout, "the body did not arrive within `--http-read-timeout` (30s) of the headers"},
@@ -104,7 +105,7 @@ var codes = []CodeInfo{
 	{CodeHostNotAllowed, http.StatusMisdirectedRequest, "the Host header is not an IP address, localhost, the `--addr` host or one of `--allowed-hosts` (operator API, console and /metrics only)"},
 	{CodeUpgradeRequired, http.StatusUpgradeRequired, "a request to `GET /v1/ws` is not a WebSocket upgrade"},
 	{CodeQueueFull, http.StatusTooManyRequests, "a webhook found the server's write queue full: send it again after `Retry-After`"},
-	{CodeNotKept, http.StatusNotImplemented, "the stream backend keeps no history of consumer commits"},
+	{CodeNotKept, http.StatusNotImplemented, "the stream backend keeps no history of consumer commits; the store is not a SQLite file `GET /v1/backup` can copy"},
 	{CodeUnavailable, http.StatusServiceUnavailable, "the server is starting or shutting down, or its store failed: send it again"},
 	{CodeTooManyConnections, http.StatusServiceUnavailable, "the WebSocket ingress holds as many connections as it allows: connect again after `Retry-After`"},
 }

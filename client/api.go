@@ -220,15 +220,7 @@ func (c *API) do(ctx context.Context, method, path string, in, out any, extra ti
 		return resp.StatusCode, &CallError{Method: method, Path: path, Err: fmt.Errorf("read the answer: %w", err)}
 	}
 	if resp.StatusCode >= 300 {
-		var e api.ErrorResponse
-		if json.Unmarshal(data, &e) == nil && e.Error.Code != "" {
-			return resp.StatusCode, &APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message, Method: method, Path: path}
-		}
-		msg := string(bytes.TrimSpace(data))
-		if len(msg) > 200 {
-			msg = msg[:200] + "…"
-		}
-		return resp.StatusCode, &APIError{Status: resp.StatusCode, Message: fmt.Sprintf("%s %s: %s", method, path, msg), Method: method, Path: path}
+		return resp.StatusCode, answerError(resp.StatusCode, data, method, path)
 	}
 	if out == nil || resp.StatusCode == http.StatusNoContent {
 		return resp.StatusCode, nil
@@ -237,6 +229,20 @@ func (c *API) do(ctx context.Context, method, path string, in, out any, extra ti
 		return resp.StatusCode, fmt.Errorf("the answer to %s %s is not what docs/API.md says (%v): %.200s", method, path, err, data)
 	}
 	return resp.StatusCode, nil
+}
+
+// answerError is the *APIError of an error answer: the API's JSON
+// error, or the start of whatever else the body holds.
+func answerError(status int, data []byte, method, path string) *APIError {
+	var e api.ErrorResponse
+	if json.Unmarshal(data, &e) == nil && e.Error.Code != "" {
+		return &APIError{Status: status, Code: e.Error.Code, Message: e.Error.Message, Method: method, Path: path}
+	}
+	msg := string(bytes.TrimSpace(data))
+	if len(msg) > 200 {
+		msg = msg[:200] + "…"
+	}
+	return &APIError{Status: status, Message: fmt.Sprintf("%s %s: %s", method, path, msg), Method: method, Path: path}
 }
 
 // get is Do for a GET.
@@ -570,4 +576,39 @@ func (c *API) WebhookByKey(ctx context.Context, key string) (api.Webhook, error)
 func (c *API) SourceWebhookByKey(ctx context.Context, source, key string) (api.Webhook, error) {
 	var out api.Webhook
 	return out, c.get(ctx, "/webhooks?idempotency_key="+url.QueryEscape(key)+"&source="+url.QueryEscape(source), &out)
+}
+
+// Backup fetches a consistent snapshot of the server's SQLite database
+// (GET /v1/backup) and writes it to w; it returns the bytes written. The
+// call is bounded by ctx alone, not by APIOptions.Timeout: a large
+// store takes long to copy. An answer cut short (fewer bytes than its
+// Content-Length) is an error. A server whose store is not SQLite
+// answers an *APIError of status 501.
+func (c *API) Backup(ctx context.Context, w io.Writer) (int64, error) {
+	const method, path = http.MethodGet, "/v1/backup"
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, nil)
+	if err != nil {
+		return 0, fmt.Errorf("server %s: %w", c.base, err)
+	}
+	req.Header.Set("Accept", "application/vnd.sqlite3, application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return 0, &CallError{Method: method, Path: path, Err: err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return 0, answerError(resp.StatusCode, data, method, path)
+	}
+	n, err := io.Copy(w, resp.Body)
+	if err != nil {
+		return n, &CallError{Method: method, Path: path, Err: fmt.Errorf("read the snapshot: %w", err)}
+	}
+	if resp.ContentLength >= 0 && n != resp.ContentLength {
+		return n, &CallError{Method: method, Path: path, Err: fmt.Errorf("the snapshot was cut short: %d of %d bytes", n, resp.ContentLength)}
+	}
+	return n, nil
 }

@@ -517,7 +517,9 @@ func (wp *webhookPoster) post(hc *http.Client, n int) int {
 
 // run posts until ctx ends.
 func (wp *webhookPoster) run(ctx context.Context) {
+	wp.mu.Lock() // a test may read acked while run runs
 	wp.acked = map[int]bool{}
+	wp.mu.Unlock()
 	var wg sync.WaitGroup
 	for w := range 4 {
 		wg.Go(func() {

@@ -57,6 +57,8 @@ func init() {
 		"migrate": {"show or apply the schema migrations of serve's store or of an outbox (status, up [--dry-run])", runMigrate},
 		"relay":   {"relay a transactional outbox (PostgreSQL or SQLite) to Redis Streams, JetStream, Kafka or postbox", runRelay},
 		"bench":   {"measure ingest end to end: N devices pipelining events (bench webhooks: POST /webhooks)", runBench},
+		"backup":  {"take a consistent snapshot of a postbox SQLite file while it is in use (or of serve's, through its API)", runBackup},
+		"restore": {"put a backup in place as a SQLite database, checked, never over one in use", runRestore},
 
 		"sources":       {"create, list, get and delete sources: devices, webhook endpoints (GitHub, Stripe, ...)", runSources},
 		"subscriptions": {"create, list, get, set-target, enable, delete and replay subscriptions", runSubscriptions},

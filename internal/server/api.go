@@ -63,6 +63,7 @@ func (s *Server) routeAPI() {
 		"GET /v1/sources":                             s.listSources,
 		"GET /v1/sources/{name}":                      s.getSource,
 		"DELETE /v1/sources/{name}":                   s.deleteSource,
+		"GET /v1/backup":                              s.getBackup,
 	} {
 		s.handle(pattern, s.requireToken(h))
 	}

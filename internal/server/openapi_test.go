@@ -492,6 +492,8 @@ func unexercised(op, status string) string {
 		return "only when gathering a metric fails"
 	case op == "POST /v1/subscriptions/{name}/replay" && status == "409":
 		return "only while a replay of the subscription runs"
+	case op == "GET /v1/backup" && status == "501":
+		return "only on a PostgreSQL store (TestBackupRoute)"
 	}
 	return ""
 }
@@ -523,6 +525,8 @@ func TestOpenAPIAnswers(t *testing.T) {
 	want(200, "GET /ready", "/ready", "", nil)
 	want(200, "GET /metrics", "/metrics", "", nil)
 	want(200, "GET /v1/stats", "/v1/stats", "", nil)
+	want(200, "GET /v1/backup", "/v1/backup", "", nil)
+	want(403, "GET /v1/backup", "/v1/backup", "", map[string]string{"Sec-Fetch-Site": "cross-site"})
 	for _, file := range []string{"/ui/", "/ui/app.js", "/ui/style.css"} {
 		want(200, "GET /ui/", file, "", nil)
 	}
