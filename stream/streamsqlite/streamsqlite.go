@@ -43,15 +43,7 @@ var migrations embed.FS
 // Migrations holds the SQL files that create and upgrade the streams'
 // tables (component "streams" in schema_migrations), in the order they
 // apply; Open applies them.
-var Migrations fs.FS = mustSub(migrations, "migrations")
-
-func mustSub(f fs.FS, dir string) fs.FS {
-	sub, err := fs.Sub(f, dir)
-	if err != nil {
-		panic(err)
-	}
-	return sub
-}
+var Migrations, _ = fs.Sub(migrations, "migrations") // a fixed, valid name: no error
 
 // DefaultQueueBytes is the default of Config.QueueBytes.
 const DefaultQueueBytes = 64 << 20
