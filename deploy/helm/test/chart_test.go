@@ -353,6 +353,7 @@ func checkCluster(t *testing.T, m manifests, replicas int32, secret string, exis
 }
 
 func TestChartRenders(t *testing.T) {
+	helm(t)
 	dashboard, err := os.ReadFile("../../grafana/postbox.json")
 	if err != nil {
 		t.Fatal(err)
@@ -495,6 +496,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"cluster on sqlite streams", "mode: cluster\ncluster: {store: postgres://db/p, streams: sqlite}", `cluster.streams "sqlite"`},
 		{"cluster of no nodes", "mode: cluster\nreplicas: 0\ncluster: {existingSecret: u}", "replicas 0"},
 	}
+	helm(t)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := render(t, tt.values)
