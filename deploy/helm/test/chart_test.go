@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -44,17 +43,14 @@ func helm(t *testing.T) string {
 	return ""
 }
 
-// render runs helm template with values (YAML) and returns its output
+// render runs helm template with values (YAML, on its standard input)
+// and returns its output
 // and error.
 func render(t *testing.T, values string) (string, error) {
 	t.Helper()
-	bin := helm(t)
-	file := filepath.Join(t.TempDir(), "values.yaml")
-	if err := os.WriteFile(file, []byte(values), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	var stdout, stderr bytes.Buffer
-	cmd := exec.Command(bin, "template", release, chart, "--namespace", namespace, "--values", file)
+	cmd := exec.Command(helm(t), "template", release, chart, "--namespace", namespace, "--values", "-")
+	cmd.Stdin = strings.NewReader(values)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		return "", &renderError{err: err, stderr: stderr.String()}
@@ -376,7 +372,7 @@ func TestChartRenders(t *testing.T) {
 			}
 		},
 	}, {
-		name: "single with an existing secret, gRPC and another db",
+		name: "single with an existing secret and gRPC and another db",
 		values: `
 apiToken: {existingSecret: my-token}
 dbPath: /var/lib/postbox/events.db

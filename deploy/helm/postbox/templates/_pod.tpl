@@ -7,13 +7,15 @@ metadata:
     {{- with .Values.podLabels }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
+  {{- /* A change of the cluster's URLs restarts the pods. */}}
+  {{- $annotations := deepCopy (.Values.podAnnotations | default dict) }}
+  {{- if and (eq .Values.mode "cluster") (not .Values.cluster.existingSecret) }}
+  {{- $_ := set $annotations "checksum/cluster" (include (print $.Template.BasePath "/secret-cluster.yaml") . | sha256sum) }}
+  {{- end }}
+  {{- with $annotations }}
   annotations:
-    {{- if and (eq .Values.mode "cluster") (not .Values.cluster.existingSecret) }}
-    checksum/cluster: {{ include (print $.Template.BasePath "/secret-cluster.yaml") . | sha256sum }}
-    {{- end }}
-    {{- with .Values.podAnnotations }}
     {{- toYaml . | nindent 4 }}
-    {{- end }}
+  {{- end }}
 spec:
   {{- with .Values.imagePullSecrets }}
   imagePullSecrets:
