@@ -378,6 +378,9 @@ apiToken: {existingSecret: my-token}
 dbPath: /var/lib/postbox/events.db
 grpc: {enabled: true}
 allowedHosts: [postbox.example.com]
+extraArgs: [--auth-tokens, /etc/postbox/tokens]
+extraVolumes: [{name: tokens, secret: {secretName: device-tokens}}]
+extraVolumeMounts: [{name: tokens, mountPath: /etc/postbox, readOnly: true}]
 persistence: {size: 20Gi, storageClass: fast}
 `,
 		check: func(t *testing.T, m manifests) {
@@ -385,6 +388,12 @@ persistence: {size: 20Gi, storageClass: fast}
 			checkSingle(t, m, "/var/lib/postbox/events.db")
 			if i := slices.Index(c.Args, "--grpc-addr"); i < 0 || c.Args[i+1] != ":9000" {
 				t.Errorf("args %q, want --grpc-addr :9000", c.Args)
+			}
+			if !slices.Contains(c.Args, "--auth-tokens") || len(c.VolumeMounts) != 3 || c.VolumeMounts[2].MountPath != "/etc/postbox" {
+				t.Errorf("extraArgs %q or extraVolumeMounts %+v not set", c.Args, c.VolumeMounts)
+			}
+			if v := m.statefulSets[0].Spec.Template.Spec.Volumes; len(v) != 2 || v[1].Secret == nil || v[1].Secret.SecretName != "device-tokens" {
+				t.Errorf("extraVolumes not set: %+v", v)
 			}
 			if !strings.HasSuffix(env(c, "POSTBOX_ALLOWED_HOSTS").Value, ",postbox.example.com") {
 				t.Errorf("POSTBOX_ALLOWED_HOSTS %q lacks allowedHosts", env(c, "POSTBOX_ALLOWED_HOSTS").Value)
