@@ -78,6 +78,7 @@ type serviceMonitor struct {
 		Endpoints []struct {
 			Port          string `json:"port"`
 			Path          string `json:"path"`
+			Scheme        string `json:"scheme"`
 			Interval      string `json:"interval"`
 			ScrapeTimeout string `json:"scrapeTimeout"`
 			Authorization struct {
@@ -263,6 +264,9 @@ func checkCommon(t *testing.T, m manifests, mode, tokenSecret string, existing b
 		if probe.p == nil || probe.p.HTTPGet == nil {
 			t.Errorf("no %s probe over HTTP", probe.name)
 			continue
+		}
+		if probe.p.HTTPGet.Scheme != corev1.URISchemeHTTP {
+			t.Errorf("%s probe over %s, want HTTP", probe.name, probe.p.HTTPGet.Scheme)
 		}
 		if probe.p.HTTPGet.Path != probe.path || !slices.Contains(ports, probe.p.HTTPGet.Port.String()) {
 			t.Errorf("%s probe GET %s on port %s, want %s on one of %v", probe.name, probe.p.HTTPGet.Path, probe.p.HTTPGet.Port.String(), probe.path, ports)
@@ -466,7 +470,7 @@ grafanaDashboard: {enabled: true, namespace: monitoring}
 			}
 			ep := sm.Spec.Endpoints[0]
 			cred := ep.Authorization.Credentials
-			if ep.Port != "http" || ep.Path != "/metrics" || ep.Authorization.Type != "Bearer" || cred.Name != fullname+"-api-token" || cred.Key != "api-token" {
+			if ep.Port != "http" || ep.Path != "/metrics" || ep.Scheme != "http" || ep.Authorization.Type != "Bearer" || cred.Name != fullname+"-api-token" || cred.Key != "api-token" {
 				t.Errorf("endpoint %+v, want /metrics on http with the API token", ep)
 			}
 			if len(m.configMaps) != 1 {
@@ -499,6 +503,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"unknown mode", "mode: ha", `mode "ha"`},
 		{"cluster without a store", "mode: cluster\ncluster: {streams: nats://n:4222}", "set cluster.store"},
 		{"cluster on sqlite streams", "mode: cluster\ncluster: {store: postgres://db/p, streams: sqlite}", `cluster.streams "sqlite"`},
+		{"unknown scheme", "scheme: https", `scheme "https"`},
 		{"cluster of no nodes", "mode: cluster\nreplicas: 0\ncluster: {existingSecret: u}", "replicas 0"},
 	}
 	helm(t)

@@ -47,6 +47,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if not (has .Values.mode (list "single" "cluster")) }}
 {{- fail (printf "mode %q: use single (one node on SQLite) or cluster (nodes on PostgreSQL)" .Values.mode) }}
 {{- end }}
+{{- if not (has .Values.scheme (list "HTTP" "HTTPS")) }}
+{{- fail (printf "scheme %q: use HTTP, or HTTPS when serve has --tls-cert" .Values.scheme) }}
+{{- end }}
 {{- if eq .Values.mode "cluster" }}
 {{- if lt (int .Values.replicas) 1 }}
 {{- fail (printf "replicas %v: cluster mode needs at least 1" .Values.replicas) }}

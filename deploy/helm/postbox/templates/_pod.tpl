@@ -89,11 +89,13 @@ spec:
         httpGet:
           path: /ready
           port: http
+          scheme: {{ .Values.scheme }}
         {{- toYaml .Values.probes.readiness | nindent 8 }}
       livenessProbe:
         httpGet:
           path: /health
           port: http
+          scheme: {{ .Values.scheme }}
         {{- toYaml .Values.probes.liveness | nindent 8 }}
       securityContext:
         {{- toYaml .Values.securityContext | nindent 8 }}
