@@ -93,7 +93,7 @@ var codes = []CodeInfo{
 	{CodeInvalidSource, http.StatusBadRequest, "a webhook was sent to a source that is not of kind `webhook`"},
 	{CodeUnauthorized, http.StatusUnauthorized, "the server has an API token and the request did not carry it"},
 	{CodeInvalidSignature, http.StatusUnauthorized, "a webhook's signature is missing or does not verify with its source's secrets"},
-	{CodeCrossOrigin, http.StatusForbidden, "a browser page of another origin than the server's own (Origin, Sec-Fetch-Site) asked to change something, or for a backup (`GET /v1/backup`); `--allowed-origins` lets it"},
+	{CodeCrossOrigin, http.StatusForbidden, "a browser page of another origin than the server's own (Origin, Sec-Fetch-Site) asked to change something (`--allowed-origins` lets it), or a page of another site asked for a backup (`GET /v1/backup`)"},
 	{CodeNotFound, http.StatusNotFound, "no subscription, source, stream, consumer, inbox, item or webhook has that name or id; no route takes the path, or the path is not in its clean form (`//`, `/./`, `/../`)"},
 	{CodeMethodNotAllowed, http.StatusMethodNotAllowed, "the path takes other methods, which `Allow` names"},
 	{CodeRequestTimeout, http.StatusRequestTimeout, "the body did not arrive within `--http-read-timeout` (30s) of the headers"},

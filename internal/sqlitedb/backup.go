@@ -184,11 +184,19 @@ const progressEvery = 2 * time.Second
 // leaves no file at to, only a partial one, which the next Backup to the
 // same name removes. A partial file is locked while it is written, so a
 // Backup never removes the one another is writing. An existing file at
-// to is replaced.
+// to is replaced, under its lock (see Lock): a database a process has
+// open is not replaced under it (ErrLocked).
 func Backup(ctx context.Context, path, to string, progress func(copied, total int64)) error {
 	dir, base := filepath.Dir(to), filepath.Base(to)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("backup to %s: %w", to, err)
+	}
+	if _, err := os.Stat(to); err == nil {
+		lock, err := Lock(to)
+		if err != nil {
+			return fmt.Errorf("backup to %s: %w", to, err)
+		}
+		defer lock.Unlock()
 	}
 	removeStalePartials(dir, base)
 	f, err := os.CreateTemp(dir, base+".*"+PartialSuffix)
@@ -316,9 +324,14 @@ var ErrExists = errors.New("exists")
 // files of the database it replaces (to + "-wal", "-shm", "-journal",
 // which SQLite would otherwise apply to the restored file) and renames
 // the copy to to.
-func Restore(from, to string, replace bool) error {
+func Restore(from, to string, replace bool) (err error) {
 	if same(from, to) {
 		return fmt.Errorf("restore from %s: it is the target database itself", from)
+	}
+	if hasLog(from) {
+		// The copy takes the main file alone: what is in its log would
+		// be left out.
+		return fmt.Errorf("restore from %s: it has a write-ahead log or journal beside it, which a restore would leave out: take a backup of it with postbox backup and restore that", from)
 	}
 	fi, statErr := os.Stat(to)
 	exists := statErr == nil && (fi.Size() > 0 || hasLog(to))
@@ -327,6 +340,15 @@ func Restore(from, to string, replace bool) error {
 		return fmt.Errorf("restore to %s: %w", to, err)
 	}
 	defer lock.Unlock()
+	if statErr != nil {
+		// Lock made to, empty: a restore that fails leaves nothing a
+		// server would start on as a new database.
+		defer func() {
+			if err != nil {
+				os.Remove(to)
+			}
+		}()
+	}
 	if exists && !replace {
 		return fmt.Errorf("restore to %s: a database %w there", to, ErrExists)
 	}

@@ -260,7 +260,7 @@ func checkCommon(t *testing.T, m manifests, mode, tokenSecret string, existing b
 	for _, probe := range []struct {
 		name, path string
 		p          *corev1.Probe
-	}{{"readiness", "/ready", c.ReadinessProbe}, {"liveness", "/health", c.LivenessProbe}} {
+	}{{"readiness", "/ready", c.ReadinessProbe}, {"startup", "/health", c.StartupProbe}, {"liveness", "/health", c.LivenessProbe}} {
 		if probe.p == nil || probe.p.HTTPGet == nil {
 			t.Errorf("no %s probe over HTTP", probe.name)
 			continue

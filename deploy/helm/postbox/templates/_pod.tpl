@@ -91,6 +91,12 @@ spec:
           port: http
           scheme: {{ .Values.scheme }}
         {{- toYaml .Values.probes.readiness | nindent 8 }}
+      startupProbe:
+        httpGet:
+          path: /health
+          port: http
+          scheme: {{ .Values.scheme }}
+        {{- toYaml .Values.probes.startup | nindent 8 }}
       livenessProbe:
         httpGet:
           path: /health
