@@ -298,7 +298,16 @@ func (t *schemaTarget) open(ctx context.Context, lock bool) (*openedTarget, erro
 		}
 		o.lock = l
 	}
-	db, err := sqlitedb.Open(t.path, sqlitedb.Options{})
+	// Only a locked target is written: a look (status, serve's check of a
+	// newer schema) opens the file read-only, so that it leaves a backup's
+	// journal mode, and the log of a file in use, as they were.
+	var db *sql.DB
+	var err error
+	if lock {
+		db, err = sqlitedb.Open(t.path, sqlitedb.Options{})
+	} else {
+		db, err = sqlitedb.OpenReadOnly(t.path)
+	}
 	if err != nil {
 		o.close()
 		return nil, err
