@@ -92,7 +92,9 @@ func freePort(t *testing.T) string {
 // waitHTTP polls url until it answers 200.
 func waitHTTP(t *testing.T, url string, p *proc) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	// A minute: under the race detector on a loaded machine a server on
+	// an in-process Kafka took over 20 s to be ready.
+	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
 		resp, err := http.Get(url)
 		if err == nil {
@@ -103,6 +105,7 @@ func waitHTTP(t *testing.T, url string, p *proc) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	p.kill() // its log is whole, and no longer written, once it is reaped
 	t.Fatalf("%s did not come up; its log:\n%s", url, p.log)
 }
 
