@@ -225,3 +225,67 @@ def post_webhooks(base: str, n: int, prefix: str = "k", body: bytes = b'{"n": 1}
 
 
 sys.path.insert(0, str(HERE))
+
+
+class Target:
+    """An HTTP target on loopback that records what postbox POSTs to it
+    (headers, raw body) and answers 200."""
+
+    def __init__(self):
+        import http.server
+        import queue
+        import threading
+
+        self.received: "queue.Queue[tuple[dict[str, str], bytes]]" = queue.Queue()
+        target = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length", "0"))
+                body = self.rfile.read(n)
+                target.received.put(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def take(self, n: int, timeout: float = 60.0, proc: "Proc | None" = None):
+        import queue
+
+        out = []
+        deadline = time.monotonic() + timeout
+        while len(out) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"the target got {len(out)} requests in {timeout}s, want {n}"
+                                     + (f":\n{proc.output()}" if proc else ""))
+            try:
+                out.append(self.received.get(timeout=min(left, 1.0)))
+            except queue.Empty:
+                pass
+        return out
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def target():
+    t = Target()
+    try:
+        yield t
+    finally:
+        t.close()
+
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwMfKQ9r8GKYo="

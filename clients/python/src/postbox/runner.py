@@ -36,7 +36,7 @@ import unicodedata
 from collections.abc import Awaitable, Callable
 from typing import Optional
 
-from .api import API, APIError, CallError, Item, result_error
+from .api import API, APIError, CallError, Item, Lease, result_error
 
 __all__ = ["Runner", "Permanent", "RetryAfter", "Handler", "DEFAULT_CONCURRENCY",
            "DEFAULT_VISIBILITY_TIMEOUT", "DEFAULT_WAIT"]
@@ -183,6 +183,7 @@ class Runner:
         jobs: set[asyncio.Task[None]] = set()
         cancelled = False
         failures = 0
+        lease_task: Optional[asyncio.Future[Lease]] = None
         try:
             while not self._stopping.is_set():
                 n = await self._take_slots()
@@ -225,6 +226,8 @@ class Runner:
             cancelled = True  # a cancelled run shuts down as stop() does
         finally:
             self._stopping.set()
+            if lease_task is not None and not lease_task.done():
+                lease_task.cancel()  # what it leased waits for its visibility timeout
             await self._shutdown(jobs)
             await self._acks.put(None)
             await acker
