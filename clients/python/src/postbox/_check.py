@@ -4,6 +4,7 @@ outbox.Event.Prepare and postbox.Envelope.Validate."""
 from __future__ import annotations
 
 import json
+import json.scanner
 import unicodedata
 from typing import Any, NoReturn
 
@@ -15,6 +16,28 @@ _HEX = frozenset("0123456789abcdef")
 
 def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
+
+
+# One decoder's scanner, made once (json.loads makes a decoder per call).
+_scan = json.scanner.make_scanner(json.JSONDecoder(parse_constant=_no_constant))  # type: ignore[attr-defined]
+_WS = " \t\r\n"
+
+
+def _check_json(text: str) -> None:
+    """Raise ValueError unless text is one JSON value (with white space
+    around it)."""
+    i = 0
+    n = len(text)
+    while i < n and text[i] in _WS:
+        i += 1
+    try:
+        _, end = _scan(text, i)
+    except StopIteration as e:
+        raise ValueError(f"expecting a value at character {e.value}") from None
+    while end < n and text[end] in _WS:
+        end += 1
+    if end != n:
+        raise ValueError(f"extra data at character {end}")
 
 
 def payload_text(payload: Any) -> str:
@@ -37,14 +60,14 @@ def payload_text(payload: Any) -> str:
             return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise ValueError(f"payload cannot be encoded as JSON: {e}") from None
-    if not text.strip(" \t\r\n"):
+    if not text or (text[0] in " \t\r\n" and not text.strip(" \t\r\n")):
         raise ValueError("payload is empty")
-    try:
-        json.loads(text, parse_constant=_no_constant)
-    except ValueError as e:
-        raise ValueError(f"payload is not valid JSON: {e}") from None
     if text[0] == "\ufeff":
         raise ValueError("payload is not valid JSON: it begins with a byte order mark")
+    try:
+        _check_json(text)
+    except ValueError as e:
+        raise ValueError(f"payload is not valid JSON: {e}") from None
     return text
 
 
@@ -79,6 +102,8 @@ def check_tracestate(v: str) -> str | None:
 
 
 def utf8_len(s: str) -> int:
+    if s.isascii():
+        return len(s)
     return len(s.encode("utf-8", "surrogatepass"))
 
 
@@ -86,6 +111,8 @@ def is_text(s: str) -> bool:
     """UTF-8 text without NUL characters (what PostgreSQL's TEXT takes)."""
     if "\x00" in s:
         return False
+    if s.isascii():
+        return True
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:

@@ -7,17 +7,19 @@ import threading
 import time
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+# Every pair of digits (10 bits), so that 13 lookups make a ULID.
+_PAIRS = tuple(a + b for a in _CROCKFORD for b in _CROCKFORD)
+_SHIFTS = tuple(range(120, -1, -10))
 _lock = threading.Lock()
 _last_ms = -1
 _last_rand = 0
 
 
-def _encode(n: int, length: int) -> str:
-    out = []
-    for _ in range(length):
-        out.append(_CROCKFORD[n & 31])
-        n >>= 5
-    return "".join(reversed(out))
+def _ulid(ms: int, rand: int) -> str:
+    """The 26 Crockford base32 digits of the 128 bits ms·2^80 + rand (130
+    bits of digits: the top two are zero)."""
+    v = (ms << 80) | rand
+    return "".join([_PAIRS[(v >> s) & 1023] for s in _SHIFTS])
 
 
 def new_event_id() -> str:
@@ -40,4 +42,4 @@ def new_event_id() -> str:
         else:
             rand = int.from_bytes(os.urandom(10), "big")
         _last_ms, _last_rand = ms, rand
-    return "evt_" + _encode(ms, 10) + _encode(rand, 16)
+    return "evt_" + _ulid(ms, rand)

@@ -65,40 +65,49 @@ class Event:
 _Row = tuple[str, str, str, str, str, str, str]
 
 
+def _bad(eid: object, msg: str) -> InvalidEventError:
+    return InvalidEventError(f"event {eid!r}: {msg}")
+
+
 def _prepare(e: Event, sqlite: bool) -> _Row:
-    if not isinstance(e, Event):
+    if type(e) is not Event and not isinstance(e, Event):
         raise TypeError(f"insert takes postbox.outbox.Event values, not {type(e).__name__}")
     eid = new_event_id() if e.id is None else e.id
-    where = f"event {eid!r}: "
+    etype, tenant = e.type, e.tenant_id
+    corr = e.correlation_id or eid
+    if not eid or not isinstance(eid, str):
+        raise _bad(eid, "id is empty (give None for a new one)")
+    if not etype:
+        raise _bad(eid, "type is empty")
+    # The common case first: short ASCII text without NUL (ids postbox makes).
+    if not (type(etype) is str and type(corr) is str and type(tenant) is str and len(eid) <= _check.MAX_EVENT_ID_BYTES
+            and len(etype) <= _check.MAX_EVENT_TYPE_BYTES and (all4 := eid + etype + corr + tenant).isascii()
+            and "\x00" not in all4):
+        for name, v, limit in (("id", eid, _check.MAX_EVENT_ID_BYTES), ("type", etype, _check.MAX_EVENT_TYPE_BYTES),
+                               ("correlation id", corr, 0), ("tenant id", tenant, 0)):
+            if not isinstance(v, str) or not _check.is_text(v):
+                raise _bad(eid, f"{name} {v!r} is not UTF-8 text without NUL characters")
+            if limit and _check.utf8_len(v) > limit:
+                raise _bad(eid, f"{name} is {_check.utf8_len(v)} bytes, over {limit}")
 
     def bad(msg: str) -> InvalidEventError:
-        return InvalidEventError(where + msg)
+        return _bad(eid, msg)
 
-    if not isinstance(eid, str) or eid == "":
-        raise bad("id is empty (give None for a new one)")
-    corr = eid if not e.correlation_id else e.correlation_id
-    if _check.utf8_len(eid) > _check.MAX_EVENT_ID_BYTES:
-        raise bad(f"id is {_check.utf8_len(eid)} bytes, over {_check.MAX_EVENT_ID_BYTES}")
-    if not e.type:
-        raise bad("type is empty")
-    if _check.utf8_len(e.type) > _check.MAX_EVENT_TYPE_BYTES:
-        raise bad(f"type is {_check.utf8_len(e.type)} bytes, over {_check.MAX_EVENT_TYPE_BYTES}")
     try:
         text = _check.payload_text(e.payload)
     except ValueError as err:
         raise bad(str(err)) from None
-    if e.traceparent:
-        why = _check.check_traceparent(e.traceparent)
+    tp, ts = e.traceparent, e.tracestate
+    if tp:
+        why = _check.check_traceparent(tp)
         if why:
             raise bad(f"traceparent: {why}")
-    elif e.tracestate:
+    elif ts:
         raise bad("tracestate given without a traceparent")
-    why = _check.check_tracestate(e.tracestate)
-    if why:
-        raise bad(f"tracestate: {why}")
-    for name, v in (("id", eid), ("type", e.type), ("correlation id", corr), ("tenant id", e.tenant_id)):
-        if not isinstance(v, str) or not _check.is_text(v):
-            raise bad(f"{name} {v!r} is not UTF-8 text without NUL characters")
+    if ts:
+        why = _check.check_tracestate(ts)
+        if why:
+            raise bad(f"tracestate: {why}")
     if sqlite:
         # outboxsqlite.Insert stores only what fits a postbox envelope.
         text = _check.compact(text)
@@ -115,7 +124,7 @@ def _prepare(e: Event, sqlite: bool) -> _Row:
                 raise bad(f"{name}: {why}")
             if _check.utf8_len(v) > _check.MAX_EVENT_ID_BYTES:
                 raise bad(f"{name}: {_check.utf8_len(v)} bytes, over the limit of {_check.MAX_EVENT_ID_BYTES}")
-    return (eid, e.type, text, corr, e.tenant_id, e.traceparent, e.tracestate)
+    return (eid, etype, text, corr, tenant, tp, ts)
 
 
 def _events(events: Event | Iterable[Event]) -> list[Event]:
