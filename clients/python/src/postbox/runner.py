@@ -80,6 +80,27 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 
+def _uncancel(task: "asyncio.Task[object]") -> None:
+    """Forget a cancellation the runner made and handled (Python 3.11+
+    counts them; asyncio.timeout and TaskGroup read the count)."""
+    uncancel = getattr(task, "uncancel", None)
+    if uncancel is not None:
+        uncancel()
+
+
+class _Job:
+    """One running item: its task, its heartbeat, and why it was
+    cancelled."""
+
+    __slots__ = ("task", "timer", "beat", "done", "lost", "cut")
+
+    def __init__(self, task: "asyncio.Task[object]"):
+        self.task = task
+        self.timer: Optional[asyncio.TimerHandle] = None
+        self.beat: Optional["asyncio.Future[None]"] = None
+        self.done = self.lost = self.cut = False
+
+
 class Runner:
     """Runs ``handler`` over the items of ``inbox``; ``await run()``.
 
@@ -126,7 +147,7 @@ class Runner:
         self._stopping = asyncio.Event()
         self._free = concurrency
         self._freed = asyncio.Event()
-        self._handlers: set[asyncio.Task[object]] = set()
+        self._running: set[_Job] = set()
         self._cut = False
         self._acks: asyncio.Queue[Optional[tuple[str, int]]] = asyncio.Queue()
 
@@ -240,8 +261,10 @@ class Runner:
         _, pending = await asyncio.wait(set(jobs), timeout=self.shutdown_timeout)
         if pending:
             self._cut = True
-            for h in list(self._handlers):
-                h.cancel()
+            for job in list(self._running):
+                if not job.done:
+                    job.cut = True
+                    job.task.cancel()
             await asyncio.wait(pending)
 
     async def _job(self, lease: str, it: Item) -> None:
@@ -254,29 +277,36 @@ class Runner:
             self._release(1)
 
     async def _work(self, lease: str, it: Item) -> None:
-        h = asyncio.ensure_future(self.handler(it))
-        self._handlers.add(h)
-        lost = False
+        """Run the handler in this task, extending the lease every
+        heartbeat meanwhile (a timer, so that a quick job costs no more
+        than its call), then settle the item."""
+        task = asyncio.current_task()
+        assert task is not None
+        job = _Job(task)
+        job.timer = asyncio.get_running_loop().call_later(self.heartbeat, self._beat, lease, it, job)
+        self._running.add(job)
+        err: Optional[BaseException] = None
         try:
-            while True:
-                done, _ = await asyncio.wait({h}, timeout=self.heartbeat)
-                if done:
-                    break
-                if await self._extend(lease, it):
-                    continue
-                lost = True
-                h.cancel()
-                await asyncio.wait({h})
-                break
+            await self.handler(it)
+        except asyncio.CancelledError:
+            if not (job.lost or job.cut):
+                raise  # not ours: the job's task itself was cancelled
+            _uncancel(task)
+        except Exception as e:
+            err = e
         finally:
-            self._handlers.discard(h)
-        if lost:
+            job.done = True
+            if job.timer is not None:
+                job.timer.cancel()
+            if job.beat is not None and not job.beat.done():
+                job.beat.cancel()  # an extend in flight: the job is over
+            self._running.discard(job)
+        if job.lost:
             return  # not ours to settle any more
-        if h.cancelled():
+        if job.cut:
             # Cut off by the shutdown: give it back at once.
             await self._nack(lease, it, 0.0, "cut off: the runner stopped", False)
             return
-        err = h.exception()
         if err is None:
             await self._acks.put((lease, it["id"]))
             return
@@ -293,6 +323,21 @@ class Runner:
         self.log.info("postbox runner: handler failed; nacked: item %s (%s), attempt %s, retry in %.1fs: %s",
                       it["id"], it["event_id"], it["attempts"], delay, _describe(err))
         await self._nack(lease, it, delay, _describe(err), False)
+
+    def _beat(self, lease: str, it: Item, job: "_Job") -> None:
+        if not job.done:
+            job.timer = None
+            job.beat = asyncio.ensure_future(self._beat_async(lease, it, job))
+
+    async def _beat_async(self, lease: str, it: Item, job: "_Job") -> None:
+        ok = await self._extend(lease, it)
+        if job.done:
+            return
+        if not ok:
+            job.lost = True
+            job.task.cancel()
+            return
+        job.timer = asyncio.get_running_loop().call_later(self.heartbeat, self._beat, lease, it, job)
 
     async def _extend(self, lease: str, it: Item) -> bool:
         """Extend it's lease; False when the lease is lost."""
