@@ -43,7 +43,7 @@ func TestPython(t *testing.T) {
 	py := pyInterpreter(t)
 	check := exec.Command(py, "-c", "import "+strings.Join(pyModules, ", "))
 	if out, err := check.CombinedOutput(); err != nil {
-		testenv.Skip(t, py+" lacks a module the Python client's tests need ("+strings.TrimSpace(lastLine(string(out)))+"): "+pyAptLine)
+		testenv.Skip(t, py+" lacks a module the Python client's tests need ("+strings.TrimSpace(pyLastLine(string(out)))+"): "+pyAptLine)
 	}
 	dir, err := filepath.Abs("python")
 	if err != nil {
@@ -59,10 +59,10 @@ func TestPython(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%s -m pytest clients/python: %v\n%s", py, err, out)
 	}
-	t.Logf("pytest clients/python: %s", lastLine(string(out)))
+	t.Logf("pytest clients/python: %s", pyLastLine(string(out)))
 }
 
-func lastLine(s string) string {
+func pyLastLine(s string) string {
 	s = strings.TrimSpace(s)
 	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
 		return s[i+1:]

@@ -248,3 +248,33 @@ def test_go_and_python_share_one_table_postgres(godedup_bin, pg):
         write = writer(c)
         check_shared(godedup_bin, pg.url, lambda h, i: dedup.handle(c, h, i, lambda c: c.execute(*write(h, i))),
                      count_pg(pg))
+
+
+async def test_sqlalchemy_async_session(pg):
+    pytest.importorskip("sqlalchemy")
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    engine = create_async_engine(pg.base.replace("postgres://", "postgresql+asyncpg://").split("?")[0],
+                                 connect_args={"server_settings": {"search_path": pg.schema}})
+    try:
+        async with AsyncSession(engine) as s:
+            await s.execute(text(EFFECTS))
+            await s.commit()
+
+            async def fn(s):
+                await s.execute(text("INSERT INTO effects VALUES ('h', 'x')"))
+
+            assert await dedup.handle_async(s, "h", "x", fn) is True
+            assert await dedup.handle_async(s, "h", "x", fn) is False
+
+            async def fails(s):
+                await fn(s)
+                raise Boom
+
+            with pytest.raises(Boom):
+                await dedup.handle_async(s, "h", "y", fails)
+            assert await dedup.handle_async(s, "h", "y", fn) is True
+    finally:
+        await engine.dispose()
+    assert count_pg(pg)() == 2
