@@ -175,3 +175,18 @@ async def test_concurrent_producers(pg):
 
     await asyncio.gather(*(one(n) for n in range(4)))
     assert len(outbox_rows(pg)) == 200
+
+
+async def test_a_pool_is_not_a_transaction(pg):
+    import asyncpg
+
+    pool = await asyncpg.create_pool(pg.base, min_size=1, max_size=1, server_settings={"search_path": pg.schema})
+    try:
+        with pytest.raises(TypeError, match="is a pool, not a connection"):
+            await insert_async(pool, Event("x", b"{}"))
+        async with pool.acquire() as c:  # a pool's connection (a proxy) is one
+            async with c.transaction():
+                await insert_async(c, Event("x", b"{}"))
+    finally:
+        await pool.close()
+    assert len(outbox_rows(pg)) == 1

@@ -228,3 +228,23 @@ async def test_refused_for_good(server):
         with pytest.raises(APIError) as e:
             await asyncio.wait_for(Runner(api, "not a name!", lambda i: None, wait=0.5).run(), 30)
     assert e.value.status == 400 and e.value.code == "invalid_field"
+
+
+async def test_a_sync_handler_is_a_clear_failure(server):
+    post(server, ["sync"])
+
+    def sync_handler(item):
+        return None
+
+    async with API(server.base) as api:
+        r = Runner(api, "webhooks", sync_handler, wait=0.5, backoff_base=600, backoff_max=600)
+        task = asyncio.ensure_future(r.run())
+
+        async def nacked():
+            (i,) = await all_items(api)
+            return i if i["state"] == "pending" and i["last_error"] else None
+
+        item = await until(nacked, what="the item nacked")
+        r.stop()
+        await asyncio.wait_for(task, 30)
+    assert item["last_error"] == "TypeError: the handler returned NoneType, not an awaitable: make it an async def"

@@ -21,6 +21,12 @@ ASYNC = (PSYCOPG_ASYNC, ASYNCPG, AIOSQLITE, SQLALCHEMY_ASYNC)
 
 def kind(conn: Any) -> str:
     """Name the driver of conn; TypeError for anything else."""
+    name = type(conn).__name__
+    if "Pool" in name and "Proxy" not in name:
+        raise TypeError(
+            f"a {type(conn).__module__}.{name} is a pool, not a connection: acquire a connection and open "
+            "your transaction on it, so that the events commit with your own writes"
+        )
     for cls in type(conn).__mro__:
         mod = cls.__module__ or ""
         root = mod.split(".", 1)[0]

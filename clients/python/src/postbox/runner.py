@@ -30,6 +30,7 @@ runner's. Handlers must be idempotent: an item is handled at least once
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 import unicodedata
@@ -287,7 +288,10 @@ class Runner:
         self._running.add(job)
         err: Optional[BaseException] = None
         try:
-            await self.handler(it)
+            res = self.handler(it)
+            if not inspect.isawaitable(res):
+                raise TypeError(f"the handler returned {type(res).__name__}, not an awaitable: make it an async def")
+            await res
         except asyncio.CancelledError:
             if not (job.lost or job.cut):
                 raise  # not ours: the job's task itself was cancelled
