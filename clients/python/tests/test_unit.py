@@ -66,3 +66,16 @@ def test_sqlite_rows_fit_an_envelope():
 
 def test_compact_keeps_strings():
     assert compact('{"a\\" b": " x ",\n "c": [1, 2]}') == '{"a\\" b":" x ","c":[1,2]}'
+
+
+def test_runner_backoff_is_full_jitter_up_to_its_ceiling():
+    from postbox.api import API
+    from postbox.runner import Runner, clean_reason
+
+    r = Runner(API("http://127.0.0.1:1"), "x", lambda i: None, backoff_base=1.0, backoff_max=8.0)
+    for attempts, ceiling in ((1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (10, 8.0), (200, 8.0)):
+        ds = [r.backoff(attempts) for _ in range(200)]
+        assert all(0 <= d <= ceiling for d in ds) and max(ds) > ceiling / 2, (attempts, max(ds))
+    assert clean_reason("a\nb\x00c") == "a b c"
+    long = clean_reason("é" * 1000)
+    assert len(long.encode()) <= 1024 and long.endswith("…")
