@@ -34,9 +34,9 @@ func pyInterpreter(t *testing.T) string {
 }
 
 // TestPython runs the Python package's tests (pytest clients/python):
-// with POSTBOX_TEST_POSTGRES they include the cross-language ones
-// against PostgreSQL, the postbox binary (built by the tests, or
-// POSTBOX_BIN) and a Go dedup handler. Without python3 or its modules it
+// with POSTBOX_TEST_POSTGRES (and POSTBOX_TEST_REDIS) they include the
+// cross-language ones against PostgreSQL, Redis, the postbox binary
+// (built by the tests, or POSTBOX_BIN) and a Go dedup handler. Without python3 or its modules it
 // skips, naming what to install; under POSTBOX_REQUIRE_SERVICES=1 it
 // fails instead, and so do the Python tests that would skip.
 func TestPython(t *testing.T) {

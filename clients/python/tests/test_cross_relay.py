@@ -126,3 +126,85 @@ async def test_python_rows_are_relayed_byte_for_byte(db, request, postbox_bin, t
         assert meta["session_id"] == (e.correlation_id or eid) and meta["device_id"] == tenant
         assert meta.get("traceparent", "") == e.traceparent
     assert ids[2] == "ship-key-1"
+
+
+def redis_command(url: str, *args: str):
+    """One command to the Redis at url over RESP, with the socket module
+    alone; returns the decoded reply (bulk strings as bytes)."""
+    import socket
+
+    u = urllib.parse.urlsplit(url)
+    with socket.create_connection((u.hostname or "127.0.0.1", u.port or 6379), timeout=10) as s:
+        f = s.makefile("rb")
+
+        def send(*parts: str) -> None:
+            out = [f"*{len(parts)}\r\n".encode()]
+            for p in parts:
+                b = p.encode()
+                out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+            s.sendall(b"".join(out))
+
+        def read():
+            line = f.readline()
+            kind, rest = line[:1], line[1:-2]
+            if kind == b"*":
+                n = int(rest)
+                return None if n < 0 else [read() for _ in range(n)]
+            if kind == b"$":
+                n = int(rest)
+                return None if n < 0 else f.read(n + 2)[:-2]
+            if kind == b":":
+                return int(rest)
+            if kind == b"-":
+                raise AssertionError(f"redis: {rest.decode()}")
+            return rest
+
+        db = (u.path or "/0").strip("/") or "0"
+        if db != "0":
+            send("SELECT", db)
+            read()
+        send(*args)
+        return read()
+
+
+async def test_relayed_to_redis_with_the_bytes_as_written(pg, postbox_bin, tmp_path):
+    """To Redis Streams the relay sends the payload as the producer wrote
+    it: spacing, key order, duplicate keys, line breaks."""
+    import os
+    import uuid
+
+    from conftest import need
+
+    url = os.environ.get("POSTBOX_TEST_REDIS", "")
+    if not url:
+        need("POSTBOX_TEST_REDIS is not set; this test needs a real Redis (see README, Development)")
+    stream = f"py-outbox-{uuid.uuid4().hex[:12]}"
+    raw = b'{"b": 1,\n  "a": [1, 2.50, "caf\xc3\xa9"],  "b": 2}'
+    events = [Event("order.placed", raw, correlation_id="chk-9", tenant_id="acme", traceparent=TP, tracestate="k=v"),
+              Event("order.paid", b' {"n":1} ')]
+    c = await pg.asyncpg()
+    try:
+        async with c.transaction():
+            ids = await insert_async(c, events)
+    finally:
+        await c.close()
+    sep = "&" if "?" in url else "?"
+    relay = Proc([postbox_bin, "relay", "--db", pg.url, "--to", f"{url}{sep}stream={stream}", "--listen",
+                  f"127.0.0.1:{free_port()}", "--poll", "100ms", "--log-level", "warn"], tmp_path / "relay.log")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            entries = redis_command(url, "XRANGE", stream, "-", "+")
+            if entries and len(entries) >= 2:
+                break
+            assert time.monotonic() < deadline, f"the stream has {entries!r}:\n{relay.output()}"
+            await asyncio.sleep(0.05)
+    finally:
+        relay.stop()
+        redis_command(url, "DEL", stream)
+    got = [dict(zip(fields[::2], fields[1::2])) for _, fields in entries]
+    assert [g[b"event_id"].decode() for g in got] == ids
+    assert got[0][b"payload"] == raw and got[1][b"payload"] == b' {"n":1} '
+    assert (got[0][b"type"], got[0][b"correlation_id"], got[0][b"tenant_id"]) == (b"order.placed", b"chk-9", b"acme")
+    assert (got[0][b"traceparent"], got[0][b"tracestate"]) == (TP.encode(), b"k=v")
+    assert got[1][b"correlation_id"] == ids[1].encode() and b"tenant_id" not in got[1]
