@@ -323,8 +323,9 @@ async def insert_async(conn: Any, events: Event | Iterable[Event]) -> list[str]:
         else:
             from sqlalchemy import text
 
-            if getattr(conn, "sync_connection", None) is not None:
-                _drivers.sqlalchemy_state(conn.sync_connection)
+            sync = getattr(conn, "sync_session", None) or getattr(conn, "sync_connection", None)
+            if sync is not None:
+                _drivers.sqlalchemy_state(sync)
             if dialect == "postgresql":
                 cols = _columns(rows)
                 res = await conn.execute(text(_PG_INSERT_SQLALCHEMY), {f"c{i}": c for i, c in enumerate(cols)})
