@@ -36,9 +36,10 @@ func pyInterpreter(t *testing.T) string {
 // TestPython runs the Python package's tests (pytest clients/python):
 // with POSTBOX_TEST_POSTGRES (and POSTBOX_TEST_REDIS) they include the
 // cross-language ones against PostgreSQL, Redis, the postbox binary
-// (built by the tests, or POSTBOX_BIN) and a Go dedup handler. Without python3 or its modules it
-// skips, naming what to install; under POSTBOX_REQUIRE_SERVICES=1 it
-// fails instead, and so do the Python tests that would skip.
+// (built by the tests, or POSTBOX_BIN) and a Go dedup handler. Without
+// python3 or its modules it skips, naming what to install; under
+// POSTBOX_REQUIRE_SERVICES=1 it fails instead, and so do the Python tests
+// that would skip for want of a service.
 func TestPython(t *testing.T) {
 	py := pyInterpreter(t)
 	check := exec.Command(py, "-c", "import "+strings.Join(pyModules, ", "))
@@ -49,7 +50,12 @@ func TestPython(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	// Stop pytest before go test's own timeout, so that its output shows.
+	deadline := time.Now().Add(15 * time.Minute)
+	if d, ok := t.Deadline(); ok {
+		deadline = d.Add(-30 * time.Second)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, py, "-m", "pytest", "-q", "-p", "no:cacheprovider", dir)
 	cmd.Dir = dir
