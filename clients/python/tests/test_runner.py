@@ -248,3 +248,30 @@ async def test_a_sync_handler_is_a_clear_failure(server):
         r.stop()
         await asyncio.wait_for(task, 30)
     assert item["last_error"] == "TypeError: the handler returned NoneType, not an awaitable: make it an async def"
+
+
+async def test_items_leased_as_the_shutdown_begins_are_handed_back(server):
+    """A lease whose answer arrives after stop(): its items are not
+    started but nacked at once, for another runner."""
+    post(server, ["late", "late", "late"])
+    started = []
+    holder = {}
+
+    class StopsWhileLeasing(API):
+        async def lease(self, inbox, **kw):
+            got = await super().lease(inbox, **kw)
+            if got["items"]:
+                holder["runner"].stop()  # the shutdown begins while the answer is on its way
+            return got
+
+    async def handler(item):
+        started.append(item["id"])
+
+    async with StopsWhileLeasing(server.base) as api:
+        r = Runner(api, "webhooks", handler, concurrency=4, wait=0.5)
+        holder["runner"] = r
+        await asyncio.wait_for(r.run(), 30)
+        items = await all_items(api)
+    assert started == []
+    assert [(i["state"], i["attempts"], i["last_error"]) for i in items] == \
+        [("pending", 1, "not started: the runner stopped")] * 3
