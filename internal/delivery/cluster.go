@@ -232,6 +232,12 @@ func (c *cluster) claim(ctx context.Context) error {
 			return err
 		}
 	}
+	if leader { // and the slots of processes whose leases are gone
+		if _, err := d.db.ExecContext(ctx, `DELETE FROM endpoint_slots e
+			WHERE NOT EXISTS (SELECT 1 FROM delivery_leases l WHERE l.name = 'node:' || e.holder)`); err != nil {
+			return err
+		}
+	}
 	c.targets(subs)
 	return nil
 }

@@ -25,12 +25,13 @@ import (
 //     rate's burst (one second's worth) plus the rate times the window.
 //
 //   - The concurrency is slots 1 to the limit (endpoint_slots), each held
-//     by one process. A process takes slots in one INSERT … ON CONFLICT
-//     when it has none free for the items it would lease (at first up to
-//     its share, the limit over the live processes, then any left free),
-//     keeps them while it has items to send, so that an attempt costs no
-//     statement, and gives back those it does not use once its leases have
-//     found nothing for a second. A slot is free when its holder's node
+//     by one process. A process with items to send takes slots in one
+//     INSERT … ON CONFLICT (at first up to its share, the limit over the
+//     live processes, then any left free, trying again at most every
+//     slotRetry), keeps them while it has items to send, so that an
+//     attempt costs no statement, and gives back those it does not use
+//     once its leases have found nothing for slotLinger; idle, it holds
+//     one to look for items with. A slot is free when its holder's node
 //     lease (delivery_leases) ended: the slots of a process that died come
 //     back within the lease TTL. A process that cannot renew its lease
 //     stops using its slots before the lease can end (cluster.holds), as
@@ -45,7 +46,8 @@ import (
 //
 // A single process on PostgreSQL goes the same way, since another may join
 // at any moment: its concurrency costs a statement only when it takes or
-// gives back slots, its rate about ten a second.
+// gives back slots, its rate about ten a second while it sends (and two a
+// second idle: the tokens a look for items took, and their return).
 
 const (
 	// rateTrip is the least of the rate a process takes per statement
@@ -55,8 +57,10 @@ const (
 	// concurrency slots, after a try found fewer free than it asked.
 	slotRetry = 500 * time.Millisecond
 	// slotLinger is how long a process keeps slots it does not use once
-	// its leases found nothing to send, before it gives them back.
-	slotLinger = time.Second
+	// its leases found nothing to send, before it gives them back. Idle,
+	// it takes one slot to look for items with: a slot goes and comes
+	// back once per slotLinger at most.
+	slotLinger = 10 * time.Second
 )
 
 // sharedRoom is admit's count of the concurrency on a shared store: how
@@ -95,13 +99,16 @@ func (d *Delivery) sharedRoom(ctx context.Context, inbox string, ep *endpoint, f
 		}
 		return false
 	})
-	held, room, retry := len(fl.slots), len(fl.slots)-fl.inflight, fl.slotsTry
+	held, room, retry, idle := len(fl.slots), len(fl.slots)-fl.inflight, fl.slotsTry, !fl.idleSince.IsZero()
 	fl.mu.Unlock()
 	d.giveSlots(ctx, inbox, beyond)
 
 	live := int(max(c.live.Load(), 1))
 	want := min(ep.concurrency, (ep.concurrency+live-1)/live) // its share first
-	if held >= want {
+	switch {
+	case idle: // the last lease found nothing: one slot to look with
+		want = min(held+max(1-room, 0), ep.concurrency)
+	case held >= want:
 		want = ep.concurrency // then any left free
 	}
 	if held < want && (room <= 0 || n < 0 || room < n) && !now.Before(retry) {
