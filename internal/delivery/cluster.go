@@ -258,7 +258,7 @@ func scanNames(rows *sql.Rows) ([]string, error) {
 // holds reports whether this process's leases surely hold in the store
 // (by its own clock): its last renewal was sent less than a TTL less a
 // round ago, as run stops the loops. Its endpoints' concurrency slots
-// hold as long (see flow.go).
+// hold as long (see limits.go).
 func (c *cluster) holds() bool {
 	r := c.renewed.Load()
 	return r != nil && time.Since(*r) < c.ttl-c.ttl/5

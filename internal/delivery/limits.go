@@ -210,7 +210,7 @@ func (d *Delivery) giveSlots(ctx context.Context, inbox string, slots []int) {
 // second's worth) are there, so that tokens go in batches.
 func (d *Delivery) takeTokens(ctx context.Context, inbox string, ep *endpoint, k int) (int, time.Duration) {
 	burst, per := ep.rate.burst(), ep.rate.perSecond()
-	least := min(float64(k), max(1, min(burst, math.Floor(per*rateTrip.Seconds()))))
+	batch := min(float64(k), max(1, min(burst, math.Floor(per*rateTrip.Seconds()))))
 	var got, avail float64
 	for range 2 {
 		err := d.db.QueryRowContext(ctx, `WITH b AS (
@@ -221,7 +221,7 @@ func (d *Delivery) takeTokens(ctx context.Context, inbox string, ep *endpoint, k
 			UPDATE endpoint_rates r SET tokens = b.avail - g.got, refilled_at = greatest(r.refilled_at, b.at)
 			FROM b CROSS JOIN LATERAL (SELECT CASE WHEN floor(b.avail) >= ?5::float8 THEN least(?4::float8, floor(b.avail)) ELSE 0 END AS got) g
 			WHERE r.inbox_id = b.inbox_id
-			RETURNING g.got, b.avail`, inbox, burst, per, float64(k), least).Scan(&got, &avail)
+			RETURNING g.got, b.avail`, inbox, burst, per, float64(k), batch).Scan(&got, &avail)
 		if errors.Is(err, sql.ErrNoRows) { // the endpoint's first tokens: a full bucket
 			_, err = d.db.ExecContext(ctx, `INSERT INTO endpoint_rates (inbox_id, tokens, refilled_at) VALUES (?1, ?2, clock_timestamp())
 				ON CONFLICT (inbox_id) DO NOTHING`, inbox, burst)
@@ -240,7 +240,7 @@ func (d *Delivery) takeTokens(ctx context.Context, inbox string, ep *endpoint, k
 	if got >= 1 {
 		return int(got), 0
 	}
-	return 0, max(time.Duration((least-avail)/per*float64(time.Second)), time.Millisecond)
+	return 0, max(time.Duration((batch-avail)/per*float64(time.Second)), time.Millisecond)
 }
 
 // giveTokens puts back n tokens of inbox's endpoint's rate that a lease
