@@ -69,6 +69,8 @@ func TestClusterLimits(t *testing.T) {
 
 	first := tg.waitFirst(t, "/rated", 30*time.Second)
 	from, to := first.Add(warmup), first.Add(warmup+window)
+	time.Sleep(time.Until(from))
+	trips := bucketTrips(t, store)
 
 	// Half-way through the window, the node holding the most slots dies.
 	time.Sleep(time.Until(from.Add(window / 2)))
@@ -81,6 +83,11 @@ func TestClusterLimits(t *testing.T) {
 	n := tg.arrivals("/rated", from, to)
 	got := float64(n) / window.Seconds()
 	t.Logf("rated: %d requests in %v: %.2f/s (limit %.0f/s, 3 nodes, one killed half-way)", n, window, got, rate)
+	// What the bucket cost: its row's updates (tokens taken, even none,
+	// and given back), as PostgreSQL's statistics count them (a second
+	// or so behind).
+	trips = bucketTrips(t, store) - trips
+	t.Logf("rated: %d updates of the bucket in the window, %.1f/s over the nodes", trips, float64(trips)/window.Seconds())
 	if got < rate*0.9 || got > rate*1.1 {
 		t.Errorf("the target saw %.2f requests a second over %v, want %.0f ± 10%%", got, window, rate)
 	}
@@ -174,6 +181,24 @@ func slotHolder(t *testing.T, store string, nodes []*clusterNode) *clusterNode {
 	}
 	t.Logf("no node holds a concurrency slot (%q)", holder)
 	return nodes[0]
+}
+
+// bucketTrips returns how many times the rows of endpoint_rates were
+// updated, by PostgreSQL's statistics.
+func bucketTrips(t *testing.T, store string) int64 {
+	t.Helper()
+	u, _ := url.Parse(store)
+	conn, err := pgx.Connect(context.Background(), testenv.URL(t, testenv.Postgres))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n int64
+	if err := conn.QueryRow(context.Background(), `SELECT coalesce(sum(n_tup_upd), 0)::bigint FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'endpoint_rates'`,
+		u.Query().Get("schema")).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // limitTarget counts, per path, when requests arrive and when they end.

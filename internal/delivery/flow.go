@@ -176,6 +176,7 @@ type flow struct {
 	slots     []int      // the endpoint's concurrency slots this process holds
 	slotsTry  time.Time  // when taking slots may be tried again, after a try that found too few
 	idleSince time.Time  // since when leases found nothing to take; zero: the last took items
+	tokensAt  time.Time  // when the rate's next batch can be in the store's bucket
 }
 
 // flow returns the flow control of inbox, made closed on first use.

@@ -19,9 +19,10 @@ import (
 //     have room for, in one UPDATE … RETURNING, just before it leases
 //     them, and gives back at once the tokens its lease found no items
 //     for. It takes a batch only when a tenth of a second's worth (at
-//     least 1) is there, so that a rate costs about ten short statements
-//     a second per process whatever the rate and however many processes
-//     share it. Over any window the processes together start at most the
+//     least 1) is there (a try that finds less writes nothing), and after
+//     a batch it waits until the next can be there, so that a rate costs
+//     about ten short statements a second per process whatever the rate
+//     and however many processes share it. Over any window the processes together start at most the
 //     rate's burst (one second's worth) plus the rate times the window.
 //
 //   - The concurrency is slots 1 to the limit (endpoint_slots), each held
@@ -69,6 +70,14 @@ const (
 func (d *Delivery) sharedRoom(ctx context.Context, inbox string, ep *endpoint, fl *flow, n int) (int, time.Duration) {
 	fl.trips.Lock()
 	defer fl.trips.Unlock()
+	if !ep.rate.IsZero() { // the rate's next batch cannot be there yet: wait without asking
+		fl.mu.Lock()
+		at := fl.tokensAt
+		fl.mu.Unlock()
+		if wait := time.Until(at); wait > 0 {
+			return 0, wait
+		}
+	}
 	if ep.concurrency == 0 { // no limit (any more): the slots go back
 		fl.mu.Lock()
 		held := fl.slots
@@ -207,8 +216,10 @@ func (d *Delivery) giveSlots(ctx context.Context, inbox string, slots []int) {
 // the bucket in the shared store, for the items the dispatcher is about
 // to lease. It returns how many it took and, when none, how long to wait
 // before asking again. It takes none unless at least min(k, a tenth of a
-// second's worth) are there, so that tokens go in batches.
-func (d *Delivery) takeTokens(ctx context.Context, inbox string, ep *endpoint, k int) (int, time.Duration) {
+// second's worth) are there, so that tokens go in batches, and a try
+// that takes none writes nothing. After a batch, fl.tokensAt says when
+// the next can be there: sharedRoom waits for it without asking.
+func (d *Delivery) takeTokens(ctx context.Context, inbox string, ep *endpoint, fl *flow, k int) (int, time.Duration) {
 	burst, per := ep.rate.burst(), ep.rate.perSecond()
 	batch := min(float64(k), max(1, min(burst, math.Floor(per*rateTrip.Seconds()))))
 	var got, avail float64
@@ -217,11 +228,11 @@ func (d *Delivery) takeTokens(ctx context.Context, inbox string, ep *endpoint, k
 				SELECT inbox_id, n.at,
 					least(?2::float8, tokens + greatest(0, extract(epoch FROM n.at - refilled_at)::float8) * ?3::float8) AS avail
 				FROM endpoint_rates CROSS JOIN LATERAL (SELECT clock_timestamp() AS at) n
-				WHERE inbox_id = ?1 FOR UPDATE OF endpoint_rates)
-			UPDATE endpoint_rates r SET tokens = b.avail - g.got, refilled_at = greatest(r.refilled_at, b.at)
-			FROM b CROSS JOIN LATERAL (SELECT CASE WHEN floor(b.avail) >= ?5::float8 THEN least(?4::float8, floor(b.avail)) ELSE 0 END AS got) g
-			WHERE r.inbox_id = b.inbox_id
-			RETURNING g.got, b.avail`, inbox, burst, per, float64(k), batch).Scan(&got, &avail)
+				WHERE inbox_id = ?1 FOR UPDATE OF endpoint_rates),
+			g AS (SELECT b.*, CASE WHEN floor(b.avail) >= ?5::float8 THEN least(?4::float8, floor(b.avail)) ELSE 0 END AS got FROM b),
+			u AS (UPDATE endpoint_rates r SET tokens = g.avail - g.got, refilled_at = greatest(r.refilled_at, g.at)
+				FROM g WHERE r.inbox_id = g.inbox_id AND g.got > 0)
+			SELECT got, avail FROM g`, inbox, burst, per, float64(k), batch).Scan(&got, &avail)
 		if errors.Is(err, sql.ErrNoRows) { // the endpoint's first tokens: a full bucket
 			_, err = d.db.ExecContext(ctx, `INSERT INTO endpoint_rates (inbox_id, tokens, refilled_at) VALUES (?1, ?2, clock_timestamp())
 				ON CONFLICT (inbox_id) DO NOTHING`, inbox, burst)
@@ -237,10 +248,15 @@ func (d *Delivery) takeTokens(ctx context.Context, inbox string, ep *endpoint, k
 		}
 		break
 	}
-	if got >= 1 {
-		return int(got), 0
+	if got < 1 {
+		return 0, max(time.Duration((batch-avail)/per*float64(time.Second)), time.Millisecond)
 	}
-	return 0, max(time.Duration((batch-avail)/per*float64(time.Second)), time.Millisecond)
+	if left := avail - got; left < batch {
+		fl.mu.Lock()
+		fl.tokensAt = time.Now().Add(time.Duration((batch - left) / per * float64(time.Second)))
+		fl.mu.Unlock()
+	}
+	return int(got), 0
 }
 
 // giveTokens puts back n tokens of inbox's endpoint's rate that a lease

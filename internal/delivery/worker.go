@@ -175,7 +175,7 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler, target
 		}
 		tokens := 0 // of the rate, taken from a shared store
 		if fl != nil && d.cluster != nil && !ep.rate.IsZero() {
-			got, wait := d.takeTokens(ctx, inbox, ep, n)
+			got, wait := d.takeTokens(ctx, inbox, ep, fl, n)
 			if got == 0 {
 				d.slots.release(n)
 				pause(wait)
