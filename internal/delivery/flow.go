@@ -19,8 +19,8 @@ import (
 // worker.
 //
 // The limits hold over every process sharing a store (see limits.go for
-// how): one process keeps them in memory; processes sharing a PostgreSQL
-// store take the rate from one token bucket in the store, a batch of
+// how): the one process of a SQLite store keeps them in memory;
+// processes sharing a PostgreSQL store take the rate from one token bucket in the store, a batch of
 // tokens per statement, and hold the concurrency as numbered slots in
 // the store that end with the lease of the process holding them. The
 // breaker's state is stored, written at its transitions only, and

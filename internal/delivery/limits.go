@@ -64,9 +64,11 @@ const (
 	slotLinger = 10 * time.Second
 )
 
-// sharedRoom is admit's count of the concurrency on a shared store: how
-// many items the dispatcher may lease, n at most (-1: no bound), and when
-// none how long to wait at most.
+// sharedRoom is admit's count of the limits on a shared store: how many
+// items the dispatcher may lease by the concurrency's slots, n at most
+// (-1: no bound), and when none (no slot free, or the rate's next batch of
+// tokens not yet there) how long to wait at most. The tokens themselves
+// are taken by takeTokens, once the workers have room.
 func (d *Delivery) sharedRoom(ctx context.Context, inbox string, ep *endpoint, fl *flow, n int) (int, time.Duration) {
 	fl.trips.Lock()
 	defer fl.trips.Unlock()
