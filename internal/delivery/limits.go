@@ -15,15 +15,17 @@ import (
 // so each limit must be counted once, in the store:
 //
 //   - The rate is one token bucket per inbox (endpoint_rates), refilled
-//     by the store's clock. A process takes up to the items its workers
-//     have room for, in one UPDATE … RETURNING, just before it leases
-//     them, and gives back at once the tokens its lease found no items
-//     for. It takes a batch only when a tenth of a second's worth (at
-//     least 1) is there (a try that finds less writes nothing), and after
-//     a batch it waits until the next can be there, so that a rate costs
-//     about ten short statements a second per process whatever the rate
-//     and however many processes share it. Over any window the processes together start at most the
-//     rate's burst (one second's worth) plus the rate times the window.
+//     by the store's clock. A process takes tokens for up to the items
+//     its workers have room for, in one statement (a row locked, and
+//     updated when it takes some), just before it leases them, and gives
+//     back at once the tokens its lease found no items for. It takes a
+//     batch only when a tenth of a second's worth (at least 1) is there,
+//     and after a batch it waits until the next can be there, so that the
+//     bucket is written about ten times a second whatever the rate and
+//     however many processes share it (9.8 a second for three processes
+//     at 50/s; BENCHMARKS.md). Over any window the processes together
+//     start at most the rate's burst (one second's worth) plus the rate
+//     times the window.
 //
 //   - The concurrency is slots 1 to the limit (endpoint_slots), each held
 //     by one process. A process with items to send takes slots in one
@@ -46,9 +48,11 @@ import (
 // nothing to do would sit on its share. The store holds the one count.
 //
 // A single process on PostgreSQL goes the same way, since another may join
-// at any moment: its concurrency costs a statement only when it takes or
-// gives back slots, its rate about ten a second while it sends (and two a
-// second idle: the tokens a look for items took, and their return).
+// at any moment and the limits must hold then too: switching from counts
+// in memory to counts in the store would leave a round in which both
+// count. Its concurrency costs a statement only when it takes or gives
+// back slots, its rate about ten a second while it sends (and two a second
+// idle: the tokens a look for items took, and their return).
 
 const (
 	// rateTrip is the least of the rate a process takes per statement
