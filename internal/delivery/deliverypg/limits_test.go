@@ -1,6 +1,7 @@
 package deliverypg_test
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -102,3 +103,60 @@ func TestLimitsAcrossNodes(t *testing.T) {
 		t.Fatalf("the live processes hold %d slots after the loss, want all %d", n, concurrency)
 	}
 }
+
+// TestLimitChangesAcrossNodes: a concurrency lowered on one process holds
+// on the others once they read the endpoint again (within a second) and
+// the attempts in flight under the old limit end: the slots above it go
+// back. With no limit any more, every slot goes back.
+func TestLimitChangesAcrossNodes(t *testing.T) {
+	var inflight, most atomic.Int64
+	var calls atomic.Int64
+	tg := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		now := inflight.Add(1)
+		for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+		}
+		calls.Add(1)
+		time.Sleep(30 * time.Millisecond)
+		inflight.Add(-1)
+	}))
+	defer tg.Close()
+	c := newCluster(t)
+	cfg := delivery.Config{Workers: 8, Now: time.Now}
+	a, b := c.start("a", cfg), c.start("b", cfg)
+	create(t, a, delivery.Subscription{Name: "s", Source: "devices", Target: tg.URL, Endpoint: delivery.Endpoint{Concurrency: 4}})
+	c.appendEvents("e", 600)
+	testenv.Eventually(t, 30*time.Second, "deliveries", func() bool { return calls.Load() >= 50 })
+	if got := most.Load(); got != 4 {
+		t.Fatalf("%d requests in flight at most, want 4", got)
+	}
+	if n := c.count(`SELECT count(*) FROM endpoint_slots WHERE inbox_id = 's'`); n == 0 {
+		t.Fatal("no slot of inbox s is held while its items are sent")
+	}
+
+	ep := delivery.Endpoint{Concurrency: 2}
+	if _, err := b.d.Update(context.Background(), "s", delivery.Change{Endpoint: &ep}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the slots above 2 to go back", func() bool {
+		return c.count(`SELECT count(*) FROM endpoint_slots WHERE inbox_id = 's' AND slot > 2`) == 0
+	})
+	time.Sleep(endpointRead) // and every process to have read the new limit
+	most.Store(0)
+	n := calls.Load()
+	testenv.Eventually(t, 30*time.Second, "deliveries under the new limit", func() bool { return calls.Load() >= n+50 })
+	if got := most.Load(); got > 2 {
+		t.Fatalf("%d requests in flight at most after the limit went to 2, want 2 at most", got)
+	}
+
+	ep.Concurrency = 0
+	if _, err := a.d.Update(context.Background(), "s", delivery.Change{Endpoint: &ep}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "every slot to go back", func() bool {
+		return c.count(`SELECT count(*) FROM endpoint_slots WHERE inbox_id = 's'`) == 0
+	})
+}
+
+// endpointRead is how long a process may use an endpoint it read before
+// another changed it, with a margin.
+const endpointRead = 1500 * time.Millisecond
