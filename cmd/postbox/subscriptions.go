@@ -182,9 +182,9 @@ func addEndpointFlags(fs *flag.FlagSet, update bool) *endpointFlags {
 	fs.StringVar(&f.baseDelay, "retry-base-delay", "", "exponential backoff's first wait, a `duration` "+def("the server's"))
 	fs.StringVar(&f.maxDelay, "retry-max-delay", "", "exponential backoff's longest wait, and the longest a Retry-After waits, a `duration` "+def("the server's"))
 	fs.StringVar(&f.maxAttempts, "max-attempts", "", "`attempts` before an item is a dead letter; may exceed the schedule "+def("the server's"))
-	fs.StringVar(&f.rate, "rate", "", "start at most this many attempts per period in each server process, a `rate` such as 50/s, 600/m or 5/h "+
+	fs.StringVar(&f.rate, "rate", "", "start at most this many attempts per period over every server node, a `rate` such as 50/s, 600/m or 5/h "+
 		"(bursts of one second's worth) "+def("none"))
-	fs.StringVar(&f.concurrency, "concurrency", "", "keep at most this many `attempts` in flight at once in each server process "+def("none but the workers"))
+	fs.StringVar(&f.concurrency, "concurrency", "", "keep at most this many `attempts` in flight at once over every server node "+def("none but the workers"))
 	fs.StringVar(&f.breakerFailures, "breaker-failures", "", "open the endpoint's circuit breaker after this many consecutive failed `attempts` "+
 		"(transport errors, timeouts, 5xx, 408, 429): its items wait, probed one at a time; 0 turns the breaker off "+def("10"))
 	fs.StringVar(&f.breakerProbe, "breaker-probe", "", "probe an open breaker every `duration` "+def("30s"))

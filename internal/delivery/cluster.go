@@ -54,6 +54,11 @@ type cluster struct {
 	leader atomic.Bool
 	up     atomic.Bool     // the last round reached the store
 	owned  map[string]bool // subscriptions whose loop lease this process holds; d.mu guards it
+	// renewed is when the last round that renewed this process's leases
+	// was sent (monotonic); live is how many processes' node leases were
+	// live then.
+	renewed atomic.Pointer[time.Time]
+	live    atomic.Int64
 }
 
 func newCluster(d *Delivery) *cluster {
@@ -86,6 +91,7 @@ func (c *cluster) run(ctx context.Context) {
 			return
 		case err == nil:
 			renewed = sent
+			c.renewed.Store(&sent)
 			c.up.Store(true)
 			if failing {
 				c.d.log.Info("delivery: the store answers again; leases renewed", "node", c.node)
@@ -156,6 +162,7 @@ func (c *cluster) claim(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	c.live.Store(int64(max(live, 1)))
 	byName := make(map[string]Subscription, len(subs))
 	for _, s := range subs {
 		byName[s.Name] = s
@@ -225,6 +232,12 @@ func (c *cluster) claim(ctx context.Context) error {
 			return err
 		}
 	}
+	if leader { // and the slots of processes whose leases are gone
+		if _, err := d.db.ExecContext(ctx, `DELETE FROM endpoint_slots e
+			WHERE NOT EXISTS (SELECT 1 FROM delivery_leases l WHERE l.name = 'node:' || e.holder)`); err != nil {
+			return err
+		}
+	}
 	c.targets(subs)
 	return nil
 }
@@ -240,6 +253,15 @@ func scanNames(rows *sql.Rows) ([]string, error) {
 		names = append(names, n)
 	}
 	return names, rows.Err()
+}
+
+// holds reports whether this process's leases surely hold in the store
+// (by its own clock): its last renewal was sent less than a TTL less a
+// round ago, as run stops the loops. Its endpoints' concurrency slots
+// hold as long (see limits.go).
+func (c *cluster) holds() bool {
+	r := c.renewed.Load()
+	return r != nil && time.Since(*r) < c.ttl-c.ttl/5
 }
 
 // hold runs the loops of run here and stops the others.
@@ -339,6 +361,10 @@ func (c *cluster) notified(payload string) {
 func (c *cluster) release() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	if _, err := c.d.db.ExecContext(ctx, `DELETE FROM endpoint_slots WHERE holder = ?`, c.holder); err != nil {
+		c.d.log.Warn("delivery: giving back endpoints' concurrency slots failed; they come back with the lease's end", "node", c.node,
+			"err", err, "within", c.ttl)
+	}
 	if _, err := c.d.db.ExecContext(ctx, `DELETE FROM delivery_leases WHERE holder = ?`, c.holder); err != nil {
 		c.d.log.Warn("delivery: releasing leases failed; they end on their own", "node", c.node, "err", err, "within", c.ttl)
 		return

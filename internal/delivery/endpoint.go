@@ -40,11 +40,11 @@ type Endpoint struct {
 	// MaxAttempts is how many attempts an item gets before it is a dead
 	// letter (Config.MaxAttempts). It may exceed the schedule.
 	MaxAttempts int
-	// Rate bounds how many attempts start per period, in each process
-	// (see Rate); zero: no bound.
+	// Rate bounds how many attempts start per period, over every
+	// process sharing the store (see Rate and limits.go); zero: no bound.
 	Rate Rate
-	// Concurrency bounds the attempts in flight at once, in each
-	// process; zero: no bound but Config.Workers.
+	// Concurrency bounds the attempts in flight at once, over every
+	// process sharing the store; zero: no bound but Config.Workers.
 	Concurrency int
 	// BreakerFailures is how many consecutive failed attempts open the
 	// endpoint's circuit breaker (DefaultBreakerFailures); BreakerOff

@@ -18,10 +18,14 @@ import (
 // circuit breaker, so that one slow or failing endpoint cannot take every
 // worker.
 //
-// The limits hold in each process: on N processes sharing a store an
-// endpoint gets up to N times its rate and concurrency. The breaker's
-// state is stored, written at its transitions only, and followed by every
-// process within a second (when it reads the endpoint again).
+// The limits hold over every process sharing a store (see limits.go for
+// how): the one process of a SQLite store keeps them in memory;
+// processes sharing a PostgreSQL store take the rate from one token bucket in the store, a batch of
+// tokens per statement, and hold the concurrency as numbered slots in
+// the store that end with the lease of the process holding them. The
+// breaker's state is stored, written at its transitions only, and
+// followed by every process within a second (when it reads the endpoint
+// again).
 //
 // The breaker counts consecutive failed attempts of the endpoint, in each
 // process: a transport error, a timeout, or an answer of 5xx, 408 or 429.
@@ -166,6 +170,13 @@ type flow struct {
 	lastError string
 	probing   bool   // a probe is in flight here
 	gen       uint64 // counts transitions here, so that a read of the store that began before one is not applied
+
+	// On a shared store (see limits.go):
+	trips     sync.Mutex // one trip to the store for the slots at a time
+	slots     []int      // the endpoint's concurrency slots this process holds
+	slotsTry  time.Time  // when taking slots may be tried again, after a try that found too few
+	idleSince time.Time  // since when leases found nothing to take; zero: the last took items
+	tokensAt  time.Time  // when the rate's next batch can be in the store's bucket
 }
 
 // flow returns the flow control of inbox, made closed on first use.
@@ -205,7 +216,10 @@ func (fl *flow) signal() {
 // admit returns how many items of ep's inbox the dispatcher may lease now
 // (-1: as many as the workers take), whether the one it may lease is a
 // probe of an open breaker, and, when none, how long to wait at most
-// before asking again (an attempt's end signals fl.freed sooner).
+// before asking again (an attempt's end signals fl.freed sooner). On a
+// shared store the concurrency is counted in slots of the store (see
+// shared), and the rate is taken later, by takeTokens, once the workers
+// have room.
 func (d *Delivery) admit(ctx context.Context, inbox string, ep *endpoint, fl *flow) (n int, probe bool, wait time.Duration) {
 	now := d.now()
 	fl.mu.Lock()
@@ -214,20 +228,30 @@ func (d *Delivery) admit(ctx context.Context, inbox string, ep *endpoint, fl *fl
 		d.closeBreaker(ctx, inbox, ep, fl, "the breaker was turned off")
 		fl.mu.Lock()
 	}
-	defer fl.mu.Unlock()
 	n = -1
 	switch fl.state {
 	case BreakerDisabled:
+		fl.mu.Unlock()
 		return 0, false, time.Second
 	case BreakerOpen:
 		if fl.probing {
+			fl.mu.Unlock()
 			return 0, false, time.Second
 		}
 		if now.Before(fl.probeAt) {
+			fl.mu.Unlock()
 			return 0, false, fl.probeAt.Sub(now)
 		}
 		n, probe = 1, true
 	}
+	if d.cluster != nil {
+		fl.mu.Unlock()
+		if n, wait = d.sharedRoom(ctx, inbox, ep, fl, n); n == 0 {
+			return 0, false, wait
+		}
+		return n, probe, 0
+	}
+	defer fl.mu.Unlock()
 	if ep.concurrency > 0 {
 		room := ep.concurrency - fl.inflight
 		if room <= 0 {

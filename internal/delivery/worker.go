@@ -145,18 +145,23 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler, target
 		// timeout and 10 seconds; the worker then hands it back.
 		visibility := 2*timeout + 10*time.Second
 		most, probe := cleanupBatch, false
+		// Paused, or at a limit: wait for an attempt's end, a change or
+		// the time.
+		pause := func(wait time.Duration) {
+			t := time.NewTimer(min(wait, time.Second))
+			select {
+			case <-fl.freed:
+			case <-changed:
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+			d.cfg.testSignals.roundEnded(inbox, 0)
+		}
 		if fl != nil {
 			allowed, p, wait := d.admit(ctx, inbox, ep, fl)
-			if allowed == 0 { // paused, or at a limit: wait for an attempt's end, a change or the time
-				t := time.NewTimer(min(wait, time.Second))
-				select {
-				case <-fl.freed:
-				case <-changed:
-				case <-t.C:
-				case <-ctx.Done():
-				}
-				t.Stop()
-				d.cfg.testSignals.roundEnded(inbox, 0)
+			if allowed == 0 {
+				pause(wait)
 				continue
 			}
 			if allowed > 0 {
@@ -168,8 +173,22 @@ func (d *Delivery) dispatch(ctx context.Context, inbox string, h Handler, target
 		if n == 0 {
 			return
 		}
+		tokens := 0 // of the rate, taken from a shared store
+		if fl != nil && d.cluster != nil && !ep.rate.IsZero() {
+			got, wait := d.takeTokens(ctx, inbox, ep, fl, n)
+			if got == 0 {
+				d.slots.release(n)
+				pause(wait)
+				continue
+			}
+			d.slots.release(n - got)
+			n, tokens = got, got
+		}
 		l, err := d.lease(ctx, inbox, n, visibility, maxAttempts)
 		d.slots.release(n - len(l.Items))
+		if fl != nil {
+			d.leased(ctx, inbox, ep, fl, tokens, len(l.Items))
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				d.log.Error("delivery: lease for workers failed; retrying", "inbox", inbox, "err", err)
