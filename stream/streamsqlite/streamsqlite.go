@@ -258,7 +258,7 @@ func Open(path string, cfg Config) (*Backend, error) {
 		b.inserts[n], err = write.Prepare(insertColumns + insertRow + strings.Repeat(","+insertRow, n-1) + insertConflict)
 	}
 	if err == nil {
-		b.readEvents, err = read.Prepare(`SELECT `+eventColumns+`
+		b.readEvents, err = read.Prepare(`SELECT ` + eventColumns + `
 		FROM stream_events WHERE pos BETWEEN ? AND ? ORDER BY pos LIMIT ?`)
 	}
 	if err == nil {
