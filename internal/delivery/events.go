@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -39,6 +40,9 @@ type EventDelivery struct {
 	Attempts []Attempt
 }
 
+// eventItemsSQL selects the items of the event at an offset of a stream.
+const eventItemsSQL = itemSelect + ` WHERE stream_id = ? AND "offset" = ? ORDER BY item_id`
+
 // Deliveries returns what every subscription made of ev, an event of
 // streamID: the items of it in the store, of deleted subscriptions too,
 // with their attempt logs, and for each subscription of the stream that
@@ -46,7 +50,7 @@ type EventDelivery struct {
 // come by subscription name, deleted ones after the live one of their
 // name. The items are found by the index inbox_items_by_event.
 func (d *Delivery) Deliveries(ctx context.Context, streamID string, ev *stream.StoredEvent) ([]EventDelivery, error) {
-	rows, err := d.db.QueryContext(ctx, itemSelect+` WHERE stream_id = ? AND "offset" = ? ORDER BY item_id`, streamID, ev.Offset)
+	rows, err := d.db.QueryContext(ctx, eventItemsSQL, streamID, ev.Offset)
 	if err != nil {
 		return nil, fmt.Errorf("deliveries of %s/%d: %w", streamID, ev.Offset, err)
 	}
@@ -85,14 +89,17 @@ func (d *Delivery) Deliveries(ctx context.Context, streamID string, ev *stream.S
 			continue
 		}
 		e := EventDelivery{Subscription: s.Name, SubscriptionUID: s.UID, Inbox: s.Inbox, Status: DeliveryNone}
+		if (s.Start.Policy == stream.StartLatest || s.Start.Policy == "") && s.CreatedAt.After(ev.StoredAt) {
+			e.Reason = "the subscription started after this event"
+			out = append(out, e)
+			continue
+		}
 		next, found, err := d.position(ctx, s.UID)
 		switch {
 		case err != nil:
 			return nil, err
 		case !found || next <= ev.Offset:
 			e.Status, e.Reason = DeliveryUnread, "the subscription has not read this event yet"
-		case s.CreatedAt.After(ev.StoredAt) && s.Start.Policy != stream.StartEarliest && s.Start.Policy != stream.StartAtTime && s.Start.Policy != stream.StartAtOffset:
-			e.Reason = "the subscription started after this event"
 		default:
 			e.Reason = "no item: the subscription started past this event, or retention deleted its item"
 		}
@@ -204,6 +211,27 @@ const DefaultSearchLimit = 100
 // id inbox_items_by_native_id, a type inbox_items_by_type, a time range
 // alone (or no filter) inbox_items_by_time.
 func (d *Delivery) Search(ctx context.Context, q ItemQuery) ([]Item, error) {
+	var created string
+	if q.Before > 0 {
+		err := d.db.QueryRowContext(ctx, `SELECT created_at FROM inbox_items WHERE item_id = ? AND inbox_id = ?`, q.Before, q.Inbox).Scan(&created)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, errorf(ErrInvalid, "before %d: no item of that id in inbox %q", q.Before, q.Inbox)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("search %s: %w", q.Inbox, err)
+		}
+	}
+	query, args := searchSQL(q, created)
+	rows, err := d.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("search %s: %w", q.Inbox, err)
+	}
+	return scanItems(rows)
+}
+
+// searchSQL is the query of Search, and its arguments; created is the
+// creation time of the item q.Before.
+func searchSQL(q ItemQuery, created string) (string, []any) {
 	where := []string{`inbox_id = ?`}
 	args := []any{q.Inbox}
 	if q.EventID != "" {
@@ -222,21 +250,8 @@ func (d *Delivery) Search(ctx context.Context, q ItemQuery) ([]Item, error) {
 		where, args = append(where, `created_at < ?`), append(args, q.Until.UTC().Format(sqlitedb.Time))
 	}
 	if q.Before > 0 {
-		var created string
-		err := d.db.QueryRowContext(ctx, `SELECT created_at FROM inbox_items WHERE item_id = ? AND inbox_id = ?`, q.Before, q.Inbox).Scan(&created)
-		if err == sql.ErrNoRows {
-			return nil, errorf(ErrInvalid, "before %d: no item of that id in inbox %q", q.Before, q.Inbox)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("search %s: %w", q.Inbox, err)
-		}
 		where, args = append(where, `(created_at, item_id) < (?, ?)`), append(args, created, q.Before)
 	}
 	limit := cmp.Or(q.Limit, DefaultSearchLimit)
-	rows, err := d.db.QueryContext(ctx, itemSelect+` WHERE `+strings.Join(where, ` AND `)+` ORDER BY created_at DESC, item_id DESC LIMIT ?`,
-		append(args, limit)...)
-	if err != nil {
-		return nil, fmt.Errorf("search %s: %w", q.Inbox, err)
-	}
-	return scanItems(rows)
+	return itemSelect + ` WHERE ` + strings.Join(where, ` AND `) + ` ORDER BY created_at DESC, item_id DESC LIMIT ?`, append(args, limit)
 }

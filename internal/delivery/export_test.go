@@ -27,3 +27,10 @@ func WithTestSignals(cfg Config) (Config, TestSignals) {
 	cfg.testSignals = s
 	return cfg, TestSignals{Dispatched: s.dispatched, Stopping: s.stopping}
 }
+
+// SearchSQL is the query Search runs for q (created: the creation time
+// of the item q.Before), and its arguments, for EXPLAIN.
+func SearchSQL(q ItemQuery, created string) (string, []any) { return searchSQL(q, created) }
+
+// EventItemsSQL is the query of an event's items in Deliveries.
+const EventItemsSQL = eventItemsSQL

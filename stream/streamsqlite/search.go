@@ -50,20 +50,26 @@ func (b *Backend) Search(ctx context.Context, streamID string, q stream.Query) (
 	if lo > hi {
 		return nil, nil
 	}
-	where := []string{`pos BETWEEN ? AND ?`}
-	args := []any{st.base + lo, st.base + hi}
-	if q.NativeID != "" {
-		where = append(where, `stream_id = ? AND source_native_id = ?`)
-		args = append(args, streamID, q.NativeID)
-	}
-	if q.Type != "" {
-		where = append(where, `stream_id = ? AND event_type = ?`)
-		args = append(args, streamID, q.Type)
-	}
-	rows, err := b.read.QueryContext(ctx, `SELECT `+eventColumns+` FROM stream_events WHERE `+strings.Join(where, ` AND `)+
-		` ORDER BY pos DESC LIMIT ?`, append(args, limit)...)
+	query, args := searchSQL(streamID, st.base+lo, st.base+hi, q.NativeID, q.Type, limit)
+	rows, err := b.read.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("search %s: %w", streamID, err)
 	}
 	return scanEvents(rows, st, nil)
+}
+
+// searchSQL is the query of Search for the keys [lo, hi] of streamID,
+// and its arguments.
+func searchSQL(streamID string, lo, hi int64, nativeID, typ string, limit int) (string, []any) {
+	where := []string{`pos BETWEEN ? AND ?`}
+	args := []any{lo, hi}
+	if nativeID != "" {
+		where = append(where, `stream_id = ? AND source_native_id = ?`)
+		args = append(args, streamID, nativeID)
+	}
+	if typ != "" {
+		where = append(where, `stream_id = ? AND event_type = ?`)
+		args = append(args, streamID, typ)
+	}
+	return `SELECT ` + eventColumns + ` FROM stream_events WHERE ` + strings.Join(where, ` AND `) + ` ORDER BY pos DESC LIMIT ?`, append(args, limit)
 }
