@@ -66,6 +66,7 @@ func init() {
 		"consumers":     {"show, reset and audit the subscriptions' consumers (list|get|reset|history)", runConsumersGroup},
 		"inbox":         {"list, show, lease, ack and nack inbox items", runInbox},
 		"dlq":           {"list, show and replay dead letters: items whose delivery failed", runDLQ},
+		"events":        {"show a stored event and its deliveries per subscription; search a stream's events", runEvents},
 	}
 }
 
