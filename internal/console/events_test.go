@@ -134,16 +134,22 @@ func TestEventLoadTimes(t *testing.T) {
 	get("/v1/streams/devices", &st)
 	mid := st.LastOffset / 2
 	var ev struct {
-		EventID string `json:"event_id"`
-		Variant string `json:"variant"`
+		EventID  string    `json:"event_id"`
+		Variant  string    `json:"variant"`
+		Type     string    `json:"type"`
+		StoredAt time.Time `json:"stored_at"`
 	}
 	get(fmt.Sprintf("/v1/streams/devices/events/%d", mid), &ev)
+	// A minute around the middle event: a range holding events and
+	// items, beside one before any.
+	around := "since=" + ev.StoredAt.Add(-30*time.Second).Format(time.RFC3339) + "&until=" + ev.StoredAt.Add(30*time.Second).Format(time.RFC3339)
 	pages := []string{
 		fmt.Sprintf("#/event/devices/%d", mid), "#/event/webhooks/1", "#/webhooks?key=evt-1",
 		"#/stream/devices", "#/stream/devices?type=nothing.such", "#/stream/webhooks?type=invoice.paid",
 		"#/stream/devices?id=" + ev.EventID, "#/stream/devices?since=2026-01-01T00:00:00Z&until=2026-01-02T00:00:00Z",
 		"#/inbox-search?inbox=planner", "#/inbox-search?inbox=planner&id=" + ev.EventID,
 		"#/inbox-search?inbox=planner&type=nothing.such", "#/inbox-search?inbox=billing&state=failed",
+		"#/stream/devices?type=" + ev.Type, "#/stream/devices?" + around, "#/inbox-search?inbox=planner&type=" + ev.Type + "&" + around,
 	}
 	ctx := tab(t, 1280, 1000)
 	if token != "" {
@@ -185,6 +191,11 @@ func TestEventLoadTimes(t *testing.T) {
 		"/v1/inboxes/planner/search?limit=50", "/v1/inboxes/planner/search?id=" + ev.EventID,
 		"/v1/inboxes/planner/search?type=nothing.such&limit=50", "/v1/inboxes/planner/search?since=2026-01-01T00:00:00Z&until=2026-01-02T00:00:00Z&limit=50",
 		"/v1/inboxes/billing/search?state=failed&limit=50",
+		"/v1/streams/devices/search?limit=50&type=" + ev.Type, "/v1/streams/devices/search?limit=50&" + around,
+		"/v1/streams/devices/search?limit=50&type=" + ev.Type + "&" + around,
+		"/v1/inboxes/planner/search?limit=50&type=" + ev.Type, "/v1/inboxes/planner/search?limit=50&" + around,
+		"/v1/inboxes/planner/search?limit=50&type=" + ev.Type + "&" + around,
+		"/v1/inboxes/planner/search?limit=50&state=pending",
 	} {
 		var ms []float64
 		for range 5 {

@@ -198,7 +198,8 @@ type ItemQuery struct {
 	// after Since and before Until.
 	Since, Until time.Time
 	// Before selects the items after the item of that id in the order of
-	// Search: the last item of the previous page.
+	// Search: the last item of the previous page. With State (and no
+	// EventID) the order is by id alone.
 	Before int64
 	Limit  int
 }
@@ -207,9 +208,10 @@ type ItemQuery struct {
 const DefaultSearchLimit = 100
 
 // Search returns up to q.Limit items of q.Inbox that q selects, newest
-// first (by creation time, then id). Each filter has its index: an event
-// id inbox_items_by_native_id, a type inbox_items_by_type, a time range
-// alone (or no filter) inbox_items_by_time.
+// first (by creation time, then id; with a state, by id). Each filter has
+// its index: an event id inbox_items_by_native_id, a type
+// inbox_items_by_type, a time range alone (or no filter)
+// inbox_items_by_time, a state inbox_items_by_state.
 func (d *Delivery) Search(ctx context.Context, q ItemQuery) ([]Item, error) {
 	var created string
 	if q.Before > 0 {
@@ -230,7 +232,10 @@ func (d *Delivery) Search(ctx context.Context, q ItemQuery) ([]Item, error) {
 }
 
 // searchSQL is the query of Search, and its arguments; created is the
-// creation time of the item q.Before.
+// creation time of the item q.Before. Items come newest first by
+// creation time, through the index of the filter given; with a state
+// (and no event id) by id instead, through inbox_items_by_state, the
+// other filters checked on each item of that state.
 func searchSQL(q ItemQuery, created string) (string, []any) {
 	where := []string{`inbox_id = ?`}
 	args := []any{q.Inbox}
@@ -249,9 +254,17 @@ func searchSQL(q ItemQuery, created string) (string, []any) {
 	if !q.Until.IsZero() {
 		where, args = append(where, `created_at < ?`), append(args, q.Until.UTC().Format(sqlitedb.Time))
 	}
-	if q.Before > 0 {
+	order := ` ORDER BY created_at DESC, item_id DESC`
+	byID := q.State != "" && q.EventID == ""
+	switch {
+	case byID:
+		order = ` ORDER BY item_id DESC`
+		if q.Before > 0 {
+			where, args = append(where, `item_id < ?`), append(args, q.Before)
+		}
+	case q.Before > 0:
 		where, args = append(where, `(created_at, item_id) < (?, ?)`), append(args, created, q.Before)
 	}
 	limit := cmp.Or(q.Limit, DefaultSearchLimit)
-	return itemSelect + ` WHERE ` + strings.Join(where, ` AND `) + ` ORDER BY created_at DESC, item_id DESC LIMIT ?`, append(args, limit)
+	return itemSelect + ` WHERE ` + strings.Join(where, ` AND `) + order + ` LIMIT ?`, append(args, limit)
 }

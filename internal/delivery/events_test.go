@@ -156,6 +156,22 @@ func testSearchItems(t *testing.T, kind storeKind) {
 	if want := []string{"b-3", "b-2", "b-1", "b-0", "a-3", "a-2", "a-1", "a-0"}; !slices.Equal(all, want) {
 		t.Errorf("pages: %v, want %v", all, want)
 	}
+	// Pages of one state, by id.
+	all = nil
+	for before := int64(0); ; {
+		page, err := e.d.Search(ctx, delivery.ItemQuery{Inbox: "s", State: delivery.StatePending, Before: before, Limit: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, ids(page)...)
+		if len(page) < 3 {
+			break
+		}
+		before = page[len(page)-1].ID
+	}
+	if want := []string{"b-3", "b-2", "b-1", "b-0", "a-3", "a-2", "a-1", "a-0"}; !slices.Equal(all, want) {
+		t.Errorf("pages of pending items: %v, want %v", all, want)
+	}
 	if _, err := e.d.Search(ctx, delivery.ItemQuery{Inbox: "s", Before: 999999}); !errors.Is(err, delivery.ErrInvalid) {
 		t.Errorf("before an unknown item: %v, want ErrInvalid", err)
 	}
@@ -200,6 +216,10 @@ func TestSearchUsesIndexes(t *testing.T) {
 		{"by time", delivery.ItemQuery{Since: since, Until: since.Add(time.Hour)}, "inbox_items_by_time"},
 		{"a next page", delivery.ItemQuery{Before: 42}, "inbox_items_by_time"},
 		{"a next page by type", delivery.ItemQuery{Type: "proposal.task", Before: 42}, "inbox_items_by_type"},
+		{"by state", delivery.ItemQuery{State: delivery.StateCompleted}, "inbox_items_by_state"},
+		{"by state, a next page", delivery.ItemQuery{State: delivery.StateCompleted, Before: 42}, "inbox_items_by_state"},
+		{"by state and type", delivery.ItemQuery{State: delivery.StateCompleted, Type: "proposal.task"}, "inbox_items_by_state"},
+		{"by state and event id", delivery.ItemQuery{State: delivery.StateCompleted, EventID: "a-1"}, "inbox_items_by_native_id"},
 	} {
 		c.q.Inbox = "s"
 		q, args := delivery.SearchSQL(c.q, since.Format(time.RFC3339Nano))
