@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -207,38 +208,93 @@ type ItemQuery struct {
 // DefaultSearchLimit is the limit of a Search asked for 0 items.
 const DefaultSearchLimit = 100
 
+// SearchScan bounds how many items of one state a Search with a state
+// and a type or time range reads for one page (the other filters are
+// checked on each): a page of such a search may hold fewer items than
+// its limit, and say where to go on.
+const SearchScan = 10000
+
+// searchScan is SearchScan, which tests lower.
+var searchScan = SearchScan
+
 // Search returns up to q.Limit items of q.Inbox that q selects, newest
-// first (by creation time, then id; with a state, by id). Each filter has
-// its index: an event id inbox_items_by_native_id, a type
-// inbox_items_by_type, a time range alone (or no filter)
-// inbox_items_by_time, a state inbox_items_by_state.
-func (d *Delivery) Search(ctx context.Context, q ItemQuery) ([]Item, error) {
+// first (by creation time, then id; with a state, by id), and the Before
+// of the next page (0: there is none). Each filter has its index: an
+// event id inbox_items_by_native_id, a type inbox_items_by_type, a time
+// range alone (or no filter) inbox_items_by_time, a state
+// inbox_items_by_state; a state with a type or a time range reads at
+// most SearchScan items of that state per page.
+func (d *Delivery) Search(ctx context.Context, q ItemQuery) ([]Item, int64, error) {
 	var created string
 	if q.Before > 0 {
 		err := d.db.QueryRowContext(ctx, `SELECT created_at FROM inbox_items WHERE item_id = ? AND inbox_id = ?`, q.Before, q.Inbox).Scan(&created)
 		if errors.Is(err, sql.ErrNoRows) {
-			return nil, errorf(ErrInvalid, "before %d: no item of that id in inbox %q", q.Before, q.Inbox)
+			return nil, 0, errorf(ErrInvalid, "before %d: no item of that id in inbox %q", q.Before, q.Inbox)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("search %s: %w", q.Inbox, err)
+			return nil, 0, fmt.Errorf("search %s: %w", q.Inbox, err)
 		}
 	}
+	q.Limit = cmp.Or(q.Limit, DefaultSearchLimit)
 	query, args := searchSQL(q, created)
 	rows, err := d.db.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, fmt.Errorf("search %s: %w", q.Inbox, err)
+		return nil, 0, fmt.Errorf("search %s: %w", q.Inbox, err)
 	}
-	return scanItems(rows)
+	items, err := scanItems(rows)
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(items) == q.Limit {
+		return items, items[len(items)-1].ID, nil
+	}
+	if !scansState(q) {
+		return items, 0, nil
+	}
+	// The page is not full: was it the scan's bound? Then the next page
+	// goes on below the last item read.
+	var lowest sql.NullInt64
+	var n int
+	bound, bargs := stateScanSQL(q)
+	if err := d.db.QueryRowContext(ctx, `SELECT min(item_id), count(*) FROM (`+bound+`) AS scan`, bargs...).Scan(&lowest, &n); err != nil {
+		return nil, 0, fmt.Errorf("search %s: %w", q.Inbox, err)
+	}
+	if n == searchScan && lowest.Valid {
+		return items, lowest.Int64, nil
+	}
+	return items, 0, nil
+}
+
+// scansState reports whether Search reads q's items of a state, by id,
+// and checks a type or time range on each.
+func scansState(q ItemQuery) bool {
+	return q.State != "" && q.EventID == "" && (q.Type != "" || !q.Since.IsZero() || !q.Until.IsZero())
+}
+
+// stateScanSQL selects the ids of at most SearchScan items of q's state
+// below q.Before, newest first: what one page of a search that
+// scansState reads (an index-only range of inbox_items_by_state).
+func stateScanSQL(q ItemQuery) (string, []any) {
+	query, args := `SELECT item_id FROM inbox_items WHERE inbox_id = ? AND state = ?`, []any{q.Inbox, q.State}
+	if q.Before > 0 {
+		query, args = query+` AND item_id < ?`, append(args, q.Before)
+	}
+	return query + ` ORDER BY item_id DESC LIMIT ` + strconv.Itoa(searchScan), args
 }
 
 // searchSQL is the query of Search, and its arguments; created is the
 // creation time of the item q.Before. Items come newest first by
 // creation time, through the index of the filter given; with a state
-// (and no event id) by id instead, through inbox_items_by_state, the
-// other filters checked on each item of that state.
+// (and no event id) by id instead, through inbox_items_by_state: the
+// items of that state alone, or at most SearchScan of them, on each of
+// which a type and a time range are checked.
 func searchSQL(q ItemQuery, created string) (string, []any) {
 	where := []string{`inbox_id = ?`}
 	args := []any{q.Inbox}
+	if scansState(q) {
+		scan, sargs := stateScanSQL(q)
+		where, args = []string{`item_id IN (` + scan + `)`}, sargs
+	}
 	if q.EventID != "" {
 		where, args = append(where, `source_native_id = ?`), append(args, q.EventID)
 	}
@@ -255,11 +311,10 @@ func searchSQL(q ItemQuery, created string) (string, []any) {
 		where, args = append(where, `created_at < ?`), append(args, q.Until.UTC().Format(sqlitedb.Time))
 	}
 	order := ` ORDER BY created_at DESC, item_id DESC`
-	byID := q.State != "" && q.EventID == ""
 	switch {
-	case byID:
+	case q.State != "" && q.EventID == "":
 		order = ` ORDER BY item_id DESC`
-		if q.Before > 0 {
+		if q.Before > 0 && !scansState(q) {
 			where, args = append(where, `item_id < ?`), append(args, q.Before)
 		}
 	case q.Before > 0:

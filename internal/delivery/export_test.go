@@ -34,3 +34,11 @@ func SearchSQL(q ItemQuery, created string) (string, []any) { return searchSQL(q
 
 // EventItemsSQL is the query of an event's items in Deliveries.
 const EventItemsSQL = eventItemsSQL
+
+// SetSearchScan sets how many items of a state a Search reads for a page
+// until the test ends.
+func SetSearchScan(t interface{ Cleanup(func()) }, n int) {
+	old := searchScan
+	searchScan = n
+	t.Cleanup(func() { searchScan = old })
+}

@@ -305,17 +305,13 @@ func (s *Server) searchInbox(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.CodeInvalidField, "state %q: use pending, processing, completed or failed", state)
 		return
 	}
-	items, err := s.events.Search(r.Context(), delivery.ItemQuery{Inbox: inbox, EventID: p.id, Type: p.typ, State: state,
+	items, next, err := s.events.Search(r.Context(), delivery.ItemQuery{Inbox: inbox, EventID: p.id, Type: p.typ, State: state,
 		Since: p.since, Until: p.until, Before: p.before, Limit: p.limit})
 	if err != nil {
 		s.writeErr(w, err)
 		return
 	}
-	page := api.ItemSearchPage{Items: itemsJSON(items)}
-	if len(items) == p.limit {
-		page.NextBefore = items[len(items)-1].ID
-	}
-	writeJSON(w, http.StatusOK, page)
+	writeJSON(w, http.StatusOK, api.ItemSearchPage{Items: itemsJSON(items), NextBefore: next})
 }
 
 // webhookDeliveries fills j, the lookup of a webhook ev of source, with

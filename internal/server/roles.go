@@ -100,8 +100,8 @@ type events interface {
 	// of streamID, deleted subscriptions' items included.
 	Deliveries(ctx context.Context, streamID string, ev *stream.StoredEvent) ([]delivery.EventDelivery, error)
 	// Search returns a page of the items of an inbox q selects, newest
-	// first.
-	Search(ctx context.Context, q delivery.ItemQuery) ([]delivery.Item, error)
+	// first, and the Before of the next page (0: none).
+	Search(ctx context.Context, q delivery.ItemQuery) ([]delivery.Item, int64, error)
 }
 
 var (
