@@ -150,6 +150,7 @@ func TestEventLoadTimes(t *testing.T) {
 		"#/inbox-search?inbox=planner", "#/inbox-search?inbox=planner&id=" + ev.EventID,
 		"#/inbox-search?inbox=planner&type=nothing.such", "#/inbox-search?inbox=billing&state=failed",
 		"#/stream/devices?type=" + ev.Type, "#/stream/devices?" + around, "#/inbox-search?inbox=planner&type=" + ev.Type + "&" + around,
+		"#/inbox-search?inbox=planner&state=completed", "#/inbox-search?inbox=planner&state=pending&type=nothing.such",
 	}
 	ctx := tab(t, 1280, 1000)
 	if token != "" {
@@ -195,7 +196,8 @@ func TestEventLoadTimes(t *testing.T) {
 		"/v1/streams/devices/search?limit=50&type=" + ev.Type + "&" + around,
 		"/v1/inboxes/planner/search?limit=50&type=" + ev.Type, "/v1/inboxes/planner/search?limit=50&" + around,
 		"/v1/inboxes/planner/search?limit=50&type=" + ev.Type + "&" + around,
-		"/v1/inboxes/planner/search?limit=50&state=pending",
+		"/v1/inboxes/planner/search?limit=50&state=pending", "/v1/inboxes/planner/search?limit=50&state=completed",
+		"/v1/inboxes/planner/search?limit=50&state=pending&type=nothing.such",
 	} {
 		var ms []float64
 		for range 5 {
