@@ -227,7 +227,7 @@ func runEventsSearch(ctx context.Context, env *cmdEnv, args []string) error {
 source's id (--id, or a webhook's --key), --type, and the time they were stored
 (--since, --until), one page of --limit; --all follows the pages. Each filter
 reads an index on the SQLite and PostgreSQL stream backends; NATS and Kafka
-streams search by id alone. postbox events get STREAM OFFSET shows an event's
+streams page by offset and search by id alone. postbox events get STREAM OFFSET shows an event's
 deliveries.`)
 	af := addAPIFlags(fs, "print the events as a JSON array")
 	sf := addSearchFlags(fs, "events")

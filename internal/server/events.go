@@ -268,13 +268,17 @@ func (s *Server) searchStream(w http.ResponseWriter, r *http.Request) {
 }
 
 // searchWithoutIndex answers a search of a stream on a backend that is no
-// stream.Searcher (NATS, Kafka): an id is its lookup (of the variant
-// ""), anything else is refused, since it would read the stream through.
-// It returns nil and no error when it answered.
+// stream.Searcher (NATS, Kafka): no filter reads the page by offset, an id
+// is its lookup (of the variant ""), and a type or time range is refused,
+// since it would read the stream through. It returns nil and no error
+// when it answered.
 func (s *Server) searchWithoutIndex(ctx context.Context, w http.ResponseWriter, name string, q stream.Query) ([]stream.StoredEvent, error) {
-	if q.NativeID == "" || q.Type != "" || !q.Since.IsZero() || !q.Until.IsZero() {
+	switch {
+	case q.Type != "" || !q.Since.IsZero() || !q.Until.IsZero():
 		writeError(w, api.CodeInvalidField, "the stream backend of %q searches by id (or key) alone: search the items of an inbox by type and time instead", name)
 		return nil, nil
+	case q.NativeID == "":
+		return newestFirst(ctx, s.streams, name, q.Before, q.Limit)
 	}
 	ev, err := s.streams.Lookup(ctx, name, q.NativeID, "")
 	switch {
@@ -286,6 +290,34 @@ func (s *Server) searchWithoutIndex(ctx context.Context, w http.ResponseWriter, 
 		return []stream.StoredEvent{}, nil
 	}
 	return []stream.StoredEvent{ev}, nil
+}
+
+// newestFirst returns up to limit events of streamID below the offset
+// before (0: the newest), newest first, read by offset.
+func newestFirst(ctx context.Context, b stream.Backend, streamID string, before int64, limit int) ([]stream.StoredEvent, error) {
+	st, err := b.Stats(ctx, streamID)
+	if err != nil {
+		return nil, err
+	}
+	end := st.LastOffset
+	if before > 0 {
+		end = min(end, before-1)
+	}
+	from := max(end-int64(limit)+1, st.FirstOffset, 1)
+	out := []stream.StoredEvent{}
+	if end < from {
+		return out, nil
+	}
+	evs, err := stream.ReadFrom(ctx, b, streamID, from, int(end-from+1))
+	if err != nil {
+		return nil, err
+	}
+	for i := len(evs) - 1; i >= 0; i-- {
+		if evs[i].Offset <= end {
+			out = append(out, evs[i])
+		}
+	}
+	return out, nil
 }
 
 // searchInbox answers a page of an inbox's items that the query selects,

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/internal/natstest"
 	"github.com/postbox-events/postbox/internal/server"
 )
 
@@ -190,4 +191,42 @@ func TestSearchAPI(t *testing.T) {
 	if _, page = call(t, ts, "GET", "/v1/inboxes/webhooks/search?key=k-2", ""); !slices.Equal(keys(page["items"], "event_id"), []string{"k-2"}) {
 		t.Fatalf("items by key: %v", page)
 	}
+}
+
+// TestSearchWithoutIndex: on JetStream streams, which have no index to
+// search by, a search without a filter pages by offset, newest first, an
+// id is a lookup, and a type or time range is refused naming why; an
+// event shows its deliveries as on SQLite.
+func TestSearchWithoutIndex(t *testing.T) {
+	ts := startNATS(t, natstest.Start(t), "SRCH_", server.Config{})
+	for i := range 5 {
+		if st, body, _ := post(t, ts, fmt.Sprintf(`{"n": %d}`, i), map[string]string{"Idempotency-Key": fmt.Sprintf("k-%d", i)}); st != 202 {
+			t.Fatalf("POST: %d %v", st, body)
+		}
+	}
+	offsets := func(page map[string]any) []float64 {
+		var out []float64
+		for _, raw := range page["events"].([]any) {
+			out = append(out, raw.(map[string]any)["offset"].(float64))
+		}
+		return out
+	}
+	_, page := call(t, ts, "GET", "/v1/streams/webhooks/search?limit=2", "")
+	if got := offsets(page); !slices.Equal(got, []float64{5, 4}) || page["next_before"] != float64(4) {
+		t.Fatalf("the newest page: %v", page)
+	}
+	_, page = call(t, ts, "GET", "/v1/streams/webhooks/search?limit=2&before=2", "")
+	if got := offsets(page); !slices.Equal(got, []float64{1}) || page["next_before"] != float64(0) {
+		t.Fatalf("the last page: %v", page)
+	}
+	if _, page = call(t, ts, "GET", "/v1/streams/webhooks/search?key=k-2", ""); !slices.Equal(offsets(page), []float64{3}) {
+		t.Fatalf("by key: %v", page)
+	}
+	if st, body := call(t, ts, "GET", "/v1/streams/webhooks/search?type=webhook", ""); st != 400 || !strings.Contains(fmt.Sprint(body), "searches by id") {
+		t.Fatalf("by type: %d %v, want 400 saying why", st, body)
+	}
+	waitFor(t, 10*time.Second, "the item of k-2", func() bool {
+		_, ev := call(t, ts, "GET", "/v1/streams/webhooks/events?key=k-2", "")
+		return strings.Contains(fmt.Sprint(ev["deliveries"]), "state:pending")
+	})
 }
