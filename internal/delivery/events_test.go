@@ -92,6 +92,18 @@ func testEventDeliveries(t *testing.T, kind storeKind) {
 	if !slices.Equal(gone, []bool{false, true}) {
 		t.Fatalf("the deliveries of gone, deleted or not: %v, want the new one, then the deleted one", gone)
 	}
+
+	// A subscription whose loop has not read the event yet (here: none
+	// runs) has it unread.
+	e.halt()
+	e.create(t, delivery.Subscription{Name: "behind", Source: "devices", Start: earliest})
+	if ds, err = e.d.Deliveries(ctx, "devices", &ev); err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(ds, func(d delivery.EventDelivery) bool { return d.Subscription == "behind" })
+	if i < 0 || ds[i].Status != delivery.DeliveryUnread || ds[i].Item != nil {
+		t.Fatalf("behind: %+v, want unread", ds)
+	}
 }
 
 // TestSearchItems: an inbox's items by event id, type, state and time,
