@@ -172,10 +172,11 @@ func eventIDParam(w http.ResponseWriter, q url.Values) (string, bool) {
 		writeError(w, api.CodeInvalidField, "id %q and key %q: give one (both name the source's id of an event)", id, key)
 		return "", false
 	}
+	field := "id"
 	if id == "" {
-		id = key
+		id, field = key, "key"
 	}
-	if id != "" && !checkAPIText(w, "id", id, maxSearchText, false) {
+	if id != "" && !checkAPIText(w, field, id, maxSearchText, false) {
 		return "", false
 	}
 	return id, true
