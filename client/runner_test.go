@@ -162,8 +162,15 @@ func TestAPIErrors(t *testing.T) {
 	if _, err := c.ReplayDeadLetter(ctx, l.Items[1].ID); !errors.Is(err, client.ErrInvalidState) {
 		t.Fatalf("replay of an item that is not a dead letter: %v, want ErrInvalidState", err)
 	}
-	if wh, err := c.WebhookByKey(ctx, "e-0"); err != nil || wh.IdempotencyKey != "e-0" || wh.Status != api.StateCompleted {
+	// e-0 is completed in webhooks and waits in jobs, which nothing
+	// leases: the lookup says so per subscription, and its status is the
+	// one that waits.
+	wh, err := c.WebhookByKey(ctx, "e-0")
+	if err != nil || wh.IdempotencyKey != "e-0" || wh.Status != api.StatePending || wh.Subscription != "jobs" || len(wh.Deliveries) != 2 {
 		t.Fatalf("webhook e-0: %+v %v", wh, err)
+	}
+	if d := wh.Deliveries[1]; d.Subscription != "webhooks" || d.Item == nil || d.Item.State != api.StateCompleted {
+		t.Fatalf("webhook e-0 in webhooks: %+v", d)
 	}
 	// A webhook of a source of its own is found by its id and its key.
 	if _, _, err := c.CreateSource(ctx, api.CreateSource{Name: "shop", Kind: "webhook"}); err != nil {
@@ -180,7 +187,7 @@ func TestAPIErrors(t *testing.T) {
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("a webhook to the source shop: %s", resp.Status)
 	}
-	wh, err := c.SourceWebhookByKey(ctx, "shop", "e-0")
+	wh, err = c.SourceWebhookByKey(ctx, "shop", "e-0")
 	if err != nil || wh.ID != "wh_shop_1" {
 		t.Fatalf("the shop's webhook e-0: %+v %v, want wh_shop_1", wh, err)
 	}

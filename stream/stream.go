@@ -409,3 +409,32 @@ func ReadFrom(ctx context.Context, b Backend, streamID string, from int64, limit
 	}
 	return out, nil
 }
+
+// Query selects events of a stream for a Searcher. Its zero fields select
+// every event.
+type Query struct {
+	// NativeID selects the events stored under this native id (an
+	// envelope's event_id, a webhook's idempotency key), of any variant.
+	NativeID string
+	// Type selects the events of this type.
+	Type string
+	// Since and Until select the events stored at or after Since and
+	// before Until.
+	Since, Until time.Time
+	// Before selects the events with an offset below it: the offset of
+	// the last event of the previous page.
+	Before int64
+	// Limit bounds how many events are returned; ≤ 0 takes the backend's
+	// default.
+	Limit int
+}
+
+// Searcher is implemented by backends that find a stream's events by
+// native id, type and stored time through an index, without reading the
+// stream through.
+type Searcher interface {
+	// Search returns up to q.Limit events of streamID that q selects,
+	// newest (highest offset) first. It returns ErrStreamNotFound for an
+	// unknown stream.
+	Search(ctx context.Context, streamID string, q Query) ([]StoredEvent, error)
+}

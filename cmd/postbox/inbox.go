@@ -18,6 +18,7 @@ import (
 var inboxCommands = []subcommand{
 	{"list", "list an inbox's items (without INBOX: the inboxes and their counts)", runInboxList},
 	{"show", "show one item with its payload", runInboxShow},
+	{"search", "find an inbox's items by event id (or key), type, state and time, newest first", runInboxSearch},
 	{"attempts", "show the attempts of the workers to deliver an item to its target", runInboxAttempts},
 	{"lease", "take items to work on, as a runtime does", runInboxLease},
 	{"ack", "mark items completed", runInboxAck},

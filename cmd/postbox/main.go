@@ -64,8 +64,9 @@ func init() {
 		"subscriptions": {"create, list, get, set-target, enable, delete and replay subscriptions", runSubscriptions},
 		"streams":       {"show the streams: events, offsets, first and last stored", runStreams},
 		"consumers":     {"show, reset and audit the subscriptions' consumers (list|get|reset|history)", runConsumersGroup},
-		"inbox":         {"list, show, lease, ack and nack inbox items", runInbox},
+		"inbox":         {"list, search, show, lease, ack and nack inbox items", runInbox},
 		"dlq":           {"list, show and replay dead letters: items whose delivery failed", runDLQ},
+		"events":        {"show a stored event and its deliveries per subscription; search a stream's events", runEvents},
 	}
 }
 

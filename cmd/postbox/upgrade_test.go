@@ -271,9 +271,10 @@ func TestUpgrade(t *testing.T) {
 		by      string   // migrate, serve or agent
 		pending []string // what migrate up --dry-run lists
 	}{
-		{name: "0.1.0 store by migrate up", fixture: "0.1.0/postbox.db", by: "migrate"},
+		{name: "0.1.0 store by migrate up", fixture: "0.1.0/postbox.db", by: "migrate",
+			pending: []string{"streams 0005_events_by_type.sql", "delivery 0015_item_search.sql"}},
 		{name: "older store by migrate up", fixture: "older/postbox.db", by: "migrate",
-			pending: []string{"streams 0004_commit_kinds.sql", "delivery 0012_webhook_keys.sql"}},
+			pending: []string{"streams 0004_commit_kinds.sql", "streams 0005_events_by_type.sql", "delivery 0012_webhook_keys.sql", "delivery 0015_item_search.sql"}},
 		{name: "older store by serve", fixture: "older/postbox.db", by: "serve"},
 		{name: "0.1.0 outbox by migrate up", fixture: "0.1.0/outbox.db", outbox: true, by: "migrate"},
 		{name: "older outbox by migrate up", fixture: "older/outbox.db", outbox: true, by: "migrate",

@@ -27,3 +27,18 @@ func WithTestSignals(cfg Config) (Config, TestSignals) {
 	cfg.testSignals = s
 	return cfg, TestSignals{Dispatched: s.dispatched, Stopping: s.stopping}
 }
+
+// SearchSQL is the query Search runs for q (created: the creation time
+// of the item q.Before), and its arguments, for EXPLAIN.
+func SearchSQL(q ItemQuery, created string) (string, []any) { return searchSQL(q, created) }
+
+// EventItemsSQL is the query of an event's items in Deliveries.
+const EventItemsSQL = eventItemsSQL
+
+// SetSearchScan sets how many items of a state a Search reads for a page
+// until the test ends.
+func SetSearchScan(t interface{ Cleanup(func()) }, n int) {
+	old := searchScan
+	searchScan = n
+	t.Cleanup(func() { searchScan = old })
+}

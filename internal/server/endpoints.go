@@ -313,16 +313,5 @@ func (s *Server) listAttempts(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
-	out := make([]api.Attempt, len(log))
-	for i, a := range log {
-		out[i] = api.Attempt{Attempt: a.Number, AttemptedAt: a.At, EndpointURL: a.URL, StatusCode: a.Status,
-			LatencyMS: float64(a.Latency.Microseconds()) / 1000}
-		if a.Error != "" {
-			out[i].Error = &log[i].Error
-		}
-		if a.Excerpt != "" {
-			out[i].ResponseExcerpt = &log[i].Excerpt
-		}
-	}
-	writeJSON(w, http.StatusOK, api.AttemptList{Attempts: out})
+	writeJSON(w, http.StatusOK, api.AttemptList{Attempts: attemptsJSON(log)})
 }

@@ -41,7 +41,8 @@ const maxFeedAfter = math.MaxInt64 / 2
 // (feed.Line), reading by offset without a consumer, and keeps the
 // connection open for new ones, with a heartbeat line every ?heartbeat=
 // (feed.DefaultHeartbeat). ?limit= ends the answer after that many
-// events. It holds no writer and no lock: a slow reader only slows its
+// events. With ?id= or ?key= it answers the one event of that id
+// instead (lookupEvent). It holds no writer and no lock: a slow reader only slows its
 // own answer, and is cut off after feedWriteTimeout without reading.
 func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("stream")
@@ -49,6 +50,10 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
+	if q.Has("id") || q.Has("key") {
+		s.lookupEvent(w, r, name, q)
+		return
+	}
 	after, err := queryInt(q.Get("after"), 0)
 	if err != nil || after < 0 || after > maxFeedAfter {
 		writeError(w, api.CodeInvalidField, "after %q: want the offset to read after, from 0 (from the first event) to %d", q.Get("after"), int64(maxFeedAfter))

@@ -770,6 +770,33 @@ func TestOpenAPIAnswers(t *testing.T) {
 	want(400, byKey, "/webhooks", "", nil)
 	want(404, byKey, "/webhooks?idempotency_key=never-sent", "", nil)
 
+	// An event and its deliveries; searches of streams and inboxes.
+	const event, lookup, search, inboxSearch = "GET /v1/streams/{stream}/events/{offset}", "GET /v1/streams/{stream}/events",
+		"GET /v1/streams/{stream}/search", "GET /v1/inboxes/{inbox}/search"
+	if ev := want(200, event, fmt.Sprint("/v1/streams/webhooks/events/", jget(wh, "offset")), "", nil); jget(ev, "deliveries", 0, "subscription") != "webhooks" {
+		t.Errorf("the event of webhook oa-2: %v, want its delivery to webhooks", ev)
+	}
+	want(400, event, "/v1/streams/webhooks/events/first", "", nil)
+	want(404, event, "/v1/streams/webhooks/events/999999", "", nil)
+	want(200, lookup, "/v1/streams/webhooks/events?key=oa-2", "", nil)
+	want(404, lookup, "/v1/streams/webhooks/events?id=never-sent", "", nil)
+	want(400, lookup, "/v1/streams/webhooks/events?id=oa-2&after=1", "", nil)
+	if page := want(200, search, "/v1/streams/webhooks/search?type=invoice.paid&since=2026-01-01T00:00:00Z&limit=1", "", nil); jget(page, "events", 0, "type") != "invoice.paid" {
+		t.Errorf("search by type: %v", page)
+	}
+	want(400, search, "/v1/streams/webhooks/search?since=yesterday", "", nil)
+	want(404, search, "/v1/streams/no-such-stream/search", "", nil)
+	if page := want(200, inboxSearch, "/v1/inboxes/webhooks/search?key=oa-2", "", nil); jget(page, "items", 0, "event_id") != "oa-2" {
+		t.Errorf("search of an inbox by key: %v", page)
+	}
+	want(400, inboxSearch, "/v1/inboxes/webhooks/search?state=lost", "", nil)
+	// One event_id from two devices: the lookup names the variant.
+	if rs := send(t, dc, message(t, envelope("evt-openapi-1", "pi-8", `{"c": 3}`))); !rs[0].OK() {
+		t.Fatalf("device event: %+v", rs[0])
+	}
+	want(409, lookup, "/v1/streams/devices/events?id=evt-openapi-1", "", nil)
+	want(200, lookup, "/v1/streams/devices/events?id=evt-openapi-1&variant=pi-8", "", nil)
+
 	const del = "DELETE /v1/subscriptions/{name}"
 	want(204, del, "/v1/subscriptions/planner", "", nil)
 	want(404, del, "/v1/subscriptions/planner", "", nil)

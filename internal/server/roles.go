@@ -93,7 +93,19 @@ type positions interface {
 	Reset(ctx context.Context, name string, start stream.Start) (stream.Consumer, error)
 }
 
+// events is what the event handlers (events.go) and the webhook lookup
+// (webhooks.go) use: an event's deliveries and the search of an inbox.
+type events interface {
+	// Deliveries returns what every subscription made of ev, an event
+	// of streamID, deleted subscriptions' items included.
+	Deliveries(ctx context.Context, streamID string, ev *stream.StoredEvent) ([]delivery.EventDelivery, error)
+	// Search returns a page of the items of an inbox q selects, newest
+	// first, and the Before of the next page (0: none).
+	Search(ctx context.Context, q delivery.ItemQuery) ([]delivery.Item, int64, error)
+}
+
 var (
+	_ events        = (*delivery.Delivery)(nil)
 	_ subscriptions = (*delivery.Delivery)(nil)
 	_ inboxes       = (*delivery.Delivery)(nil)
 	_ deadLetters   = (*delivery.Delivery)(nil)
@@ -108,9 +120,10 @@ type roles struct {
 	deadLetters deadLetters
 	replayJobs  replayJobs
 	positions   positions
+	events      events
 }
 
 // rolesOf gives every handler group d.
 func rolesOf(d *delivery.Delivery) roles {
-	return roles{subs: d, inboxes: d, deadLetters: d, replayJobs: d, positions: d}
+	return roles{subs: d, inboxes: d, deadLetters: d, replayJobs: d, positions: d, events: d}
 }

@@ -220,7 +220,7 @@ type Server struct {
 	streams  stream.Backend
 	store    delivery.Store
 	writer   Writer
-	delivery *delivery.Delivery // for the lifetime (Run, recovery, /ready), leadership, the webhooks' default subscription and their status (webhookJSON)
+	delivery *delivery.Delivery // for the lifetime (Run, recovery, /ready), leadership and the webhooks' default subscription; their status goes through roles.events
 	roles                       // what the API's handlers use of delivery (roles.go)
 	metrics  *ingress.Metrics
 	// webhookKeys are the decoded Webhooks.Secrets.

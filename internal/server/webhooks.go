@@ -215,6 +215,7 @@ func (s *Server) answerStored(w http.ResponseWriter, r *http.Request, source, ke
 		s.metrics.Count(source, "duplicate", 1)
 		j := s.webhookJSON(r.Context(), source, stored)
 		j.Type, j.UpdatedAt, j.Attempts, j.LastError = "", nil, nil, nil // the same shape as 202
+		j.Subscription, j.Stream, j.Offset, j.Deliveries, j.Note = "", "", 0, nil, ""
 		writeJSON(w, http.StatusOK, j)
 	default:
 		s.metrics.Count(source, "stored", 1)
@@ -329,20 +330,16 @@ func (s *Server) maxTypeBytes() int {
 	return postbox.DefaultMaxTypeBytes
 }
 
-// webhookJSON describes a stored webhook of source with the state of its
-// item in the subscription of the source's name when that reads the
-// source, as the default subscription webhooks does (pending until it is
-// materialised, or without such a subscription).
+// webhookJSON describes a stored webhook of source with where it stands
+// in each subscription of the source (webhookDeliveries), or, when the
+// store cannot say, as pending.
 func (s *Server) webhookJSON(ctx context.Context, source string, ev stream.StoredEvent) api.Webhook {
 	j := api.Webhook{ID: webhookID(source, ev.Offset), IdempotencyKey: ev.NativeID, Type: ev.Type, Status: delivery.StatePending, CreatedAt: ev.StoredAt}
 	updated, attempts := ev.StoredAt, 0
 	j.UpdatedAt, j.Attempts = &updated, &attempts
-	if sub, err := s.delivery.Subscription(ctx, source); err != nil || sub.Source != source {
-		return j
-	}
-	if it, err := s.delivery.ItemOf(ctx, source, ev.Offset); err == nil {
-		j.Status, j.LastError = it.State, it.LastError
-		*j.UpdatedAt, *j.Attempts = it.UpdatedAt, it.Attempts
+	if err := s.webhookDeliveries(ctx, &j, source, &ev); err != nil {
+		s.log.Warn("webhooks: reading the deliveries of a webhook failed", "source", source, "offset", ev.Offset, "err", err)
+		j.Note = "where its deliveries stand could not be read: " + err.Error()
 	}
 	return j
 }

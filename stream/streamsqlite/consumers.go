@@ -237,7 +237,7 @@ func (b *Backend) startOffset(ctx context.Context, tx *sql.Tx, st *streamState, 
 		}
 		return max(start.Offset, first), nil // what retention deleted is gone
 	case stream.StartAtTime:
-		return b.offsetAt(ctx, tx, st, first, start.Time)
+		return b.offsetAt(ctx, tx, st, first, st.last, start.Time)
 	}
 	return 0, stream.ErrInvalidStart
 }
@@ -255,13 +255,13 @@ func firstOffset(ctx context.Context, q querier, st *streamState) (int64, error)
 	return pos.Int64 - st.base, nil
 }
 
-// offsetAt returns the first offset of st stored at or after t, or the
-// next offset to be written. Stored times never decrease along a stream,
+// offsetAt returns the first offset of st stored at or after t, or
+// last+1. Stored times never decrease along a stream,
 // so it is a binary search over offsets: about 20 lookups for a million
 // events, and no index by time on the write path.
-func (b *Backend) offsetAt(ctx context.Context, tx *sql.Tx, st *streamState, first int64, t time.Time) (int64, error) {
+func (b *Backend) offsetAt(ctx context.Context, tx querier, st *streamState, first, last int64, t time.Time) (int64, error) {
 	want := t.UTC().Format(sqlitedb.Time)
-	lo, hi := first, st.last+1 // the answer is in [lo, hi]
+	lo, hi := first, last+1 // the answer is in [lo, hi]
 	for lo < hi {
 		mid := lo + (hi-lo)/2
 		var pos int64
@@ -353,7 +353,7 @@ func (b *Backend) Trim(ctx context.Context, streamID string, t time.Time, limit 
 		if err != nil {
 			return err
 		}
-		end, err := b.offsetAt(ctx, tx, st, first, t) // the first offset stored at or after t
+		end, err := b.offsetAt(ctx, tx, st, first, st.last, t) // the first offset stored at or after t
 		if err != nil {
 			return err
 		}

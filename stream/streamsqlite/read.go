@@ -81,10 +81,21 @@ func (b *Backend) ReadStream(ctx context.Context, streamID string, from int64, l
 	if err != nil {
 		return dst, fmt.Errorf("read %s from %d: %w", streamID, from, err)
 	}
-	defer rows.Close()
 	if cap(dst)-len(dst) < limit {
 		dst = slices.Grow(dst, min(limit, DefaultReadLimit))
 	}
+	return scanEvents(rows, st, dst)
+}
+
+// eventColumns are the columns scanEvents reads.
+const eventColumns = `pos, source_native_id, event_variant, event_type, occurred_at,
+	metadata_json, raw_payload_json, delivery_handle_json, source_sequence, created_at`
+
+// scanEvents appends to dst the events of st that rows (of eventColumns)
+// hold, and closes rows.
+func scanEvents(rows *sql.Rows, st *streamState, dst []stream.StoredEvent) ([]stream.StoredEvent, error) {
+	defer rows.Close()
+	streamID := st.ID
 	prefix := st.ID + "/"
 	types := map[string]string{} // a stream has few types: one string each
 	var native, variant, typ, occurred, created, meta, payload, handle sql.RawBytes

@@ -258,8 +258,7 @@ func Open(path string, cfg Config) (*Backend, error) {
 		b.inserts[n], err = write.Prepare(insertColumns + insertRow + strings.Repeat(","+insertRow, n-1) + insertConflict)
 	}
 	if err == nil {
-		b.readEvents, err = read.Prepare(`SELECT pos, source_native_id, event_variant, event_type, occurred_at,
-		metadata_json, raw_payload_json, delivery_handle_json, source_sequence, created_at
+		b.readEvents, err = read.Prepare(`SELECT ` + eventColumns + `
 		FROM stream_events WHERE pos BETWEEN ? AND ? ORDER BY pos LIMIT ?`)
 	}
 	if err == nil {

@@ -158,6 +158,9 @@ var groups = []group{
 		{name: "scanner_reads_like_a_consumer", run: testScannerReads},
 		{name: "fallback_reads_like_a_consumer", run: testReadFromFallback},
 	}},
+	{"Search", []check{
+		{name: "by_native_id_type_and_time_newest_first", run: testSearch},
+	}},
 	{"Audit", []check{
 		{name: "commits_and_resets_newest_first", run: testAuditMoves},
 		{name: "unknown_consumer", run: testAuditUnknownConsumer},
@@ -1748,4 +1751,62 @@ func testAuditDeleted(h *harness) {
 	if ms := h.moves(a, "sub", 10); len(ms) != 0 {
 		h.Errorf("Moves of a consumer made again under a deleted one's id = %+v, want none (the old moves went with it)", ms)
 	}
+}
+
+// testSearch checks a stream.Searcher: each filter alone and together,
+// newest first, by pages, and every event as Event returns it.
+func testSearch(h *harness) {
+	sr, ok := h.b.(stream.Searcher)
+	if !ok {
+		h.Skip("the backend does not implement stream.Searcher")
+	}
+	s, other := h.stream("source"), h.stream("other")
+	h.fill(other.ID, 2)
+	typed := func(id, variant, typ string) stream.Event {
+		e := event(id, `{}`)
+		e.Variant, e.Type = variant, typ
+		return e
+	}
+	first := h.appendNew(s.ID, 1, []stream.Event{typed("a", "", "x"), typed("b", "", "y"), typed("c", "", "x")})
+	h.waitClockPast(first[2].StoredAt)
+	second := h.appendNew(s.ID, 4, []stream.Event{typed("d", "", "x"), typed("b", "v2", "y"), typed("e", "", "x")})
+	tB := second[0].StoredAt
+	if !tB.After(first[2].StoredAt) {
+		h.Fatalf("the second batch is stored at %s, not after the first's %s", tB, first[2].StoredAt)
+	}
+	for _, c := range []struct {
+		what string
+		q    stream.Query
+		want []int64
+	}{
+		{"every event", stream.Query{}, []int64{6, 5, 4, 3, 2, 1}},
+		{"a page", stream.Query{Limit: 2}, []int64{6, 5}},
+		{"the next page", stream.Query{Limit: 2, Before: 5}, []int64{4, 3}},
+		{"by type", stream.Query{Type: "x"}, []int64{6, 4, 3, 1}},
+		{"by type, a page", stream.Query{Type: "x", Before: 4, Limit: 1}, []int64{3}},
+		{"by native id, any variant", stream.Query{NativeID: "b"}, []int64{5, 2}},
+		{"since", stream.Query{Since: tB}, []int64{6, 5, 4}},
+		{"until", stream.Query{Until: tB}, []int64{3, 2, 1}},
+		{"since, by type", stream.Query{Since: tB, Type: "y"}, []int64{5}},
+		{"until, by native id", stream.Query{Until: tB, NativeID: "b"}, []int64{2}},
+		{"an empty range", stream.Query{Since: tB, Until: tB}, nil},
+		{"no such type", stream.Query{Type: "z"}, nil},
+	} {
+		got, err := sr.Search(h.ctx, s.ID, c.q)
+		if err != nil {
+			h.Fatalf("Search(%s): %v", c.what, err)
+		}
+		h.wantOffsets("Search("+c.what+")", offsetsOf(got), c.want)
+		for _, e := range got {
+			want, err := h.b.Event(h.ctx, s.ID, e.Offset)
+			if err != nil {
+				h.Fatalf("Event(%d): %v", e.Offset, err)
+			}
+			if !reflect.DeepEqual(e, want) {
+				h.Errorf("Search(%s): offset %d is\n%+v\nwhere Event gives\n%+v", c.what, e.Offset, e, want)
+			}
+		}
+	}
+	_, err := sr.Search(h.ctx, "nowhere", stream.Query{})
+	h.wantErr(err, stream.ErrStreamNotFound, "Search of an unknown stream")
 }

@@ -325,3 +325,34 @@ func (m *memory) Lookup(ctx context.Context, streamID, nativeID, variant string)
 	}
 	return ms.events[at], nil
 }
+
+var _ stream.Searcher = (*memory)(nil)
+
+// Search reads the stream through, newest first: a reference needs no
+// index.
+func (m *memory) Search(ctx context.Context, streamID string, q stream.Query) ([]stream.StoredEvent, error) {
+	m.st.mu.Lock()
+	defer m.st.mu.Unlock()
+	ms, ok := m.st.streams[streamID]
+	if !ok {
+		return nil, stream.ErrStreamNotFound
+	}
+	limit := q.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	var out []stream.StoredEvent
+	for i := len(ms.events) - 1; i >= 0 && len(out) < limit; i-- {
+		e := ms.events[i]
+		switch {
+		case q.Before > 0 && e.Offset >= q.Before,
+			q.NativeID != "" && e.NativeID != q.NativeID,
+			q.Type != "" && e.Type != q.Type,
+			!q.Since.IsZero() && e.StoredAt.Before(q.Since),
+			!q.Until.IsZero() && !e.StoredAt.Before(q.Until):
+			continue
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}

@@ -5,6 +5,7 @@
 
 import { api, q, forget, token, APIError } from './api.js';
 import { lineChart, fmt } from './chart.js';
+import { eventPages, eventHref, deliveriesTable } from './events.js';
 
 const root = document.getElementById('view');
 
@@ -65,6 +66,9 @@ function confirmDialog(text, ok = 'Replay') {
     dlg.showModal();
   });
 }
+
+// The helpers the pages of the other modules (events.js) draw with.
+export { h, time, put, state, table, num };
 
 // ---- overview ------------------------------------------------------------
 
@@ -131,7 +135,7 @@ async function streams(live) {
     table('streams-table', ['Stream', 'Source', 'Backend', h('th', { class: 'num' }, 'Events'),
       h('th', { class: 'num' }, 'First offset'), h('th', { class: 'num' }, 'Last offset'), 'First stored', 'Last stored'],
     st.streams.map((s) => h('tr', { dataset: { name: s.stream } },
-      h('td', {}, s.stream), h('td', {}, s.source || '–'), h('td', {}, s.backend),
+      h('td', {}, h('a', { href: `#/stream/${encodeURIComponent(s.stream)}` }, s.stream)), h('td', {}, s.source || '–'), h('td', {}, s.backend),
       num(s.events), num(s.first_offset), num(s.last_offset),
       h('td', {}, time(s.first_stored_at)), h('td', {}, time(s.last_stored_at))))),
   );
@@ -270,7 +274,8 @@ async function inbox(live, params) {
   const tabs = h('nav', { class: 'tabs', id: 'inbox-states', 'aria-label': 'state' },
     STATES.map((s) => h('a', { href: '#/inbox' + q({ inbox: name, state: s }), class: s === st ? 'active' : '', dataset: { state: s } },
       s, ' ', h('span', { class: 'count muted' }, counts[s] === undefined ? '–' : counts[s].toLocaleString('en')))));
-  const parts = [h('h1', {}, 'Inbox'), form, tabs];
+  const parts = [h('h1', {}, 'Inbox'), form,
+    name ? h('p', {}, h('a', { href: '#/inbox-search' + q({ inbox: name }), id: 'inbox-search-link' }, 'Search this inbox by event id, type or time »')) : null, tabs];
   if (name) {
     const page = await api(`/v1/inboxes/${encodeURIComponent(name)}/items` + q({ state: st, after, limit: 50 }));
     parts.push(table('items-table', [h('th', { class: 'num' }, 'Id'), 'State', 'Type', 'Event', h('th', { class: 'num' }, 'Attempts'),
@@ -319,7 +324,8 @@ async function item(live, _, [inboxName, id]) {
       h('div', { class: 'actions' }, replay),
       h('div', { class: 'card' }, h('dl', { id: 'item-fields' },
         field('State', it.state), field('Attempts', String(it.attempts)), field('Type', it.type),
-        field('Event id', it.event_id), field('Stream event', `${it.stream_event_id} (offset ${it.offset})`),
+        field('Event id', it.event_id),
+        field('Stream event', h('a', { href: eventHref(it.stream, it.offset), id: 'item-event' }, `${it.stream_event_id} (offset ${it.offset})`)),
         field('Subscription', it.subscription), field('Created', time(it.created_at)), field('Updated', time(it.updated_at)),
         field('Next attempt', time(it.next_attempt_at)), field('Failed at', time(it.failed_at)),
         field('Replays', String(it.replays)), field('Last error', it.last_error || '–'))),
@@ -511,7 +517,11 @@ async function webhooks(live, params) {
       parts.push(h('div', { class: 'card' }, h('dl', { id: 'webhook-result' },
         field('Id', w.id), field('Idempotency key', w.idempotency_key), field('Type', w.type),
         field('Status', state(w.status)), field('Attempts', String(w.attempts ?? 0)),
-        field('Last error', w.last_error || '–'), field('Created', time(w.created_at)), field('Updated', time(w.updated_at)))));
+        field('Last error', w.last_error || '–'), field('Created', time(w.created_at)), field('Updated', time(w.updated_at)),
+        w.subscription ? field('Status of', w.subscription) : null,
+        w.stream ? field('Event', h('a', { href: eventHref(w.stream, w.offset), id: 'webhook-event' }, `${w.stream}/${w.offset}: its deliveries and attempts »`)) : null)),
+      w.note ? h('p', { class: 'muted', id: 'webhook-note' }, w.note) : null,
+      w.deliveries ? [h('h2', {}, 'Deliveries'), deliveriesTable(w.deliveries)] : null);
     } catch (err) {
       if (!(err instanceof APIError) || err.status !== 404) throw err;
       parts.push(h('p', { class: 'error', id: 'webhook-result' }, err.message));
@@ -525,6 +535,7 @@ async function webhooks(live, params) {
 const pages = {
   '': overview, streams, subscriptions, inbox, item, 'dead-letters': deadLetters, webhooks,
 };
+Object.assign(pages, eventPages); // events.js: an event and its deliveries, the searches
 
 // Live holds the timers of the page on screen; a new page stops them.
 class Live {
@@ -566,7 +577,8 @@ async function route() {
   const [page, ...args] = path.split('/').map(decodeURIComponent);
   const fn = pages[page];
   for (const a of document.querySelectorAll('#nav a')) {
-    a.classList.toggle('active', a.dataset.page === (page || 'overview') || (page === 'item' && a.dataset.page === 'inbox'));
+    a.classList.toggle('active', a.dataset.page === (page || 'overview') || (page === 'item' && a.dataset.page === 'inbox') ||
+      (page === 'inbox-search' && a.dataset.page === 'inbox') || ((page === 'stream' || page === 'event') && a.dataset.page === 'streams'));
   }
   document.getElementById('signout').hidden = !token();
   if (!fn) {
