@@ -230,11 +230,14 @@ any item.`)
 	err = printFields(env, [][2]string{
 		{"id", strconv.FormatInt(it.ID, 10)}, {"inbox", it.Inbox}, {"subscription", it.Subscription},
 		{"stream", it.Stream}, {"offset", strconv.FormatInt(it.Offset, 10)}, {"event_id", it.EventID},
-		{"type", it.Type}, {"occurred_at", when(it.OccurredAt)}, {"metadata", metadataPairs(it.Metadata)},
+		{"type", it.Type}, {"occurred_at", when(it.OccurredAt)},
 		{"state", it.State}, {"attempts", strconv.Itoa(it.Attempts)}, {"failed_at", whenPtr(it.FailedAt)},
 		{"replays", strconv.Itoa(it.Replays)}, {"replayed_at", whenPtr(it.ReplayedAt)}, {"last_error", lastError(it.LastError)},
 	})
 	if err != nil {
+		return err
+	}
+	if err := printMetadata(env, it.Metadata); err != nil {
 		return err
 	}
 	fmt.Fprintln(env.stdout, "payload:")

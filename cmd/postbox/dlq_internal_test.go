@@ -161,6 +161,11 @@ func TestDLQReplay(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "failed_at:") || !strings.Contains(r.stdout, "410 Gone") || !strings.Contains(r.stdout, `"amount": 42`) {
 		t.Fatalf("dlq show: %v", r)
 	}
+	// The webhook's headers as a person reads them, not a Go map.
+	if !strings.Contains(r.stdout, "metadata:\n  headers:\n    Content-Type: application/json\n    Idempotency-Key: delivery-1\n") ||
+		!strings.Contains(r.stdout, "    X-Event-Type: invoice.paid\n") || strings.Contains(r.stdout, "map[") {
+		t.Fatalf("dlq show: the headers are not Name: value lines:\n%s", r.stdout)
+	}
 
 	tg.answer(http.StatusOK)
 	r = cli(t, append([]string{"dlq", "replay", id}, srv...)...)

@@ -181,7 +181,7 @@ func runInboxShow(ctx context.Context, env *cmdEnv, args []string) error {
 		{"id", strconv.FormatInt(it.ID, 10)}, {"inbox", it.Inbox}, {"subscription", it.Subscription},
 		{"stream", it.Stream}, {"offset", strconv.FormatInt(it.Offset, 10)}, {"stream_event_id", it.StreamEventID},
 		{"event_id", it.EventID}, {"type", it.Type}, {"occurred_at", when(it.OccurredAt)},
-		{"source_sequence", sourceSequence(it.SourceSequence)}, {"stored_at", when(it.StoredAt)}, {"metadata", metadataPairs(it.Metadata)},
+		{"source_sequence", sourceSequence(it.SourceSequence)}, {"stored_at", when(it.StoredAt)},
 		{"state", it.State}, {"attempts", strconv.Itoa(it.Attempts)},
 		{"next_attempt_at", when(it.NextAttemptAt)}, {"lease_expires_at", whenPtr(it.LeaseExpiresAt)},
 		{"last_error", lastError(it.LastError)}, {"created_at", when(it.CreatedAt)}, {"updated_at", when(it.UpdatedAt)},
@@ -189,6 +189,9 @@ func runInboxShow(ctx context.Context, env *cmdEnv, args []string) error {
 		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
 	}
 	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if err := printMetadata(env, it.Metadata); err != nil {
 		return err
 	}
 	fmt.Fprintln(env.stdout, "payload:")

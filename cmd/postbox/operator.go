@@ -9,9 +9,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -175,11 +179,81 @@ func printValue(env *cmdEnv, v any) error {
 	return printJSON(env, b)
 }
 
-// metadataPairs is pairs of an item's metadata object.
-func metadataPairs(raw json.RawMessage) string {
+// printMetadata prints an item's metadata object as a person reads it,
+// under "metadata:": one "key: value" line a key, sorted; an object (a
+// webhook's headers) as its own indented lines, header names as HTTP
+// writes them (Content-Type). No metadata prints "metadata: -".
+func printMetadata(env *cmdEnv, raw json.RawMessage) error {
 	var m map[string]any
-	json.Unmarshal(raw, &m)
-	return pairs(m)
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	if d.Decode(&m) != nil || len(m) == 0 {
+		_, err := fmt.Fprintln(env.stdout, "metadata: -")
+		return err
+	}
+	var b strings.Builder
+	b.WriteString("metadata:\n")
+	writeObject(&b, m, "  ", false)
+	_, err := io.WriteString(env.stdout, b.String())
+	return err
+}
+
+// writeObject writes m as "key: value" lines sorted by key, each after
+// indent; nested objects go one level deeper. headers: the keys are
+// HTTP header names.
+func writeObject(b *strings.Builder, m map[string]any, indent string, headers bool) {
+	keys := slices.Sorted(maps.Keys(m))
+	if headers {
+		slices.SortFunc(keys, func(x, y string) int {
+			return strings.Compare(http.CanonicalHeaderKey(x), http.CanonicalHeaderKey(y))
+		})
+	}
+	for _, k := range keys {
+		name := k
+		if headers {
+			name = http.CanonicalHeaderKey(k)
+		}
+		if obj, ok := m[k].(map[string]any); ok && len(obj) > 0 {
+			fmt.Fprintf(b, "%s%s:\n", indent, name)
+			writeObject(b, obj, indent+"  ", k == "headers")
+			continue
+		}
+		fmt.Fprintf(b, "%s%s: %s\n", indent, name, valueText(m[k]))
+	}
+}
+
+// valueText is a decoded JSON value for a person: a string as it is, a
+// number or boolean as JSON writes it, a list of them joined by ", ",
+// anything else as compact JSON; never Go's map[...] or [...] notation.
+func valueText(v any) string {
+	switch v := v.(type) {
+	case nil:
+		return "null"
+	case string:
+		return v
+	case json.Number:
+		return v.String()
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	case bool:
+		return strconv.FormatBool(v)
+	case []any:
+		parts := make([]string, len(v))
+		for i, e := range v {
+			switch e.(type) {
+			case map[string]any, []any:
+				b, _ := json.Marshal(v)
+				return string(b)
+			}
+			parts[i] = valueText(e)
+		}
+		return strings.Join(parts, ", ")
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
 }
 
 // orDash is s, or "-" when empty.
@@ -201,7 +275,7 @@ func pairs(m map[string]any) string {
 	}
 	sort.Strings(keys)
 	for i, k := range keys {
-		keys[i] = fmt.Sprintf("%s=%v", k, m[k])
+		keys[i] = k + "=" + valueText(m[k])
 	}
 	return strings.Join(keys, ",")
 }
