@@ -90,7 +90,7 @@ func parseAPI(env *cmdEnv, fs *flag.FlagSet, af *apiFlags, args []string) (*apiC
 	if err != nil {
 		return nil, usagef("%s: %v", fs.Name(), err)
 	}
-	return &apiClient{API: api, base: api.BaseURL(), timeout: apiTimeout}, nil
+	return &apiClient{API: api, base: api.BaseURL(), timeout: apiTimeout, token: af.token != "", tokenFrom: cmp.Or(flagSource(fs, "token"), "--token")}, nil
 }
 
 // apiClient is the Go client of the HTTP API (package client), with the
@@ -99,6 +99,9 @@ type apiClient struct {
 	*client.API
 	base    string
 	timeout time.Duration
+	// token: a token was given, from tokenFrom (--token or a variable).
+	token     bool
+	tokenFrom string
 }
 
 // isAPIError reports whether err is an API error with this code.
@@ -124,6 +127,12 @@ func (c *apiClient) explain(err error) error {
 		return fmt.Errorf("no server answers at %s: is it running? (start one with `postbox serve`, or point --server or POSTBOX_API_URL at it)", c.base)
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("server %s did not answer %s %s within %v", c.base, method, path, c.timeout)
+	case isAPI && (ae.Status == http.StatusUnauthorized || ae.Status == http.StatusForbidden && ae.Code != api.CodeCrossOrigin):
+		status := fmt.Sprintf("%d %s", ae.Status, cmp.Or(string(ae.Code), http.StatusText(ae.Status)))
+		if c.token {
+			return fmt.Errorf("server %s refused the token given with %s (%s): it is not the server's API token (serve --api-token)", c.base, c.tokenFrom, status)
+		}
+		return fmt.Errorf("server %s needs an API token (%s): give it with --token or POSTBOX_API_TOKEN", c.base, status)
 	case isAPI && ae.Code == "" && (ae.Status == http.StatusNotFound || ae.Status == http.StatusMethodNotAllowed):
 		return fmt.Errorf("server %s has no %s %s (%d %s): is it a postbox server of this version?", c.base, method, path, ae.Status, http.StatusText(ae.Status))
 	case isAPI:
@@ -289,6 +298,10 @@ type subcommand struct {
 // runGroup runs the subcommand of group named by args[0]; with none or
 // --help it prints the group's commands.
 func runGroup(ctx context.Context, env *cmdEnv, group string, subs []subcommand, args []string) error {
+	if len(args) == 0 && env.probe != nil {
+		env.offerTable(subs)
+		return errProbed
+	}
 	sub := ""
 	if len(args) > 0 {
 		sub, args = args[0], args[1:]
@@ -306,14 +319,24 @@ func runGroup(ctx context.Context, env *cmdEnv, group string, subs []subcommand,
 		for _, s := range subs {
 			fmt.Fprintf(env.stdout, "  %-*s %s\n", width, s.name, s.summary)
 		}
+		if note := groupNotes[group]; note != "" {
+			fmt.Fprintf(env.stdout, "\n%s\n", note)
+		}
 		fmt.Fprintf(env.stdout, "\npostbox %s COMMAND --help shows a command's flags.\n", group)
 		if sub == "" {
 			return usagef("%s: no command given", group)
 		}
 		return nil
 	}
-	return usagef("%s: unknown command %q (%s)", group, sub, strings.Join(names, ", "))
+	hint := ""
+	if near := nearest(sub, names); near != "" {
+		hint = fmt.Sprintf(" (did you mean %s?)", near)
+	}
+	return usagef("%s: unknown command %q%s: use %s", group, sub, hint, strings.Join(names, ", "))
 }
+
+// groupNotes are what a group's help says after its commands.
+var groupNotes = map[string]string{}
 
 // args1 returns the command's one positional argument, what.
 func args1(fs *flag.FlagSet, what string) (string, error) {
