@@ -66,6 +66,7 @@ func TestCompletionBash(t *testing.T) {
 		{[]string{"postbox", "dlq", "list", "--fr"}, nil}, // an old spelling is not offered
 		{[]string{"postbox", "inbox", "list", "--all"}, []string{"--all-pages"}},
 		{[]string{"postbox", "relay", "--to"}, []string{"--to", "--token"}},
+		{[]string{"postbox", "relay", "--so"}, []string{"--source"}},
 		{[]string{"postbox", "consumers", "--j"}, []string{"--json"}},
 		{[]string{"postbox", "bench", "w"}, []string{"webhooks"}},
 		{[]string{"postbox", "completion", ""}, []string{"bash", "fish", "zsh"}},
