@@ -134,9 +134,9 @@ type Config struct {
 	// (404 not_found, gRPC NotFound), any other as unavailable. Without
 	// Source, a connection that names a source other than the default
 	// is refused as not found.
-	Source     func(ctx context.Context, name string) (stream string, gone func() error, err error)
-	Logger     *slog.Logger
-	Metrics    *Metrics
+	Source  func(ctx context.Context, name string) (stream string, gone func() error, err error)
+	Logger  *slog.Logger
+	Metrics *Metrics
 }
 
 // ErrNoSource is what Config.Source wraps when a connection names a

@@ -322,8 +322,8 @@ func (in *Ingress) unclaim(device string, s *session) {
 // its writer and the store's commit callbacks.
 type session struct {
 	in       *Ingress
-	stream   string       // the stream of the connection's source; "": the default (StreamID)
-	gone     func() error // its source's check (Config.SourceGone); nil: none
+	stream   string                                       // the stream of the connection's source; "": the default (StreamID)
+	gone     func() error                                 // its source's check (Config.SourceGone); nil: none
 	c        *websocket.Conn                              // nil on gRPC
 	send     func(context.Context, []postbox.Reply) error // writes replies to the peer, one writer at a time
 	cancel   context.CancelFunc
