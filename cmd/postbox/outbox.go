@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -144,7 +145,7 @@ outbox, or not rejected (pending or delivered: nothing to requeue).`)
 	fmt.Fprintf(env.stdout, "%d rejected events requeued\n", n)
 	switch {
 	case n == 0 && fs.NArg() > 0:
-		return fmt.Errorf("outbox requeue: none of %v is a rejected row", fs.Args())
+		return fmt.Errorf("outbox requeue: none of %s is a rejected row", strings.Join(fs.Args(), ", "))
 	case notes > 0:
 		fmt.Fprintf(env.stderr, "outbox requeue: %d of the %d ids named are not rejected rows (unknown, pending or delivered)\n", notes, fs.NArg())
 	}
@@ -199,7 +200,7 @@ them first. To send a row again instead, use postbox outbox requeue.`)
 		fmt.Fprintf(env.stdout, "%d rejected events dropped\n", len(dropped))
 	}
 	if len(dropped) == 0 && fs.NArg() > 0 {
-		return fmt.Errorf("outbox drop: none of %v is a rejected row", fs.Args())
+		return fmt.Errorf("outbox drop: none of %s is a rejected row", strings.Join(fs.Args(), ", "))
 	}
 	return nil
 }

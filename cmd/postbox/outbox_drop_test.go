@@ -78,7 +78,7 @@ func TestOutboxDrop(t *testing.T) {
 	}{
 		{[]string{"outbox", "drop"}, 2, []string{"name event ids or pass --all"}},
 		{[]string{"outbox", "drop", "evt_r1", "--all"}, 2, []string{"not both"}},
-		{[]string{"outbox", "drop", "evt_nope"}, 1, []string{"evt_nope: not in the outbox", "none of [evt_nope] is a rejected row"}},
+		{[]string{"outbox", "drop", "evt_nope"}, 1, []string{"evt_nope: not in the outbox", "none of evt_nope is a rejected row"}},
 		{[]string{"outbox", "drop", "evt_r1", "evt_p", "evt_nope"}, 0, []string{"evt_r1: dropped\n", "evt_p: pending, not rejected: nothing to drop", "evt_nope: not in the outbox", "1 rejected events dropped"}},
 		{[]string{"outbox", "requeue", "evt_r2", "evt_r1", "evt_p"}, 0, []string{"evt_r2: requeued\n", "evt_r1: not in the outbox", "evt_p: pending, not rejected: nothing to requeue", "1 rejected events requeued", "2 of the 3 ids named are not rejected rows"}},
 	} {
