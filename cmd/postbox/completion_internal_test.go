@@ -101,6 +101,45 @@ func TestCompletionScripts(t *testing.T) {
 			t.Logf("no %s here: its script's syntax is not checked", shell)
 		}
 	}
+	// Where the shells are installed, the scripts complete as bash's does.
+	if zsh, err := exec.LookPath("zsh"); err == nil {
+		// compadd and _describe work only inside the completion system:
+		// stand-ins print what they are given.
+		harness := `compdef() { :; }
+compadd() { local i=${@[(i)--]}; print -l -- "${@[i+1,-1]}" }
+_describe() { print -l -- "${(@P)2}" }
+_files() { print FILES }
+source ` + completionScript(t, "zsh") + `
+words=("$@"); CURRENT=$#; PREFIX=${words[-1]}; _postbox`
+		for _, tc := range []struct {
+			words []string
+			want  string
+		}{
+			{[]string{"postbox", ""}, "dlq:list, show and replay dead letters"},
+			{[]string{"postbox", "dlq", ""}, "list:list dead letters"},
+			{[]string{"postbox", "dlq", "list", "--si"}, "--since"},
+			{[]string{"postbox", "relay", "--so"}, "--source"},
+		} {
+			out, err := exec.Command(zsh, append([]string{"-f", "-c", harness, "zsh"}, tc.words...)...).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), tc.want) {
+				t.Errorf("zsh completing %q: %v, %s; want %q", tc.words, err, out, tc.want)
+			}
+		}
+	}
+	if fish, err := exec.LookPath("fish"); err == nil {
+		script := completionScript(t, "fish")
+		for _, tc := range []struct{ line, want string }{
+			{"postbox dl", "dlq"},
+			{"postbox dlq ", "replay"},
+			{"postbox dlq list --si", "--since"},
+			{"postbox outbox drop --", "--all"},
+		} {
+			out, err := exec.Command(fish, "--no-config", "-c", "source "+script+"; complete -C'"+tc.line+"'").CombinedOutput()
+			if err != nil || !strings.Contains(string(out), tc.want) {
+				t.Errorf("fish completing %q: %v, %s; want %q", tc.line, err, out, tc.want)
+			}
+		}
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
