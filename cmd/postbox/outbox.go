@@ -25,13 +25,14 @@ var outboxCommands = []subcommand{
 	{"requeue", "make rejected (refused or parked) rows pending again, so the relay sends them again", runOutboxRequeue},
 	{"drop", "delete rejected rows the receiver refused for good, so the rejected gauge clears", runOutboxDrop},
 	{"emit", "insert events into a transactional outbox, for trials and tests", runOutboxEmit},
-	{"migrate", "create or upgrade the outbox table in a PostgreSQL database (postbox migrate status|up --outbox shows or applies any outbox's migrations)", runOutboxMigrate},
+	{"migrate", "create or upgrade the outbox table in a PostgreSQL database", runOutboxMigrate},
 }
 
 func init() {
 	groupNotes["outbox"] = `list, requeue and drop work on the edge agent's outbox (--outbox FILE) or on a
 transactional outbox (--db postgres://... or --db FILE); emit and migrate on a
-transactional outbox (--db).`
+transactional outbox (--db). postbox migrate status|up --outbox shows or applies
+any outbox's migrations.`
 }
 
 func runOutbox(ctx context.Context, env *cmdEnv, args []string) error {
