@@ -9,8 +9,8 @@ import (
 )
 
 // TestRelaySource: relays of two services, each under its own device
-// source (relay --source), land their events in their sources' streams, not
-// in devices, so a subscription can pick them by origin. A source that is
+// source (relay --source), and an agent (agent --source), land their
+// events in their sources' streams, not in devices, so a subscription can pick them by origin. A source that is
 // not there, or is not a device source, stops the relay at its start
 // saying so; --source goes only with a postbox target.
 func TestRelaySource(t *testing.T) {
@@ -50,8 +50,16 @@ func TestRelaySource(t *testing.T) {
 		}, relay, srv)
 		stopRelay(t, relay)
 	}
-	if b, s, d := streamEvents("billing"), streamEvents("shipping"), streamEvents("devices"); b != 3 || s != 2 || d != 0 {
-		t.Fatalf("streams: billing %v, shipping %v, devices %v events; want 3, 2, 0", b, s, d)
+	// An edge agent names its source the same way.
+	listen := freePort(t)
+	a := start(t, "agent", "--server", "ws://"+addr, "--source", "shipping", "--outbox", filepath.Join(dir, "agent.db"), "--device-id", "van-1", "--listen", listen)
+	waitHTTP(t, "http://"+listen+"/health", a)
+	if out, code := runScrubbed(t, "send", "--agent", "http://"+listen, "--type", "shipping.scanned", "--payload", `{}`, "--count", "4"); code != 0 {
+		t.Fatalf("send: exit %d, %s", code, out)
+	}
+	drained(t, map[string]*proc{"http://" + listen: a})
+	if b, s, d := streamEvents("billing"), streamEvents("shipping"), streamEvents("devices"); b != 3 || s != 6 || d != 0 {
+		t.Fatalf("streams: billing %v, shipping %v, devices %v events; want 3, 2 + 4 from the agent, 0", b, s, d)
 	}
 	out, code := runScrubbed(t, "inbox", "list", "--server", api)
 	if code != 0 || !strings.Contains(out, "invoices") {
