@@ -55,6 +55,12 @@ var ErrClosed = errors.New("client: connection closed")
 type Options struct {
 	// Token is sent as "Authorization: Bearer <Token>" when not empty.
 	Token string
+	// Source names the device source the events go to, and so the
+	// stream they are stored in; "" is the server's default, devices.
+	// The server refuses a connection naming a source that is not a
+	// device source (an *APIError with api.CodeNotFound). A WebSocket
+	// sends it as ?source=NAME, a gRPC stream in its metadata.
+	Source string
 	// HTTPClient dials a WebSocket connection (TLS settings, proxies).
 	// Optional.
 	HTTPClient *http.Client
@@ -189,6 +195,16 @@ func Dial(ctx context.Context, rawURL string, opts Options) (*Conn, error) {
 	h := http.Header{}
 	if opts.Token != "" {
 		h.Set("Authorization", "Bearer "+opts.Token)
+	}
+	if opts.Source != "" {
+		wu, err := url.Parse(u)
+		if err != nil {
+			return nil, fmt.Errorf("dial %s: %w", u, err)
+		}
+		q := wu.Query()
+		q.Set("source", opts.Source)
+		wu.RawQuery = q.Encode()
+		u = wu.String()
 	}
 	c, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: opts.HTTPClient, HTTPHeader: h, Subprotocols: []string{"postbox.v1"}})
 	if err != nil {

@@ -57,6 +57,9 @@ func dialGRPC(ctx context.Context, u string, opts Options) (*Conn, error) {
 	if opts.Token != "" {
 		rctx = metadata.AppendToOutgoingContext(rctx, "authorization", "Bearer "+opts.Token)
 	}
+	if opts.Source != "" {
+		rctx = metadata.AppendToOutgoingContext(rctx, "postbox-source", opts.Source)
+	}
 	type opened struct {
 		stream ingresspb.Ingress_SendClient
 		err    error

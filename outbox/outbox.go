@@ -320,3 +320,15 @@ type Admin interface {
 	// It returns how many rows it requeued.
 	Requeue(ctx context.Context, ids []string) (int64, error)
 }
+
+// RowAdmin is an Admin's operations on rows named by id (postbox outbox
+// requeue and drop). Both stores implement it.
+type RowAdmin interface {
+	// Rows returns the rows of ids, in any state, in no particular
+	// order; an id the outbox does not hold has no row.
+	Rows(ctx context.Context, ids []string) ([]Row, error)
+	// Drop deletes rejected rows for good: those of ids, or with no ids
+	// every rejected row. A row in another state stays. It returns the
+	// ids of the rows it deleted.
+	Drop(ctx context.Context, ids []string) ([]string, error)
+}

@@ -32,6 +32,7 @@ exported over OTLP (docs/TRACING.md).`)
 	device := fs.String("device-id", "", "this device's id, filled into events without one [POSTBOX_DEVICE_ID]")
 	listen := fs.String("listen", "127.0.0.1:8787", "address of the local intake [POSTBOX_AGENT_LISTEN]")
 	token := fs.String("token", "", "bearer token for the server [POSTBOX_TOKEN]")
+	source := fs.String("source", "", "the server's device `source` the events go to (postbox sources create NAME --kind device); default: devices")
 	caCert := fs.String("ca-cert", "", "PEM file of the CA (or self-signed certificate) a wss:// or grpcs:// server must present; default: the system's roots [POSTBOX_CA_CERT]")
 	session := fs.String("session-id", "", "session id filled into events without one (default: a new one per run)")
 	sync := fs.String("synchronous", "FULL", "outbox SQLite synchronous mode: FULL or NORMAL")
@@ -64,7 +65,7 @@ exported over OTLP (docs/TRACING.md).`)
 	}
 	defer stopTracing()
 	a, err := agent.New(agent.Config{
-		Server: *server, OutboxPath: *path, DeviceID: *device, SessionID: *session, Listen: *listen, Token: *token, CACert: *caCert,
+		Server: *server, OutboxPath: *path, DeviceID: *device, SessionID: *session, Listen: *listen, Token: *token, Source: *source, CACert: *caCert,
 		Synchronous: strings.ToUpper(*sync), WALCheckpoint: walCheckpoint.value, AckTimeout: *ackTimeout, Logger: log,
 		Relay: outbox.RelayConfig{
 			BatchSize: int(batch), MaxInFlight: int(window), MinInFlight: int(windowMin),

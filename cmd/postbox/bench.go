@@ -14,6 +14,9 @@ import (
 )
 
 func runBench(ctx context.Context, env *cmdEnv, args []string) error {
+	if len(args) == 0 {
+		env.offer("webhooks", "relay", "delivery", "agent")
+	}
 	if len(args) > 0 && args[0] == "webhooks" {
 		return runBenchWebhooks(ctx, env, args[1:])
 	}

@@ -60,7 +60,7 @@ of stdout.`)
 		DSN: *dsn, To: *to, Events: int(events), Rounds: int(rounds), Relays: counts,
 		Batch: int(batch), MaxInFlight: int(window), PayloadBytes: int(payloadBytes),
 		Target: func(ctx context.Context, to string) (outbox.Publisher, func(), error) {
-			pub, closePub, err := relayTarget(ctx, to, "", 10*time.Second, slog.New(slog.DiscardHandler))
+			pub, closePub, err := relayTarget(ctx, to, wsOptions{}, 10*time.Second, slog.New(slog.DiscardHandler))
 			return acks.count(pub), closePub, err
 		},
 		Progress: env.stderr,

@@ -226,8 +226,12 @@ func TestAuthTokensFile(t *testing.T) {
 	}
 	// A relay to it with a wrong token stops at the start, as it does
 	// for a target of another kind that refuses it.
-	if out, code := run(t, "relay", "--db", filepath.Join(dir, "relay.db"), "--to", "ws://"+addr, "--token", "wrong", "--listen", ""); code != 1 || !strings.Contains(out, "401 unauthorized") {
-		t.Fatalf("relay with a wrong token: exit %d, %s; want 1 and the server's 401", code, out)
+	if out, code := run(t, "relay", "--db", filepath.Join(dir, "relay.db"), "--to", "ws://"+addr, "--token", "wrong", "--listen", ""); code != 1 || !strings.Contains(out, "401 unauthorized") ||
+		!strings.Contains(out, "the server refused the token given with --token") {
+		t.Fatalf("relay with a wrong token: exit %d, %s; want 1, the server's 401 and that it refused the token", code, out)
+	}
+	if out, code := run(t, "relay", "--db", filepath.Join(dir, "relay.db"), "--to", "ws://"+addr, "--listen", ""); code != 1 || !strings.Contains(out, "the server needs a token: give it with --token") {
+		t.Fatalf("relay without a token: exit %d, %s; want 1 and that the server needs one", code, out)
 	}
 	a := start(t, "agent", "--server", "ws://"+addr, "--token", "secret-1", "--outbox", filepath.Join(dir, "outbox.db"), "--device-id", "pi-01", "--listen", listen)
 	waitHTTP(t, "http://"+listen+"/health", a)

@@ -20,6 +20,9 @@ var consumerCommands = []subcommand{
 // runConsumersGroup runs postbox consumers COMMAND; with no command, or
 // only flags, it lists the consumers as postbox consumers always did.
 func runConsumersGroup(ctx context.Context, env *cmdEnv, args []string) error {
+	if len(args) == 0 {
+		env.offerTable(consumerCommands)
+	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help" && args[0] != "-help" {
 		return runConsumers(ctx, env, args)
 	}

@@ -28,7 +28,7 @@ func runDLQ(ctx context.Context, env *cmdEnv, args []string) error {
 	return runGroup(ctx, env, "dlq", dlqCommands, args)
 }
 
-// whenHelp says which times --from and --to take.
+// whenHelp says which times --since and --until take.
 const whenHelp = "an RFC 3339 `time` (2026-11-21T10:00:00Z) or how long ago (90m, 2h, 7d)"
 
 // maxDaysAgo bounds a relative time in days.
@@ -55,15 +55,17 @@ func parseWhen(s string, now time.Time) (time.Time, error) {
 
 // dlqSelection is the flags that select dead letters.
 type dlqSelection struct {
-	inbox, subscription, from, to string
+	inbox, subscription, since, until string
 }
 
 func addSelectionFlags(fs *flag.FlagSet, verb string) *dlqSelection {
 	s := &dlqSelection{}
 	fs.StringVar(&s.inbox, "inbox", "", verb+" only the dead letters of this `inbox`")
 	fs.StringVar(&s.subscription, "subscription", "", verb+" only the dead letters of this `subscription`")
-	fs.StringVar(&s.from, "from", "", verb+" only those that failed at or after "+whenHelp)
-	fs.StringVar(&s.to, "to", "", verb+" only those that failed before "+whenHelp)
+	fs.StringVar(&s.since, "since", "", verb+" only those that failed at or after "+whenHelp)
+	fs.StringVar(&s.until, "until", "", verb+" only those that failed before "+whenHelp)
+	oldSpelling(fs, "from", "since")
+	oldSpelling(fs, "to", "until")
 	return s
 }
 
@@ -88,7 +90,7 @@ func (s *dlqSelection) query(cmd string, now time.Time) (client.DeadLetterQuery,
 	for _, f := range []struct {
 		name, value string
 		t           *time.Time
-	}{{"from", s.from, &q.From}, {"to", s.to, &q.To}} {
+	}{{"since", s.since, &q.From}, {"until", s.until, &q.To}} {
 		if f.value == "" {
 			continue
 		}
@@ -99,7 +101,7 @@ func (s *dlqSelection) query(cmd string, now time.Time) (client.DeadLetterQuery,
 		*f.t = t
 	}
 	if !q.From.IsZero() && !q.To.IsZero() && !q.From.Before(q.To) {
-		return q, usagef("%s: --from %s is not before --to %s", cmd, q.From.UTC().Format(time.RFC3339), q.To.UTC().Format(time.RFC3339))
+		return q, usagef("%s: --since %s is not before --until %s", cmd, q.From.UTC().Format(time.RFC3339), q.To.UTC().Format(time.RFC3339))
 	}
 	return q, nil
 }
@@ -114,8 +116,8 @@ func apiTime(t time.Time) string {
 
 func runDLQList(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "dlq list", "[flags]", `Lists the dead letters (failed items) in id order, one page of --limit items from after
---after: of every inbox, or only those --inbox, --subscription, --from and --to select.
---from and --to select by when the item failed; each takes an RFC 3339 time or how long
+--after: of every inbox, or only those --inbox, --subscription, --since and --until select.
+--since and --until select by when the item failed; each takes an RFC 3339 time or how long
 ago (a Go duration such as 90m or 2h30m, or whole days such as 7d). When more are left
 it says so on stderr; --all-pages fetches every page.`)
 	af := addAPIFlags(fs, "print the dead letters as a JSON array")
@@ -230,11 +232,14 @@ any item.`)
 	err = printFields(env, [][2]string{
 		{"id", strconv.FormatInt(it.ID, 10)}, {"inbox", it.Inbox}, {"subscription", it.Subscription},
 		{"stream", it.Stream}, {"offset", strconv.FormatInt(it.Offset, 10)}, {"event_id", it.EventID},
-		{"type", it.Type}, {"occurred_at", when(it.OccurredAt)}, {"metadata", metadataPairs(it.Metadata)},
+		{"type", it.Type}, {"occurred_at", when(it.OccurredAt)},
 		{"state", it.State}, {"attempts", strconv.Itoa(it.Attempts)}, {"failed_at", whenPtr(it.FailedAt)},
 		{"replays", strconv.Itoa(it.Replays)}, {"replayed_at", whenPtr(it.ReplayedAt)}, {"last_error", lastError(it.LastError)},
 	})
 	if err != nil {
+		return err
+	}
+	if err := printMetadata(env, it.Metadata); err != nil {
 		return err
 	}
 	fmt.Fprintln(env.stdout, "payload:")
@@ -245,9 +250,9 @@ any item.`)
 }
 
 func runDLQReplay(ctx context.Context, env *cmdEnv, args []string) error {
-	fs := newFlags(env, "dlq replay", "ID | --inbox I | --subscription S | --from T --to T | --all [flags]", `Returns dead letters to pending, due now with their attempts reset, so that the
+	fs := newFlags(env, "dlq replay", "ID | --inbox I | --subscription S | --since T --until T | --all [flags]", `Returns dead letters to pending, due now with their attempts reset, so that the
 workers (or runtimes) try them again; each keeps its last error and counts the replay.
-Name one ID, or select them with --inbox, --subscription, --from and --to (together they
+Name one ID, or select them with --inbox, --subscription, --since and --until (together they
 narrow the selection; the times select by when the item failed, and take an RFC 3339
 time or how long ago: 90m, 2h30m, 7d). --all replays every dead letter and goes alone.
 
@@ -263,7 +268,7 @@ Prints how many it replayed; an ID that is not a dead letter is an error (exit s
 	switch {
 	case fs.NArg() > 0:
 		if *all || !sel.empty() {
-			return usagef("dlq replay: an ID goes alone, without --all, --inbox, --subscription, --from or --to")
+			return usagef("dlq replay: an ID goes alone, without --all, --inbox, --subscription, --since or --until")
 		}
 		id, err := deadLetterID(fs)
 		if err != nil {
@@ -274,9 +279,9 @@ Prints how many it replayed; an ID that is not a dead letter is an error (exit s
 		}
 		out.Replayed, out.IDs = 1, []int64{id}
 	case *all && !sel.empty():
-		return usagef("dlq replay: --all replays every dead letter; leave out --inbox, --subscription, --from and --to, or --all")
+		return usagef("dlq replay: --all replays every dead letter; leave out --inbox, --subscription, --since and --until, or --all")
 	case !*all && sel.empty():
-		return usagef("dlq replay: name an ID, or select dead letters with --inbox, --subscription, --from or --to, or replay every one with --all")
+		return usagef("dlq replay: name an ID, or select dead letters with --inbox, --subscription, --since or --until, or replay every one with --all")
 	default:
 		q, err := sel.query("dlq replay", time.Now())
 		if err != nil {

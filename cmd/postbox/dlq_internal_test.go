@@ -135,9 +135,9 @@ func TestDLQReplay(t *testing.T) {
 		!strings.HasPrefix(strings.Split(r.stdout, "\n")[1], id+" ") || !strings.Contains(r.stdout, "410 Gone") {
 		t.Fatalf("dlq list: %v", r)
 	}
-	for _, sel := range [][]string{{"--inbox", "hooks"}, {"--subscription", "hooks"}, {"--from", "1h"}, {"--to", "1m", "--from", time.Now().Add(-time.Hour).Format(time.RFC3339)}} {
+	for _, sel := range [][]string{{"--inbox", "hooks"}, {"--subscription", "hooks"}, {"--since", "1h"}, {"--until", "1m", "--since", time.Now().Add(-time.Hour).Format(time.RFC3339)}, {"--from", "1h"}} {
 		want := 1
-		if slices.Contains(sel, "--to") {
+		if slices.Contains(sel, "--until") {
 			want = 0 // it failed less than a minute ago
 		}
 		var got []map[string]any
@@ -160,6 +160,11 @@ func TestDLQReplay(t *testing.T) {
 	r = cli(t, append([]string{"dlq", "show", id}, srv...)...)
 	if r.code != 0 || !strings.Contains(r.stdout, "failed_at:") || !strings.Contains(r.stdout, "410 Gone") || !strings.Contains(r.stdout, `"amount": 42`) {
 		t.Fatalf("dlq show: %v", r)
+	}
+	// The webhook's headers as a person reads them, not a Go map.
+	if !strings.Contains(r.stdout, "metadata:\n  headers:\n    Content-Type: application/json\n    Idempotency-Key: delivery-1\n") ||
+		!strings.Contains(r.stdout, "    X-Event-Type: invoice.paid\n") || strings.Contains(r.stdout, "map[") {
+		t.Fatalf("dlq show: the headers are not Name: value lines:\n%s", r.stdout)
 	}
 
 	tg.answer(http.StatusOK)
@@ -209,7 +214,7 @@ func TestDLQReplay(t *testing.T) {
 		Replayed int     `json:"replayed"`
 		IDs      []int64 `json:"ids"`
 	}
-	cliJSON(t, &replayed, append([]string{"dlq", "replay", "--subscription", "hooks", "--from", "10m", "--json"}, srv...)...)
+	cliJSON(t, &replayed, append([]string{"dlq", "replay", "--subscription", "hooks", "--since", "10m", "--json"}, srv...)...)
 	slices.Sort(replayed.IDs)
 	if replayed.Replayed != 2 || len(replayed.IDs) != 2 || strconv.FormatInt(replayed.IDs[0], 10) != idOf(items[0]) || strconv.FormatInt(replayed.IDs[1], 10) != idOf(items[1]) {
 		t.Fatalf("dlq replay --subscription hooks --json: %+v, want the ids of %v", replayed, items)
@@ -239,16 +244,20 @@ func TestDLQUsageErrors(t *testing.T) {
 		{[]string{"dlq", "show"}, "ID is required"},
 		{[]string{"dlq", "show", "abc"}, `item ID "abc" is not a positive whole number`},
 		{[]string{"dlq", "show", "1", "2"}, "takes one ID"},
-		{[]string{"dlq", "replay"}, "name an ID, or select dead letters with --inbox, --subscription, --from or --to, or replay every one with --all"},
+		{[]string{"dlq", "replay"}, "name an ID, or select dead letters with --inbox, --subscription, --since or --until, or replay every one with --all"},
 		{[]string{"dlq", "replay", "0"}, `item ID "0"`},
 		{[]string{"dlq", "replay", "5", "--inbox", "hooks"}, "an ID goes alone"},
 		{[]string{"dlq", "replay", "5", "--all"}, "an ID goes alone"},
 		{[]string{"dlq", "replay", "--all", "--subscription", "hooks"}, "--all replays every dead letter"},
-		{[]string{"dlq", "replay", "--from", "yesterday"}, `--from "yesterday" is neither an RFC 3339 time`},
+		{[]string{"dlq", "replay", "--since", "yesterday"}, `--since "yesterday" is neither an RFC 3339 time`},
+		{[]string{"dlq", "replay", "--from", "yesterday"}, `--since "yesterday" is neither an RFC 3339 time`},
+		{[]string{"dlq", "list", "--from", "1h", "--since", "2h"}, "--from is the old spelling of --since: give --since alone"},
+		{[]string{"dlq", "list", "--sinse", "1h"}, "flag provided but not defined: -sinse (did you mean --since?)"},
+		{[]string{"dlq", "lst"}, `unknown command "lst" (did you mean list?)`},
 		{[]string{"dlq", "replay", "--inbox", "a/b"}, `--inbox "a/b" may hold only`},
-		{[]string{"dlq", "list", "--to", "2026-13-01T00:00:00Z"}, "--to"},
-		{[]string{"dlq", "list", "--from", "-1h"}, `--from "-1h"`},
-		{[]string{"dlq", "list", "--from", "1h", "--to", "2h"}, "is not before --to"},
+		{[]string{"dlq", "list", "--until", "2026-13-01T00:00:00Z"}, "--until"},
+		{[]string{"dlq", "list", "--since", "-1h"}, `--since "-1h"`},
+		{[]string{"dlq", "list", "--since", "1h", "--until", "2h"}, "is not before --until"},
 		{[]string{"dlq", "list", "--limit", "5000"}, "--limit is at most 1000"},
 		{[]string{"dlq", "list", "hooks"}, "takes no arguments"},
 		{[]string{"dlq", "list", "--server", "localhost:8000"}, `--server "localhost:8000": want http://HOST:PORT`},

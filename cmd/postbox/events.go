@@ -162,7 +162,7 @@ func addSearchFlags(fs *flag.FlagSet, what string) *searchFlags {
 	fs.StringVar(&s.until, "until", "", "only "+what+" stored before "+whenHelp)
 	fs.Var(&s.before, "before", "the page after this `position`: what the previous page said (--before N)")
 	fs.Var(&s.limit, "limit", fmt.Sprintf("most `results` per page (at most %d)", maxItemsPerCall))
-	s.all = fs.Bool("all", false, "follow the pages until the last")
+	s.all = fs.Bool("all-pages", false, "follow the pages until the last")
 	return s
 }
 
@@ -215,7 +215,7 @@ func searchPages[T any](env *cmdEnv, cmd string, before int64, all bool, page fu
 		}
 		before = next
 		if !all {
-			fmt.Fprintf(env.stderr, "%s: more results: --before %d, or --all\n", cmd, before)
+			fmt.Fprintf(env.stderr, "%s: more results: --before %d, or --all-pages\n", cmd, before)
 			return out, nil
 		}
 	}
@@ -225,7 +225,7 @@ func runEventsSearch(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "events search", "STREAM [flags]",
 		`Lists the events of STREAM that every given flag selects, newest first: by the
 source's id (--id, or a webhook's --key), --type, and the time they were stored
-(--since, --until), one page of --limit; --all follows the pages. Each filter
+(--since, --until), one page of --limit; --all-pages follows the pages. Each filter
 reads an index on the SQLite and PostgreSQL stream backends; NATS and Kafka
 streams page by offset and search by id alone. postbox events get STREAM OFFSET shows an event's
 deliveries.`)
@@ -269,7 +269,7 @@ func runInboxSearch(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "inbox search", "INBOX [flags]",
 		`Lists the items of INBOX that every given flag selects, newest first: by the
 event's id (--id, or a webhook's --key), its --type, the item's --state and the
-time it was made (--since, --until), one page of --limit; --all follows the
+time it was made (--since, --until), one page of --limit; --all-pages follows the
 pages. Each filter reads an index of the inbox's items.`)
 	af := addAPIFlags(fs, "print the items as a JSON array")
 	sf := addSearchFlags(fs, "items")

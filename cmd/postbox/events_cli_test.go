@@ -58,10 +58,10 @@ func TestEventsCLI(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "order-3") || !strings.Contains(errOut, "--before 3") {
 		t.Fatalf("events search --limit 1: %d\n%s%s", code, out, errOut)
 	}
-	out, _, code = runCLI(t, s.Base, "events", "search", "webhooks", "--limit", "1", "--all", "--json")
+	out, _, code = runCLI(t, s.Base, "events", "search", "webhooks", "--limit", "1", "--all-pages", "--json")
 	var evs []map[string]any
 	if code != 0 || json.Unmarshal([]byte(out), &evs) != nil || len(evs) != 3 {
-		t.Fatalf("events search --all --json: %d %s", code, out)
+		t.Fatalf("events search --all-pages --json: %d %s", code, out)
 	}
 	out, errOut, code = runCLI(t, s.Base, "inbox", "search", "webhooks", "--key", "order-3", "--state", "pending")
 	if code != 0 || !strings.Contains(out, "order-3") || strings.Contains(out, "order-1") {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"slices"
 	"strconv"
@@ -71,7 +70,7 @@ func itemIDs(cmd string, args []string) ([]int64, error) {
 
 func runInboxList(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "inbox list", "[INBOX] [flags]", `Lists the items of INBOX in id order, one page of --limit items from after --after.
-When more are left it says so on stderr; --all fetches every page.
+When more are left it says so on stderr; --all-pages fetches every page.
 An unknown inbox has no items.
 
 Without INBOX, lists the inboxes with how many items each holds in each state.`)
@@ -81,17 +80,16 @@ Without INBOX, lists the inboxes with how many items each holds in each state.`)
 	fs.Var(&limit, "limit", fmt.Sprintf("most `items` per page (at most %d)", maxItemsPerCall))
 	var after positiveInt
 	fs.Var(&after, "after", "list items after this item `ID`")
-	all := fs.Bool("all", false, "follow the pages until the last")
+	all := fs.Bool("all-pages", false, "follow the pages until the last")
+	oldSpelling(fs, "all", "all-pages")
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
 		return err
 	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	switch fs.NArg() {
 	case 0:
-		for _, f := range []string{"state", "limit", "after", "all"} {
-			if given[f] {
+		for _, f := range []string{"state", "limit", "after", "all-pages"} {
+			if flagSource(fs, f) != "" {
 				return usagef("inbox list: --%s goes with an INBOX", f)
 			}
 		}
@@ -110,7 +108,7 @@ Without INBOX, lists the inboxes with how many items each holds in each state.`)
 		return usagef("inbox list: --limit is at most %d, not %d", maxItemsPerCall, limit)
 	}
 
-	items, err := itemPages(env, "inbox list", "--all", int64(after), *all, func(after int64) (api.ItemPage, error) {
+	items, err := itemPages(env, "inbox list", "--all-pages", int64(after), *all, func(after int64) (api.ItemPage, error) {
 		page, err := c.Items(ctx, inbox, client.ItemsQuery{State: *state, After: after, Limit: int(limit)})
 		return page, c.explain(err)
 	})
@@ -182,7 +180,7 @@ func runInboxShow(ctx context.Context, env *cmdEnv, args []string) error {
 		{"id", strconv.FormatInt(it.ID, 10)}, {"inbox", it.Inbox}, {"subscription", it.Subscription},
 		{"stream", it.Stream}, {"offset", strconv.FormatInt(it.Offset, 10)}, {"stream_event_id", it.StreamEventID},
 		{"event_id", it.EventID}, {"type", it.Type}, {"occurred_at", when(it.OccurredAt)},
-		{"source_sequence", sourceSequence(it.SourceSequence)}, {"stored_at", when(it.StoredAt)}, {"metadata", metadataPairs(it.Metadata)},
+		{"source_sequence", sourceSequence(it.SourceSequence)}, {"stored_at", when(it.StoredAt)},
 		{"state", it.State}, {"attempts", strconv.Itoa(it.Attempts)},
 		{"next_attempt_at", when(it.NextAttemptAt)}, {"lease_expires_at", whenPtr(it.LeaseExpiresAt)},
 		{"last_error", lastError(it.LastError)}, {"created_at", when(it.CreatedAt)}, {"updated_at", when(it.UpdatedAt)},
@@ -190,6 +188,9 @@ func runInboxShow(ctx context.Context, env *cmdEnv, args []string) error {
 		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
 	}
 	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if err := printMetadata(env, it.Metadata); err != nil {
 		return err
 	}
 	fmt.Fprintln(env.stdout, "payload:")

@@ -43,6 +43,9 @@ type cmdEnv struct {
 	// lease"), for the hint after a usage error, and fs its flags.
 	command string
 	fs      *flag.FlagSet
+	// probe, when set, runs a command only to learn its subcommands and
+	// flags (shell completion): parse records the flags and stops it.
+	probe *cmdProbe
 }
 
 var commands map[string]command
@@ -53,7 +56,7 @@ func init() {
 		"version": {"print the version, commit and build time (also postbox --version)", runVersion},
 		"agent":   {"run the edge agent: durable outbox, local intake, sender", runAgent},
 		"send":    {"hand events to a running agent", runSend},
-		"outbox":  {"inspect an outbox, re-queue rejected events, emit test events (list, requeue, emit, migrate)", runOutbox},
+		"outbox":  {"inspect an outbox, re-queue or drop rejected events, emit test events (list, requeue, drop, emit, migrate)", runOutbox},
 		"migrate": {"show or apply the schema migrations of serve's store or of an outbox (status, up [--dry-run])", runMigrate},
 		"relay":   {"relay a transactional outbox (PostgreSQL or SQLite) to Redis Streams, JetStream, Kafka or postbox", runRelay},
 		"bench":   {"measure ingest end to end: N devices pipelining events (bench webhooks: POST /webhooks)", runBench},
@@ -67,6 +70,7 @@ func init() {
 		"inbox":         {"list, search, show, lease, ack and nack inbox items", runInbox},
 		"dlq":           {"list, show and replay dead letters: items whose delivery failed", runDLQ},
 		"events":        {"show a stored event and its deliveries per subscription; search a stream's events", runEvents},
+		"completion":    {"print a shell completion script: postbox completion bash|zsh|fish", runCompletion},
 	}
 }
 
@@ -193,8 +197,7 @@ func newFlags(env *cmdEnv, name, args, desc string) *flag.FlagSet {
 	fs.SetOutput(env.stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: postbox %s %s\n\n%s\n\nFlags (each also read from the environment variables in brackets, the first\nset one; a flag on the command line wins):\n", name, args, desc)
-		fs.VisitAll(func(f *flag.Flag) { f.Usage = usageWithVars(fs, f) })
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	return fs
 }
@@ -205,6 +208,10 @@ func newFlags(env *cmdEnv, name, args, desc string) *flag.FlagSet {
 // stdout and returns flag.ErrHelp. A bad flag is an error without the
 // usage (main points to --help).
 func parse(env *cmdEnv, fs *flag.FlagSet, args []string) error {
+	if env.probe != nil {
+		env.probe.fs = fs
+		return errProbed
+	}
 	env.command, env.fs = fs.Name(), fs
 	for _, a := range args {
 		if a == "-h" || a == "--help" || a == "-help" {
@@ -221,14 +228,18 @@ func parse(env *cmdEnv, fs *flag.FlagSet, args []string) error {
 		if strings.HasPrefix(msg, "invalid boolean value") { // the flag package says "parse error"
 			msg = strings.TrimSuffix(msg, "parse error") + boolWant
 		}
+		msg += unknownFlagHint(fs, msg)
 		return usagef("%s: %s", fs.Name(), msg)
 	}
 	src := map[string]string{}
 	fs.Visit(func(f *flag.Flag) { src[f.Name] = "--" + f.Name })
 	sources.Store(fs, src)
+	if err := checkOldNames(env.stderr, fs, src); err != nil {
+		return err
+	}
 	var bad error
 	fs.VisitAll(func(f *flag.Flag) {
-		if src[f.Name] != "" || bad != nil {
+		if src[f.Name] != "" || bad != nil || isOldName(fs, f.Name) {
 			return
 		}
 		for _, v := range envVars(fs, f) {
@@ -326,6 +337,11 @@ func envVars(fs *flag.FlagSet, f *flag.Flag) []string {
 			vars = append(vars, v)
 		}
 	}
+	for _, v := range oldVars(fs, f) {
+		if !slices.Contains(vars, v) {
+			vars = append(vars, v) // the old spelling's, read last
+		}
+	}
 	return vars
 }
 
@@ -352,7 +368,8 @@ var envVarName = regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
 // usageWithVars is f's usage ending with every variable of the flag.
 func usageWithVars(fs *flag.FlagSet, f *flag.Flag) string {
 	text, _ := splitVars(f.Usage)
-	return text + " [" + strings.Join(envVars(fs, f), ", ") + "]"
+	vars := slices.DeleteFunc(envVars(fs, f), func(v string) bool { return slices.Contains(oldVars(fs, f), v) })
+	return text + " [" + strings.Join(vars, ", ") + "]"
 }
 
 // noArgs refuses positional arguments, for a command that takes none.

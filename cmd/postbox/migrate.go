@@ -95,6 +95,9 @@ type plannedComponent struct {
 }
 
 func runMigrate(ctx context.Context, env *cmdEnv, args []string) error {
+	if len(args) == 0 {
+		env.offer("status", "up")
+	}
 	sub := ""
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		sub, args = args[0], args[1:]
@@ -108,7 +111,11 @@ func runMigrate(ctx context.Context, env *cmdEnv, args []string) error {
 		args = []string{"--help"}
 		sub = "status|up"
 	default:
-		return usagef("migrate: unknown command %q (status, up)", sub)
+		hint := ""
+		if near := nearest(sub, []string{"status", "up"}); near != "" {
+			hint = fmt.Sprintf(" (did you mean %s?)", near)
+		}
+		return usagef("migrate: unknown command %q%s (status, up)", sub, hint)
 	}
 	fs := newFlags(env, "migrate "+sub, "[flags]", `status prints, for each component of a database (streams, server, delivery, intake,
 streamkafka, outbox), the version it records and the migrations this postbox would apply, by

@@ -9,9 +9,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -86,7 +90,7 @@ func parseAPI(env *cmdEnv, fs *flag.FlagSet, af *apiFlags, args []string) (*apiC
 	if err != nil {
 		return nil, usagef("%s: %v", fs.Name(), err)
 	}
-	return &apiClient{API: api, base: api.BaseURL(), timeout: apiTimeout}, nil
+	return &apiClient{API: api, base: api.BaseURL(), timeout: apiTimeout, token: af.token != "", tokenFrom: cmp.Or(flagSource(fs, "token"), "--token")}, nil
 }
 
 // apiClient is the Go client of the HTTP API (package client), with the
@@ -95,6 +99,9 @@ type apiClient struct {
 	*client.API
 	base    string
 	timeout time.Duration
+	// token: a token was given, from tokenFrom (--token or a variable).
+	token     bool
+	tokenFrom string
 }
 
 // isAPIError reports whether err is an API error with this code.
@@ -120,6 +127,12 @@ func (c *apiClient) explain(err error) error {
 		return fmt.Errorf("no server answers at %s: is it running? (start one with `postbox serve`, or point --server or POSTBOX_API_URL at it)", c.base)
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("server %s did not answer %s %s within %v", c.base, method, path, c.timeout)
+	case isAPI && (ae.Status == http.StatusUnauthorized || ae.Status == http.StatusForbidden && ae.Code != api.CodeCrossOrigin):
+		status := fmt.Sprintf("%d %s", ae.Status, cmp.Or(string(ae.Code), http.StatusText(ae.Status)))
+		if c.token {
+			return fmt.Errorf("server %s refused the token given with %s (%s): it is not the server's API token (serve --api-token)", c.base, c.tokenFrom, status)
+		}
+		return fmt.Errorf("server %s needs an API token (%s): give it with --token or POSTBOX_API_TOKEN", c.base, status)
 	case isAPI && ae.Code == "" && (ae.Status == http.StatusNotFound || ae.Status == http.StatusMethodNotAllowed):
 		return fmt.Errorf("server %s has no %s %s (%d %s): is it a postbox server of this version?", c.base, method, path, ae.Status, http.StatusText(ae.Status))
 	case isAPI:
@@ -175,11 +188,81 @@ func printValue(env *cmdEnv, v any) error {
 	return printJSON(env, b)
 }
 
-// metadataPairs is pairs of an item's metadata object.
-func metadataPairs(raw json.RawMessage) string {
+// printMetadata prints an item's metadata object as a person reads it,
+// under "metadata:": one "key: value" line a key, sorted; an object (a
+// webhook's headers) as its own indented lines, header names as HTTP
+// writes them (Content-Type). No metadata prints "metadata: -".
+func printMetadata(env *cmdEnv, raw json.RawMessage) error {
 	var m map[string]any
-	json.Unmarshal(raw, &m)
-	return pairs(m)
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	if d.Decode(&m) != nil || len(m) == 0 {
+		_, err := fmt.Fprintln(env.stdout, "metadata: -")
+		return err
+	}
+	var b strings.Builder
+	b.WriteString("metadata:\n")
+	writeObject(&b, m, "  ", false)
+	_, err := io.WriteString(env.stdout, b.String())
+	return err
+}
+
+// writeObject writes m as "key: value" lines sorted by key, each after
+// indent; nested objects go one level deeper. headers: the keys are
+// HTTP header names.
+func writeObject(b *strings.Builder, m map[string]any, indent string, headers bool) {
+	keys := slices.Sorted(maps.Keys(m))
+	if headers {
+		slices.SortFunc(keys, func(x, y string) int {
+			return strings.Compare(http.CanonicalHeaderKey(x), http.CanonicalHeaderKey(y))
+		})
+	}
+	for _, k := range keys {
+		name := k
+		if headers {
+			name = http.CanonicalHeaderKey(k)
+		}
+		if obj, ok := m[k].(map[string]any); ok && len(obj) > 0 {
+			fmt.Fprintf(b, "%s%s:\n", indent, name)
+			writeObject(b, obj, indent+"  ", k == "headers")
+			continue
+		}
+		fmt.Fprintf(b, "%s%s: %s\n", indent, name, valueText(m[k]))
+	}
+}
+
+// valueText is a decoded JSON value for a person: a string as it is, a
+// number or boolean as JSON writes it, a list of them joined by ", ",
+// anything else as compact JSON; never Go's map[...] or [...] notation.
+func valueText(v any) string {
+	switch v := v.(type) {
+	case nil:
+		return "null"
+	case string:
+		return v
+	case json.Number:
+		return v.String()
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	case bool:
+		return strconv.FormatBool(v)
+	case []any:
+		parts := make([]string, len(v))
+		for i, e := range v {
+			switch e.(type) {
+			case map[string]any, []any:
+				b, _ := json.Marshal(v)
+				return string(b)
+			}
+			parts[i] = valueText(e)
+		}
+		return strings.Join(parts, ", ")
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
 }
 
 // orDash is s, or "-" when empty.
@@ -188,6 +271,13 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// metadataPairs formats a metadata object as pairs does, or "-".
+func metadataPairs(raw json.RawMessage) string {
+	var m map[string]any
+	json.Unmarshal(raw, &m)
+	return pairs(m)
 }
 
 // pairs formats a metadata map as k=v,k=v in key order, or "-".
@@ -201,7 +291,7 @@ func pairs(m map[string]any) string {
 	}
 	sort.Strings(keys)
 	for i, k := range keys {
-		keys[i] = fmt.Sprintf("%s=%v", k, m[k])
+		keys[i] = k + "=" + valueText(m[k])
 	}
 	return strings.Join(keys, ",")
 }
@@ -215,6 +305,10 @@ type subcommand struct {
 // runGroup runs the subcommand of group named by args[0]; with none or
 // --help it prints the group's commands.
 func runGroup(ctx context.Context, env *cmdEnv, group string, subs []subcommand, args []string) error {
+	if len(args) == 0 && env.probe != nil {
+		env.offerTable(subs)
+		return errProbed
+	}
 	sub := ""
 	if len(args) > 0 {
 		sub, args = args[0], args[1:]
@@ -232,14 +326,24 @@ func runGroup(ctx context.Context, env *cmdEnv, group string, subs []subcommand,
 		for _, s := range subs {
 			fmt.Fprintf(env.stdout, "  %-*s %s\n", width, s.name, s.summary)
 		}
+		if note := groupNotes[group]; note != "" {
+			fmt.Fprintf(env.stdout, "\n%s\n", note)
+		}
 		fmt.Fprintf(env.stdout, "\npostbox %s COMMAND --help shows a command's flags.\n", group)
 		if sub == "" {
 			return usagef("%s: no command given", group)
 		}
 		return nil
 	}
-	return usagef("%s: unknown command %q (%s)", group, sub, strings.Join(names, ", "))
+	hint := ""
+	if near := nearest(sub, names); near != "" {
+		hint = fmt.Sprintf(" (did you mean %s?)", near)
+	}
+	return usagef("%s: unknown command %q%s: use %s", group, sub, hint, strings.Join(names, ", "))
 }
+
+// groupNotes are what a group's help says after its commands.
+var groupNotes = map[string]string{}
 
 // args1 returns the command's one positional argument, what.
 func args1(fs *flag.FlagSet, what string) (string, error) {

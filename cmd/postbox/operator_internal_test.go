@@ -341,7 +341,7 @@ func TestInboxLeaseAckNack(t *testing.T) {
 		t.Fatalf("inbox list: %d items, want 5: %v", len(items), items)
 	}
 	var all []map[string]any
-	cliJSON(t, &all, append([]string{"inbox", "list", "worker", "--limit", "2", "--all", "--json"}, srv...)...)
+	cliJSON(t, &all, append([]string{"inbox", "list", "worker", "--limit", "2", "--all-pages", "--json"}, srv...)...)
 	if len(all) != 5 {
 		t.Fatalf("inbox list --limit 2 --all: %d items, want 5", len(all))
 	}
@@ -464,11 +464,16 @@ func TestInboxLeaseAckNack(t *testing.T) {
 func TestOperatorAPIToken(t *testing.T) {
 	s := servertest.Start(t, server.Config{APIToken: "s3cret"}, nil)
 	r := cli(t, "streams", "--server", s.Base)
-	if r.code != 1 || !strings.Contains(r.stderr, "401 unauthorized") || !strings.Contains(r.stderr, "API token") {
+	if r.code != 1 || !strings.Contains(r.stderr, "server "+s.Base+" needs an API token (401 unauthorized): give it with --token or POSTBOX_API_TOKEN") {
 		t.Fatalf("without the token: %v", r)
 	}
-	if r := cli(t, "streams", "--server", s.Base, "--token", "wrong"); r.code != 1 {
+	// A token given and refused says so, not that one is needed.
+	if r := cli(t, "streams", "--server", s.Base, "--token", "wrong"); r.code != 1 || !strings.Contains(r.stderr, "refused the token given with --token (401 unauthorized)") ||
+		strings.Contains(r.stderr, "needs") {
 		t.Fatalf("with a wrong token: %v", r)
+	}
+	if r := cliEnv(t, map[string]string{"POSTBOX_API_TOKEN": "wrong"}, "streams", "--server", s.Base); r.code != 1 || !strings.Contains(r.stderr, "refused the token given with POSTBOX_API_TOKEN") {
+		t.Fatalf("with a wrong POSTBOX_API_TOKEN: %v", r)
 	}
 	if r := cli(t, "streams", "--server", s.Base, "--token", "s3cret"); r.code != 0 || !strings.Contains(r.stdout, "devices") {
 		t.Fatalf("with --token: %v", r)

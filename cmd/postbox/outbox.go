@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -19,41 +20,23 @@ import (
 	"github.com/postbox-events/postbox/outbox/outboxsqlite"
 )
 
+var outboxCommands = []subcommand{
+	{"list", "show the outbox's rows (default: the rejected ones, with the receiver's reason)", runOutboxList},
+	{"requeue", "make rejected (refused or parked) rows pending again, so the relay sends them again", runOutboxRequeue},
+	{"drop", "delete rejected rows the receiver refused for good, so the rejected gauge clears", runOutboxDrop},
+	{"emit", "insert events into a transactional outbox, for trials and tests", runOutboxEmit},
+	{"migrate", "create or upgrade the outbox table in a PostgreSQL database", runOutboxMigrate},
+}
+
+func init() {
+	groupNotes["outbox"] = `list, requeue and drop work on the edge agent's outbox (--outbox FILE) or on a
+transactional outbox (--db postgres://... or --db FILE); emit and migrate on a
+transactional outbox (--db). postbox migrate status|up --outbox shows or applies
+any outbox's migrations.`
+}
+
 func runOutbox(ctx context.Context, env *cmdEnv, args []string) error {
-	sub := ""
-	if len(args) > 0 {
-		sub, args = args[0], args[1:]
-	}
-	switch sub {
-	case "list":
-		return runOutboxList(ctx, env, args)
-	case "requeue":
-		return runOutboxRequeue(ctx, env, args)
-	case "emit":
-		return runOutboxEmit(ctx, env, args)
-	case "migrate":
-		return runOutboxMigrate(ctx, env, args)
-	case "", "-h", "--help", "help":
-		fmt.Fprint(env.stdout, `Usage: postbox outbox list|requeue|emit|migrate [flags]
-
-  list      show the outbox's rows (default: the rejected ones, with the receiver's reason)
-  requeue   make rejected (refused or parked) rows pending again, so the relay sends them again
-  emit      insert events into a transactional outbox, for trials and tests
-  migrate   create or upgrade the outbox table in a PostgreSQL database
-            (postbox migrate status|up --outbox shows or applies any outbox's migrations)
-
-list and requeue work on the edge agent's outbox (--outbox FILE) or on a
-transactional outbox (--db postgres://... or --db FILE); emit and migrate
-on a transactional outbox (--db).
-
-postbox outbox COMMAND --help shows a command's flags.
-`)
-		if sub == "" {
-			return usagef("outbox: no command given")
-		}
-		return nil
-	}
-	return usagef("outbox: unknown command %q (list, requeue, emit, migrate)", sub)
+	return runGroup(ctx, env, "outbox", outboxCommands, args)
 }
 
 // outboxFlags declares --outbox and --db and returns a function that opens
@@ -128,7 +111,9 @@ func runOutboxList(ctx context.Context, env *cmdEnv, args []string) error {
 }
 
 func runOutboxRequeue(ctx context.Context, env *cmdEnv, args []string) error {
-	fs := newFlags(env, "outbox requeue", "(EVENT_ID... | --all) [flags]", "Makes rejected (refused or parked) rows pending and due now; a running agent or relay sends them within its poll interval.")
+	fs := newFlags(env, "outbox requeue", "(EVENT_ID... | --all) [flags]", `Makes rejected (refused or parked) rows pending and due now; a running agent or relay sends
+them within its poll interval. Says what happened to each EVENT_ID named: requeued, not in the
+outbox, or not rejected (pending or delivered: nothing to requeue).`)
 	open := outboxFlags(env, fs)
 	all := fs.Bool("all", false, "requeue every rejected row")
 	if err := parse(env, fs, args); err != nil {
@@ -142,18 +127,118 @@ func runOutboxRequeue(ctx context.Context, env *cmdEnv, args []string) error {
 		return err
 	}
 	defer db.close()
+	var before map[string]string
+	if fs.NArg() > 0 {
+		if before, err = rowStates(ctx, db, fs.Args()); err != nil {
+			return err
+		}
+	}
 	n, err := db.admin.Requeue(ctx, fs.Args())
 	if err != nil {
 		return err
 	}
+	for _, id := range fs.Args() {
+		if before[id] == outbox.StateRejected {
+			fmt.Fprintf(env.stdout, "%s: requeued\n", id)
+		}
+	}
+	notes := rowNotes(env, "outbox requeue", fs.Args(), before, "requeue")
 	fmt.Fprintf(env.stdout, "%d rejected events requeued\n", n)
 	switch {
 	case n == 0 && fs.NArg() > 0:
-		return fmt.Errorf("outbox requeue: none of %v is a rejected row", fs.Args())
-	case n < int64(fs.NArg()):
-		fmt.Fprintf(env.stderr, "outbox requeue: %d of the %d ids named are not rejected rows (unknown, pending or delivered)\n", int64(fs.NArg())-n, fs.NArg())
+		return fmt.Errorf("outbox requeue: none of %s is a rejected row", strings.Join(fs.Args(), ", "))
+	case notes > 0:
+		fmt.Fprintf(env.stderr, "outbox requeue: %d of the %d ids named are not rejected rows (unknown, pending or delivered)\n", notes, fs.NArg())
 	}
 	return nil
+}
+
+func runOutboxDrop(ctx context.Context, env *cmdEnv, args []string) error {
+	fs := newFlags(env, "outbox drop", "(EVENT_ID... | --all) [flags]", `Deletes rejected rows for good: events the receiver refused (a NACK it will not change its mind
+on, such as invalid_payload) or that the relay parked, once an operator decided they are not to be
+sent. The rejected count of /metrics (postbox_outbox_events{state="rejected"}) and an alert on it
+clear. Only rejected rows are dropped: a pending or delivered row named stays, and is said so.
+Name the rows' event ids, or pass --all to drop every rejected row; postbox outbox list shows
+them first. To send a row again instead, use postbox outbox requeue.`)
+	open := outboxFlags(env, fs)
+	all := fs.Bool("all", false, "drop every rejected row")
+	asJSON := fs.Bool("json", false, `print {"dropped": [EVENT_ID...]}`)
+	if err := parse(env, fs, args); err != nil {
+		return err
+	}
+	if *all == (fs.NArg() > 0) {
+		return usagef("outbox drop: name event ids or pass --all to drop every rejected row (not both)")
+	}
+	db, err := open(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.close()
+	ra, ok := db.admin.(outbox.RowAdmin)
+	if !ok {
+		return fmt.Errorf("outbox drop: this outbox cannot drop rows")
+	}
+	var before map[string]string
+	if fs.NArg() > 0 {
+		if before, err = rowStates(ctx, db, fs.Args()); err != nil {
+			return err
+		}
+	}
+	dropped, err := ra.Drop(ctx, fs.Args())
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		b, _ := json.Marshal(map[string]any{"dropped": jsonArray(dropped)})
+		fmt.Fprintln(env.stdout, string(b))
+	} else {
+		for _, id := range dropped {
+			fmt.Fprintf(env.stdout, "%s: dropped\n", id)
+		}
+	}
+	rowNotes(env, "outbox drop", fs.Args(), before, "drop")
+	if !*asJSON {
+		fmt.Fprintf(env.stdout, "%d rejected events dropped\n", len(dropped))
+	}
+	if len(dropped) == 0 && fs.NArg() > 0 {
+		return fmt.Errorf("outbox drop: none of %s is a rejected row", strings.Join(fs.Args(), ", "))
+	}
+	return nil
+}
+
+// rowStates returns the state of each row of ids the outbox holds.
+func rowStates(ctx context.Context, db *outboxDB, ids []string) (map[string]string, error) {
+	ra, ok := db.admin.(outbox.RowAdmin)
+	if !ok {
+		return nil, nil
+	}
+	rows, err := ra.Rows(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	states := make(map[string]string, len(rows))
+	for _, r := range rows {
+		states[r.EventID] = r.State
+	}
+	return states, nil
+}
+
+// rowNotes says on stderr, for each id that was not a rejected row, what
+// it was instead, and returns how many it named.
+func rowNotes(env *cmdEnv, cmd string, ids []string, states map[string]string, verb string) int {
+	n := 0
+	for _, id := range ids {
+		switch st := states[id]; st {
+		case outbox.StateRejected:
+		case "":
+			fmt.Fprintf(env.stderr, "%s: %s: not in the outbox\n", cmd, id)
+			n++
+		default:
+			fmt.Fprintf(env.stderr, "%s: %s: %s, not rejected: nothing to %s\n", cmd, id, st, verb)
+			n++
+		}
+	}
+	return n
 }
 
 func runOutboxEmit(ctx context.Context, env *cmdEnv, args []string) error {

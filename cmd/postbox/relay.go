@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/client"
 	"github.com/postbox-events/postbox/internal/kafkaopt"
 	"github.com/postbox-events/postbox/internal/relaymetrics"
@@ -61,12 +62,17 @@ it with postbox outbox). Wakes on LISTEN/NOTIFY and polls as well.
                                                                       (idempotent producer, acks=all)
         ws://HOST:PORT or wss://HOST:PORT                                     (a postbox server)
 
+To a postbox server the events go to its device source devices, unless --source names another
+device source (postbox sources create NAME --kind device): each service relaying under its own
+source, its events are kept in their own stream and subscribed to by origin.
+
 Each event's W3C trace context (traceparent) is sent with it; with OTEL_EXPORTER_OTLP_ENDPOINT
 set, each publish is a span exported over OTLP (docs/TRACING.md).`)
 	dsn := fs.String("db", "", "the outbox's database: postgres://... or a SQLite file [DATABASE_URL]")
 	to := fs.String("to", "", "where to relay: redis://, nats://, kafka://, ws:// or wss:// URL [POSTBOX_RELAY_TO]")
 	listen := fs.String("listen", defaultRelayListen, "address of /metrics and /healthz; empty: none [POSTBOX_RELAY_LISTEN]")
 	token := fs.String("token", "", "bearer token for a ws:// target [POSTBOX_TOKEN]")
+	source := fs.String("source", "", "for a ws:// or wss:// target: the server's device `source` the events go to (default: devices)")
 	migrate := fs.Bool("migrate", true, "create or upgrade the outbox table at start (false: refuse to start without it)")
 	batch := positiveInt(1000)
 	fs.Var(&batch, "batch", "most `events` per publish")
@@ -122,7 +128,10 @@ set, each publish is a span exported over OTLP (docs/TRACING.md).`)
 	}
 	// The target first: a mistake in --to is a usage error, found before
 	// the outbox database is touched (and its table created).
-	pub, closePub, err := relayTarget(ctx, *to, *token, time.Duration(ackTimeout), log)
+	if *source != "" && !strings.HasPrefix(*to, "ws://") && !strings.HasPrefix(*to, "wss://") {
+		return usagef("relay: --source names a postbox server's source: it goes with a ws:// or wss:// --to")
+	}
+	pub, closePub, err := relayTarget(ctx, *to, wsOptions{token: *token, source: *source}, time.Duration(ackTimeout), log)
 	if err != nil {
 		return err
 	}
@@ -333,7 +342,7 @@ func (o *outboxDB) close() {
 
 // relayTarget returns the publisher for a --to URL and a function that
 // closes its connection. The publishers log to log.
-func relayTarget(ctx context.Context, to, token string, ackTimeout time.Duration, log *slog.Logger) (outbox.Publisher, func(), error) {
+func relayTarget(ctx context.Context, to string, ws wsOptions, ackTimeout time.Duration, log *slog.Logger) (outbox.Publisher, func(), error) {
 	u, err := url.Parse(to)
 	if err != nil {
 		return nil, nil, usagef("--to %q: %v", to, err)
@@ -385,11 +394,11 @@ func relayTarget(ctx context.Context, to, token string, ackTimeout time.Duration
 	case "kafka":
 		return kafkaTarget(ctx, u, q, ackTimeout, log)
 	case "ws", "wss":
-		pub, err := client.NewPublisher(to, client.Options{Token: token, Logger: log, AckTimeout: ackTimeout})
+		pub, err := client.NewPublisher(to, client.Options{Token: ws.token, Source: ws.source, Logger: log, AckTimeout: ackTimeout})
 		if err != nil {
 			return nil, nil, usagef("--to: %v", err)
 		}
-		if err := probeWS(ctx, to, token, log); err != nil {
+		if err := probeWS(ctx, to, ws, log); err != nil {
 			pub.Close()
 			return nil, nil, err
 		}
@@ -398,20 +407,32 @@ func relayTarget(ctx context.Context, to, token string, ackTimeout time.Duration
 	return nil, nil, usagef("--to %q: use redis://, nats://, kafka://, ws:// or wss://", redact(to))
 }
 
+// wsOptions are the settings of a ws:// or wss:// target: the token and
+// the device source its events go to.
+type wsOptions struct{ token, source string }
+
 // probeWS connects once to a ws:// or wss:// target, as the other targets
 // are pinged at the start: a server that refuses the token or has no
 // ingress at that path is an error; one that does not answer yet is
 // logged, and the relay sends once it does.
-func probeWS(ctx context.Context, to, token string, log *slog.Logger) error {
+func probeWS(ctx context.Context, to string, ws wsOptions, log *slog.Logger) error {
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := client.Dial(pctx, to, client.Options{Token: token})
+	conn, err := client.Dial(pctx, to, client.Options{Token: ws.token, Source: ws.source})
 	if err == nil {
 		conn.Close()
 		return nil
 	}
 	var refused *client.APIError
-	if errors.Is(err, client.ErrUnauthorized) || (errors.As(err, &refused) && refused.Status < 500) {
+	isRefused := errors.As(err, &refused)
+	switch {
+	case errors.Is(err, client.ErrUnauthorized) && ws.token != "":
+		return fmt.Errorf("--to %s: the server refused the token given with --token: %w", redact(to), err)
+	case errors.Is(err, client.ErrUnauthorized):
+		return fmt.Errorf("--to %s: the server needs a token: give it with --token or POSTBOX_TOKEN: %w", redact(to), err)
+	case isRefused && refused.Code == api.CodeNotFound && ws.source != "":
+		return fmt.Errorf("--source %s: %w", ws.source, err)
+	case isRefused && refused.Status < 500:
 		return fmt.Errorf("--to %s: %w", redact(to), err)
 	}
 	log.Warn("relay: the target does not answer yet; the relay sends once it does", "to", redact(to), "err", err)

@@ -93,6 +93,8 @@ func (s *secretList) Set(v string) error {
 func runSourcesCreate(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "sources create", "NAME [--kind webhook | --poll URL --items PTR --id PTR --type PTR | --feed URL] [flags]", `Creates the source NAME and its stream (of the same name). A source of kind webhook takes
 webhooks at POST /webhooks/NAME; subscriptions read it as any source (--source NAME).
+A source of kind device takes the events of the ingress connections that name it
+(postbox relay --source NAME, GET /v1/ws?source=NAME); devices is the default one.
 
 --poll URL makes a source of kind poll: serve polls the JSON HTTP API at URL with GET and
 stores each item once, under its id. JSON pointers (RFC 6901) pick the array of items in

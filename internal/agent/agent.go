@@ -35,6 +35,9 @@ type Config struct {
 	SessionID  string // filled into events without one; defaults to a new sess_<ULID>
 	Listen     string // the intake's address; defaults to 127.0.0.1:8787
 	Token      string
+	// Source is the server's device source the events go to; "" is
+	// its default, devices (client.Options.Source).
+	Source string
 	// CACert is a PEM file of the certificate authorities (or the
 	// self-signed certificate) a wss:// or grpcs:// server must present.
 	// Empty means the system's roots.
@@ -96,7 +99,7 @@ func New(cfg Config) (*Agent, error) {
 	default:
 		return nil, fmt.Errorf("agent: synchronous must be FULL or NORMAL, not %q", cfg.Synchronous)
 	}
-	opts := client.Options{Token: cfg.Token, Logger: cfg.Logger, AckTimeout: cfg.AckTimeout}
+	opts := client.Options{Token: cfg.Token, Source: cfg.Source, Logger: cfg.Logger, AckTimeout: cfg.AckTimeout}
 	if cfg.CACert != "" {
 		tc, err := tlsca.Config(cfg.CACert)
 		if err != nil {

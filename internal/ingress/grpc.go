@@ -118,6 +118,20 @@ func (g grpcIngress) Send(stream ingresspb.Ingress_SendServer) error {
 		}
 		device = d
 	}
+	source := ""
+	if md, ok := metadata.FromIncomingContext(sctx); ok {
+		if v := md.Get(SourceMetadata); len(v) > 0 {
+			source = v[0]
+		}
+	}
+	streamID, gone, err := in.target(sctx, source)
+	if err != nil {
+		in.log.Warn("ingress: refused gRPC stream to a source it cannot send to", "err", err)
+		if errors.Is(err, ErrNoSource) {
+			return grpcRefusal(codes.NotFound, api.CodeNotFound, err.Error())
+		}
+		return grpcRefusal(codes.Unavailable, api.CodeUnavailable, err.Error())
+	}
 	addr := ""
 	if p, ok := peer.FromContext(sctx); ok && p.Addr != nil {
 		addr = clientAddr(p.Addr.String())
@@ -146,7 +160,8 @@ func (g grpcIngress) Send(stream ingresspb.Ingress_SendServer) error {
 	}
 	ctx, cancel := context.WithCancel(sctx)
 	defer cancel()
-	s := &session{in: in, cancel: cancel, send: grpcSend(stream), wake: make(chan struct{}, 1), queued: make(chan struct{}, 1), room: make(chan struct{})}
+	s := &session{in: in, cancel: cancel, send: grpcSend(stream), wake: make(chan struct{}, 1), queued: make(chan struct{}, 1), room: make(chan struct{}),
+		stream: streamID, gone: gone}
 	if device != "" {
 		in.claim(device, s)
 		defer in.unclaim(device, s)

@@ -125,11 +125,42 @@ type Config struct {
 	// nothing is stored. It runs on every connection's read path, so it
 	// must be cheap (cache what it reads).
 	SourceGone func() error
-	Logger     *slog.Logger
-	Metrics    *Metrics
+	// Source, when not nil, lets a connection send to a device source
+	// other than the default one (StreamID, checked by SourceGone): a
+	// WebSocket names it in its URL (?source=NAME), a gRPC stream in its
+	// metadata (SourceMetadata). Source returns the source's stream and
+	// the check its frames take as SourceGone (nil: none), or an error:
+	// one that wraps ErrNoSource refuses the connection as not found
+	// (404 not_found, gRPC NotFound), any other as unavailable. Without
+	// Source, a connection that names a source other than the default
+	// is refused as not found.
+	Source  func(ctx context.Context, name string) (stream string, gone func() error, err error)
+	Logger  *slog.Logger
+	Metrics *Metrics
 }
 
-// Ingress accepts envelopes for one stream.
+// ErrNoSource is what Config.Source wraps when a connection names a
+// source that is not a device source.
+var ErrNoSource = errors.New("no such device source")
+
+// SourceMetadata is the gRPC metadata key that names a stream's source,
+// as ?source=NAME does a WebSocket's.
+const SourceMetadata = "postbox-source"
+
+// target returns the stream a connection naming source sends to and the
+// check of its frames: the default's when source is empty or the
+// default (StreamID).
+func (in *Ingress) target(ctx context.Context, source string) (string, func() error, error) {
+	if source == "" || source == in.cfg.StreamID {
+		return in.cfg.StreamID, in.cfg.SourceGone, nil
+	}
+	if in.cfg.Source == nil {
+		return "", nil, fmt.Errorf("source %q: %w: this server takes device events only for %s", source, ErrNoSource, in.cfg.StreamID)
+	}
+	return in.cfg.Source(ctx, source)
+}
+
+// Ingress accepts envelopes for the stream of each connection's source.
 type Ingress struct {
 	store Appender
 	cfg   Config
@@ -251,7 +282,7 @@ const maxEchoedID = 1024
 
 // decodeFrame validates every envelope of a frame. device, when not empty,
 // is the only device_id the sender may use.
-func (in *Ingress) decodeFrame(frame []byte, device string) decoded {
+func (in *Ingress) decodeFrame(frame []byte, device, streamID string) decoded {
 	var d decoded
 	raws, err := postbox.SplitFrame(frame)
 	if err == nil && len(raws) == 0 {
@@ -282,7 +313,7 @@ func (in *Ingress) decodeFrame(frame []byte, device string) decoded {
 			continue
 		}
 		if traced {
-			d.spans = append(d.spans, startIntake(&env, in.cfg.StreamID))
+			d.spans = append(d.spans, startIntake(&env, streamID))
 		}
 		d.ids = append(d.ids, env.EventID)
 		d.events = append(d.events, toEvent(&env))
@@ -351,20 +382,21 @@ func appendString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// appendReplies appends the ACKs and NACKs of append results to out.
-func (in *Ingress) appendReplies(out []postbox.Reply, ids []string, results []stream.AppendResult, err error) []postbox.Reply {
+// appendReplies appends the ACKs and NACKs of append results to out,
+// counting them for streamID.
+func (in *Ingress) appendReplies(out []postbox.Reply, streamID string, ids []string, results []stream.AppendResult, err error) []postbox.Reply {
 	var last postbox.Reply // events of one commit share a time: format it once
 	for i, id := range ids {
 		switch {
 		case err != nil:
 			out = append(out, postbox.Nack(id, &postbox.FieldError{Code: postbox.CodeOutage, Message: "not stored, send again: " + err.Error()}))
-			in.m.events.WithLabelValues(in.cfg.StreamID, "unavailable").Inc()
+			in.m.events.WithLabelValues(streamID, "unavailable").Inc()
 		case errors.Is(results[i].Err, stream.ErrConflict):
 			out = append(out, conflictNack(id, results[i].Err))
-			in.m.events.WithLabelValues(in.cfg.StreamID, "conflict").Inc()
+			in.m.events.WithLabelValues(streamID, "conflict").Inc()
 		case results[i].Err != nil: // stream.ErrTooLarge: the backend cannot store it, ever
 			out = append(out, postbox.Nack(id, &postbox.FieldError{Code: postbox.CodeTooLarge, Message: results[i].Err.Error()}))
-			in.m.events.WithLabelValues(in.cfg.StreamID, "rejected").Inc()
+			in.m.events.WithLabelValues(streamID, "rejected").Inc()
 		case results[i].Duplicate || last.AckTS == "" || !results[i].StoredAt.Equal(results[i-1].StoredAt):
 			last = postbox.Ack(id, results[i].StoredAt, results[i].Duplicate)
 			out = append(out, last)
@@ -373,12 +405,12 @@ func (in *Ingress) appendReplies(out []postbox.Reply, ids []string, results []st
 		}
 	}
 	if err == nil {
-		in.countStored(results)
+		in.countStored(streamID, results)
 	}
 	return out
 }
 
-func (in *Ingress) countStored(results []stream.AppendResult) {
+func (in *Ingress) countStored(streamID string, results []stream.AppendResult) {
 	var stored, dup float64
 	for _, r := range results {
 		switch {
@@ -389,12 +421,12 @@ func (in *Ingress) countStored(results []stream.AppendResult) {
 			stored++
 		}
 	}
-	in.m.events.WithLabelValues(in.cfg.StreamID, "stored").Add(stored)
-	in.m.events.WithLabelValues(in.cfg.StreamID, "duplicate").Add(dup)
+	in.m.events.WithLabelValues(streamID, "stored").Add(stored)
+	in.m.events.WithLabelValues(streamID, "duplicate").Add(dup)
 }
 
-func (in *Ingress) countRefused(refused []postbox.Reply) {
+func (in *Ingress) countRefused(streamID string, refused []postbox.Reply) {
 	if len(refused) > 0 {
-		in.m.events.WithLabelValues(in.cfg.StreamID, "rejected").Add(float64(len(refused)))
+		in.m.events.WithLabelValues(streamID, "rejected").Add(float64(len(refused)))
 	}
 }

@@ -64,6 +64,16 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		device = d
 	}
+	streamID, gone, err := in.target(r.Context(), r.URL.Query().Get("source"))
+	if err != nil {
+		code := api.CodeUnavailable
+		if errors.Is(err, ErrNoSource) {
+			code = api.CodeNotFound
+		}
+		writeError(w, code, err.Error())
+		in.log.Warn("ingress: refused connection to a source it cannot send to", "remote", r.RemoteAddr, "err", err)
+		return
+	}
 	if !isUpgrade(r.Header) {
 		w.Header().Set("Upgrade", "websocket")
 		w.Header().Set("Connection", "Upgrade")
@@ -110,7 +120,8 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer in.sessions.Done()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	s := &session{in: in, c: c, send: wsSend(c), cancel: cancel, wake: make(chan struct{}, 1), queued: make(chan struct{}, 1), room: make(chan struct{})}
+	s := &session{in: in, c: c, send: wsSend(c), cancel: cancel, wake: make(chan struct{}, 1), queued: make(chan struct{}, 1), room: make(chan struct{}),
+		stream: streamID, gone: gone}
 	defer s.giveBack()
 	if device != "" {
 		in.claim(device, s)
@@ -311,6 +322,8 @@ func (in *Ingress) unclaim(device string, s *session) {
 // its writer and the store's commit callbacks.
 type session struct {
 	in       *Ingress
+	stream   string                                       // the stream of the connection's source; "": the default (StreamID)
+	gone     func() error                                 // its source's check (Config.SourceGone); nil: none
 	c        *websocket.Conn                              // nil on gRPC
 	send     func(context.Context, []postbox.Reply) error // writes replies to the peer, one writer at a time
 	cancel   context.CancelFunc
@@ -327,6 +340,22 @@ type session struct {
 	wake     chan struct{}   // replies are waiting
 	queued   chan struct{}   // pending events are waiting
 	room     chan struct{}   // closed (and replaced) when inFlight or held goes down
+}
+
+// streamID is the stream the session's events go to.
+func (s *session) streamID() string {
+	if s.stream == "" {
+		return s.in.cfg.StreamID
+	}
+	return s.stream
+}
+
+// sourceGone is the check of the session's source.
+func (s *session) sourceGone() func() error {
+	if s.stream == "" {
+		return s.in.cfg.SourceGone
+	}
+	return s.gone
 }
 
 // chunk is events of one frame, queued in one AppendAsync.
@@ -373,8 +402,8 @@ func (s *session) frameRead(frame []byte, frameHeld int64, device string, draini
 	if s.in.afterRead != nil {
 		s.in.afterRead()
 	}
-	d := s.in.decodeFrame(frame, device)
-	if gone := s.in.cfg.SourceGone; gone != nil && len(d.ids) > 0 {
+	d := s.in.decodeFrame(frame, device, s.streamID())
+	if gone := s.sourceGone(); gone != nil && len(d.ids) > 0 {
 		if err := gone(); err != nil {
 			refusal := &postbox.FieldError{Code: postbox.CodeUnavailable, Message: err.Error()}
 			for _, id := range d.ids {
@@ -391,7 +420,7 @@ func (s *session) frameRead(frame []byte, frameHeld int64, device string, draini
 		endIntake(d.spans, nil, errShuttingDown)
 		d.ids, d.events, d.spans = nil, nil, nil
 	}
-	s.in.countRefused(d.refused)
+	s.in.countRefused(s.streamID(), d.refused)
 	// The frame's budget is traded for what its events hold; a frame
 	// decodes to no more than the budget it held.
 	var chunks []chunk
@@ -593,7 +622,7 @@ func (s *session) enqueueLoop(ctx context.Context) error {
 			continue
 		}
 		ids, spans, bytes := c.ids, c.spans, c.bytes
-		err := s.in.store.AppendAsync(ctx, s.in.cfg.StreamID, c.events, func(res []stream.AppendResult, err error) {
+		err := s.in.store.AppendAsync(ctx, s.streamID(), c.events, func(res []stream.AppendResult, err error) {
 			// The events are let go of once committed: until then the
 			// store's queue holds them, within the ingress's budget.
 			s.in.budget.give(bytes)
@@ -714,7 +743,7 @@ func (s *session) writeLoop(ctx context.Context) error {
 		commits, s.commits = s.commits, commits[:0]
 		s.mu.Unlock()
 		for _, c := range commits {
-			buf = s.in.appendReplies(buf, c.ids, c.results, c.err)
+			buf = s.in.appendReplies(buf, s.streamID(), c.ids, c.results, c.err)
 			endIntake(c.spans, c.results, c.err)
 		}
 		clear(commits)

@@ -83,6 +83,10 @@ func (s *Server) requireToken(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if token, ok := ingress.BearerToken(r.Header.Get("Authorization")); !ok || subtle.ConstantTimeCompare([]byte(token), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="postbox"`)
+			if ok {
+				writeError(w, api.CodeUnauthorized, "the token given is not the server's API token (serve --api-token): Authorization: Bearer TOKEN (postbox --token, POSTBOX_API_TOKEN)")
+				return
+			}
 			writeError(w, api.CodeUnauthorized, "this API needs the server's API token: Authorization: Bearer TOKEN (postbox --token, POSTBOX_API_TOKEN)")
 			return
 		}

@@ -259,8 +259,20 @@ func TestAPIToken(t *testing.T) {
 	ts := start(t, server.Config{APIToken: "s3cret"}, nil)
 	for _, path := range []string{"/v1/subscriptions", "/v1/streams", "/v1/consumers", "/v1/inboxes", "/v1/inboxes/x/items"} {
 		status, body := call(t, ts, "GET", path, "")
-		if status != http.StatusUnauthorized || !strings.Contains(fmt.Sprint(body), "unauthorized") {
+		if status != http.StatusUnauthorized || !strings.Contains(fmt.Sprint(body), "unauthorized") || !strings.Contains(fmt.Sprint(body), "this API needs the server's API token") {
 			t.Errorf("GET %s without the token: %d %v", path, status, body)
+		}
+	}
+	// A token given and wrong is said to be wrong, not missing.
+	req, _ := http.NewRequest("GET", ts.Base+"/v1/streams", nil)
+	req.Header.Set("Authorization", "Bearer wrong")
+	if resp, err := ts.HTTP.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(b), "the token given is not the server's API token") {
+			t.Errorf("GET /v1/streams with a wrong token: %d %s", resp.StatusCode, b)
 		}
 	}
 	for _, c := range []struct {

@@ -544,6 +544,9 @@ func TestOpenAPIAnswers(t *testing.T) {
 	want(400, ws, ingress.WSPath, "", map[string]string{"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "12", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
 	upgrade["Origin"] = "http://elsewhere.example"
 	want(403, ws, ingress.WSPath, "", upgrade)
+	delete(upgrade, "Origin")
+	want(404, ws, ingress.WSPath+"?source=nosuch", "", upgrade)
+	upgrade["Origin"] = "http://elsewhere.example"
 
 	// Subscriptions.
 	const subs = "POST /v1/subscriptions"

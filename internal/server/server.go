@@ -240,8 +240,10 @@ type Server struct {
 	storeHealth *storeHealth
 	stats       *statsSampler
 	deviceGate  *intake.Gate // whether the device source takes events
-	closeOnce   sync.Once
-	closeErr    error
+	// deviceSources are the other device sources a connection may name.
+	deviceSources *deviceSources
+	closeOnce     sync.Once
+	closeErr      error
 
 	mu       sync.Mutex
 	ready    bool
@@ -283,8 +285,10 @@ func New(cfg Config) (*Server, error) {
 	m.registerQueue(writer)
 	metrics := ingress.NewMetrics(teeRegisterer{reg, statsReg})
 	gate := intake.NewGate(DeviceSource, sourceCacheTTL, cfg.Logger)
+	devices := newDeviceSources(cfg.Logger)
 	in, err := ingress.New(writer, ingress.Config{
 		SourceGone:   gate.Check,
+		Source:       devices.resolve,
 		StreamID:     DeviceSource,
 		Limits:       cfg.Limits,
 		Tokens:       cfg.Tokens,
@@ -314,6 +318,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	gate.Use(srcs)
+	devices.Use(srcs)
 	for inbox, h := range cfg.Handlers {
 		dl.Handle(inbox, h)
 	}
@@ -325,7 +330,7 @@ func New(cfg Config) (*Server, error) {
 	if s.runner, err = s.newSourceRunner(reg); err != nil {
 		return nil, err
 	}
-	s.deviceGate = gate
+	s.deviceGate, s.deviceSources = gate, devices
 	s.route()
 	return s, nil
 }

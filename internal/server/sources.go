@@ -283,21 +283,18 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	case intake.KindDevice:
-		if *req.Name != DeviceSource {
-			writeError(w, api.CodeInvalidField, "kind device: the WebSocket ingress stores every device's events in the source %s; create that one, or a webhook source", DeviceSource)
-			return
-		}
 		if len(settings) > 0 && !bytes.Equal(settings, []byte("{}")) {
 			writeError(w, api.CodeInvalidField, "settings: a device source has none")
 			return
 		}
 	default:
-		writeError(w, api.CodeInvalidField, "kind %q: use webhook, poll, feed, or device for the source %s", *req.Kind, DeviceSource)
+		writeError(w, api.CodeInvalidField, "kind %q: use webhook, poll, feed or device", *req.Kind)
 		return
 	}
 	got, created, err := s.sourceStore.CreateSource(r.Context(), src)
 	s.sources.forget(src.Name)
 	s.deviceGate.Forget()
+	s.deviceSources.forget(src.Name)
 	s.runner.Poke()
 	if err != nil {
 		s.writeErr(w, err)
@@ -342,6 +339,7 @@ func (s *Server) deleteSource(w http.ResponseWriter, r *http.Request) {
 	err := s.sourceStore.DeleteSource(r.Context(), r.PathValue("name"))
 	s.sources.forget(r.PathValue("name"))
 	s.deviceGate.Forget()
+	s.deviceSources.forget(r.PathValue("name"))
 	s.runner.Poke()
 	if err != nil {
 		s.writeErr(w, err)

@@ -249,7 +249,7 @@ func TestWebhookSources(t *testing.T) {
 		{`{"name": "x", "kind": "webhook", "settings": {"colour": "red"}}`, "colour"},
 		{`{"name": "x", "kind": "poll"}`, "settings: required"},
 		{`{"name": "x", "kind": "pigeon"}`, `kind "pigeon"`},
-		{`{"name": "x", "kind": "device"}`, "kind device"},
+		{`{"name": "x", "kind": "device", "settings": {"a": 1}}`, "settings: a device source has none"},
 		{`{"name": "x/y", "kind": "webhook"}`, "name"},
 		{`{"kind": "webhook"}`, "name"},
 		{`{"name": "x"}`, "kind"},

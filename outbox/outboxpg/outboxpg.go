@@ -96,6 +96,7 @@ var (
 	_ outbox.Claimer  = (*Store)(nil)
 	_ outbox.Extender = (*Store)(nil)
 	_ outbox.Admin    = (*Store)(nil)
+	_ outbox.RowAdmin = (*Store)(nil)
 )
 
 // Claims implements outbox.Claimer: Due claims the rows it returns.
@@ -518,6 +519,51 @@ func (s *Store) List(ctx context.Context, state string, limit int) ([]outbox.Row
 		return nil, fmt.Errorf("outbox list: %w", err)
 	}
 	return out, nil
+}
+
+// Rows returns the rows of ids, in any state; an id the outbox does not
+// hold has no row.
+func (s *Store) Rows(ctx context.Context, ids []string) ([]outbox.Row, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	rows, err := s.pool.Query(ctx, `SELECT event_id, event_type,
+			CASE WHEN delivered_at IS NOT NULL THEN 'delivered' WHEN rejected_at IS NOT NULL THEN 'rejected' ELSE 'pending' END,
+			created_at, next_attempt_at, attempts, coalesce(last_error, ''), payload, correlation_id, tenant_id, delivered_at
+		FROM outbox WHERE event_id = ANY($1) ORDER BY seq`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("outbox rows: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Row, error) {
+		var row outbox.Row
+		err := r.Scan(&row.EventID, &row.Type, &row.State, &row.CreatedAt, &row.NextAttemptAt, &row.Attempts,
+			&row.LastError, &row.Payload, &row.CorrelationID, &row.TenantID, &row.DeliveredAt)
+		return row, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox rows: %w", err)
+	}
+	return out, nil
+}
+
+// Drop deletes rejected rows for good: those of ids, or with no ids every
+// rejected row. It returns the ids it deleted.
+func (s *Store) Drop(ctx context.Context, ids []string) ([]string, error) {
+	q := `DELETE FROM outbox WHERE rejected_at IS NOT NULL`
+	args := []any{}
+	if len(ids) > 0 {
+		q += ` AND event_id = ANY($1)`
+		args = append(args, ids)
+	}
+	rows, err := s.pool.Query(ctx, q+` RETURNING event_id`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox drop: %w", err)
+	}
+	dropped, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("outbox drop: %w", err)
+	}
+	return dropped, nil
 }
 
 // Requeue makes rejected rows pending and due now, with their attempts

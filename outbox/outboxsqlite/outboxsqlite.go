@@ -152,6 +152,7 @@ var (
 	_ outbox.Store    = (*Store)(nil)
 	_ outbox.Notifier = (*Store)(nil)
 	_ outbox.Admin    = (*Store)(nil)
+	_ outbox.RowAdmin = (*Store)(nil)
 )
 
 // write is one item of the group commit: an envelope to insert, or the
@@ -826,6 +827,72 @@ func (s *Store) List(ctx context.Context, state string, limit int) ([]Row, error
 		out = append(out, r)
 	}
 	return out, rows.Err()
+}
+
+// Rows returns the rows of ids, in any state; an id the outbox does not
+// hold has no row.
+func (s *Store) Rows(ctx context.Context, ids []string) ([]Row, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	rows, err := s.read.QueryContext(ctx, `SELECT event_id, event_type, state, created_at, next_attempt_at, attempt_count, coalesce(last_error, ''), payload_json, correlation_id, tenant_id
+		FROM outbox WHERE event_id IN (?`+strings.Repeat(",?", len(ids)-1)+`) ORDER BY seq`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox rows: %w", err)
+	}
+	defer rows.Close()
+	var out []Row
+	for rows.Next() {
+		var r Row
+		var created, next, payload string
+		if err := rows.Scan(&r.EventID, &r.Type, &r.State, &created, &next, &r.Attempts, &r.LastError, &payload, &r.CorrelationID, &r.TenantID); err != nil {
+			return nil, fmt.Errorf("outbox rows: %w", err)
+		}
+		r.Payload = json.RawMessage(payload)
+		r.CreatedAt, _ = time.Parse(sqlitedb.Time, created)
+		r.NextAttemptAt, _ = time.Parse(sqlitedb.Time, next)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Drop deletes rejected rows for good: those of ids, or with no ids every
+// rejected row. It returns the ids it deleted.
+func (s *Store) Drop(ctx context.Context, ids []string) ([]string, error) {
+	q := `DELETE FROM outbox WHERE state = 'rejected'`
+	args := []any{}
+	if len(ids) > 0 {
+		q += ` AND event_id IN (?` + strings.Repeat(",?", len(ids)-1) + `)`
+		for _, id := range ids {
+			args = append(args, id)
+		}
+	}
+	rows, err := s.db.QueryContext(ctx, q+` RETURNING event_id`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox drop: %w", err)
+	}
+	var dropped []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("outbox drop: %w", err)
+		}
+		dropped = append(dropped, id)
+	}
+	err = rows.Err()
+	rows.Close()
+	if err == nil {
+		err = s.wal.Sync()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("outbox drop: %w", err)
+	}
+	return dropped, nil
 }
 
 // Counts returns how many rows are in each state.

@@ -54,6 +54,7 @@ type memory struct {
 var (
 	_ outbox.Store    = (*memory)(nil)
 	_ outbox.Admin    = (*memory)(nil)
+	_ outbox.RowAdmin = (*memory)(nil)
 	_ outbox.Claimer  = (*memory)(nil)
 	_ outbox.Extender = (*memory)(nil)
 	_ outbox.Notifier = (*memory)(nil)
@@ -180,6 +181,32 @@ func (m *memory) OldestPending(ctx context.Context) (time.Time, bool, error) {
 		}
 	}
 	return time.Time{}, false, nil
+}
+
+func (m *memory) Rows(ctx context.Context, ids []string) ([]outbox.Row, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []outbox.Row
+	for _, r := range m.rows {
+		if slices.Contains(ids, r.EventID) {
+			out = append(out, r.Row)
+		}
+	}
+	return out, nil
+}
+
+func (m *memory) Drop(ctx context.Context, ids []string) ([]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var dropped []string
+	m.rows = slices.DeleteFunc(m.rows, func(r *row) bool {
+		drop := r.State == outbox.StateRejected && (len(ids) == 0 || slices.Contains(ids, r.EventID))
+		if drop {
+			dropped = append(dropped, r.EventID)
+		}
+		return drop
+	})
+	return dropped, nil
 }
 
 func (m *memory) Requeue(ctx context.Context, ids []string) (int64, error) {

@@ -59,6 +59,7 @@ func RunStore(t *testing.T, f StoreFeatures, newStore NewStore) {
 		{"retry_counts_the_attempt_and_waits", testRetry},
 		{"outage_counts_no_attempt", testOutage},
 		{"reject_then_requeue", testRejectRequeue},
+		{"rows_and_drop", testRowsDrop},
 		{"answered_outcomes_recorded_twice_count_once", testSettleTwice},
 		{"oldest_pending", testOldestPending},
 		{"claimer_never_hands_a_row_out_twice", testClaims},
@@ -345,6 +346,51 @@ func testRejectRequeue(h *storeHarness) {
 		h.Fatalf("Requeue(nil): %d, %v; want 1", n, err)
 	}
 	h.wantCounts(1, 0)
+}
+
+// testRowsDrop: Rows finds rows by id in any state, Drop deletes only
+// rejected ones (of the ids, or all) and says which; the rejected count
+// goes to 0. A store without outbox.RowAdmin skips it.
+func testRowsDrop(h *storeHarness) {
+	ra, ok := h.s.Admin.(outbox.RowAdmin)
+	if !ok {
+		h.Skip("the store's Admin is not an outbox.RowAdmin")
+	}
+	evs := h.insert(4)
+	msgs := h.due(time.Now(), 0, 10)
+	h.wantIDs("Due", msgIDs(msgs), evs[0].ID, evs[1].ID, evs[2].ID, evs[3].ID)
+	h.settle(outcome(msgs[0], outbox.Rejected, "invalid_payload: no total", time.Time{}),
+		outcome(msgs[1], outbox.Rejected, "invalid_payload: no total", time.Time{}),
+		outcome(msgs[2], outbox.Delivered, "", time.Time{}))
+	h.wantCounts(1, 2)
+	rows, err := ra.Rows(h.ctx, []string{evs[0].ID, evs[3].ID, "evt-unknown"})
+	if err != nil {
+		h.Fatalf("Rows: %v", err)
+	}
+	states := map[string]string{}
+	for _, r := range rows {
+		states[r.EventID] = r.State
+	}
+	if len(rows) != 2 || states[evs[0].ID] != outbox.StateRejected || states[evs[3].ID] != outbox.StatePending {
+		h.Fatalf("Rows(rejected, pending, unknown): %v, want the first rejected and the second pending", states)
+	}
+	if rows, err := ra.Rows(h.ctx, nil); err != nil || len(rows) != 0 {
+		h.Fatalf("Rows(nil): %v, %v; want none", rows, err)
+	}
+	dropped, err := ra.Drop(h.ctx, []string{evs[0].ID, evs[2].ID, evs[3].ID, "evt-unknown"})
+	if err != nil {
+		h.Fatalf("Drop: %v", err)
+	}
+	h.wantIDs("Drop(rejected, delivered, pending, unknown)", dropped, evs[0].ID)
+	h.wantCounts(1, 1)
+	if dropped, err = ra.Drop(h.ctx, nil); err != nil {
+		h.Fatalf("Drop(nil): %v", err)
+	}
+	h.wantIDs("Drop(nil)", dropped, evs[1].ID)
+	h.wantCounts(1, 0)
+	if rows, err := ra.Rows(h.ctx, []string{evs[0].ID, evs[1].ID}); err != nil || len(rows) != 0 {
+		h.Fatalf("Rows of dropped rows: %v, %v; want none", rows, err)
+	}
 }
 
 // testSettleTwice records answered outcomes twice, as the Relay does when
