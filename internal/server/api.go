@@ -322,6 +322,14 @@ func (s *Server) subscriptionJSON(r *http.Request, sub delivery.Subscription) ap
 		j.Target = &sub.Target
 		j.Breaker = s.breakerJSON(r, sub.Inbox)
 	}
+	if !sub.PausedAt.IsZero() {
+		at := sub.PausedAt
+		j.Paused, j.PausedAt = true, &at
+		if sub.PausedReason != "" {
+			reason := sub.PausedReason
+			j.PausedReason = &reason
+		}
+	}
 	if lag, err := s.subs.Lag(r.Context(), sub.Name); err == nil {
 		j.NextOffset, j.HighWatermark, j.Lag = lag.NextOffset, lag.HighWatermark, lag.Events
 	}

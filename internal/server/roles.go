@@ -93,7 +93,23 @@ type positions interface {
 	Reset(ctx context.Context, name string, start stream.Start) (stream.Consumer, error)
 }
 
+// operations is what an operator's acts (operate.go) use.
+type operations interface {
+	// Pause and Resume pause and resume a subscription's delivery.
+	Pause(ctx context.Context, name, reason string) (delivery.Subscription, error)
+	Resume(ctx context.Context, name string) (delivery.Subscription, error)
+	// SendTest sends a test event to a subscription's endpoint.
+	SendTest(ctx context.Context, name string) (delivery.TestResult, error)
+	// Cancel dead-letters a pending item; DiscardItem deletes an item
+	// that is not processing; ErrInvalidState otherwise.
+	Cancel(ctx context.Context, inbox string, id int64, reason string) (delivery.Item, error)
+	DiscardItem(ctx context.Context, inbox string, id int64) (delivery.Item, error)
+	// Discard deletes the failed items f selects, and returns their ids.
+	Discard(ctx context.Context, f delivery.DeadLetters) ([]int64, error)
+}
+
 var (
+	_ operations    = (*delivery.Delivery)(nil)
 	_ subscriptions = (*delivery.Delivery)(nil)
 	_ inboxes       = (*delivery.Delivery)(nil)
 	_ deadLetters   = (*delivery.Delivery)(nil)
@@ -108,9 +124,10 @@ type roles struct {
 	deadLetters deadLetters
 	replayJobs  replayJobs
 	positions   positions
+	ops         operations
 }
 
 // rolesOf gives every handler group d.
 func rolesOf(d *delivery.Delivery) roles {
-	return roles{subs: d, inboxes: d, deadLetters: d, replayJobs: d, positions: d}
+	return roles{subs: d, inboxes: d, deadLetters: d, replayJobs: d, positions: d, ops: d}
 }
