@@ -613,7 +613,12 @@ func (s *Server) listInboxes(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]api.InboxCounts, 0, len(counts))
 	for _, c := range counts {
-		out = append(out, api.InboxCounts{Inbox: c.Inbox, Pending: c.Pending, Processing: c.Processing, Completed: c.Completed, Failed: c.Failed})
+		j := api.InboxCounts{Inbox: c.Inbox, Pending: c.Pending, Processing: c.Processing, Completed: c.Completed, Failed: c.Failed}
+		if !c.OldestPending.IsZero() {
+			at := c.OldestPending
+			j.OldestPendingAt = &at
+		}
+		out = append(out, j)
 	}
 	writeJSON(w, http.StatusOK, api.InboxList{Inboxes: out})
 }
