@@ -151,7 +151,7 @@ function endpointFields(s) {
       h('textarea', { name: 'headers', rows: 3, dataset: { initial: headersText(s.headers) } }, headersText(s.headers))),
     h('label', {}, 'Format', h('select', { name: 'format' },
       ['postbox', 'cloudevents'].map((f) => h('option', { value: f, selected: (s.format || 'postbox') === f }, f)))),
-    SETTINGS.map(([k, label, type, hint]) => h('label', {}, label,
+    ...SETTINGS.map(([k, label, type, hint]) => h('label', {}, label,
       h('input', { name: k, type: type === 'number' ? 'text' : type, inputmode: type === 'number' ? 'numeric' : null,
         value: s[k] === null || s[k] === undefined ? '' : String(s[k]), placeholder: hint ? 'default ' + hint : 'none' }))),
   ];
@@ -328,7 +328,7 @@ export async function subscription(live, params, [name]) {
     h('h2', {}, 'Endpoint'), epForm,
     h('h2', {}, 'Signing secrets'),
     table('secrets-table', ['Fingerprint', 'Created', 'Valid until'], (s.secrets || []).map((x) => h('tr', {},
-      h('td', {}, x.fingerprint), h('td', {}, time(x.created_at)), h('td', {}, x.expires_at ? time(x.expires_at) : 'current')))),
+      h('td', {}, x.fingerprint), h('td', {}, time(x.created_at)), h('td', {}, x.expires_at ? time(x.expires_at) : 'current'))),
     'Deliveries are not signed.'),
     secForm, secErr,
     h('h2', {}, 'Delete'), h('div', { class: 'actions' }, delBtn),
