@@ -97,3 +97,84 @@ func testPause(t *testing.T, kind storeKind) {
 		t.Fatal("a waiting lease got nothing within 20s of the resume")
 	}
 }
+
+func TestCancelDiscard(t *testing.T) { eachStore(t, testCancelDiscard) }
+
+// testCancelDiscard cancels and discards items and dead letters on each
+// store: states, refusals, and the kept count of completed items.
+func testCancelDiscard(t *testing.T, kind storeKind) {
+	ctx := context.Background()
+	e := setup(t, kind, delivery.Config{})
+	e.create(t, delivery.Subscription{Name: "jobs", Source: "devices"})
+	e.appendEvents(t, "j", "job", 6)
+	e.waitLag(t, "jobs", 0)
+	l, err := e.d.Lease(ctx, "jobs", 2, time.Minute, 0)
+	if err != nil || len(l.Items) != 2 {
+		t.Fatalf("lease: %d items, %v", len(l.Items), err)
+	}
+	done, busy := l.Items[0].ID, l.Items[1].ID
+	if _, err := e.d.Ack(ctx, "jobs", []int64{done}, l.Token); err != nil {
+		t.Fatal(err)
+	}
+	var pending []int64
+	items, err := e.d.List(ctx, "jobs", delivery.StatePending, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range items {
+		pending = append(pending, it.ID)
+	}
+
+	it, err := e.d.Cancel(ctx, "jobs", pending[0], "wrong customer")
+	if err != nil || it.State != delivery.StateFailed || it.LastError == nil || *it.LastError != "cancelled by an operator: wrong customer" || it.FailedAt == nil {
+		t.Fatalf("cancel: %+v %v", it, err)
+	}
+	for _, c := range []struct {
+		id   int64
+		want error
+	}{{pending[0], delivery.ErrInvalidState}, {busy, delivery.ErrInvalidState}, {done, delivery.ErrInvalidState}, {99999, delivery.ErrNotFound}} {
+		if _, err := e.d.Cancel(ctx, "jobs", c.id, ""); !errors.Is(err, c.want) {
+			t.Errorf("cancel %d: %v, want %v", c.id, err, c.want)
+		}
+	}
+	if _, err := e.d.DiscardItem(ctx, "jobs", busy); !errors.Is(err, delivery.ErrInvalidState) {
+		t.Errorf("discard of a processing item: %v, want ErrInvalidState", err)
+	}
+	if _, err := e.d.DiscardItem(ctx, "other", done); !errors.Is(err, delivery.ErrNotFound) {
+		t.Errorf("discard in another inbox: %v, want ErrNotFound", err)
+	}
+	if it, err := e.d.DiscardItem(ctx, "jobs", done); err != nil || it.State != delivery.StateCompleted {
+		t.Fatalf("discard of a completed item: %+v %v", it, err)
+	}
+	counts := func() delivery.InboxCounts {
+		all, err := e.d.Inboxes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range all {
+			if c.Inbox == "jobs" {
+				return c
+			}
+		}
+		return delivery.InboxCounts{}
+	}
+	if c := counts(); c.Completed != 0 || c.Failed != 1 || c.Pending != 3 || c.Processing != 1 {
+		t.Fatalf("counts after the discard: %+v, want 0 completed, 1 failed, 3 pending, 1 processing", c)
+	}
+	for _, id := range pending[1:3] {
+		if _, err := e.d.Cancel(ctx, "jobs", id, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids, err := e.d.Discard(ctx, delivery.DeadLetters{IDs: []int64{pending[1], busy}})
+	if err != nil || len(ids) != 1 || ids[0] != pending[1] {
+		t.Fatalf("discard by ids: %v %v, want %d alone", ids, err, pending[1])
+	}
+	ids, err = e.d.Discard(ctx, delivery.DeadLetters{Inbox: "jobs"})
+	if err != nil || len(ids) != 2 {
+		t.Fatalf("discard of the inbox's dead letters: %v %v, want 2", ids, err)
+	}
+	if c := counts(); c.Failed != 0 || c.Pending != 1 {
+		t.Fatalf("counts at the end: %+v", c)
+	}
+}
