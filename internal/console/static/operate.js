@@ -102,7 +102,8 @@ export function delivery(s, rerender) {
 
 // ---- a subscription's form --------------------------------------------------
 
-// The endpoint settings a form edits: [JSON name, label, input type, hint].
+// The endpoint settings a form edits: [JSON name, label, input type, an
+// example]. An empty one is the server's setting.
 const SETTINGS = [
   ['timeout', 'Timeout', 'text', '10s'],
   ['retry_schedule', 'Retry schedule', 'text', '5s,5m,30m'],
@@ -110,10 +111,10 @@ const SETTINGS = [
   ['retry_max_delay', 'Retry max delay', 'text', '1h'],
   ['max_attempts', 'Max attempts', 'number', '10'],
   ['rate', 'Rate', 'text', '50/s'],
-  ['concurrency', 'Concurrency', 'number', ''],
+  ['concurrency', 'Concurrency', 'number', '4'],
   ['breaker_failures', 'Breaker failures (0: none)', 'number', '10'],
   ['breaker_probe', 'Breaker probe', 'text', '30s'],
-  ['disable_after', 'Disable after', 'text', ''],
+  ['disable_after', 'Disable after', 'text', '24h'],
 ];
 
 // headersText writes headers one "Name: value" a line.
@@ -153,7 +154,7 @@ function endpointFields(s) {
       ['postbox', 'cloudevents'].map((f) => h('option', { value: f, selected: (s.format || 'postbox') === f }, f)))),
     ...SETTINGS.map(([k, label, type, hint]) => h('label', {}, label,
       h('input', { name: k, type: type === 'number' ? 'text' : type, inputmode: type === 'number' ? 'numeric' : null,
-        value: s[k] === null || s[k] === undefined ? '' : String(s[k]), placeholder: hint ? 'default ' + hint : 'none' }))),
+        value: s[k] === null || s[k] === undefined ? '' : String(s[k]), placeholder: `server's (e.g. ${hint})` }))),
   ];
 }
 
