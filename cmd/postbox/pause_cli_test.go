@@ -4,12 +4,15 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/servertest"
+	"github.com/postbox-events/postbox/internal/testenv"
 )
 
 // TestPauseResumeTestCLI: subscriptions pause, resume and test, their
@@ -67,6 +70,72 @@ func TestPauseResumeTestCLI(t *testing.T) {
 		_, errOut, code := runCLI(t, s.Base, append([]string{"subscriptions"}, c.args...)...)
 		if code != c.code || !strings.Contains(errOut, c.mentions) {
 			t.Errorf("subscriptions %v: exit %d %q, want %d naming %s", c.args, code, errOut, c.code, c.mentions)
+		}
+	}
+}
+
+// TestCancelDiscardCLI: inbox cancel and discard, and dlq discard by ids
+// and by selection, with their refusals.
+func TestCancelDiscardCLI(t *testing.T) {
+	s := servertest.Start(t, server.Config{}, nil)
+	if out, errOut, code := runCLI(t, s.Base, "subscriptions", "create", "jobs", "--source", "webhooks", "--start", "earliest"); code != 0 {
+		t.Fatalf("create: %d %s %s", code, out, errOut)
+	}
+	for i := range 4 {
+		req, _ := http.NewRequest(http.MethodPost, s.Base+"/webhooks", strings.NewReader(`{}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "cli-"+strconv.Itoa(i))
+		resp, err := s.HTTP.Do(req)
+		if err != nil || resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("POST /webhooks: %v %v", resp, err)
+		}
+		resp.Body.Close()
+	}
+	var ids []string
+	testenv.Eventually(t, 30*time.Second, "4 pending items", func() bool {
+		var items []struct{ ID int64 }
+		out, _, _ := runCLI(t, s.Base, "inbox", "list", "jobs", "--state", "pending", "--json")
+		if json.Unmarshal([]byte(out), &items) != nil {
+			return false
+		}
+		ids = ids[:0]
+		for _, it := range items {
+			ids = append(ids, strconv.FormatInt(it.ID, 10))
+		}
+		return len(ids) == 4
+	})
+	for _, id := range ids[:3] {
+		out, errOut, code := runCLI(t, s.Base, "inbox", "cancel", "jobs", id, "--reason", "test run")
+		if code != 0 || !strings.Contains(out, "failed, cancelled by an operator: test run") {
+			t.Fatalf("inbox cancel %s: %d %q %q", id, code, out, errOut)
+		}
+	}
+	if _, errOut, code := runCLI(t, s.Base, "inbox", "cancel", "jobs", ids[0]); code != 1 || !strings.Contains(errOut, "only a pending item") {
+		t.Errorf("cancel of a dead letter: %d %q", code, errOut)
+	}
+	if out, errOut, code := runCLI(t, s.Base, "inbox", "discard", "jobs", ids[3]); code != 0 || !strings.Contains(out, "discarded (it was pending)") {
+		t.Errorf("inbox discard: %d %q %q", code, out, errOut)
+	}
+	if out, errOut, code := runCLI(t, s.Base, "dlq", "discard", ids[0], ids[3]); code != 0 || !strings.Contains(out, "discarded 1 dead letter (item "+ids[0]+")") {
+		t.Errorf("dlq discard by ids: %d %q %q", code, out, errOut)
+	}
+	if out, errOut, code := runCLI(t, s.Base, "dlq", "discard", "--inbox", "jobs"); code != 0 || !strings.Contains(out, "discarded 2 dead letters") {
+		t.Errorf("dlq discard --inbox: %d %q %q", code, out, errOut)
+	}
+	for _, c := range []struct {
+		args     []string
+		code     int
+		mentions string
+	}{
+		{[]string{"dlq", "discard"}, 2, "--all"},
+		{[]string{"dlq", "discard", "--all", "--inbox", "jobs"}, 2, "--all"},
+		{[]string{"dlq", "discard", "x"}, 2, "x"},
+		{[]string{"inbox", "cancel", "jobs"}, 2, "INBOX and one item ID"},
+		{[]string{"inbox", "discard", "jobs", "999999"}, 1, "999999"},
+	} {
+		_, errOut, code := runCLI(t, s.Base, c.args...)
+		if code != c.code || !strings.Contains(errOut, c.mentions) {
+			t.Errorf("%v: exit %d %q, want %d naming %s", c.args, code, errOut, c.code, c.mentions)
 		}
 	}
 }
