@@ -110,7 +110,24 @@ func TestCreateEditDeleteSubscription(t *testing.T) {
 	if s["timeout"] != "7s" || s["max_attempts"] != nil || fmt.Sprint(s["headers"]) != "map[X-Env:test X-Team:ops]" || s["retry_schedule"] != "5s,1m" {
 		t.Errorf("after the edit: %v", s)
 	}
+	// A credential header is shown as its fingerprint; sending that back
+	// is refused, and the credential stays.
+	call(t, srv, "", "PATCH", "/v1/subscriptions/orders", map[string]any{"headers": map[string]string{"Authorization": "Bearer s3cret", "X-Team": "ops"}}, http.StatusOK, nil)
+	do(t, ctx, "reload", chromedp.Reload())
+	wait(t, ctx, "the endpoint form", `document.querySelector('#endpoint-form [name=headers]') !== null`)
+	do(t, ctx, "add a header", chromedp.Evaluate[chromedp.Void](`(() => { const h = document.querySelector('#endpoint-form [name=headers]'); h.value += '\nX-Env: prod'; })()`),
+		chromedp.Click(chromedp.CSS(`#endpoint-form button[type=submit]`)))
+	wait(t, ctx, "the refusal", `document.querySelector('#endpoint-error .error') !== null`)
+	if got := text(t, ctx, `#endpoint-error`); !strings.Contains(got, "Authorization") || !strings.Contains(got, "fingerprint") {
+		t.Errorf("the refusal of a hidden header sent back: %q", got)
+	}
+	if s := subscriptionOf(t, srv, "orders"); !strings.HasPrefix(fmt.Sprint(s["headers"].(map[string]any)["Authorization"]), "(hidden, ") || s["headers"].(map[string]any)["X-Env"] != nil {
+		t.Errorf("the headers changed: %v", s["headers"])
+	}
+
 	// A setting the API refuses.
+	do(t, ctx, "reload", chromedp.Reload())
+	wait(t, ctx, "the endpoint form", `document.querySelector('#endpoint-form [name=rate]') !== null`)
 	fill(t, ctx, "#endpoint-form", map[string]string{"rate": "fast"})
 	do(t, ctx, "save", chromedp.Click(chromedp.CSS(`#endpoint-form button[type=submit]`)))
 	wait(t, ctx, "the refusal", `document.querySelector('#endpoint-error .error') !== null`)

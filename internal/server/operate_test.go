@@ -198,3 +198,26 @@ func TestAPITestEvent(t *testing.T) {
 		t.Errorf("test of an unknown subscription: %v, want not_found", b)
 	}
 }
+
+// TestAPIHiddenHeaderSentBack: the fingerprint the API shows for a
+// credential header, sent back as its value (a form filled from a GET), is
+// refused naming the header, and the credential stays.
+func TestAPIHiddenHeaderSentBack(t *testing.T) {
+	ts := start(t, server.Config{}, nil)
+	status, sub := call(t, ts, "POST", "/v1/subscriptions", `{"name": "hooks", "source": "webhooks", "target": "http://127.0.0.1:9/in",
+		"headers": {"Authorization": "Bearer s3cret", "X-Team": "ops"}}`)
+	if status != 201 {
+		t.Fatalf("create: %d %v", status, sub)
+	}
+	shown := sub["headers"].(map[string]any)["Authorization"].(string)
+	if !strings.HasPrefix(shown, "(hidden, ") {
+		t.Fatalf("the credential shows as %q", shown)
+	}
+	status, body := call(t, ts, "PATCH", "/v1/subscriptions/hooks", `{"headers": {"Authorization": "`+shown+`", "X-Team": "billing"}}`)
+	if status != 400 || errorCode(body) != "invalid_field" || !strings.Contains(fmt.Sprint(body), "Authorization") {
+		t.Fatalf("PATCH with the shown fingerprint: %d %v, want 400 invalid_field naming Authorization", status, body)
+	}
+	if _, sub = call(t, ts, "GET", "/v1/subscriptions/hooks", ""); sub["headers"].(map[string]any)["Authorization"] != shown || sub["headers"].(map[string]any)["X-Team"] != "ops" {
+		t.Fatalf("the headers changed: %v", sub["headers"])
+	}
+}
