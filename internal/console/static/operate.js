@@ -25,9 +25,10 @@ export function age(rfc, now = Date.now()) {
 const STALE_MS = 5 * 60 * 1000;
 
 // countsOf returns the item counts of subscription s: its own (counts)
-// when the server keeps them, else those of its inbox.
+// when the server keeps them, else those of its inbox, whose oldest
+// pending time stands in for its own when it has none.
 function countsOf(s, inboxes) {
-  return s.counts || inboxes.get(s.inbox) || {};
+  return { ...(inboxes.get(s.inbox) || {}), ...(s.counts || {}) };
 }
 
 // stuck draws what needs an operator: the writer and the store, and every
