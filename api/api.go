@@ -76,6 +76,9 @@ type InboxCounts struct {
 	Processing int64  `json:"processing"`
 	Completed  int64  `json:"completed"`
 	Failed     int64  `json:"failed"`
+	// OldestPendingAt is when the oldest pending item reached the inbox;
+	// null when none is pending.
+	OldestPendingAt *time.Time `json:"oldest_pending_at"`
 }
 
 // InboxList is the answer of GET /v1/inboxes.

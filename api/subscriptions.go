@@ -25,6 +25,12 @@ type Subscription struct {
 	NextOffset    int64     `json:"next_offset"`
 	HighWatermark int64     `json:"high_watermark"`
 	Lag           int64     `json:"lag"` // events of the stream not yet read
+	// Paused says an operator paused the subscription's delivery (POST
+	// …/pause): none of its items is leased until it is resumed, while
+	// its inbox keeps filling. PausedAt and PausedReason say when and why.
+	Paused       bool       `json:"paused"`
+	PausedAt     *time.Time `json:"paused_at"`
+	PausedReason *string    `json:"paused_reason"`
 }
 
 // Endpoint is the settings of a subscription's target as the API shows

@@ -22,6 +22,7 @@ var dlqCommands = []subcommand{
 	{"list", "list dead letters by inbox, subscription and time of failure", runDLQList},
 	{"show", "show one dead letter with its last error and payload", runDLQShow},
 	{"replay", "return dead letters to pending: one ID, or a selection", runDLQReplay},
+	{"discard", "delete dead letters for good: IDs, or a selection", runDLQDiscard},
 }
 
 func runDLQ(ctx context.Context, env *cmdEnv, args []string) error {

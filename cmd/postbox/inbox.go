@@ -23,6 +23,8 @@ var inboxCommands = []subcommand{
 	{"ack", "mark items completed", runInboxAck},
 	{"nack", "return items to pending, due after a delay", runInboxNack},
 	{"extend", "extend the lease of items still being worked on", runInboxExtend},
+	{"cancel", "make a pending item a dead letter at once, undelivered", runInboxCancel},
+	{"discard", "delete an item for good", runInboxDiscard},
 }
 
 func runInbox(ctx context.Context, env *cmdEnv, args []string) error {

@@ -21,6 +21,9 @@ var subscriptionCommands = []subcommand{
 	{"get", "show one subscription", runSubscriptionsGet},
 	{"set-target", "change the URL the workers POST a subscription's items to, or its endpoint settings", runSubscriptionsSetTarget},
 	{"enable", "deliver again to an endpoint its circuit breaker paused or disabled", runSubscriptionsEnable},
+	{"pause", "pause a subscription's delivery (its inbox keeps filling)", runSubscriptionsPause},
+	{"resume", "resume a paused subscription's delivery", runSubscriptionsResume},
+	{"test", "send a postbox.test event to a subscription's endpoint and print its answer", runSubscriptionsTest},
 	{"delete", "delete a subscription and its consumer (its inbox items stay)", runSubscriptionsDelete},
 }
 
@@ -125,7 +128,7 @@ func endpointFields(s api.Subscription) [][2]string {
 		{"secrets", orDash(strings.Join(secrets, ", "))}, {"headers", orDash(strings.Join(headers, "; "))},
 		{"timeout", or(deref(s.Timeout))}, {"retry", retry}, {"max_attempts", attempts},
 		{"rate", orText(deref(s.Rate), "none")}, {"concurrency", num(s.Concurrency, "none")}, {"breaker", breaker},
-		{"breaker_state", breakerText(s.Breaker)}, {"format", orText(s.Format, "postbox")},
+		{"breaker_state", breakerText(s.Breaker)}, {"delivery", pausedText(s)}, {"format", orText(s.Format, "postbox")},
 	}
 }
 
@@ -694,5 +697,110 @@ until this command. Enabling a closed endpoint changes nothing.`)
 		return printValue(env, s)
 	}
 	fmt.Fprintf(env.stdout, "subscription %s: endpoint %s, breaker %s\n", name, orDash(deref(s.Target)), breakerText(s.Breaker))
+	return nil
+}
+
+// pausedText says whether s delivers: "delivering", or "paused since T:
+// reason".
+func pausedText(s api.Subscription) string {
+	if !s.Paused {
+		return "delivering"
+	}
+	out := "paused since " + whenPtr(s.PausedAt)
+	if s.PausedReason != nil {
+		out += ": " + *s.PausedReason
+	}
+	return out
+}
+
+func runSubscriptionsPause(ctx context.Context, env *cmdEnv, args []string) error {
+	fs := newFlags(env, "subscriptions pause", "NAME [flags]", `Pauses the delivery of subscription NAME: none of its items is leased, by the
+server's workers or by a runtime (a lease answers the items of other subscriptions of
+the inbox, or none), until "postbox subscriptions resume NAME". Its loop keeps reading
+its source and filling its inbox; items already leased finish their attempt. The pause
+is kept in the store: it holds on every node and across restarts.`)
+	reason := fs.String("reason", "", "why, shown with the subscription (at most 500 bytes)")
+	af := addAPIFlags(fs, "print the subscription's JSON")
+	c, err := parseAPI(env, fs, af, args)
+	if err != nil {
+		return err
+	}
+	name, err := nameArg(fs)
+	if err != nil {
+		return err
+	}
+	s, err := c.PauseSubscription(ctx, name, *reason)
+	if err != nil {
+		return fmt.Errorf("subscriptions pause %s: %w", name, c.explain(err))
+	}
+	if af.json {
+		return printValue(env, s)
+	}
+	fmt.Fprintf(env.stdout, "subscription %s: %s\n", name, pausedText(s))
+	return nil
+}
+
+func runSubscriptionsResume(ctx context.Context, env *cmdEnv, args []string) error {
+	fs := newFlags(env, "subscriptions resume", "NAME [flags]", `Resumes the delivery of subscription NAME, paused by "postbox subscriptions pause":
+its waiting items are leased again at once. Resuming a subscription that delivers
+changes nothing.`)
+	af := addAPIFlags(fs, "print the subscription's JSON")
+	c, err := parseAPI(env, fs, af, args)
+	if err != nil {
+		return err
+	}
+	name, err := nameArg(fs)
+	if err != nil {
+		return err
+	}
+	s, err := c.ResumeSubscription(ctx, name)
+	if err != nil {
+		return fmt.Errorf("subscriptions resume %s: %w", name, c.explain(err))
+	}
+	if af.json {
+		return printValue(env, s)
+	}
+	fmt.Fprintf(env.stdout, "subscription %s: %s\n", name, pausedText(s))
+	return nil
+}
+
+func runSubscriptionsTest(ctx context.Context, env *cmdEnv, args []string) error {
+	fs := newFlags(env, "subscriptions test", "NAME [flags]", `Sends a synthetic event of type postbox.test to the endpoint of subscription NAME,
+as the workers send items (its headers, signature, format and timeout), and prints what
+the endpoint answered. The event is stored nowhere and counts no attempt. It exits 1
+when the endpoint did not answer 2xx.`)
+	af := addAPIFlags(fs, "print the answer's JSON")
+	c, err := parseAPI(env, fs, af, args)
+	if err != nil {
+		return err
+	}
+	name, err := nameArg(fs)
+	if err != nil {
+		return err
+	}
+	res, err := c.TestSubscription(ctx, name)
+	if err != nil {
+		return fmt.Errorf("subscriptions test %s: %w", name, c.explain(err))
+	}
+	if af.json {
+		if err := printValue(env, res); err != nil {
+			return err
+		}
+	} else {
+		status := "no answer"
+		if res.StatusCode != 0 {
+			status = strconv.Itoa(res.StatusCode)
+		}
+		fmt.Fprintf(env.stdout, "test event %s to %s: %s in %.1f ms\n", res.EventID, res.EndpointURL, status, res.LatencyMS)
+		if res.Error != nil {
+			fmt.Fprintf(env.stdout, "error: %s\n", *res.Error)
+		}
+		if res.ResponseExcerpt != nil {
+			fmt.Fprintf(env.stdout, "answer: %s\n", *res.ResponseExcerpt)
+		}
+	}
+	if !res.OK {
+		return fmt.Errorf("subscriptions test %s: the endpoint did not answer 2xx", name)
+	}
 	return nil
 }

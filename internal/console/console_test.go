@@ -515,7 +515,8 @@ func TestLoadTimes(t *testing.T) {
 	}
 	token := os.Getenv("POSTBOX_CONSOLE_TOKEN")
 	pages := []string{"", "#/streams", "#/subscriptions", "#/inbox?inbox=planner", "#/inbox?inbox=planner&state=completed",
-		"#/inbox?inbox=billing&state=failed", "#/item/planner/1", "#/dead-letters", "#/dead-letters?inbox=billing", "#/webhooks?key=evt-1"}
+		"#/inbox?inbox=billing&state=failed", "#/item/planner/1", "#/dead-letters", "#/dead-letters?inbox=billing", "#/webhooks?key=evt-1",
+		"#/subscription/planner", "#/new-subscription"}
 	ctx := tab(t, 1280, 1000)
 	if token != "" {
 		do(t, ctx, "keep the token", chromedp.Navigate(base+"/ui/"),

@@ -12,12 +12,19 @@ import (
 // DeadLetters selects failed items: dead letters. Every field narrows the
 // selection; the zero value selects them all.
 type DeadLetters struct {
-	ID           int64 // this item only
+	ID           int64   // this item only
+	IDs          []int64 // these items only (with ID: both must hold)
 	Inbox        string
 	Subscription string
 	From, To     time.Time // failed at or after From, and before To
 	After        int64     // item ids above After (paging)
 	Limit        int       // at most Limit items (List only); 0: 100
+}
+
+// Empty reports whether f selects every dead letter.
+func (f DeadLetters) Empty() bool {
+	return f.ID == 0 && len(f.IDs) == 0 && f.Inbox == "" && f.Subscription == "" && f.From.IsZero() && f.To.IsZero() &&
+		f.After == 0 && f.Limit == 0
 }
 
 // where returns the WHERE clause and its arguments.
@@ -26,6 +33,12 @@ func (f DeadLetters) where() (string, []any) {
 	args := []any{f.After}
 	if f.ID != 0 {
 		q, args = append(q, `item_id = ?`), append(args, f.ID)
+	}
+	if len(f.IDs) > 0 {
+		q = append(q, `item_id IN (`+strings.Repeat(",?", len(f.IDs))[1:]+`)`)
+		for _, id := range f.IDs {
+			args = append(args, id)
+		}
 	}
 	if f.Inbox != "" {
 		q, args = append(q, `inbox_id = ?`), append(args, f.Inbox)

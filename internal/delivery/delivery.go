@@ -409,6 +409,10 @@ type Subscription struct {
 	// the current one; Update rotates them.
 	Secrets   []Secret
 	CreatedAt time.Time
+	// PausedAt is when an operator paused the subscription's delivery
+	// (Pause); zero: it delivers. PausedReason is what they said.
+	PausedAt     time.Time
+	PausedReason string
 }
 
 // validate checks s and fills its defaults.
@@ -609,7 +613,8 @@ func (d *Delivery) Delete(ctx context.Context, name string) error {
 }
 
 const subscriptionColumns = `subscription_id, subscription_uid, source_id, stream_id, inbox_id, match_types_json,
-	match_metadata_json, start_policy, start_offset, start_time, created_at, target_url, ` + endpointColumns
+	match_metadata_json, start_policy, start_offset, start_time, created_at, target_url, ` + endpointColumns + `,
+	paused_at, paused_reason`
 
 // Subscription returns the subscription name, or ErrNotFound.
 func (d *Delivery) Subscription(ctx context.Context, name string) (Subscription, error) {
@@ -668,10 +673,10 @@ func scanSubscriptions(rows *sql.Rows) ([]Subscription, error) {
 		var s Subscription
 		var types, meta, created string
 		var startOffset sql.NullInt64
-		var startTime, target sql.NullString
+		var startTime, target, pausedAt, pausedReason sql.NullString
 		var ep endpointScan
-		if err := rows.Scan(append([]any{&s.Name, &s.UID, &s.Source, &s.Stream, &s.Inbox, &types, &meta, &s.Start.Policy,
-			&startOffset, &startTime, &created, &target}, ep.dest()...)...); err != nil {
+		if err := rows.Scan(append(append([]any{&s.Name, &s.UID, &s.Source, &s.Stream, &s.Inbox, &types, &meta, &s.Start.Policy,
+			&startOffset, &startTime, &created, &target}, ep.dest()...), &pausedAt, &pausedReason)...); err != nil {
 			return nil, fmt.Errorf("read subscriptions: %w", err)
 		}
 		if err := json.Unmarshal([]byte(types), &s.Types); err != nil {
@@ -686,6 +691,10 @@ func scanSubscriptions(rows *sql.Rows) ([]Subscription, error) {
 		}
 		s.CreatedAt, _ = sqlitedb.ParseTime(created)
 		s.Target = target.String
+		if pausedAt.Valid {
+			s.PausedAt, _ = sqlitedb.ParseTime(pausedAt.String)
+		}
+		s.PausedReason = pausedReason.String
 		if err := ep.into(&s); err != nil {
 			return nil, fmt.Errorf("subscription %s: %w", s.Name, err)
 		}

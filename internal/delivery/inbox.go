@@ -326,23 +326,23 @@ func (d *Delivery) leaseSQLite(ctx context.Context, inbox string, max, maxAttemp
 
 // leaseSQLite leases up to ?5 ready items of inbox ?4: pending ones due
 // by ?3, and processing ones whose lease expired before the reaper saw it
-// and that have attempts left (?6). SQLite runs one writer at a time.
+// and that have attempts left (?6), none of a paused subscription. SQLite runs one writer at a time.
 const leaseSQLite = `UPDATE inbox_items SET state = 'processing', attempts = attempts + 1,
 	lease_token = ?1, lease_expires_at = ?2, updated_at = ?3
 	WHERE item_id IN (
-		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'processing' AND lease_expires_at <= ?3 AND attempts < ?6
+		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'processing' AND lease_expires_at <= ?3 AND attempts < ?6` + notPaused + `
 		UNION ALL
-		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3
+		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3` + notPaused + `
 		ORDER BY item_id LIMIT ?5) RETURNING item_id, attempts`
 
 // leasePostgres is leaseSQLite for processes leasing from one inbox at
 // once: each locks the rows it takes and skips those another holds, so
 // that concurrent leases get different items and wait for none.
 const leasePostgres = `WITH expired AS (
-		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'processing' AND lease_expires_at <= ?3 AND attempts < ?6
+		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'processing' AND lease_expires_at <= ?3 AND attempts < ?6` + notPaused + `
 		ORDER BY item_id LIMIT ?5 FOR UPDATE SKIP LOCKED),
 	due AS (
-		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3
+		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3` + notPaused + `
 		ORDER BY item_id LIMIT ?5 FOR UPDATE SKIP LOCKED)
 	UPDATE inbox_items SET state = 'processing', attempts = attempts + 1,
 		lease_token = ?1, lease_expires_at = ?2, updated_at = ?3

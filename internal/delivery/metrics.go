@@ -133,16 +133,24 @@ func (m *Metrics) cleaned(c Cleaned) {
 	m.deleted.WithLabelValues("events").Add(float64(c.Events))
 }
 
-// LagCollector returns a collector of every subscription's lag (see Lag),
-// read at each scrape: one lookup per subscription and one per stream.
+// LagCollector returns a collector of every subscription's lag (see Lag)
+// and whether it is paused, read at each scrape: one lookup per
+// subscription and one per stream.
 func (d *Delivery) LagCollector() prometheus.Collector { return lagCollector{d} }
 
-var lagDesc = prometheus.NewDesc("postbox_subscription_lag_events",
-	"Events of its stream a subscription has not consumed yet.", []string{"subscription", "stream"}, nil)
+var (
+	lagDesc = prometheus.NewDesc("postbox_subscription_lag_events",
+		"Events of its stream a subscription has not consumed yet.", []string{"subscription", "stream"}, nil)
+	pausedDesc = prometheus.NewDesc("postbox_subscription_paused",
+		"1 while an operator has paused a subscription's delivery, 0 while it delivers.", []string{"subscription"}, nil)
+)
 
 type lagCollector struct{ d *Delivery }
 
-func (c lagCollector) Describe(ch chan<- *prometheus.Desc) { ch <- lagDesc }
+func (c lagCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- lagDesc
+	ch <- pausedDesc
+}
 
 func (c lagCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx := context.Background()
@@ -151,7 +159,15 @@ func (c lagCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	stats := map[string]int64{}
+	leads := c.d.leads() // the leader of a shared store reports the pauses
 	for _, s := range subs {
+		if leads {
+			paused := 0.0
+			if !s.PausedAt.IsZero() {
+				paused = 1
+			}
+			ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, paused, s.Name)
+		}
 		if !c.d.runsHere(s.Name) { // reported by the process that runs its loop
 			continue
 		}

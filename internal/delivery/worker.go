@@ -663,6 +663,9 @@ func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, 
 	}
 	if len(ep.keys) > 0 {
 		id := "item_" + strconv.FormatInt(it.ID, 10)
+		if it.ID == 0 { // a test event (SendTest): its own id
+			id = it.EventID
+		}
 		sigs := make([]string, len(ep.keys))
 		for i, key := range ep.keys {
 			sigs[i] = stdwebhook.Sign(key, id, now, it.Payload)

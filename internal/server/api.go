@@ -329,6 +329,14 @@ func (s *Server) subscriptionJSON(r *http.Request, sub delivery.Subscription) ap
 		j.Target = &sub.Target
 		j.Breaker = s.breakerJSON(r, sub.Inbox)
 	}
+	if !sub.PausedAt.IsZero() {
+		at := sub.PausedAt
+		j.Paused, j.PausedAt = true, &at
+		if sub.PausedReason != "" {
+			reason := sub.PausedReason
+			j.PausedReason = &reason
+		}
+	}
 	if lag, err := s.subs.Lag(r.Context(), sub.Name); err == nil {
 		j.NextOffset, j.HighWatermark, j.Lag = lag.NextOffset, lag.HighWatermark, lag.Events
 	}
@@ -612,7 +620,12 @@ func (s *Server) listInboxes(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]api.InboxCounts, 0, len(counts))
 	for _, c := range counts {
-		out = append(out, api.InboxCounts{Inbox: c.Inbox, Pending: c.Pending, Processing: c.Processing, Completed: c.Completed, Failed: c.Failed})
+		j := api.InboxCounts{Inbox: c.Inbox, Pending: c.Pending, Processing: c.Processing, Completed: c.Completed, Failed: c.Failed}
+		if !c.OldestPending.IsZero() {
+			at := c.OldestPending
+			j.OldestPendingAt = &at
+		}
+		out = append(out, j)
 	}
 	writeJSON(w, http.StatusOK, api.InboxList{Inboxes: out})
 }

@@ -238,6 +238,13 @@ func TestAPIDeviceEventsToInbox(t *testing.T) {
 		t.Fatalf("second ack of completed items: %d %v", status, body)
 	}
 	_, inboxes := call(t, ts, "GET", "/v1/inboxes", "")
+	for i, in := range inboxes["inboxes"].([]any) {
+		in := in.(map[string]any)
+		if oldest, ok := in["oldest_pending_at"]; !ok || (oldest == nil) != (i == 1) {
+			t.Errorf("inbox %v: oldest_pending_at %v, want a time for pi7's pending item and null for webhooks", in["inbox"], oldest)
+		}
+		delete(in, "oldest_pending_at")
+	}
 	if fmt.Sprint(inboxes["inboxes"]) != "[map[completed:2 failed:0 inbox:pi7 pending:1 processing:1] map[completed:0 failed:0 inbox:webhooks pending:0 processing:0]]" {
 		t.Fatalf("inboxes: %v", inboxes)
 	}

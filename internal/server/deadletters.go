@@ -135,7 +135,7 @@ func (s *Server) replayDeadLetters(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if f == (delivery.DeadLetters{}) && !req.All {
+	if f.Empty() && !req.All {
 		writeError(w, api.CodeMissingField, "name an inbox, a subscription or a time range (from, to), or send \"all\": true to replay every dead letter")
 		return
 	}

@@ -119,6 +119,10 @@ func (r *endpointRequest) apply(w http.ResponseWriter, ep *delivery.Endpoint) (s
 			if !checkAPIText(w, "headers "+strconv.Quote(k), *v, 4096, true) {
 				return nil, 0, false
 			}
+			if hiddenHeader.MatchString(*v) { // what the API answers for a credential, sent back (a form filled from a GET)
+				writeError(w, api.CodeInvalidField, "headers %.200q: %q is the fingerprint the API shows for a credential, not its value: give the value itself", k, *v)
+				return nil, 0, false
+			}
 			ep.Headers[k] = *v
 		}
 	}
@@ -205,6 +209,9 @@ func (r *endpointRequest) apply(w http.ResponseWriter, ep *delivery.Endpoint) (s
 // credentialHeader matches the names of headers that carry credentials:
 // their values are not answered whole, as secrets are not.
 var credentialHeader = regexp.MustCompile(`(?i)^(proxy-)?authorization$|^cookie$|token|secret|password|api-?key|signature`)
+
+// hiddenHeader matches what shownHeader answers for a credential.
+var hiddenHeader = regexp.MustCompile(`^\(hidden, [^)]*\)$`)
 
 // shownHeader is what the API answers for an endpoint's header: the value,
 // or for a credential its fingerprint, enough to tell which one is set.

@@ -587,6 +587,19 @@ func TestOpenAPIAnswers(t *testing.T) {
 	want(200, enable, "/v1/subscriptions/signed/enable", "", nil)
 	want(400, enable, "/v1/subscriptions/planner/enable", "", nil)
 	want(404, enable, "/v1/subscriptions/nope/enable", "", nil)
+	// Pause, resume and a test event.
+	const pause, resume, testOp = "POST /v1/subscriptions/{name}/pause", "POST /v1/subscriptions/{name}/resume", "POST /v1/subscriptions/{name}/test"
+	want(200, pause, "/v1/subscriptions/hooked/pause", `{"reason": "deploy"}`, nil)
+	want(200, pause, "/v1/subscriptions/hooked/pause", "", nil)
+	want(400, pause, "/v1/subscriptions/hooked/pause", `{"why": "deploy"}`, nil)
+	want(404, pause, "/v1/subscriptions/nope/pause", "", nil)
+	want(413, pause, "/v1/subscriptions/hooked/pause", big, nil)
+	want(200, resume, "/v1/subscriptions/hooked/resume", "", nil)
+	want(400, resume, "/v1/subscriptions/hooked/resume", `{"reason": "x"}`, nil)
+	want(404, resume, "/v1/subscriptions/nope/resume", "", nil)
+	want(200, testOp, "/v1/subscriptions/signed/test", "", nil) // nothing listens: ok false, status 0
+	want(400, testOp, "/v1/subscriptions/planner/test", "", nil)
+	want(404, testOp, "/v1/subscriptions/nope/test", "", nil)
 	// A replay of a time range, and its job.
 	const rangeReplay = "POST /v1/subscriptions/{name}/replay"
 	job, _ := want(202, rangeReplay, "/v1/subscriptions/hooked/replay", `{"since": "2026-01-01T00:00:00Z"}`, nil).(map[string]any)
@@ -760,6 +773,31 @@ func TestOpenAPIAnswers(t *testing.T) {
 	want(400, replaySel, "/v1/dead-letters/replay", `{}`, nil)
 	want(400, replaySel, "/v1/dead-letters/replay", `{"to": "tomorrow"}`, nil)
 	want(413, replaySel, "/v1/dead-letters/replay", big, nil)
+
+	// Cancel and discard an item, and dead letters by selection.
+	const cancel, discard, discardSel = "POST /v1/inboxes/{inbox}/items/{id}/cancel", "POST /v1/inboxes/{inbox}/items/{id}/discard", "POST /v1/dead-letters/discard"
+	if it := want(200, cancel, fmt.Sprintf("/v1/inboxes/planner/items/%v/cancel", dead), `{"reason": "not needed"}`, nil); jget(it, "state") != "failed" {
+		t.Errorf("cancelled: %v", it)
+	}
+	want(409, cancel, fmt.Sprintf("/v1/inboxes/planner/items/%v/cancel", dead), "", nil)
+	want(404, cancel, "/v1/inboxes/planner/items/999999/cancel", "", nil)
+	want(400, cancel, "/v1/inboxes/planner/items/first/cancel", "", nil)
+	want(413, cancel, fmt.Sprintf("/v1/inboxes/planner/items/%v/cancel", dead), big, nil)
+	want(200, discardSel, "/v1/dead-letters/discard", fmt.Sprintf(`{"ids": [%v], "inbox": "planner"}`, dead), nil)
+	want(400, discardSel, "/v1/dead-letters/discard", `{}`, nil)
+	want(413, discardSel, "/v1/dead-letters/discard", big, nil)
+	want(404, discard, fmt.Sprintf("/v1/inboxes/planner/items/%v/discard", dead), "", nil)
+	want(400, discard, "/v1/inboxes/planner/items/first/discard", "", nil)
+	want(202, hook, "/webhooks", `{"amount": 5}`, map[string]string{"Idempotency-Key": "oa-5"})
+	var busy, busyLease any // an item under lease: processing
+	waitFor(t, 10*time.Second, "the item of oa-5 leased", func() bool {
+		l := want(200, lease, "/v1/inboxes/webhooks/lease", `{"max": 1}`, nil)
+		busy, busyLease = jget(l, "items", 0, "id"), jget(l, "lease")
+		return busy != nil
+	})
+	want(409, discard, fmt.Sprintf("/v1/inboxes/webhooks/items/%v/discard", busy), "", nil)
+	want(200, ack, "/v1/inboxes/webhooks/ack", fmt.Sprintf(`{"ids": [%v], "lease": %q}`, busy, busyLease), nil)
+	want(200, discard, fmt.Sprintf("/v1/inboxes/webhooks/items/%v/discard", busy), "", nil)
 
 	// Webhooks by id and by key; the nacked one has a last_error.
 	const byID, byKey = "GET /webhooks/{source}", "GET /webhooks"

@@ -104,8 +104,24 @@ type events interface {
 	Search(ctx context.Context, q delivery.ItemQuery) ([]delivery.Item, int64, error)
 }
 
+// operations is what an operator's acts (operate.go) use.
+type operations interface {
+	// Pause and Resume pause and resume a subscription's delivery.
+	Pause(ctx context.Context, name, reason string) (delivery.Subscription, error)
+	Resume(ctx context.Context, name string) (delivery.Subscription, error)
+	// SendTest sends a test event to a subscription's endpoint.
+	SendTest(ctx context.Context, name string) (delivery.TestResult, error)
+	// Cancel dead-letters a pending item; DiscardItem deletes an item
+	// that is not processing; ErrInvalidState otherwise.
+	Cancel(ctx context.Context, inbox string, id int64, reason string) (delivery.Item, error)
+	DiscardItem(ctx context.Context, inbox string, id int64) (delivery.Item, error)
+	// Discard deletes the failed items f selects, and returns their ids.
+	Discard(ctx context.Context, f delivery.DeadLetters) ([]int64, error)
+}
+
 var (
 	_ events        = (*delivery.Delivery)(nil)
+	_ operations    = (*delivery.Delivery)(nil)
 	_ subscriptions = (*delivery.Delivery)(nil)
 	_ inboxes       = (*delivery.Delivery)(nil)
 	_ deadLetters   = (*delivery.Delivery)(nil)
@@ -121,9 +137,10 @@ type roles struct {
 	replayJobs  replayJobs
 	positions   positions
 	events      events
+	ops         operations
 }
 
 // rolesOf gives every handler group d.
 func rolesOf(d *delivery.Delivery) roles {
-	return roles{subs: d, inboxes: d, deadLetters: d, replayJobs: d, positions: d, events: d}
+	return roles{subs: d, inboxes: d, deadLetters: d, replayJobs: d, positions: d, events: d, ops: d}
 }

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -206,7 +207,7 @@ func TestHandlersRunOnFakeRoles(t *testing.T) {
 				if !slices.Equal(ids, []int64{3, 9}) || got.NextAfter != 9 {
 					t.Errorf("items %v, next_after %d; want 3 and 9, next_after 9", ids, got.NextAfter)
 				}
-				if want := (delivery.DeadLetters{Inbox: "billing", Limit: 2}); len(dead.got) != 1 || dead.got[0] != want {
+				if want := (delivery.DeadLetters{Inbox: "billing", Limit: 2}); len(dead.got) != 1 || !reflect.DeepEqual(dead.got[0], want) {
 					t.Errorf("the fake was asked for %+v, want %+v", dead.got, want)
 				}
 			},

@@ -380,6 +380,7 @@ func (c *Config) setDefaults() {
 func (s *Server) route() {
 	s.routeAPI()
 	s.routeConsumers()
+	s.routeOperate()
 	s.handle("GET /v1/stats", s.requireToken(s.getStats))
 	s.handle("GET "+console.Path, console.Handler()) // static files, no token (the pages send it to the API); the mux redirects /ui here
 	s.handle("POST /webhooks", http.HandlerFunc(s.postWebhook))

@@ -6,12 +6,13 @@
 import { api, q, forget, token, APIError } from './api.js';
 import { lineChart, fmt } from './chart.js';
 import { eventPages, eventHref, deliveriesTable } from './events.js';
+import { stuck, delivery, newSubscription, subscription, itemActions, discardButtons } from './operate.js';
 
 const root = document.getElementById('view');
 
 // h makes an element: h('td', {class: 'num'}, 'text', child, …). Text is
 // always text (never parsed as HTML): payloads and errors are data.
-function h(tag, attrs, ...children) {
+export function h(tag, attrs, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v === undefined || v === null || v === false) continue;
@@ -30,7 +31,7 @@ function h(tag, attrs, ...children) {
 }
 
 // time shows an RFC 3339 time as YYYY-MM-DD HH:MM:SS (UTC).
-function time(s) {
+export function time(s) {
   if (!s) return '–';
   const d = new Date(s);
   if (Number.isNaN(+d)) return s;
@@ -38,25 +39,25 @@ function time(s) {
 }
 
 // put replaces the children of el with parts, leaving out the empty ones.
-function put(el, ...parts) { el.replaceChildren(...parts.flat().filter((p) => p !== null && p !== undefined && p !== false)); }
+export function put(el, ...parts) { el.replaceChildren(...parts.flat().filter((p) => p !== null && p !== undefined && p !== false)); }
 
-function state(s) { return h('span', { class: 'state state-' + s }, s); }
+export function state(s) { return h('span', { class: 'state state-' + s }, s); }
 
-function table(id, head, rows, empty = 'Nothing here.') {
+export function table(id, head, rows, empty = 'Nothing here.') {
   if (!rows.length) return h('p', { id, class: 'muted' }, empty);
   return h('div', { class: 'scroll' }, h('table', { id },
     h('thead', {}, h('tr', {}, head.map((c) => (typeof c === 'string' ? h('th', {}, c) : c)))),
     h('tbody', {}, rows)));
 }
 
-function num(v) { return h('td', { class: 'num' }, v === null || v === undefined ? '–' : String(v)); }
+export function num(v) { return h('td', { class: 'num' }, v === null || v === undefined ? '–' : String(v)); }
 
-function errorBox(err) {
+export function errorBox(err) {
   return h('p', { class: 'error', role: 'alert' }, err instanceof APIError ? `${err.status} ${err.code || ''}: ${err.message}` : String(err));
 }
 
 // confirmDialog asks text and resolves true when the operator confirms.
-function confirmDialog(text, ok = 'Replay') {
+export function confirmDialog(text, ok = 'Replay') {
   const dlg = document.getElementById('confirm-dialog');
   document.getElementById('confirm-text').textContent = text;
   document.getElementById('confirm-ok').textContent = ok;
@@ -77,9 +78,10 @@ function points(samples, key) { return samples.map((s) => [new Date(s.at), s[key
 async function overview(live) {
   const { view } = live;
   const draw = async () => {
-    const [health, stats] = await Promise.all([
+    const [health, stats, stuckParts] = await Promise.all([
       fetch('/health', { cache: 'no-store' }).then((r) => r.json()).catch(() => ({})),
       api('/v1/stats'),
+      stuck(),
     ]);
     const s = stats.samples;
     const last = s.length ? s[s.length - 1] : {};
@@ -95,6 +97,8 @@ async function overview(live) {
         tile('Delivered', t.completed, 'completed'), tile('Failed attempts', t.failed_attempts, 'failed'),
         tile('Dead-lettered', t.dead_lettered, 'dead'),
         tile('Writer queue', `${last.queue_depth ?? 0} / ${last.queue_capacity ?? '–'}`, 'queue')),
+      ...stuckParts,
+      h('h2', {}, 'Last minutes'),
       h('div', { class: 'grid', id: 'charts' },
         lineChart('Ingest (events/s)', [
           { name: 'stored', points: points(s, 'ingest_rate') },
@@ -151,6 +155,9 @@ async function subscriptions(live) {
   const render = async () => {
     const [subs, stats] = await Promise.all([api('/v1/subscriptions'), api('/v1/stats')]);
     const list = subs.subscriptions;
+    // Item counts: the subscription's own when the server keeps them, else its inbox's.
+    const inboxes = list.every((s) => s.counts) ? new Map() : new Map((await api('/v1/inboxes')).inboxes.map((i) => [i.inbox, i]));
+    const countOf = (s) => s.counts || inboxes.get(s.inbox) || {};
     const lagging = [...list].sort((a, b) => b.lag - a.lag).slice(0, 6);
     const series = lagging.map((s) => ({
       name: s.name,
@@ -159,14 +166,19 @@ async function subscriptions(live) {
     put(top,
       h('div', { class: 'grid' }, lineChart('Lag (events not yet consumed)', series)),
       h('h2', {}, 'Subscriptions and their endpoints'),
-      table('subscriptions-table', ['Name', 'Source', 'Inbox', 'Types', 'Endpoint', 'Breaker',
+      h('div', { class: 'actions' }, h('a', { href: '#/new-subscription', id: 'new-subscription', class: 'button' }, 'New subscription')),
+      table('subscriptions-table', ['Name', 'Source', 'Inbox', 'Types', 'Endpoint', 'Delivery', 'Breaker',
+        h('th', { class: 'num' }, 'Pending'), h('th', { class: 'num' }, 'Dead letters'),
         h('th', { class: 'num' }, 'Lag'), h('th', { class: 'num' }, 'Next offset'), h('th', { class: 'num' }, 'High watermark')],
-      list.map((s) => h('tr', { dataset: { name: s.name } },
-        h('td', {}, s.name), h('td', {}, s.source),
+      list.map((s) => h('tr', { dataset: { name: s.name, paused: String(!!s.paused) } },
+        h('td', {}, h('a', { href: '#/subscription/' + encodeURIComponent(s.name) }, s.name)), h('td', {}, s.source),
         h('td', {}, h('a', { href: '#/inbox' + q({ inbox: s.inbox }) }, s.inbox)),
         h('td', {}, s.types && s.types.length ? s.types.join(', ') : 'all'),
         h('td', { class: 'clip', title: s.target || '' }, s.target || 'runtime (lease/ack)'),
+        h('td', { class: 'delivery' }, delivery(s, render)),
         h('td', {}, breaker(s, render)),
+        num(countOf(s).pending), h('td', { class: 'num' }, countOf(s).failed
+          ? h('a', { href: '#/dead-letters' + q({ subscription: s.name }) }, String(countOf(s).failed)) : String(countOf(s).failed ?? '–')),
         num(s.lag), num(s.next_offset), num(s.high_watermark))), 'No subscriptions.'),
     );
     return list;
@@ -276,6 +288,7 @@ async function inbox(live, params) {
       s, ' ', h('span', { class: 'count muted' }, counts[s] === undefined ? '–' : counts[s].toLocaleString('en')))));
   const parts = [h('h1', {}, 'Inbox'), form,
     name ? h('p', {}, h('a', { href: '#/inbox-search' + q({ inbox: name }), id: 'inbox-search-link' }, 'Search this inbox by event id, type or time »')) : null, tabs];
+  if (params.get('discarded')) parts.push(h('p', { class: 'ok', id: 'inbox-note' }, `Item ${params.get('discarded')} discarded.`));
   if (name) {
     const page = await api(`/v1/inboxes/${encodeURIComponent(name)}/items` + q({ state: st, after, limit: 50 }));
     parts.push(table('items-table', [h('th', { class: 'num' }, 'Id'), 'State', 'Type', 'Event', h('th', { class: 'num' }, 'Attempts'),
@@ -305,7 +318,7 @@ function pager(route, params, after, next) {
 async function item(live, _, [inboxName, id]) {
   const { view } = live;
   const path = `/v1/inboxes/${encodeURIComponent(inboxName)}/items/${encodeURIComponent(id)}`;
-  const render = async (note) => {
+  const render = async (note, err) => {
     const [it, att] = await Promise.all([api(path), api(path + '/attempts')]);
     const field = (k, v) => [h('dt', {}, k), h('dd', {}, v)];
     const replay = it.state === 'failed' ? h('button', {
@@ -321,7 +334,8 @@ async function item(live, _, [inboxName, id]) {
       h('h1', {}, `Item ${it.id} `, state(it.state)),
       h('p', {}, h('a', { href: '#/inbox' + q({ inbox: it.inbox }) }, '« inbox ' + it.inbox)),
       note ? h('p', { class: 'ok', id: 'item-note' }, note) : null,
-      h('div', { class: 'actions' }, replay),
+      err ? errorBox(err) : null,
+      h('div', { class: 'actions' }, replay, itemActions(it, render)),
       h('div', { class: 'card' }, h('dl', { id: 'item-fields' },
         field('State', it.state), field('Attempts', String(it.attempts)), field('Type', it.type),
         field('Event id', it.event_id),
@@ -418,9 +432,10 @@ async function deadLetters(live, params) {
   }, 'Replay all matching…');
   const pickAll = h('input', { type: 'checkbox', 'aria-label': 'select all on this page',
     onchange: (e) => { view.querySelectorAll('input.pick').forEach((c) => { c.checked = e.target.checked; }); onPick(); } });
+  const discarded = h('div', { id: 'discard-progress', class: 'card', hidden: true });
   put(view,
     h('h1', {}, 'Dead letters'), form,
-    h('div', { class: 'actions' }, selBtn, allBtn), progress,
+    h('div', { class: 'actions' }, selBtn, allBtn, discardButtons(live, discarded, filter, selected)), progress, discarded,
     table('dead-letters-table', [h('th', {}, pickAll), h('th', { class: 'num' }, 'Id'), 'Inbox', 'Subscription', 'Type', 'Failed at',
       h('th', { class: 'num' }, 'Attempts'), h('th', { class: 'num' }, 'Replays'), 'Last error', ''],
     page.items.map((it) => h('tr', { dataset: { id: it.id } },
@@ -534,6 +549,7 @@ async function webhooks(live, params) {
 
 const pages = {
   '': overview, streams, subscriptions, inbox, item, 'dead-letters': deadLetters, webhooks,
+  subscription, 'new-subscription': newSubscription,
 };
 Object.assign(pages, eventPages); // events.js: an event and its deliveries, the searches
 
@@ -578,7 +594,8 @@ async function route() {
   const fn = pages[page];
   for (const a of document.querySelectorAll('#nav a')) {
     a.classList.toggle('active', a.dataset.page === (page || 'overview') || (page === 'item' && a.dataset.page === 'inbox') ||
-      (page === 'inbox-search' && a.dataset.page === 'inbox') || ((page === 'stream' || page === 'event') && a.dataset.page === 'streams'));
+      (page === 'inbox-search' && a.dataset.page === 'inbox') || ((page === 'stream' || page === 'event') && a.dataset.page === 'streams') ||
+      ((page === 'subscription' || page === 'new-subscription') && a.dataset.page === 'subscriptions'));
   }
   document.getElementById('signout').hidden = !token();
   if (!fn) {

@@ -758,3 +758,44 @@ func (c *cluster) afterHeldUpdate(waiter, update string, args []any, fn func() e
 	}
 	return <-done
 }
+
+// TestPauseAcrossNodes: a subscription paused through one process is
+// paused in every process of the store: a runtime's lease on another one
+// gets none of its items, its loop (wherever it runs) keeps filling its
+// inbox, and a resume through the other process wakes a lease waiting on
+// the first.
+func TestPauseAcrossNodes(t *testing.T) {
+	c := newCluster(t)
+	a, b := c.start("a", delivery.Config{}), c.start("b", delivery.Config{})
+	create(t, a, delivery.Subscription{Name: "jobs", Source: "devices"})
+	ctx := context.Background()
+	if _, err := a.d.Pause(ctx, "jobs", "across nodes"); err != nil {
+		t.Fatal(err)
+	}
+	c.appendEvents("p", 5)
+	c.waitItems("jobs", 5)
+	for _, n := range []*node{a, b} {
+		if l, err := n.d.Lease(ctx, "jobs", 10, time.Minute, 0); err != nil || len(l.Items) != 0 {
+			t.Fatalf("lease on %s while paused: %d items, %v, want none", n.name, len(l.Items), err)
+		}
+		if s, err := n.d.Subscription(ctx, "jobs"); err != nil || s.PausedReason != "across nodes" {
+			t.Fatalf("the subscription on %s: %+v %v", n.name, s, err)
+		}
+	}
+	got := make(chan delivery.Lease, 1)
+	go func() {
+		l, _ := a.d.Lease(ctx, "jobs", 10, time.Minute, 30*time.Second)
+		got <- l
+	}()
+	if _, err := b.d.Resume(ctx, "jobs"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case l := <-got:
+		if len(l.Items) != 5 {
+			t.Fatalf("the lease on a after the resume on b: %d items, want 5", len(l.Items))
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a lease waiting on a got nothing within 20s of the resume on b")
+	}
+}
