@@ -68,9 +68,6 @@ export function confirmDialog(text, ok = 'Replay') {
   });
 }
 
-// The helpers the pages of the other modules (events.js) draw with.
-export { h, time, put, state, table, num };
-
 // ---- overview ------------------------------------------------------------
 
 function points(samples, key) { return samples.map((s) => [new Date(s.at), s[key]]); }
