@@ -165,15 +165,15 @@ export function checkTraceparent(v) {
   return '';
 }
 
-// One statement: the rows go in together and the trigger notifies once.
-// in_tx is false outside a transaction block, where statement_timestamp()
-// equals transaction_timestamp() (the statement is its transaction's
-// first); then nothing is inserted.
-const insertSQL = `WITH tx AS (SELECT statement_timestamp() <> transaction_timestamp() AS in_tx),
-ins AS (INSERT INTO outbox (event_id, event_type, payload, correlation_id, tenant_id, traceparent, tracestate)
-	SELECT u.* FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) AS u, tx WHERE tx.in_tx
-	ON CONFLICT (event_id) DO NOTHING RETURNING event_id)
-SELECT (SELECT in_tx FROM tx) AS in_tx, ARRAY(SELECT event_id FROM ins) AS ids`;
+// One statement, as outboxpg's: the rows go in together and the trigger
+// notifies once.
+const insertSQL = `INSERT INTO outbox (event_id, event_type, payload, correlation_id, tenant_id, traceparent, tracestate)
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+	ON CONFLICT (event_id) DO NOTHING RETURNING event_id`;
+
+// A client that does not tell its transaction status is asked: SAVEPOINT
+// fails outside a transaction block (one simple query, one round trip).
+const probeSQL = 'SAVEPOINT postbox_outbox_probe; RELEASE SAVEPOINT postbox_outbox_probe';
 
 /**
  * @typedef {{query: (text: string, values?: unknown[]) => Promise<{rows: any[], rowCount: number | null}>}} Queryable
@@ -192,6 +192,16 @@ export async function insert(client, events) {
   const prepared = list.map(prepare);
   if (prepared.length === 0) return prepared;
   checkClient(client);
+  if (typeof (/** @type {any} */ (client).getTransactionStatus) !== 'function') {
+    try {
+      await client.query(probeSQL);
+    } catch (err) {
+      if (/** @type {any} */ (err)?.code === '25P01') { // no_active_sql_transaction
+        throw new TransactionError('outbox insert: the client is not in a transaction: BEGIN first (the outbox is written in the transaction of the business write it announces); nothing was written', { cause: err });
+      }
+      throw queryError('outbox insert', err);
+    }
+  }
   const n = prepared.length;
   const cols = [new Array(n), new Array(n), new Array(n), new Array(n), new Array(n), new Array(n), new Array(n)];
   for (let i = 0; i < n; i++) {
@@ -210,12 +220,8 @@ export async function insert(client, events) {
   } catch (err) {
     throw queryError('outbox insert', err);
   }
-  const row = res.rows[0];
-  if (!row.in_tx) {
-    throw new TransactionError('outbox insert: the client is not in a transaction: BEGIN first (the outbox is written in the transaction of the business write it announces); nothing was written');
-  }
   /** @type {string[]} */
-  const ids = row.ids;
+  const ids = res.rows.map((r) => r.event_id);
   if (ids.length !== n) {
     const got = new Set(ids);
     const dups = prepared.map((e) => e.id).filter((id) => !got.has(id));
