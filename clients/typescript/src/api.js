@@ -243,7 +243,7 @@ export class Api {
    * @param {Record<string, string | number>} [params]
    * @param {{query?: Record<string, any>, body?: unknown, signal?: AbortSignal, extraMs?: number}} [o]
    */
-  call(route, params, o = {}) {
+  async call(route, params, o = {}) {
     return this.request(ROUTES[route].method, this.path(route, params, o.query), o.body, o);
   }
 
@@ -297,7 +297,7 @@ export class Api {
    * @param {string} inbox
    * @param {{max?: number, visibilityTimeoutMs?: number, waitMs?: number, signal?: AbortSignal}} [o]
    */
-  lease(inbox, o = {}) {
+  async lease(inbox, o = {}) {
     const body = { max: o.max || undefined, visibility_timeout: duration(o.visibilityTimeoutMs), wait: duration(o.waitMs) };
     return this.call('lease', { inbox }, { body, signal: o.signal, extraMs: o.waitMs ?? 0 });
   }
@@ -334,7 +334,7 @@ export class Api {
    * @param {number[]} ids
    * @param {{visibilityTimeoutMs?: number, signal?: AbortSignal}} [o]
    */
-  extend(inbox, lease, ids, o = {}) {
+  async extend(inbox, lease, ids, o = {}) {
     return this.call('extend', { inbox }, { signal: o.signal, body: { ids, lease, visibility_timeout: duration(o.visibilityTimeoutMs) } });
   }
 
