@@ -5,6 +5,7 @@
 // outcome. When its signal aborts it stops leasing, lets running handlers
 // finish (for up to shutdownTimeoutMs, their leases extended), settles
 // what they return and hands back what it leased and did not start.
+import { setMaxListeners } from 'node:events';
 import { ApiError, resultError } from './api.js';
 import { PostboxError } from './errors.js';
 import { backoffDelay, classify } from './retry.js';
@@ -62,6 +63,7 @@ export async function runInbox(api, inbox, handler, options = {}) {
 
   // Handlers, acks and nacks outlive signal by the shutdown timeout.
   const jobs = new AbortController();
+  setMaxListeners(0, jobs.signal); // every running job listens to it
   let shutdownTimer;
   const onAbort = () => {
     shutdownTimer = setTimeout(() => jobs.abort(new PostboxError('the runner stopped and its shutdown timeout passed')), cfg.shutdownTimeoutMs);
