@@ -131,6 +131,7 @@ async function benchRunner() {
       const api = new Api(base);
       const ctl = new AbortController();
       let handled = 0;
+      const cpu0 = process.cpuUsage();
       const t0 = performance.now();
       const done = runInbox(api, 'webhooks', () => { handled++; }, { signal: ctl.signal, concurrency: conc, waitMs: 1000 });
       for (;;) {
@@ -139,9 +140,11 @@ async function benchRunner() {
         await new Promise((r) => setTimeout(r, 1));
       }
       const secs = (performance.now() - t0) / 1000;
+      const cpu = process.cpuUsage(cpu0);
       ctl.abort();
       await done;
-      console.log(JSON.stringify({ bench: 'runner', concurrency: conc, items, handled, seconds: +secs.toFixed(3), items_per_s: Math.round(items / secs) }));
+      console.log(JSON.stringify({ bench: 'runner', concurrency: conc, items, handled, seconds: +secs.toFixed(3), items_per_s: Math.round(items / secs),
+        runner_cpu_seconds: +((cpu.user + cpu.system) / 1e6).toFixed(2) }));
     } finally {
       srv.kill('SIGTERM');
       await new Promise((r) => srv.on('exit', r));
