@@ -158,3 +158,35 @@ test('bad input: an expired lease token, a bogus one, an inbox name the server r
   });
   await assert.rejects(s.api.lease('webhooks', { visibilityTimeoutMs: -5 }), /positive number of milliseconds/);
 });
+
+test('runner: a job whose lease is lost is told to stop and left unsettled', async (t) => {
+  const s = await server(t);
+  if (!s) return;
+  await postWebhook(s.base, 'taken', { kind: 'taken' });
+  /** @type {unknown} */
+  let reason;
+  let id = 0;
+  const ctl = new AbortController();
+  const stopped = new Promise((resolve) => {
+    const done = runInbox(s.api, 'webhooks', async (item, { signal }) => {
+      id = item.id;
+      await new Promise((r) => signal.addEventListener('abort', r));
+      reason = signal.reason;
+      resolve(undefined);
+      throw new Error('stopped');
+    }, { signal: ctl.signal, visibilityTimeoutMs: 600, waitMs: 100, logger: quiet });
+    t.after(async () => {
+      ctl.abort();
+      await done;
+    });
+  });
+  await until('the job running', 30_000, () => id !== 0);
+  const [r] = await s.api.ack('webhooks', '', [id]); // an operator completes it meanwhile
+  assert.equal(resultError(r), null);
+  await stopped;
+  assert.ok(reason instanceof LeaseLostError, String(reason));
+  ctl.abort();
+  const item = await s.api.item('webhooks', id);
+  assert.equal(item.state, 'completed'); // the runner's nack did not undo the operator's ack
+  assert.equal(item.attempts, 1);
+});
