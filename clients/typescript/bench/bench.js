@@ -1,7 +1,7 @@
 // Benchmarks of the TypeScript client (BENCHMARKS.md, "TypeScript client").
 //
 //   node bench/bench.js outbox [--rounds 10] [--tx 200]   # needs POSTBOX_TEST_POSTGRES
-//   node bench/bench.js runner [--items 20000] [--concurrency 64,256]
+//   node bench/bench.js runner [--items 20000] [--concurrency 64,256] [--go]
 //
 // outbox: transactions of 100 events each, insert() against the same
 // INSERT ... SELECT FROM unnest written by hand (ids made the same way),
@@ -9,7 +9,9 @@
 // runner: a postbox serve (the binary of POSTBOX_BIN, or go build) with
 // --items webhooks waiting in the inbox webhooks, untimed; then runInbox
 // with a do-nothing handler, timed from its start until the server counts
-// every item completed.
+// every item completed. With --go, the Go client's runner
+// (testdata/gorunner) does the same on a fresh server of its own after
+// each TypeScript run.
 import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -27,6 +29,7 @@ const { values: opts, positionals } = parseArgs({
     tx: { type: 'string', default: '200' },
     items: { type: 'string', default: '20000' },
     concurrency: { type: 'string', default: '64,256' },
+    go: { type: 'boolean', default: false },
   },
 });
 
@@ -105,29 +108,14 @@ async function benchOutbox() {
 async function benchRunner() {
   const bin = postboxBin();
   const items = Number(opts.items);
+  let gorunner = '';
+  if (opts.go) {
+    gorunner = join(mkdtempSync(join(tmpdir(), 'postbox-bench-go-')), 'gorunner');
+    const r = spawnSync('go', ['build', '-o', gorunner, './clients/typescript/testdata/gorunner'], { cwd: repoRoot, stdio: 'inherit' });
+    if (r.status !== 0) throw new Error('go build gorunner failed');
+  }
   for (const conc of opts.concurrency.split(',').map(Number)) {
-    const dir = mkdtempSync(join(tmpdir(), 'postbox-bench-serve-'));
-    const port = 20000 + Math.floor(Math.random() * 20000);
-    const base = `http://127.0.0.1:${port}`;
-    const srv = spawn(bin, ['serve', '--addr', `127.0.0.1:${port}`, '--db', join(dir, 'postbox.db'), '--log-level', 'error'], { stdio: 'inherit' });
-    try {
-      for (;;) {
-        try {
-          if ((await fetch(base + '/ready')).status === 200) break;
-        } catch {}
-        await new Promise((r) => setTimeout(r, 50));
-      }
-      // Preload, untimed.
-      let next = 0;
-      await Promise.all(Array.from({ length: 32 }, async () => {
-        while (next < items) {
-          const i = next++;
-          const r = await fetch(base + '/webhooks', {
-            method: 'POST', headers: { 'content-type': 'application/json', 'idempotency-key': `k-${i}` }, body: `{"n":${i}}`,
-          });
-          if (r.status !== 202) throw new Error(`webhook ${i}: ${r.status} ${await r.text()}`);
-        }
-      }));
+    await withServer(bin, items, async (base) => {
       const api = new Api(base);
       const ctl = new AbortController();
       let handled = 0;
@@ -145,11 +133,51 @@ async function benchRunner() {
       await done;
       console.log(JSON.stringify({ bench: 'runner', concurrency: conc, items, handled, seconds: +secs.toFixed(3), items_per_s: Math.round(items / secs),
         runner_cpu_seconds: +((cpu.user + cpu.system) / 1e6).toFixed(2) }));
-    } finally {
-      srv.kill('SIGTERM');
-      await new Promise((r) => srv.on('exit', r));
-      rmSync(dir, { recursive: true, force: true });
+    });
+    if (gorunner) {
+      await withServer(bin, items, async (base) => {
+        const r = spawnSync(gorunner, ['-server', base, '-n', String(items), '-concurrency', String(conc)], { encoding: 'utf8' });
+        if (r.status !== 0) throw new Error(`gorunner: ${r.stderr}`);
+        process.stdout.write(r.stdout);
+      });
     }
+  }
+}
+
+/**
+ * Runs f on a fresh postbox serve whose inbox webhooks holds items webhooks.
+ * @param {string} bin
+ * @param {number} items
+ * @param {(base: string) => Promise<void>} f
+ */
+async function withServer(bin, items, f) {
+  const dir = mkdtempSync(join(tmpdir(), 'postbox-bench-serve-'));
+  const port = 20000 + Math.floor(Math.random() * 20000);
+  const base = `http://127.0.0.1:${port}`;
+  const srv = spawn(bin, ['serve', '--addr', `127.0.0.1:${port}`, '--db', join(dir, 'postbox.db'), '--log-level', 'error'], { stdio: 'inherit' });
+  try {
+    for (;;) {
+      try {
+        if ((await fetch(base + '/ready')).status === 200) break;
+      } catch {}
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    // Preload, untimed.
+    let next = 0;
+    await Promise.all(Array.from({ length: 32 }, async () => {
+      while (next < items) {
+        const i = next++;
+        const r = await fetch(base + '/webhooks', {
+          method: 'POST', headers: { 'content-type': 'application/json', 'idempotency-key': `k-${i}` }, body: `{"n":${i}}`,
+        });
+        if (r.status !== 202) throw new Error(`webhook ${i}: ${r.status} ${await r.text()}`);
+      }
+    }));
+    await f(base);
+  } finally {
+    srv.kill('SIGTERM');
+    await new Promise((r) => srv.on('exit', r));
+    rmSync(dir, { recursive: true, force: true });
   }
 }
 
