@@ -178,3 +178,13 @@ test('no outbox table: the error says how to make one', async (t) => {
   await assert.rejects(insert(client, { type: 'a', payload: '{}' }), /outbox.*does not exist.*postbox outbox migrate/);
   await client.query('ROLLBACK');
 });
+
+test('an id\'s ULID carries the time it was made, in Crockford base32', () => {
+  const alphabet = '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
+  const before = Date.now();
+  const id = newEventId();
+  const after = Date.now();
+  let ms = 0;
+  for (const c of id.slice(4, 14)) ms = ms * 32 + alphabet.indexOf(c);
+  assert.ok(ms >= before && ms <= after, `${id}: ${ms} not in [${before}, ${after}]`);
+});
