@@ -116,10 +116,12 @@ export async function handle(db, handler, id, fn) {
     }
     return true;
   } finally {
+    let broken = false;
     if (began && !done) {
-      await client.query('ROLLBACK').catch(() => {});
+      await client.query('ROLLBACK').catch(() => { broken = true; });
     }
-    if (pooled) client.release();
+    // A connection whose ROLLBACK failed is not given back to the pool.
+    if (pooled) client.release(broken);
   }
 }
 
