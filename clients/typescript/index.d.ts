@@ -92,6 +92,13 @@ export namespace dedup {
    * false (fn not called) when (id, handler) was handled already.
    */
   function handle<C = any>(db: any, handler: string, id: string, fn: (client: C) => unknown): Promise<boolean>;
+  /**
+   * Records (id, handler) in the transaction the caller runs on client (a
+   * pg Client or PoolClient after BEGIN): true to go on (do the writes,
+   * then COMMIT), false when handler has handled id already. Rejects with
+   * TransactionError outside a transaction.
+   */
+  function record(client: Queryable, handler: string, id: string): Promise<boolean>;
   /** Deletes the records of ids handled before `before`; returns how many. */
   function forget(db: Queryable, before: Date): Promise<number>;
 }

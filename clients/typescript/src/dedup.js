@@ -4,7 +4,7 @@
 // handler's function in the same transaction and commit. A Go handler and
 // a TypeScript handler share one table.
 import { InvalidEventError, PostboxError, TransactionError } from './errors.js';
-import { queryError } from './outbox.js';
+import { checkClient, queryError } from './outbox.js';
 
 /** The most bytes of a handler name and of an id. */
 export const MAX_KEY_BYTES = 255;
@@ -122,6 +122,41 @@ export async function handle(db, handler, id, fn) {
     }
     // A connection whose ROLLBACK failed is not given back to the pool.
     if (pooled) client.release(broken);
+  }
+}
+
+/**
+ * Records that handler handles id, inside a transaction the caller runs
+ * on client (a pg Client or PoolClient after BEGIN): the first half of
+ * handle, for a handler that manages its own transaction. Resolves true
+ * when the record was inserted (go on: do the writes, then COMMIT; a
+ * ROLLBACK takes the record back too), false when handler has handled id
+ * already (do nothing). A concurrent delivery of the same id waits on the
+ * record's key until this transaction ends.
+ * @param {any} client
+ * @param {string} handler
+ * @param {string} id
+ * @returns {Promise<boolean>}
+ */
+export async function record(client, handler, id) {
+  checkKey(handler, id);
+  checkClient(client);
+  if (typeof client.getTransactionStatus !== 'function') {
+    // As insert does: SAVEPOINT fails outside a transaction block.
+    try {
+      await client.query('SAVEPOINT postbox_dedup_probe; RELEASE SAVEPOINT postbox_dedup_probe');
+    } catch (err) {
+      if (/** @type {any} */ (err)?.code === '25P01') {
+        throw new TransactionError(`dedup ${handler}: the client is not in a transaction: BEGIN first; nothing was written`, { cause: err });
+      }
+      throw queryError(`dedup ${handler}: record ${id}`, err);
+    }
+  }
+  try {
+    const res = await client.query(insertSQL, [id, handler]);
+    return res.rowCount === 1;
+  } catch (err) {
+    throw queryError(`dedup ${handler}: record ${id}`, err);
   }
 }
 

@@ -105,3 +105,31 @@ test('a Go handler and a TypeScript handler share one inbox table', async (t) =>
   const { rows } = await s.pool.query('SELECT id, by FROM dedup_effects ORDER BY id');
   assert.deepEqual(rows, [{ id: 'evt_go', by: 'go' }, { id: 'evt_new', by: 'go' }, { id: 'evt_ts', by: 'ts' }]);
 });
+
+test('dedup.record records in a transaction the caller runs', async (t) => {
+  const s = await setup(t);
+  if (!s) return;
+  const c = await s.pool.connect();
+  try {
+    await c.query('BEGIN');
+    assert.equal(await dedup.record(c, 'shipping', 'evt_r'), true);
+    await c.query(`INSERT INTO dedup_effects (id, by) VALUES ('evt_r', 'ts')`);
+    await c.query('COMMIT');
+    await c.query('BEGIN');
+    assert.equal(await dedup.record(c, 'shipping', 'evt_r'), false);
+    await c.query('ROLLBACK');
+    // A rollback takes the record back: the next delivery goes on.
+    await c.query('BEGIN');
+    assert.equal(await dedup.record(c, 'shipping', 'evt_s'), true);
+    await c.query('ROLLBACK');
+    assert.equal(await dedup.handle(s.pool, 'shipping', 'evt_s', () => {}), true);
+    // Outside a transaction: an error, and nothing written.
+    await assert.rejects(dedup.record(c, 'shipping', 'evt_t'), (err) => err instanceof TransactionError && /not in a transaction/.test(err.message));
+    const bare = { query: (/** @type {string} */ q, /** @type {any[]} */ v) => c.query(q, v) };
+    await assert.rejects(dedup.record(bare, 'shipping', 'evt_t'), (err) => err instanceof TransactionError && /not in a transaction/.test(err.message));
+  } finally {
+    c.release(); // before the pool ends
+  }
+  const { rows } = await s.pool.query(`SELECT id FROM inbox ORDER BY id`);
+  assert.deepEqual(rows.map((r) => r.id), ['evt_r', 'evt_s']);
+});
