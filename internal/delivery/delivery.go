@@ -235,7 +235,7 @@ type Delivery struct {
 	now     func() time.Time
 	inboxes notifier
 	inline  inlineState
-	tallies atomic.Int64 // rows written to inbox_tallies since this process last folded them
+	countRows atomic.Int64 // rows written to item_counts since this process last folded them
 
 	jobs        chan job        // leased items for the workers
 	completions chan completion // items the workers completed, to ack
@@ -361,8 +361,8 @@ func (d *Delivery) Run(ctx context.Context) error {
 			if err := d.reap(ctx); err != nil && ctx.Err() == nil {
 				d.log.Warn("delivery: ending expired leases failed; retrying", "err", err)
 			}
-			if err := d.foldTallies(ctx, false); err != nil && ctx.Err() == nil {
-				d.log.Warn("delivery: folding the counts of completed items failed; retrying", "err", err)
+			if err := d.foldCounts(ctx, false); err != nil && ctx.Err() == nil {
+				d.log.Warn("delivery: folding the kept item counts failed; retrying", "err", err)
 			}
 		}
 	}
