@@ -222,19 +222,19 @@ func setDefault[T int | float64 | time.Duration](v *T, def T) {
 
 // Delivery runs the subscriptions of one store.
 type Delivery struct {
-	streams stream.Backend
-	waiter  stream.Waiter // streams, when it is one; nil: the loops poll
-	store   Store
-	db      conn                // reads of store
-	stmts   *sqlitedb.StmtCache // statements of the writer's transactions, on SQLite
-	shared  SharedStore         // store, when several processes share it; nil: SQLite
-	pg      bool                // the store speaks PostgreSQL
-	cluster *cluster            // leases of loops, with a shared store; nil: every loop runs here
-	cfg     Config
-	log     *slog.Logger
-	now     func() time.Time
-	inboxes notifier
-	inline  inlineState
+	streams   stream.Backend
+	waiter    stream.Waiter // streams, when it is one; nil: the loops poll
+	store     Store
+	db        conn                // reads of store
+	stmts     *sqlitedb.StmtCache // statements of the writer's transactions, on SQLite
+	shared    SharedStore         // store, when several processes share it; nil: SQLite
+	pg        bool                // the store speaks PostgreSQL
+	cluster   *cluster            // leases of loops, with a shared store; nil: every loop runs here
+	cfg       Config
+	log       *slog.Logger
+	now       func() time.Time
+	inboxes   notifier
+	inline    inlineState
 	countRows atomic.Int64 // rows written to item_counts since this process last folded them
 
 	jobs        chan job        // leased items for the workers
