@@ -25,6 +25,10 @@ type Subscription struct {
 	NextOffset    int64     `json:"next_offset"`
 	HighWatermark int64     `json:"high_watermark"`
 	Lag           int64     `json:"lag"` // events of the stream not yet read
+	// Counts are the subscription's items by state (its share of its
+	// inbox's), as the server keeps them; in the list and a get, nil
+	// elsewhere.
+	Counts *InboxCounts `json:"counts,omitempty"`
 }
 
 // Endpoint is the settings of a subscription's target as the API shows

@@ -27,3 +27,7 @@ func WithTestSignals(cfg Config) (Config, TestSignals) {
 	cfg.testSignals = s
 	return cfg, TestSignals{Dispatched: s.dispatched, Stopping: s.stopping}
 }
+
+// Reap ends the leases that expired now, as the reap loop does each
+// ReapInterval.
+func (d *Delivery) Reap(ctx context.Context) error { return d.reap(ctx) }

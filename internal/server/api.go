@@ -423,9 +423,16 @@ func (s *Server) listSubscriptions(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
+	counts, err := s.subs.SubscriptionCounts(r.Context())
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
 	out := make([]api.Subscription, 0, len(subs))
 	for _, sub := range subs {
-		out = append(out, s.subscriptionJSON(r, sub))
+		j := s.subscriptionJSON(r, sub)
+		j.Counts = countsJSON(sub, counts)
+		out = append(out, j)
 	}
 	writeJSON(w, http.StatusOK, api.SubscriptionList{Subscriptions: out})
 }
@@ -595,6 +602,13 @@ func (s *Server) listConsumers(w http.ResponseWriter, r *http.Request) {
 			HighWatermark: lag.HighWatermark, Lag: lag.Events, UpdatedAt: c.UpdatedAt})
 	}
 	writeJSON(w, http.StatusOK, api.ConsumerList{Consumers: out})
+}
+
+// countsJSON is the item counts of sub in the API: zero when it has no
+// item.
+func countsJSON(sub delivery.Subscription, counts map[string]delivery.InboxCounts) *api.InboxCounts {
+	c := counts[sub.UID]
+	return &api.InboxCounts{Inbox: sub.Inbox, Pending: c.Pending, Processing: c.Processing, Completed: c.Completed, Failed: c.Failed}
 }
 
 func (s *Server) listInboxes(w http.ResponseWriter, r *http.Request) {
