@@ -308,6 +308,7 @@ func (d *Delivery) Run(ctx context.Context) error {
 	}
 	d.mu.Lock()
 	for _, s := range subs {
+		d.cfg.Metrics.subscribed(s)
 		d.startLocked(s)
 		if s.Target != "" {
 			d.targets[s.Inbox] = s.Target
@@ -558,6 +559,7 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 		}
 		return s, false, fmt.Errorf("create subscription %s: %w", s.Name, translate(err))
 	}
+	d.cfg.Metrics.subscribed(s)
 	d.mu.Lock()
 	d.startLocked(s)
 	d.setTargetLocked(s.Inbox, s.Target)
@@ -602,6 +604,9 @@ func (d *Delivery) Delete(ctx context.Context, name string) error {
 	}
 	if err := d.streams.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, stream.ErrConsumerNotFound) {
 		return fmt.Errorf("delete subscription %s: %w", name, err)
+	}
+	if rest, err := d.Subscriptions(ctx); err == nil {
+		d.cfg.Metrics.unsubscribed(s, !slices.ContainsFunc(rest, func(o Subscription) bool { return o.Inbox == s.Inbox }))
 	}
 	d.broadcast(ctx, "subs")
 	d.log.Info("delivery: subscription deleted", "subscription", name)

@@ -446,7 +446,14 @@ func (s *Server) getSubscription(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.subscriptionJSON(r, sub))
+	counts, err := s.subs.SubscriptionCounts(r.Context())
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	j := s.subscriptionJSON(r, sub)
+	j.Counts = countsJSON(sub, counts)
+	writeJSON(w, http.StatusOK, j)
 }
 
 // patchSubscription changes what may change of a subscription: its

@@ -303,6 +303,7 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
+	s.metrics.Source(got.Name, got.Kind == intake.KindWebhook)
 	status := http.StatusOK
 	if created {
 		status = http.StatusCreated
@@ -347,5 +348,6 @@ func (s *Server) deleteSource(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
+	s.metrics.Forget(r.PathValue("name"))
 	w.WriteHeader(http.StatusNoContent)
 }
