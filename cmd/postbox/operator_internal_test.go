@@ -249,6 +249,17 @@ func TestSubscriptionsAgainstServer(t *testing.T) {
 		!strings.Contains(r.stdout, "proposal.*") || !strings.Contains(r.stdout, "device_id=pi-7") {
 		t.Fatalf("subscriptions list: %v", r)
 	}
+	// Its three events become three pending items, which the list counts.
+	testenv.Eventually(t, 30*time.Second, "planner's 3 items in the list's counts", func() bool {
+		cliJSON(t, &subs, append([]string{"subscriptions", "list", "--json"}, srv...)...)
+		counts, _ := subs[0]["counts"].(map[string]any)
+		return counts["pending"] == float64(3)
+	})
+	r = cli(t, append([]string{"subscriptions", "list"}, srv...)...)
+	if lines := strings.Split(r.stdout, "\n"); r.code != 0 || len(lines) < 2 ||
+		!strings.Contains(lines[0], "LAG  PENDING  PROCESSING  DEAD  CREATED") || !regexp.MustCompile(`\s0\s+3\s+0\s+0\s`).MatchString(lines[1]) {
+		t.Fatalf("subscriptions list with counts: %v", r)
+	}
 	var sub map[string]any
 	cliJSON(t, &sub, append([]string{"subscriptions", "get", "planner", "--json"}, srv...)...)
 	if sub["name"] != "planner" || sub["stream"] != "devices" {
