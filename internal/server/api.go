@@ -642,7 +642,8 @@ func itemsJSON(items []delivery.Item) []api.Item {
 		out[i] = api.Item{ID: it.ID, Inbox: it.Inbox, Subscription: it.Subscription, Stream: it.Stream, Offset: it.Offset,
 			StreamEventID: it.StreamEventID, EventID: it.EventID, Type: it.Type, OccurredAt: it.OccurredAt, SourceSequence: it.SourceSequence, StoredAt: it.StoredAt,
 			Metadata: it.Metadata, Payload: it.Payload, DeliveryHandle: handle, State: it.State, Attempts: it.Attempts,
-			NextAttemptAt: it.NextAttemptAt, LeaseExpiresAt: it.LeaseExpiresAt, LastError: it.LastError, CreatedAt: it.CreatedAt,
+			NextAttemptAt: it.NextAttemptAt, LeaseExpiresAt: it.LeaseExpiresAt, LastError: it.LastError,
+			LastErrorPast: it.LastError != nil && it.State == delivery.StateCompleted, CreatedAt: it.CreatedAt,
 			UpdatedAt: it.UpdatedAt, FailedAt: it.FailedAt, ReplayedAt: it.ReplayedAt, Replays: it.Replays}
 	}
 	return out
