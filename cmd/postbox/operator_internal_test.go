@@ -467,6 +467,21 @@ func TestInboxLeaseAckNack(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "no items ready") || strings.Contains(r.stdout, "no subscription fills") {
 		t.Fatalf("inbox lease of an empty inbox: %v", r)
 	}
+
+	// The nacked item, completed by an operator, keeps its error as
+	// history: not printed as its last error.
+	if r := cli(t, append([]string{"inbox", "ack", "worker", id2}, srv...)...); r.code != 0 || !strings.Contains(r.stdout, "completed") {
+		t.Fatalf("inbox ack of the nacked item: %v", r)
+	}
+	r = cli(t, append([]string{"inbox", "show", "worker", id2}, srv...)...)
+	if r.code != 0 || !regexp.MustCompile(`(?m)^last_error:\s+-$`).MatchString(r.stdout) ||
+		!regexp.MustCompile(`(?m)^earlier_error:\s+downstream 503$`).MatchString(r.stdout) {
+		t.Fatalf("inbox show of a completed item that failed before: %v", r)
+	}
+	r = cli(t, append([]string{"inbox", "list", "worker", "--state", "completed"}, srv...)...)
+	if r.code != 0 || !strings.Contains(r.stdout, id2) || strings.Contains(r.stdout, "downstream 503") {
+		t.Fatalf("inbox list of completed items: %v, want no old error shown", r)
+	}
 }
 
 // TestOperatorAPIToken: a server started with an API token refuses the
