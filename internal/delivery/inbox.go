@@ -550,6 +550,7 @@ type settlement struct {
 func (d *Delivery) settleAll(ctx context.Context, sts ...*settlement) error {
 	nowText := d.now().UTC().Format(sqlitedb.Time)
 	err := d.update(ctx, func(tx conn) error {
+		t := tally{} // of every settlement: one row per inbox and subscription a commit
 		for _, st := range sts {
 			if err := st.check(ctx, tx, nowText, d.forUpdate()); err != nil {
 				return err
@@ -558,19 +559,15 @@ func (d *Delivery) settleAll(ctx context.Context, sts ...*settlement) error {
 				if err := st.apply(tx, nowText, st.moves); err != nil {
 					return err
 				}
-				t := tally{}
 				for _, m := range st.moves {
 					t.move(st.inbox, m.sub, m.from, m.to, 1)
-				}
-				if err := t.write(ctx, d, tx); err != nil {
-					return err
 				}
 			}
 			if err := st.record(ctx, tx); err != nil {
 				return err
 			}
 		}
-		return nil
+		return t.write(ctx, d, tx)
 	})
 	if err != nil {
 		return err

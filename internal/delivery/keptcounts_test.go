@@ -2,14 +2,17 @@ package delivery_test
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/retry"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -263,5 +266,55 @@ func testKeptCountsProperty(t *testing.T, kind storeKind) {
 		name := "step " + strconv.Itoa(step) + " (" + what + ")"
 		e.checkCounts(t, name)
 		e.checkSubscriptionCounts(t, name)
+	}
+}
+
+// TestKeptCountsWorkers: the workers' path (leases of a dispatcher, acks
+// and failed attempts settled in group commits) keeps the counts equal to
+// a count of the items, with a handler that completes some items, fails
+// others for a while, dead-letters some and fails some transiently.
+func TestKeptCountsWorkers(t *testing.T) { eachStore(t, testKeptCountsWorkers) }
+
+func testKeptCountsWorkers(t *testing.T, kind storeKind) {
+	ctx := context.Background()
+	e := setup(t, kind, delivery.Config{Retention: -1, MaxAttempts: 3, RetryBaseDelay: time.Microsecond, RetryMaxDelay: time.Microsecond})
+	e.create(t, delivery.Subscription{Name: "w", Source: "devices", Start: stream.Start{Policy: stream.StartEarliest}})
+	var transient sync.Map // item ids that failed transiently once
+	e.d.Handle("w", func(ctx context.Context, it *delivery.Item) error {
+		switch it.Offset % 5 {
+		case 0:
+			return retry.Permanent(errors.New("never"))
+		case 1:
+			if it.Attempts < 2 {
+				return errors.New("not yet")
+			}
+		case 2: // a transient failure counts no attempt: the first call alone fails
+			if _, again := transient.LoadOrStore(it.ID, true); !again {
+				return retry.Transient(errors.New("down"))
+			}
+		case 3:
+			return errors.New("always") // dead after MaxAttempts
+		}
+		return nil
+	})
+	e.appendEvents(t, "w", "t", 300)
+	var last []delivery.InboxCounts
+	for deadline := time.Now().Add(stallTimeout); ; {
+		e.clock.Advance(time.Second) // retries come due
+		in, err := e.d.Inboxes(ctx)
+		if err == nil && len(in) > 0 && in[0].Completed+in[0].Failed == 300 {
+			break
+		}
+		last = in
+		if time.Now().After(deadline) {
+			t.Fatalf("not every item completed or failed: %+v, %v", last, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.checkCounts(t, "handled")
+	e.checkSubscriptionCounts(t, "handled")
+	got, _ := e.d.Inboxes(ctx)
+	if got[0].Completed != 180 || got[0].Failed != 120 {
+		t.Fatalf("handled: %+v, want 180 completed and 120 failed", got[0])
 	}
 }
