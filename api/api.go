@@ -60,6 +60,10 @@ type Item struct {
 	FailedAt       *time.Time      `json:"failed_at"`
 	ReplayedAt     *time.Time      `json:"replayed_at"`
 	Replays        int             `json:"replays"`
+
+	// LastErrorPast is true when the item was completed after LastError:
+	// the error is history, from an earlier attempt, not its state.
+	LastErrorPast bool `json:"last_error_past"`
 }
 
 // ItemPage is a page of items (GET /v1/inboxes/{inbox}/items, GET

@@ -31,6 +31,10 @@ type Subscription struct {
 	Paused       bool       `json:"paused"`
 	PausedAt     *time.Time `json:"paused_at"`
 	PausedReason *string    `json:"paused_reason"`
+	// Counts are the subscription's items by state (its share of its
+	// inbox's), as the server keeps them; in the list and a get, nil
+	// elsewhere.
+	Counts *InboxCounts `json:"counts,omitempty"`
 }
 
 // Endpoint is the settings of a subscription's target as the API shows

@@ -495,6 +495,36 @@ func TestCrashWebhooks(t *testing.T) {
 	stop()
 	<-done
 	t.Logf("%d webhooks accepted across 3 SIGKILLs, each stored once", wp.check(t))
+
+	// The kept counts survived the crashes with the items: once the
+	// default subscription has read every webhook, it counts one pending
+	// item for each (nothing delivers them).
+	var sub struct {
+		HighWatermark int64 `json:"high_watermark"`
+		Lag           int64 `json:"lag"`
+		Counts        struct {
+			Pending, Processing, Completed, Failed int64
+		} `json:"counts"`
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		resp, err := http.Get(base + "/v1/subscriptions/webhooks")
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = json.NewDecoder(resp.Body).Decode(&sub)
+		resp.Body.Close()
+		if err == nil && sub.Lag == 0 && sub.HighWatermark > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the default subscription did not read every webhook: %+v, %v", sub, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if c := sub.Counts; c.Pending != sub.HighWatermark || c.Processing+c.Completed+c.Failed != 0 {
+		t.Fatalf("after the crashes the webhooks subscription counts %+v for %d stored webhooks", c, sub.HighWatermark)
+	}
 }
 
 // webhookPoster posts webhooks to the server at base, four at a time,

@@ -45,6 +45,25 @@ func lastError(s *string) string {
 	return orDash(*s)
 }
 
+// currentError is the last error of it while it is its state: "-" for a
+// completed item, whose error is from an attempt before it was delivered
+// (earlierError).
+func currentError(it api.Item) string {
+	if it.LastErrorPast {
+		return "-"
+	}
+	return lastError(it.LastError)
+}
+
+// earlierError is the last error of a completed item, from an attempt
+// before it was delivered, or "-".
+func earlierError(it api.Item) string {
+	if !it.LastErrorPast {
+		return "-"
+	}
+	return lastError(it.LastError)
+}
+
 // sourceSequence is the source's sequence number of an item's event, or
 // "-" when it sent none.
 func sourceSequence(n *int64) string {
@@ -124,7 +143,7 @@ Without INBOX, lists the inboxes with how many items each holds in each state.`)
 	fmt.Fprintln(tw, "ID\tSTATE\tTYPE\tEVENT_ID\tSUBSCRIPTION\tOFFSET\tATTEMPTS\tNEXT_ATTEMPT\tLAST_ERROR")
 	for _, it := range items {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", it.ID, it.State, it.Type, it.EventID, it.Subscription,
-			it.Offset, it.Attempts, when(it.NextAttemptAt), shorten(lastError(it.LastError), 60))
+			it.Offset, it.Attempts, when(it.NextAttemptAt), shorten(currentError(it), 60))
 	}
 	return tw.Flush()
 }
@@ -185,7 +204,8 @@ func runInboxShow(ctx context.Context, env *cmdEnv, args []string) error {
 		{"source_sequence", sourceSequence(it.SourceSequence)}, {"stored_at", when(it.StoredAt)},
 		{"state", it.State}, {"attempts", strconv.Itoa(it.Attempts)},
 		{"next_attempt_at", when(it.NextAttemptAt)}, {"lease_expires_at", whenPtr(it.LeaseExpiresAt)},
-		{"last_error", lastError(it.LastError)}, {"created_at", when(it.CreatedAt)}, {"updated_at", when(it.UpdatedAt)},
+		{"last_error", currentError(it)}, {"earlier_error", earlierError(it)},
+		{"created_at", when(it.CreatedAt)}, {"updated_at", when(it.UpdatedAt)},
 	} {
 		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
 	}

@@ -249,6 +249,17 @@ func TestSubscriptionsAgainstServer(t *testing.T) {
 		!strings.Contains(r.stdout, "proposal.*") || !strings.Contains(r.stdout, "device_id=pi-7") {
 		t.Fatalf("subscriptions list: %v", r)
 	}
+	// Its three events become three pending items, which the list counts.
+	testenv.Eventually(t, 30*time.Second, "planner's 3 items in the list's counts", func() bool {
+		cliJSON(t, &subs, append([]string{"subscriptions", "list", "--json"}, srv...)...)
+		counts, _ := subs[0]["counts"].(map[string]any)
+		return counts["pending"] == float64(3)
+	})
+	r = cli(t, append([]string{"subscriptions", "list"}, srv...)...)
+	if lines := strings.Split(r.stdout, "\n"); r.code != 0 || len(lines) < 2 ||
+		!strings.Contains(lines[0], "LAG  PENDING  PROCESSING  DEAD  CREATED") || !regexp.MustCompile(`\s0\s+3\s+0\s+0\s`).MatchString(lines[1]) {
+		t.Fatalf("subscriptions list with counts: %v", r)
+	}
 	var sub map[string]any
 	cliJSON(t, &sub, append([]string{"subscriptions", "get", "planner", "--json"}, srv...)...)
 	if sub["name"] != "planner" || sub["stream"] != "devices" {
@@ -455,6 +466,21 @@ func TestInboxLeaseAckNack(t *testing.T) {
 	}
 	if r.code != 0 || !strings.Contains(r.stdout, "no items ready") || strings.Contains(r.stdout, "no subscription fills") {
 		t.Fatalf("inbox lease of an empty inbox: %v", r)
+	}
+
+	// The nacked item, completed by an operator, keeps its error as
+	// history: not printed as its last error.
+	if r := cli(t, append([]string{"inbox", "ack", "worker", id2}, srv...)...); r.code != 0 || !strings.Contains(r.stdout, "completed") {
+		t.Fatalf("inbox ack of the nacked item: %v", r)
+	}
+	r = cli(t, append([]string{"inbox", "show", "worker", id2}, srv...)...)
+	if r.code != 0 || !regexp.MustCompile(`(?m)^last_error:\s+-$`).MatchString(r.stdout) ||
+		!regexp.MustCompile(`(?m)^earlier_error:\s+downstream 503$`).MatchString(r.stdout) {
+		t.Fatalf("inbox show of a completed item that failed before: %v", r)
+	}
+	r = cli(t, append([]string{"inbox", "list", "worker", "--state", "completed"}, srv...)...)
+	if r.code != 0 || !strings.Contains(r.stdout, id2) || strings.Contains(r.stdout, "downstream 503") {
+		t.Fatalf("inbox list of completed items: %v, want no old error shown", r)
 	}
 }
 

@@ -528,7 +528,7 @@ definition under the same name is a conflict (exit status 1).`)
 }
 
 func runSubscriptionsList(ctx context.Context, env *cmdEnv, args []string) error {
-	fs := newFlags(env, "subscriptions list", "[flags]", "Lists the subscriptions by name, with their inbox, filters, start, target, next offset and lag.")
+	fs := newFlags(env, "subscriptions list", "[flags]", "Lists the subscriptions by name, with their inbox, filters, start, target, next offset and lag, and their items pending, processing and dead (failed).")
 	af := addAPIFlags(fs, "print the subscriptions as a JSON array")
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
@@ -545,10 +545,15 @@ func runSubscriptionsList(ctx context.Context, env *cmdEnv, args []string) error
 		return printJSON(env, jsonArray(subs))
 	}
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSOURCE\tINBOX\tTYPES\tMATCH\tSTART\tTARGET\tNEXT_OFFSET\tLAG\tCREATED")
+	fmt.Fprintln(tw, "NAME\tSOURCE\tINBOX\tTYPES\tMATCH\tSTART\tTARGET\tNEXT_OFFSET\tLAG\tPENDING\tPROCESSING\tDEAD\tCREATED")
 	for _, s := range subs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", s.Name, s.Source, s.Inbox, typesText(s.Types),
-			stringPairs(s.Metadata), subscriptionStart(s), orDash(deref(s.Target)), s.NextOffset, s.Lag, when(s.CreatedAt))
+		var n api.InboxCounts
+		if s.Counts != nil {
+			n = *s.Counts
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", s.Name, s.Source, s.Inbox, typesText(s.Types),
+			stringPairs(s.Metadata), subscriptionStart(s), orDash(deref(s.Target)), s.NextOffset, s.Lag,
+			n.Pending, n.Processing, n.Failed, when(s.CreatedAt))
 	}
 	return tw.Flush()
 }
@@ -561,7 +566,7 @@ func typesText(types []string) string {
 }
 
 func runSubscriptionsGet(ctx context.Context, env *cmdEnv, args []string) error {
-	fs := newFlags(env, "subscriptions get", "NAME [flags]", "Shows the subscription NAME: its definition and target, next offset, high watermark and lag.")
+	fs := newFlags(env, "subscriptions get", "NAME [flags]", "Shows the subscription NAME: its definition and target, next offset, high watermark and lag, and its items by state.")
 	af := addAPIFlags(fs, "print the subscription's JSON")
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
@@ -586,12 +591,26 @@ func runSubscriptionsGet(ctx context.Context, env *cmdEnv, args []string) error 
 	if s.Target != nil {
 		fields = append(fields, endpointFields(s)...)
 	}
-	return printFields(env, append(fields, [][2]string{
+	return printFields(env, append(append(fields, [][2]string{
 		{"created_at", when(s.CreatedAt)},
 		{"next_offset", strconv.FormatInt(s.NextOffset, 10)},
 		{"high_watermark", strconv.FormatInt(s.HighWatermark, 10)},
 		{"lag", strconv.FormatInt(s.Lag, 10)},
-	}...))
+	}...), countFields(s.Counts)...))
+}
+
+// countFields are a subscription's item counts as fields, none when the
+// server sent none.
+func countFields(n *api.InboxCounts) [][2]string {
+	if n == nil {
+		return nil
+	}
+	return [][2]string{
+		{"pending", strconv.FormatInt(n.Pending, 10)},
+		{"processing", strconv.FormatInt(n.Processing, 10)},
+		{"completed", strconv.FormatInt(n.Completed, 10)},
+		{"dead", strconv.FormatInt(n.Failed, 10)},
+	}
 }
 
 func runSubscriptionsSetTarget(ctx context.Context, env *cmdEnv, args []string) error {

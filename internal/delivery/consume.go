@@ -360,6 +360,11 @@ func (d *Delivery) materialise(ctx context.Context, tx conn, s Subscription, ite
 	if added == 0 {
 		return 0, nil
 	}
+	t := tally{}
+	t.move(s.Inbox, s.UID, "", StatePending, int64(added))
+	if err := t.write(ctx, d, tx); err != nil {
+		return 0, fmt.Errorf("materialise: %w", err)
+	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO activations (subscription_id, inbox_id, first_offset, last_offset, items, first_item_id, created_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?)`, s.Name, s.Inbox, first, last, added, firstID, now)
 	if err != nil {

@@ -79,6 +79,7 @@ func (d *Delivery) Replay(ctx context.Context, f DeadLetters) ([]int64, error) {
 		where, args := f.where()
 		now := d.now().UTC().Format(sqlitedb.Time)
 		var ids []int64
+		var batchInboxes map[string]int
 		err := d.update(ctx, func(tx conn) error {
 			// The state is checked again on the row updated: on PostgreSQL
 			// a dead letter another replay took after the subquery read it
@@ -86,27 +87,36 @@ func (d *Delivery) Replay(ctx context.Context, f DeadLetters) ([]int64, error) {
 			rows, err := tx.QueryContext(ctx, `UPDATE inbox_items SET state = 'pending', attempts = 0, next_attempt_at = ?1,
 				failed_at = NULL, replayed_at = ?1, replays = replays + 1, updated_at = ?1
 				WHERE state = 'failed' AND item_id IN (SELECT item_id FROM inbox_items`+where+` ORDER BY item_id LIMIT 1000)
-				RETURNING item_id, inbox_id`, append([]any{now}, args...)...)
+				RETURNING item_id, inbox_id, subscription_uid`, append([]any{now}, args...)...)
 			if err != nil {
 				return err
 			}
-			defer rows.Close()
-			ids = ids[:0]
+			ids, batchInboxes = ids[:0], map[string]int{} // a retried fn starts again
+			t := tally{}
 			for rows.Next() {
 				var id int64
-				var inbox string
-				if err := rows.Scan(&id, &inbox); err != nil {
+				var inbox, sub string
+				if err := rows.Scan(&id, &inbox, &sub); err != nil {
+					rows.Close()
 					return err
 				}
 				ids = append(ids, id)
-				inboxes[inbox]++
+				batchInboxes[inbox]++
+				t.move(inbox, sub, StateFailed, StatePending, 1)
 			}
-			return rows.Err()
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			return t.write(ctx, d, tx)
 		})
 		if err != nil {
 			return all, fmt.Errorf("replay dead letters: %w", err)
 		}
 		all = append(all, ids...)
+		for inbox, n := range batchInboxes {
+			inboxes[inbox] += n
+		}
 		if len(ids) < 1000 {
 			break
 		}

@@ -222,20 +222,20 @@ func setDefault[T int | float64 | time.Duration](v *T, def T) {
 
 // Delivery runs the subscriptions of one store.
 type Delivery struct {
-	streams stream.Backend
-	waiter  stream.Waiter // streams, when it is one; nil: the loops poll
-	store   Store
-	db      conn                // reads of store
-	stmts   *sqlitedb.StmtCache // statements of the writer's transactions, on SQLite
-	shared  SharedStore         // store, when several processes share it; nil: SQLite
-	pg      bool                // the store speaks PostgreSQL
-	cluster *cluster            // leases of loops, with a shared store; nil: every loop runs here
-	cfg     Config
-	log     *slog.Logger
-	now     func() time.Time
-	inboxes notifier
-	inline  inlineState
-	tallies atomic.Int64 // rows written to inbox_tallies since this process last folded them
+	streams   stream.Backend
+	waiter    stream.Waiter // streams, when it is one; nil: the loops poll
+	store     Store
+	db        conn                // reads of store
+	stmts     *sqlitedb.StmtCache // statements of the writer's transactions, on SQLite
+	shared    SharedStore         // store, when several processes share it; nil: SQLite
+	pg        bool                // the store speaks PostgreSQL
+	cluster   *cluster            // leases of loops, with a shared store; nil: every loop runs here
+	cfg       Config
+	log       *slog.Logger
+	now       func() time.Time
+	inboxes   notifier
+	inline    inlineState
+	countRows atomic.Int64 // rows written to item_counts since this process last folded them
 
 	jobs        chan job        // leased items for the workers
 	completions chan completion // items the workers completed, to ack
@@ -308,6 +308,7 @@ func (d *Delivery) Run(ctx context.Context) error {
 	}
 	d.mu.Lock()
 	for _, s := range subs {
+		d.cfg.Metrics.subscribed(s)
 		d.startLocked(s)
 		if s.Target != "" {
 			d.targets[s.Inbox] = s.Target
@@ -361,8 +362,8 @@ func (d *Delivery) Run(ctx context.Context) error {
 			if err := d.reap(ctx); err != nil && ctx.Err() == nil {
 				d.log.Warn("delivery: ending expired leases failed; retrying", "err", err)
 			}
-			if err := d.foldTallies(ctx, false); err != nil && ctx.Err() == nil {
-				d.log.Warn("delivery: folding the counts of completed items failed; retrying", "err", err)
+			if err := d.foldCounts(ctx, false); err != nil && ctx.Err() == nil {
+				d.log.Warn("delivery: folding the kept item counts failed; retrying", "err", err)
 			}
 		}
 	}
@@ -562,6 +563,7 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 		}
 		return s, false, fmt.Errorf("create subscription %s: %w", s.Name, translate(err))
 	}
+	d.cfg.Metrics.subscribed(s)
 	d.mu.Lock()
 	d.startLocked(s)
 	d.setTargetLocked(s.Inbox, s.Target)
@@ -606,6 +608,9 @@ func (d *Delivery) Delete(ctx context.Context, name string) error {
 	}
 	if err := d.streams.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, stream.ErrConsumerNotFound) {
 		return fmt.Errorf("delete subscription %s: %w", name, err)
+	}
+	if rest, err := d.Subscriptions(ctx); err == nil {
+		d.cfg.Metrics.unsubscribed(s, !slices.ContainsFunc(rest, func(o Subscription) bool { return o.Inbox == s.Inbox }))
 	}
 	d.broadcast(ctx, "subs")
 	d.log.Info("delivery: subscription deleted", "subscription", name)

@@ -2,8 +2,8 @@ package delivery
 
 import "context"
 
-// FoldTallies folds the counts of completed items now, for tests.
-func (d *Delivery) FoldTallies(ctx context.Context) error { return d.foldTallies(ctx, true) }
+// FoldCounts folds the kept item counts now, for tests.
+func (d *Delivery) FoldCounts(ctx context.Context) error { return d.foldCounts(ctx, true) }
 
 // DispatchRound is one round of an inbox's dispatcher, as its test signal
 // reports it.
@@ -42,3 +42,6 @@ func SetSearchScan(t interface{ Cleanup(func()) }, n int) {
 	searchScan = n
 	t.Cleanup(func() { searchScan = old })
 }
+// Reap ends the leases that expired now, as the reap loop does each
+// ReapInterval.
+func (d *Delivery) Reap(ctx context.Context) error { return d.reap(ctx) }

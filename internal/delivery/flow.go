@@ -502,7 +502,10 @@ type Breaker struct {
 	// Failures counts consecutive failed attempts: while closed those
 	// this process saw; open or disabled, those that opened it and the
 	// failed probes since.
-	Failures  int
+	Failures int
+	// LastError is the error of the last failed attempt while it is the
+	// endpoint's state: open, disabled, or closed with consecutive
+	// failures; "" once an attempt succeeded.
 	LastError string
 	// NextProbe is when an open breaker may probe next.
 	NextProbe time.Time
@@ -527,6 +530,9 @@ func (d *Delivery) Breaker(ctx context.Context, inbox string) (Breaker, error) {
 			out.Failures, out.LastError = fl.failures, fl.lastError
 			fl.mu.Unlock()
 		}
+	}
+	if out.State == BreakerClosed && out.Failures == 0 {
+		out.LastError = "" // an attempt succeeded since: the error is no longer the endpoint's state
 	}
 	return out, nil
 }

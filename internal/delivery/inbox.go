@@ -61,7 +61,12 @@ const itemSelect = `SELECT ` + itemColumns + ` FROM inbox_items`
 
 const itemReturning = ` RETURNING ` + itemColumns
 
-func scanItems(rows *sql.Rows) ([]Item, error) {
+func scanItems(rows *sql.Rows) ([]Item, error) { return scanItemsWith(rows, nil, nil) }
+
+// scanItemsWith reads items from rows whose columns are itemColumns and
+// then extra, which each row is scanned into; each is called after each
+// row (nil: not).
+func scanItemsWith(rows *sql.Rows, extra []any, each func(it *Item)) ([]Item, error) {
 	defer rows.Close()
 	var items []Item
 	for rows.Next() {
@@ -70,9 +75,9 @@ func scanItems(rows *sql.Rows) ([]Item, error) {
 		var lease, lastErr, failed, replayed sql.NullString
 		var handle []byte
 		var seq sql.NullInt64
-		if err := rows.Scan(&it.ID, &it.Inbox, &it.Subscription, &it.Stream, &it.Offset, &it.EventID, &it.Type,
+		if err := rows.Scan(append([]any{&it.ID, &it.Inbox, &it.Subscription, &it.Stream, &it.Offset, &it.EventID, &it.Type,
 			&occurred, &stored, (*[]byte)(&it.Metadata), (*[]byte)(&it.Payload), &handle, &it.State, &it.Attempts, &next,
-			&lease, &lastErr, &created, &updated, &failed, &replayed, &it.Replays, &seq); err != nil {
+			&lease, &lastErr, &created, &updated, &failed, &replayed, &it.Replays, &seq}, extra...)...); err != nil {
 			return nil, fmt.Errorf("read items: %w", err)
 		}
 		it.StreamEventID = fmt.Sprintf("%s/%d", it.Stream, it.Offset)
@@ -92,6 +97,9 @@ func scanItems(rows *sql.Rows) ([]Item, error) {
 		it.ReplayedAt = nullTime(replayed)
 		if lastErr.Valid {
 			it.LastError = &lastErr.String
+		}
+		if each != nil {
+			each(&it)
 		}
 		items = append(items, it)
 	}
@@ -262,8 +270,13 @@ func (d *Delivery) lease(ctx context.Context, inbox string, max int, visibility 
 			if err != nil {
 				return err
 			}
-			l.Items, err = scanItems(rows)
-			return err
+			var sub, was string
+			t := tally{}
+			l.Items, err = scanItemsWith(rows, []any{&sub, &was}, func(*Item) { t.move(inbox, sub, was, StateProcessing, 1) })
+			if err != nil {
+				return err
+			}
+			return t.write(ctx, d, tx)
 		})
 	} else {
 		l.Items, err = d.leaseSQLite(ctx, inbox, max, maxAttempts, token, expires, nowText)
@@ -288,20 +301,38 @@ func (d *Delivery) leaseSQLite(ctx context.Context, inbox string, max, maxAttemp
 	attempts := map[int64]int{}
 	err := d.update(ctx, func(tx conn) error {
 		ids, attempts = ids[:0], map[int64]int{} // a retried fn starts again
-		rows, err := tx.QueryContext(ctx, leaseSQLite, token, expires, nowText, inbox, max, maxAttempts)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var id int64
-			var n int
-			if err := rows.Scan(&id, &n); err != nil {
+		t := tally{}
+		// Leases that expired first, then pending items: each statement
+		// knows the state its items leave, for the kept counts.
+		for _, from := range []string{StateProcessing, StatePending} {
+			q := leaseDueSQLite
+			if from == StateProcessing {
+				q = leaseExpiredSQLite
+			}
+			rows, err := tx.QueryContext(ctx, q, token, expires, nowText, inbox, max-len(ids), maxAttempts)
+			if err != nil {
 				return err
 			}
-			ids, attempts[id] = append(ids, id), n
+			for rows.Next() {
+				var id int64
+				var n int
+				var sub string
+				if err := rows.Scan(&id, &n, &sub); err != nil {
+					rows.Close()
+					return err
+				}
+				ids, attempts[id] = append(ids, id), n
+				t.move(inbox, sub, from, StateProcessing, 1)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			if len(ids) >= max {
+				break
+			}
 		}
-		return rows.Err()
+		return t.write(ctx, d, tx)
 	})
 	if err != nil || len(ids) == 0 {
 		return nil, err
@@ -324,30 +355,39 @@ func (d *Delivery) leaseSQLite(ctx context.Context, inbox string, max, maxAttemp
 	return items, nil
 }
 
-// leaseSQLite leases up to ?5 ready items of inbox ?4: pending ones due
-// by ?3, and processing ones whose lease expired before the reaper saw it
-// and that have attempts left (?6), none of a paused subscription. SQLite runs one writer at a time.
-const leaseSQLite = `UPDATE inbox_items SET state = 'processing', attempts = attempts + 1,
+// leaseExpiredSQLite leases up to ?5 processing items of inbox ?4 whose
+// lease expired by ?3 before the reaper saw it and that have attempts left
+// (?6); leaseDueSQLite up to ?5 pending ones due by ?3. Neither takes an
+// item of a paused subscription. SQLite runs one writer at a time.
+const (
+	leaseExpiredSQLite = `UPDATE inbox_items SET state = 'processing', attempts = attempts + 1,
 	lease_token = ?1, lease_expires_at = ?2, updated_at = ?3
-	WHERE item_id IN (
-		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'processing' AND lease_expires_at <= ?3 AND attempts < ?6` + notPaused + `
-		UNION ALL
-		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3` + notPaused + `
-		ORDER BY item_id LIMIT ?5) RETURNING item_id, attempts`
+	WHERE item_id IN (SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'processing' AND lease_expires_at <= ?3 AND attempts < ?6` + notPaused + `
+		ORDER BY item_id LIMIT ?5) RETURNING item_id, attempts, subscription_uid`
+	leaseDueSQLite = `UPDATE inbox_items SET state = 'processing', attempts = attempts + 1,
+	lease_token = ?1, lease_expires_at = ?2, updated_at = ?3
+	WHERE item_id IN (SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3` + notPaused + `
+		ORDER BY item_id LIMIT ?5) RETURNING item_id, attempts, subscription_uid`
+)
 
-// leasePostgres is leaseSQLite for processes leasing from one inbox at
-// once: each locks the rows it takes and skips those another holds, so
-// that concurrent leases get different items and wait for none.
+// leasePostgres is the SQLite lease in one statement for processes
+// leasing from one inbox at once: each locks the rows it takes and skips
+// those another holds, so that concurrent leases get different items and
+// wait for none. It returns each item's subscription uid and the state it
+// left, for the kept counts.
 const leasePostgres = `WITH expired AS (
 		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'processing' AND lease_expires_at <= ?3 AND attempts < ?6` + notPaused + `
 		ORDER BY item_id LIMIT ?5 FOR UPDATE SKIP LOCKED),
 	due AS (
 		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3` + notPaused + `
-		ORDER BY item_id LIMIT ?5 FOR UPDATE SKIP LOCKED)
+		ORDER BY item_id LIMIT ?5 FOR UPDATE SKIP LOCKED),
+	ready AS (
+		SELECT item_id AS ready_id, was FROM (SELECT item_id, 'processing' AS was FROM expired
+			UNION ALL SELECT item_id, 'pending' AS was FROM due) AS r
+		ORDER BY item_id LIMIT ?5)
 	UPDATE inbox_items SET state = 'processing', attempts = attempts + 1,
 		lease_token = ?1, lease_expires_at = ?2, updated_at = ?3
-	WHERE item_id IN (SELECT item_id FROM (SELECT item_id FROM expired UNION ALL SELECT item_id FROM due) AS ready
-		ORDER BY item_id LIMIT ?5)` + itemReturning
+	FROM ready WHERE item_id = ready_id` + itemReturning + `, subscription_uid, was`
 
 func newToken() string {
 	var b [12]byte
@@ -463,11 +503,13 @@ func (d *Delivery) fail(ctx context.Context, inbox string, ids []int64, lease st
 	return st.results, nil
 }
 
-// move is an item settle may move, and the state it goes to.
+// move is an item settle may move, the state it is in (from) and the
+// state it goes to, and its subscription's uid, for the kept counts.
 type move struct {
 	id       int64
 	attempts int
-	to       string
+	from, to string
+	sub      string
 }
 
 // execIn runs query, whose %s is replaced by the ids of moves as
@@ -508,6 +550,7 @@ type settlement struct {
 func (d *Delivery) settleAll(ctx context.Context, sts ...*settlement) error {
 	nowText := d.now().UTC().Format(sqlitedb.Time)
 	err := d.update(ctx, func(tx conn) error {
+		t := tally{} // of every settlement: one row per inbox and subscription a commit
 		for _, st := range sts {
 			if err := st.check(ctx, tx, nowText, d.forUpdate()); err != nil {
 				return err
@@ -516,15 +559,15 @@ func (d *Delivery) settleAll(ctx context.Context, sts ...*settlement) error {
 				if err := st.apply(tx, nowText, st.moves); err != nil {
 					return err
 				}
-				if err := d.tally(ctx, tx, map[string]int64{st.inbox: completedMoves(st.moves)}); err != nil {
-					return err
+				for _, m := range st.moves {
+					t.move(st.inbox, m.sub, m.from, m.to, 1)
 				}
 			}
 			if err := st.record(ctx, tx); err != nil {
 				return err
 			}
 		}
-		return nil
+		return t.write(ctx, d, tx)
 	})
 	if err != nil {
 		return err
@@ -561,7 +604,7 @@ func (st *settlement) check(ctx context.Context, tx conn, nowText, lock string) 
 	// WHERE clause and more than a few ids, SQLite's planner walks the
 	// inbox's index, every item of the inbox, instead of looking each id
 	// up.
-	rows, err := tx.QueryContext(ctx, `SELECT item_id, inbox_id, state, lease_token, lease_expires_at, attempts FROM inbox_items
+	rows, err := tx.QueryContext(ctx, `SELECT item_id, inbox_id, state, lease_token, lease_expires_at, attempts, subscription_uid FROM inbox_items
 		WHERE item_id IN (`+strings.Repeat(",?", len(st.ids))[1:]+`)`+lock, args...)
 	if err != nil {
 		return err
@@ -570,13 +613,14 @@ func (st *settlement) check(ctx context.Context, tx conn, nowText, lock string) 
 		state          string
 		token, expires sql.NullString
 		attempts       int
+		sub            string
 	}
 	found := make(map[int64]current, len(st.ids))
 	for rows.Next() {
 		var id int64
 		var inbox string
 		var c current
-		if err := rows.Scan(&id, &inbox, &c.state, &c.token, &c.expires, &c.attempts); err != nil {
+		if err := rows.Scan(&id, &inbox, &c.state, &c.token, &c.expires, &c.attempts, &c.sub); err != nil {
 			rows.Close()
 			return err
 		}
@@ -602,7 +646,7 @@ func (st *settlement) check(ctx context.Context, tx conn, nowText, lock string) 
 		case c.state != StatePending && c.state != StateProcessing:
 			st.results[i].Err = errorf(ErrInvalidState, "item %d is %s", id, c.state)
 		case !slices.ContainsFunc(st.moves, func(m move) bool { return m.id == id }): // not the same id twice
-			st.moves = append(st.moves, move{id: id, attempts: c.attempts, to: st.to})
+			st.moves = append(st.moves, move{id: id, attempts: c.attempts, from: c.state, to: st.to, sub: c.sub})
 		}
 	}
 	return nil
@@ -639,23 +683,29 @@ func (d *Delivery) interrupt(ctx context.Context, where, reason string) (int, []
 			state = CASE WHEN attempts >= `+maxAttemptsOf+` THEN 'failed' ELSE 'pending' END,
 			failed_at = CASE WHEN attempts >= `+maxAttemptsOf+` THEN ?1 END,
 			lease_token = NULL, lease_expires_at = NULL, updated_at = ?1, next_attempt_at = ?1, last_error = ?3
-			WHERE state = 'processing' AND `+where+` RETURNING inbox_id, state`, now, d.cfg.MaxAttempts, reason)
+			WHERE state = 'processing' AND `+where+` RETURNING inbox_id, state, subscription_uid`, now, d.cfg.MaxAttempts, reason)
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
 		inboxes, counts = inboxes[:0], map[key]int{}
+		t := tally{}
 		for rows.Next() {
-			var inbox, state string
-			if err := rows.Scan(&inbox, &state); err != nil {
+			var inbox, state, sub string
+			if err := rows.Scan(&inbox, &state, &sub); err != nil {
+				rows.Close()
 				return err
 			}
 			counts[key{inbox, state}]++
+			t.move(inbox, sub, StateProcessing, state, 1)
 			if !slices.Contains(inboxes, inbox) {
 				inboxes = append(inboxes, inbox)
 			}
 		}
-		return rows.Err()
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return t.write(ctx, d, tx)
 	})
 	if err != nil {
 		return 0, nil, err

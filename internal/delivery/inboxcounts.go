@@ -11,121 +11,124 @@ import (
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 )
 
-// InboxCounts is how many items an inbox holds in each state.
+// InboxCounts is how many items an inbox (or a subscription) holds in
+// each state.
 type InboxCounts struct {
 	Inbox                                  string
 	Pending, Processing, Completed, Failed int64
-	OldestPending                          time.Time // created_at of the oldest pending item; zero when none
+	OldestPending                          time.Time // created_at of the oldest pending item; zero when none (and for a subscription)
 }
-
-// inboxNames lists every inbox that has items, one index lookup an inbox
-// (the (inbox_id, state, item_id) index, skipped from one inbox to the
-// next), and every inbox a subscription fills.
-const inboxNames = `WITH RECURSIVE names(inbox_id) AS (
-		SELECT min(inbox_id) FROM inbox_items
-		UNION ALL
-		SELECT (SELECT min(i.inbox_id) FROM inbox_items i WHERE i.inbox_id > names.inbox_id) FROM names WHERE names.inbox_id IS NOT NULL)
-	SELECT inbox_id FROM names WHERE inbox_id IS NOT NULL
-	UNION SELECT inbox_id FROM subscriptions`
 
 // Inboxes returns the item counts of every inbox that has items or a
-// subscription. None of it grows with the completed items an inbox holds:
-// pending, processing and failed are counted in the inbox's ranges of the
-// (inbox_id, state, item_id) index, in time proportional to them (the
-// queue and the dead letters), and completed is the sum of the inbox's
-// rows in inbox_tallies, which the transactions that complete, replay and
-// delete items write (tally.go). The counts are read in one snapshot of
-// the store.
+// subscription. Reading them costs the same at no item and at millions:
+// the counts are those the transactions that insert, move and delete
+// items keep (counts.go), and the oldest pending item of an inbox is the
+// first of its pending range in the (inbox_id, state, item_id) index. The
+// counts are read in one snapshot of the store.
 func (d *Delivery) Inboxes(ctx context.Context) ([]InboxCounts, error) {
-	opts := &sql.TxOptions{ReadOnly: true}
-	if d.pg {
-		opts.Isolation = sql.LevelRepeatableRead // one snapshot for every statement
-	}
-	sqlTx, err := d.store.ReadDB().BeginTx(ctx, opts)
-	if err != nil {
-		return nil, fmt.Errorf("inboxes: %w", err)
-	}
-	defer sqlTx.Rollback()
-	out, err := inboxCounts(ctx, conn{Tx: sqlTx, PostgreSQL: d.pg})
-	if err != nil {
-		return nil, fmt.Errorf("inboxes: %w", err)
-	}
-	return out, nil
-}
-
-func inboxCounts(ctx context.Context, tx conn) ([]InboxCounts, error) {
-	rows, err := tx.QueryContext(ctx, inboxNames)
-	if err != nil {
-		return nil, err
-	}
 	var out []InboxCounts
-	for rows.Next() {
-		var c InboxCounts
-		if err := rows.Scan(&c.Inbox); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		out = append(out, c)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	completed := map[string]int64{}
-	rows, err = tx.QueryContext(ctx, `SELECT inbox_id, CAST(sum(completed) AS BIGINT) FROM inbox_tallies GROUP BY inbox_id`)
-	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
-		var inbox string
-		var n int64
-		if err := rows.Scan(&inbox, &n); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		completed[inbox] = n
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	for i := range out {
-		c := &out[i]
-		c.Completed = completed[c.Inbox]
-		rows, err := tx.QueryContext(ctx, `SELECT state, count(*) FROM inbox_items
-			WHERE inbox_id = ? AND state IN ('pending', 'processing', 'failed') GROUP BY state`, c.Inbox)
+	err := d.snapshot(ctx, func(tx conn) error {
+		kept, err := keptCounts(ctx, tx)
 		if err != nil {
-			return nil, err
+			return err
+		}
+		byInbox := map[string]*InboxCounts{}
+		for k, c := range kept {
+			in := byInbox[k.inbox]
+			if in == nil {
+				in = &InboxCounts{Inbox: k.inbox}
+				byInbox[k.inbox] = in
+			}
+			in.add(c)
+		}
+		subscribed := map[string]bool{}
+		rows, err := tx.QueryContext(ctx, `SELECT DISTINCT inbox_id FROM subscriptions`)
+		if err != nil {
+			return err
 		}
 		for rows.Next() {
-			var state string
-			var n int64
-			if err := rows.Scan(&state, &n); err != nil {
+			var inbox string
+			if err := rows.Scan(&inbox); err != nil {
 				rows.Close()
-				return nil, err
+				return err
 			}
-			switch state {
-			case StatePending:
-				c.Pending = n
-			case StateProcessing:
-				c.Processing = n
-			case StateFailed:
-				c.Failed = n
-			}
+			subscribed[inbox] = true
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return nil, err
+			return err
 		}
-		if c.Pending > 0 {
-			var created string
-			if err := tx.QueryRowContext(ctx, `SELECT created_at FROM inbox_items WHERE inbox_id = ? AND state = 'pending'
-				ORDER BY item_id LIMIT 1`, c.Inbox).Scan(&created); err != nil {
-				return nil, err
+		for inbox := range subscribed {
+			if byInbox[inbox] == nil {
+				byInbox[inbox] = &InboxCounts{Inbox: inbox}
 			}
-			c.OldestPending, _ = sqlitedb.ParseTime(created)
 		}
+		for inbox, in := range byInbox {
+			if !subscribed[inbox] && in.Pending == 0 && in.Processing == 0 && in.Completed == 0 && in.Failed == 0 {
+				continue // no items left, and no subscription fills it
+			}
+			if in.Pending > 0 {
+				var created string
+				if err := tx.QueryRowContext(ctx, `SELECT created_at FROM inbox_items WHERE inbox_id = ? AND state = 'pending'
+					ORDER BY item_id LIMIT 1`, inbox).Scan(&created); err != nil && err != sql.ErrNoRows {
+					return err
+				}
+				in.OldestPending, _ = sqlitedb.ParseTime(created)
+			}
+			out = append(out, *in)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inboxes: %w", err)
 	}
 	slices.SortFunc(out, func(a, b InboxCounts) int { return strings.Compare(a.Inbox, b.Inbox) })
 	return out, nil
+}
+
+// SubscriptionCounts returns the item counts of every subscription, by
+// uid (Subscription.UID), as kept (see Inboxes): a subscription with no
+// item has none. A subscription's items stay in its inbox when it is
+// deleted; they count there and not here.
+func (d *Delivery) SubscriptionCounts(ctx context.Context) (map[string]InboxCounts, error) {
+	out := map[string]InboxCounts{}
+	err := d.snapshot(ctx, func(tx conn) error {
+		kept, err := keptCounts(ctx, tx)
+		if err != nil {
+			return err
+		}
+		for k, c := range kept {
+			s := out[k.sub]
+			s.Inbox = k.inbox
+			s.add(c)
+			out[k.sub] = s
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("subscription counts: %w", err)
+	}
+	return out, nil
+}
+
+func (in *InboxCounts) add(c counts) {
+	in.Pending += c[0]
+	in.Processing += c[1]
+	in.Completed += c[2]
+	in.Failed += c[3]
+}
+
+// snapshot runs fn in a read-only transaction: one snapshot of the store
+// for every statement.
+func (d *Delivery) snapshot(ctx context.Context, fn func(tx conn) error) error {
+	opts := &sql.TxOptions{ReadOnly: true}
+	if d.pg {
+		opts.Isolation = sql.LevelRepeatableRead
+	}
+	sqlTx, err := d.store.ReadDB().BeginTx(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer sqlTx.Rollback()
+	return fn(conn{Tx: sqlTx, PostgreSQL: d.pg})
 }

@@ -143,7 +143,7 @@ func testInboxCounts(t *testing.T, kind storeKind) {
 	if got[2].Completed != 600 || got[2].Pending != 600 {
 		t.Fatalf("replayed: %+v", got[2])
 	}
-	if err := e.d.FoldTallies(ctx); err != nil {
+	if err := e.d.FoldCounts(ctx); err != nil {
 		t.Fatal(err)
 	}
 	e.checkCounts(t, "folded")
@@ -168,7 +168,7 @@ func testInboxCounts(t *testing.T, kind storeKind) {
 	if got[0].Completed != 10 {
 		t.Fatalf("after retention: %+v", got[0])
 	}
-	if err := e.d.FoldTallies(ctx); err != nil {
+	if err := e.d.FoldCounts(ctx); err != nil {
 		t.Fatal(err)
 	}
 	e.checkCounts(t, "folded again")

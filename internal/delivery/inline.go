@@ -38,8 +38,8 @@ type inliner struct {
 	d    *Delivery
 	name string
 
-	position, move *sql.Stmt
-	inserts        [itemChunk + 1]*sql.Stmt // by row count
+	position, move, count *sql.Stmt
+	inserts               [itemChunk + 1]*sql.Stmt // by row count
 
 	sub       *Subscription // cached; nil: look it up, from lookAfter on
 	lookAfter time.Time
@@ -68,6 +68,9 @@ func (d *Delivery) InlineHook(ctx context.Context, name string) (func(tx *sql.Tx
 		return nil, fmt.Errorf("inline items of %s: %w", name, err)
 	}
 	if in.move, err = p.PrepareWrite(ctx, `UPDATE positions SET next_offset = ?, updated_at = ? WHERE subscription_uid = ? AND next_offset = ?`); err != nil {
+		return nil, fmt.Errorf("inline items of %s: %w", name, err)
+	}
+	if in.count, err = p.PrepareWrite(ctx, countInsert+`(?, ?, ?, 0, 0, 0)`); err != nil {
 		return nil, fmt.Errorf("inline items of %s: %w", name, err)
 	}
 	for n := 1; n <= itemChunk; n++ {
@@ -121,6 +124,7 @@ func (in *inliner) write(tx *sql.Tx, events []stream.StoredEvent) (func(), error
 	in.items = items
 	defer clear(items)
 	rows := inlineRows{stream: events[0].StreamID, now: now}
+	var added int64
 	for rest := items; len(rest) > 0; {
 		part := rest[:min(itemChunk, len(rest))]
 		rest = rest[len(part):]
@@ -129,19 +133,30 @@ func (in *inliner) write(tx *sql.Tx, events []stream.StoredEvent) (func(), error
 			args = rows.append(args, &in.subArgs, it.ev)
 		}
 		in.args = args
-		_, err := tx.StmtContext(ctx, in.inserts[len(part)]).ExecContext(ctx, args...)
+		r, err := tx.StmtContext(ctx, in.inserts[len(part)]).ExecContext(ctx, args...)
 		clear(args)
 		if err != nil {
 			return nil, fmt.Errorf("inline items of %s: %w", s.Name, err)
 		}
+		n, err := r.RowsAffected()
+		if err != nil {
+			return nil, fmt.Errorf("inline items of %s: %w", s.Name, err)
+		}
+		added += n
 	}
-	uid, inbox, added, read := s.UID, s.Inbox, len(items), len(events)
+	if added > 0 { // one row of the kept counts a transaction
+		if _, err := tx.StmtContext(ctx, in.count).ExecContext(ctx, in.subArgs[0], in.subArgs[2], added); err != nil {
+			return nil, fmt.Errorf("inline items of %s: count: %w", s.Name, err)
+		}
+		d.countRows.Add(1)
+	}
+	uid, inbox, read := s.UID, s.Inbox, len(events)
 	return func() {
 		d.inlined(uid, last+1)
 		if added > 0 {
 			d.inboxes.notify(inbox)
 		}
-		d.cfg.Metrics.materialised(in.name, read, added)
+		d.cfg.Metrics.materialised(in.name, read, int(added))
 	}, nil
 }
 

@@ -66,6 +66,40 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
+// subscribed makes the series of s and of its inbox exist at 0 (a rule
+// on rate() or absent() sees no gap before the first event), when s is
+// created or loaded at the start.
+func (m *Metrics) subscribed(s Subscription) {
+	if m == nil {
+		return
+	}
+	m.events.WithLabelValues(s.Name)
+	m.items.WithLabelValues(s.Name)
+	m.leases.WithLabelValues(s.Inbox)
+	m.replays.WithLabelValues(s.Inbox)
+	for _, state := range []string{StateCompleted, StatePending, StateFailed} {
+		m.settles.WithLabelValues(s.Inbox, state)
+	}
+}
+
+// unsubscribed removes the series of s, once deleted, and those of its
+// inbox when inboxGone (no other subscription fills it).
+func (m *Metrics) unsubscribed(s Subscription, inboxGone bool) {
+	if m == nil {
+		return
+	}
+	m.events.DeleteLabelValues(s.Name)
+	m.items.DeleteLabelValues(s.Name)
+	if !inboxGone {
+		return
+	}
+	for _, v := range []*prometheus.CounterVec{m.leases, m.settles, m.replays, m.moves} {
+		v.DeletePartialMatch(prometheus.Labels{"inbox": s.Inbox})
+	}
+	m.attempts.DeletePartialMatch(prometheus.Labels{"inbox": s.Inbox})
+	m.breakers.DeletePartialMatch(prometheus.Labels{"inbox": s.Inbox})
+}
+
 func (m *Metrics) materialised(sub string, events, items int) {
 	if m == nil {
 		return

@@ -35,14 +35,19 @@ func (d *Delivery) Cancel(ctx context.Context, inbox string, id int64, reason st
 	now := d.now().UTC().Truncate(time.Microsecond).Format(sqlitedb.Time)
 	var state string
 	err := d.update(ctx, func(tx conn) error {
+		var sub string
 		state = ""
-		err := tx.QueryRowContext(ctx, `SELECT state FROM inbox_items WHERE item_id = ? AND inbox_id = ?`+d.forUpdate(), id, inbox).Scan(&state)
+		err := tx.QueryRowContext(ctx, `SELECT state, subscription_uid FROM inbox_items WHERE item_id = ? AND inbox_id = ?`+d.forUpdate(), id, inbox).Scan(&state, &sub)
 		if err != nil || state != StatePending {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `UPDATE inbox_items SET state = 'failed', failed_at = ?1, updated_at = ?1, last_error = ?2
-			WHERE item_id = ?3 AND state = 'pending'`, now, msg, id)
-		return err
+		if _, err = tx.ExecContext(ctx, `UPDATE inbox_items SET state = 'failed', failed_at = ?1, updated_at = ?1, last_error = ?2
+			WHERE item_id = ?3 AND state = 'pending'`, now, msg, id); err != nil {
+			return err
+		}
+		t := tally{}
+		t.move(inbox, sub, StatePending, StateFailed, 1)
+		return t.write(ctx, d, tx)
 	})
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
@@ -66,18 +71,19 @@ func (d *Delivery) DiscardItem(ctx context.Context, inbox string, id int64) (Ite
 	}
 	var state string
 	err = d.update(ctx, func(tx conn) error {
+		var sub string
 		state = ""
-		err := tx.QueryRowContext(ctx, `SELECT state FROM inbox_items WHERE item_id = ? AND inbox_id = ?`+d.forUpdate(), id, inbox).Scan(&state)
+		err := tx.QueryRowContext(ctx, `SELECT state, subscription_uid FROM inbox_items WHERE item_id = ? AND inbox_id = ?`+d.forUpdate(), id, inbox).Scan(&state, &sub)
 		if err != nil || state == StateProcessing {
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, `DELETE FROM inbox_items WHERE item_id = ?`, id); err != nil {
 			return err
 		}
-		if state == StateCompleted {
-			if err := d.tally(ctx, tx, map[string]int64{inbox: -1}); err != nil {
-				return err
-			}
+		t := tally{}
+		t.move(inbox, sub, state, "", 1)
+		if err := t.write(ctx, d, tx); err != nil {
+			return err
 		}
 		_, err = tx.ExecContext(ctx, `DELETE FROM delivery_attempts WHERE item_id = ?`, id)
 		return err
@@ -107,21 +113,27 @@ func (d *Delivery) Discard(ctx context.Context, f DeadLetters) ([]int64, error) 
 			// The state is checked again on the row deleted: a dead letter
 			// replayed meanwhile is pending and stays.
 			rows, err := tx.QueryContext(ctx, `DELETE FROM inbox_items WHERE state = 'failed' AND item_id IN (
-				SELECT item_id FROM inbox_items`+where+` ORDER BY item_id LIMIT 1000) RETURNING item_id`, args...)
+				SELECT item_id FROM inbox_items`+where+` ORDER BY item_id LIMIT 1000) RETURNING item_id, inbox_id, subscription_uid`, args...)
 			if err != nil {
 				return err
 			}
 			var gone []move
+			t := tally{}
 			for rows.Next() {
 				var id int64
-				if err := rows.Scan(&id); err != nil {
+				var inbox, sub string
+				if err := rows.Scan(&id, &inbox, &sub); err != nil {
 					rows.Close()
 					return err
 				}
 				ids, gone = append(ids, id), append(gone, move{id: id})
+				t.move(inbox, sub, StateFailed, "", 1)
 			}
 			rows.Close()
 			if err := rows.Err(); err != nil || len(gone) == 0 {
+				return err
+			}
+			if err := t.write(ctx, d, tx); err != nil {
 				return err
 			}
 			return execIn(ctx, tx, `DELETE FROM delivery_attempts WHERE item_id IN (%s)`, gone)

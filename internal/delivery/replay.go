@@ -360,8 +360,8 @@ func (d *Delivery) replayBatch(ctx context.Context, id string) (replayProgress, 
 		if len(moves) > 0 {
 			// The state is checked again: an item may have moved since the
 			// walk read it (on PostgreSQL, where writers run at once). One
-			// statement a state, so that the completed ones are counted.
-			completed := map[string]int64{}
+			// statement a state, so that each is counted as it leaves it.
+			t := tally{}
 			for _, state := range wanted {
 				args := []any{now, state}
 				for _, m := range moves {
@@ -370,27 +370,25 @@ func (d *Delivery) replayBatch(ctx context.Context, id string) (replayProgress, 
 				rows, err := tx.QueryContext(ctx, `UPDATE inbox_items SET state = 'pending', attempts = 0, next_attempt_at = ?1,
 					lease_token = NULL, lease_expires_at = NULL, failed_at = NULL, completed_at = NULL,
 					replayed_at = ?1, replays = replays + 1, updated_at = ?1
-					WHERE state = ?2 AND item_id IN (`+strings.Repeat(",?", len(moves))[1:]+`) RETURNING inbox_id`, args...)
+					WHERE state = ?2 AND item_id IN (`+strings.Repeat(",?", len(moves))[1:]+`) RETURNING inbox_id, subscription_uid`, args...)
 				if err != nil {
 					return err
 				}
 				for rows.Next() {
-					var inbox string
-					if err := rows.Scan(&inbox); err != nil {
+					var inbox, sub string
+					if err := rows.Scan(&inbox, &sub); err != nil {
 						rows.Close()
 						return err
 					}
 					p.replayed++
-					if state == StateCompleted {
-						completed[inbox]--
-					}
+					t.move(inbox, sub, state, StatePending, 1)
 				}
 				rows.Close()
 				if err := rows.Err(); err != nil {
 					return err
 				}
 			}
-			if err := d.tally(ctx, tx, completed); err != nil {
+			if err := t.write(ctx, d, tx); err != nil {
 				return err
 			}
 		}

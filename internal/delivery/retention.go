@@ -38,23 +38,21 @@ func (d *Delivery) Cleanup(ctx context.Context, cutoff time.Time) (Cleaned, erro
 			// delete locked it, is pending by then and stays.
 			rows, err := tx.QueryContext(ctx, `DELETE FROM inbox_items WHERE item_id IN (SELECT item_id FROM inbox_items
 				WHERE state IN ('completed', 'failed') AND updated_at < ?1 LIMIT ?2)
-				AND state IN ('completed', 'failed') AND updated_at < ?1 RETURNING item_id, inbox_id, state`, before, cleanupBatch)
+				AND state IN ('completed', 'failed') AND updated_at < ?1 RETURNING item_id, inbox_id, state, subscription_uid`, before, cleanupBatch)
 			if err != nil {
 				return err
 			}
 			var gone []move
-			completed := map[string]int64{}
+			t := tally{}
 			for rows.Next() {
 				var m move
 				var inbox string
-				if err := rows.Scan(&m.id, &inbox, &m.to); err != nil {
+				if err := rows.Scan(&m.id, &inbox, &m.from, &m.sub); err != nil {
 					rows.Close()
 					return err
 				}
 				gone = append(gone, m)
-				if m.to == StateCompleted {
-					completed[inbox]--
-				}
+				t.move(inbox, m.sub, m.from, "", 1)
 			}
 			rows.Close()
 			if err := rows.Err(); err != nil {
@@ -64,7 +62,7 @@ func (d *Delivery) Cleanup(ctx context.Context, cutoff time.Time) (Cleaned, erro
 			if n == 0 {
 				return nil
 			}
-			if err := d.tally(ctx, tx, completed); err != nil {
+			if err := t.write(ctx, d, tx); err != nil {
 				return err
 			}
 			// Their attempt log goes with them.

@@ -200,6 +200,7 @@ func (f *Follower) Run(ctx context.Context) error {
 	}
 	f.checkpoint.Store(cp)
 	f.remoteHW.Store(cp)
+	f.cfg.Metrics.start(f.cfg.Name)
 	f.observe()
 	backoff := f.cfg.MinBackoff
 	for {

@@ -37,6 +37,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
+// start makes the source's event series exist from its follower's start
+// (a rule on their rate sees a 0).
+func (m *Metrics) start(source string) {
+	if m != nil {
+		for _, result := range []string{"stored", "duplicate", "refused"} {
+			m.stored.WithLabelValues(source, result)
+		}
+	}
+}
+
 func (m *Metrics) fail(source, reason string) {
 	if m != nil {
 		m.errors.WithLabelValues(source, reason).Inc()

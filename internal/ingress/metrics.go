@@ -47,6 +47,37 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
+// Results of postbox_ingress_events_total: those of every source, and
+// those only webhooks have.
+var (
+	results        = []string{"stored", "duplicate", "conflict", "rejected", "unavailable"}
+	webhookResults = []string{"throttled", "unauthorized"}
+)
+
+// Source makes the series of source exist at 0, when it is created or
+// found at the start: a rule on their rate() or absent() sees no gap
+// before its first event. webhook adds the results only webhooks have.
+func (m *Metrics) Source(source string, webhook bool) {
+	if m == nil {
+		return
+	}
+	for _, r := range results {
+		m.events.WithLabelValues(source, r)
+	}
+	if webhook {
+		for _, r := range webhookResults {
+			m.events.WithLabelValues(source, r)
+		}
+	}
+}
+
+// Forget removes the series of source, once deleted.
+func (m *Metrics) Forget(source string) {
+	if m != nil {
+		m.events.DeletePartialMatch(prometheus.Labels{"source": source})
+	}
+}
+
 // Count adds n to the events of source with result (stored, duplicate,
 // conflict, rejected, unavailable), for intakes other than the ingress.
 func (m *Metrics) Count(source, result string, n int) {

@@ -38,13 +38,13 @@ var dialectPairs = []dialectPair{
 	{component: "delivery", sqlite: "../delivery/migrations", postgres: "../delivery/pgmigrations", allow: map[string]string{
 		"table delivery_leases: only in postgres": "the leases of the processes sharing a PostgreSQL store; " +
 			"a SQLite store has one process, which holds the file's lock",
-		"column inbox_tallies.tally_id: only in sqlite": "SQLite's rowid, named; no query reads it, " +
+		"column item_counts.count_id: only in sqlite": "SQLite's rowid, named; no query reads it, " +
 			"and rows are only inserted and deleted whole",
-		"table inbox_tallies: primary key (tally_id) in sqlite, () in postgres": "the same rowid",
 		"table endpoint_rates: only in postgres": "the rate of an endpoint over the processes sharing a PostgreSQL store; " +
 			"a SQLite store has one process, which counts it in memory",
 		"table endpoint_slots: only in postgres": "the concurrency of an endpoint over the processes sharing a PostgreSQL store; " +
 			"a SQLite store has one process, which counts it in memory",
+		"table item_counts: primary key (count_id) in sqlite, () in postgres": "the same rowid",
 	}},
 	{component: "intake", sqlite: "../intake/migrations", postgres: "../intake/pgmigrations", allow: map[string]string{}},
 	{component: "streamkafka", sqlite: "../../stream/streamkafka/migrations/sqlite", postgres: "../../stream/streamkafka/migrations/postgres", allow: map[string]string{}},

@@ -52,6 +52,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 func (m *Metrics) start(source string) {
 	if m != nil {
 		m.pages.WithLabelValues(source)
+		for _, result := range []string{"stored", "duplicate", "conflict", "refused"} {
+			m.items.WithLabelValues(source, result)
+		}
+		m.same.WithLabelValues(source)
+		m.saturated.WithLabelValues(source)
 		m.paused.WithLabelValues(source).Set(0)
 	}
 }

@@ -438,9 +438,16 @@ func (s *Server) listSubscriptions(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
+	counts, err := s.subs.SubscriptionCounts(r.Context())
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
 	out := make([]api.Subscription, 0, len(subs))
 	for _, sub := range subs {
-		out = append(out, s.subscriptionJSON(r, sub))
+		j := s.subscriptionJSON(r, sub)
+		j.Counts = countsJSON(sub, counts)
+		out = append(out, j)
 	}
 	writeJSON(w, http.StatusOK, api.SubscriptionList{Subscriptions: out})
 }
@@ -454,7 +461,14 @@ func (s *Server) getSubscription(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.subscriptionJSON(r, sub))
+	counts, err := s.subs.SubscriptionCounts(r.Context())
+	if err != nil {
+		s.writeErr(w, err)
+		return
+	}
+	j := s.subscriptionJSON(r, sub)
+	j.Counts = countsJSON(sub, counts)
+	writeJSON(w, http.StatusOK, j)
 }
 
 // patchSubscription changes what may change of a subscription: its
@@ -612,6 +626,13 @@ func (s *Server) listConsumers(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, api.ConsumerList{Consumers: out})
 }
 
+// countsJSON is the item counts of sub in the API: zero when it has no
+// item.
+func countsJSON(sub delivery.Subscription, counts map[string]delivery.InboxCounts) *api.InboxCounts {
+	c := counts[sub.UID]
+	return &api.InboxCounts{Inbox: sub.Inbox, Pending: c.Pending, Processing: c.Processing, Completed: c.Completed, Failed: c.Failed}
+}
+
 func (s *Server) listInboxes(w http.ResponseWriter, r *http.Request) {
 	counts, err := s.inboxes.Inboxes(r.Context())
 	if err != nil {
@@ -641,7 +662,8 @@ func itemsJSON(items []delivery.Item) []api.Item {
 		out[i] = api.Item{ID: it.ID, Inbox: it.Inbox, Subscription: it.Subscription, Stream: it.Stream, Offset: it.Offset,
 			StreamEventID: it.StreamEventID, EventID: it.EventID, Type: it.Type, OccurredAt: it.OccurredAt, SourceSequence: it.SourceSequence, StoredAt: it.StoredAt,
 			Metadata: it.Metadata, Payload: it.Payload, DeliveryHandle: handle, State: it.State, Attempts: it.Attempts,
-			NextAttemptAt: it.NextAttemptAt, LeaseExpiresAt: it.LeaseExpiresAt, LastError: it.LastError, CreatedAt: it.CreatedAt,
+			NextAttemptAt: it.NextAttemptAt, LeaseExpiresAt: it.LeaseExpiresAt, LastError: it.LastError,
+			LastErrorPast: it.LastError != nil && it.State == delivery.StateCompleted, CreatedAt: it.CreatedAt,
 			UpdatedAt: it.UpdatedAt, FailedAt: it.FailedAt, ReplayedAt: it.ReplayedAt, Replays: it.Replays}
 	}
 	return out

@@ -248,6 +248,18 @@ func TestAPIDeviceEventsToInbox(t *testing.T) {
 	if fmt.Sprint(inboxes["inboxes"]) != "[map[completed:2 failed:0 inbox:pi7 pending:1 processing:1] map[completed:0 failed:0 inbox:webhooks pending:0 processing:0]]" {
 		t.Fatalf("inboxes: %v", inboxes)
 	}
+	// Each subscription's share, in the list and a get.
+	_, subs := call(t, ts, "GET", "/v1/subscriptions", "")
+	var counts []string
+	for _, s := range subs["subscriptions"].([]any) {
+		counts = append(counts, fmt.Sprint(s.(map[string]any)["counts"]))
+	}
+	if fmt.Sprint(counts) != "[map[completed:2 failed:0 inbox:pi7 pending:1 processing:1] map[completed:0 failed:0 inbox:webhooks pending:0 processing:0]]" {
+		t.Fatalf("subscriptions' counts: %v", counts)
+	}
+	if _, sub := call(t, ts, "GET", "/v1/subscriptions/pi7", ""); fmt.Sprint(sub["counts"]) != "map[completed:2 failed:0 inbox:pi7 pending:1 processing:1]" {
+		t.Fatalf("subscription's counts: %v", sub["counts"])
+	}
 	_, consumers := call(t, ts, "GET", "/v1/consumers", "")
 	cs := consumers["consumers"].([]any)
 	if len(cs) != 2 || cs[0].(map[string]any)["subscription"] != "pi7" || cs[0].(map[string]any)["lag"] != float64(0) || cs[0].(map[string]any)["next_offset"] != float64(13) {

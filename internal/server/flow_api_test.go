@@ -108,6 +108,17 @@ func TestAPIEnable(t *testing.T) {
 		items, _ := out["items"].([]any)
 		return len(items) == 2
 	})
+	// Delivered: the breaker shows its state, closed, without the error
+	// from before; the items keep theirs as history.
+	if _, sub := call(t, ts, "GET", "/v1/subscriptions/billing", ""); fmt.Sprint(sub["breaker"]) != "map[consecutive_failures:0 last_error:<nil> next_probe:<nil> since:<nil> state:closed]" {
+		t.Errorf("the breaker once delivered: %v", sub["breaker"])
+	}
+	_, out := call(t, ts, "GET", "/v1/inboxes/billing/items?state=completed", "")
+	for _, raw := range out["items"].([]any) {
+		if it := raw.(map[string]any); !strings.Contains(fmt.Sprint(it["last_error"]), "503") || it["last_error_past"] != true {
+			t.Errorf("a completed item: last_error %v, last_error_past %v; want the 503 kept as history", it["last_error"], it["last_error_past"])
+		}
+	}
 	if status, out := call(t, ts, "POST", "/v1/subscriptions/webhooks/enable", ""); status != 400 || !strings.Contains(fmt.Sprint(out), "target") {
 		t.Errorf("enable without a target: %d %v", status, out)
 	}

@@ -33,6 +33,9 @@ type subscriptions interface {
 	Delete(ctx context.Context, name string) error
 	// Lag returns the subscription's read position against its stream.
 	Lag(ctx context.Context, name string) (stream.Lag, error)
+	// SubscriptionCounts returns the item counts of every subscription
+	// that has items, by uid.
+	SubscriptionCounts(ctx context.Context) (map[string]delivery.InboxCounts, error)
 	// Breaker returns the state of the breaker of inbox's endpoint.
 	Breaker(ctx context.Context, inbox string) (delivery.Breaker, error)
 	// Enable closes the breaker of the subscription's endpoint.

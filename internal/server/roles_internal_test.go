@@ -65,6 +65,10 @@ func (f *fakeSubscriptions) Create(ctx context.Context, s delivery.Subscription)
 	return s, true, nil
 }
 
+func (f *fakeSubscriptions) SubscriptionCounts(ctx context.Context) (map[string]delivery.InboxCounts, error) {
+	return map[string]delivery.InboxCounts{}, f.err
+}
+
 func (f *fakeSubscriptions) Lag(ctx context.Context, name string) (stream.Lag, error) {
 	lag, ok := f.lags[name]
 	if !ok {

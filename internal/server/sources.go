@@ -300,6 +300,7 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
+	s.metrics.Source(got.Name, got.Kind == intake.KindWebhook)
 	status := http.StatusOK
 	if created {
 		status = http.StatusCreated
@@ -345,5 +346,6 @@ func (s *Server) deleteSource(w http.ResponseWriter, r *http.Request) {
 		s.writeErr(w, err)
 		return
 	}
+	s.metrics.Forget(r.PathValue("name"))
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -450,7 +450,15 @@ func (s *Server) ensureWebhooks(ctx context.Context) error {
 			return fmt.Errorf("default source %s: %w", d.name, err)
 		}
 	}
-	err := s.delivery.Once(ctx, markerWebhookSubscription, func(ctx context.Context) error {
+	// Every source's series exist from the start.
+	srcs, err := s.sourceStore.Sources(ctx)
+	if err != nil {
+		return fmt.Errorf("sources: %w", err)
+	}
+	for _, src := range srcs {
+		s.metrics.Source(src.Name, src.Kind == intake.KindWebhook)
+	}
+	err = s.delivery.Once(ctx, markerWebhookSubscription, func(ctx context.Context) error {
 		_, _, err := s.delivery.Create(ctx, delivery.Subscription{Name: WebhookSource, Source: WebhookSource,
 			Start: stream.Start{Policy: stream.StartEarliest}, Target: s.cfg.Webhooks.Target})
 		if errors.Is(err, delivery.ErrConflict) || errors.Is(err, delivery.ErrNotFound) {

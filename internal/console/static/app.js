@@ -294,7 +294,7 @@ async function inbox(live, params) {
       h('td', { class: 'num' }, h('a', { href: `#/item/${encodeURIComponent(it.inbox)}/${it.id}` }, String(it.id))),
       h('td', {}, state(it.state)), h('td', {}, it.type), h('td', { class: 'clip', title: it.event_id }, it.event_id),
       num(it.attempts), h('td', {}, it.state === 'pending' ? time(it.next_attempt_at) : '–'), h('td', {}, time(it.updated_at)),
-      h('td', { class: 'clip', title: it.last_error || '' }, it.last_error || ''))), `No ${st} items.`));
+      h('td', { class: 'clip', title: it.last_error_past ? '' : it.last_error || '' }, it.last_error_past ? '' : it.last_error || ''))), `No ${st} items.`));
     parts.push(h('p', { class: 'muted', id: 'items-shown' }, page.items.length === 50 || after
       ? `${page.items.length} ${st} items on this page, by id.` : `${page.items.length} ${st} item${page.items.length === 1 ? '' : 's'}.`));
     parts.push(pager('#/inbox', { inbox: name, state: st }, after, page.next_after));
