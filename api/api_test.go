@@ -43,7 +43,7 @@ func TestItemRoundTrip(t *testing.T) {
 		`"event_id":"evt-1","type":"t","occurred_at":"2026-11-21T10:00:00Z","source_sequence":null,"stored_at":"2026-11-21T10:00:01Z",` +
 		`"metadata":{"device_id":"pi-7"},"payload":{"a":[1,2]},"delivery_handle":null,"state":"processing","attempts":1,` +
 		`"next_attempt_at":"2026-11-21T10:00:01Z","lease_expires_at":"2026-11-21T10:00:31Z","last_error":null,` +
-		`"created_at":"2026-11-21T10:00:01Z","updated_at":"2026-11-21T10:00:01Z","failed_at":null,"replayed_at":null,"replays":0}`
+		`"created_at":"2026-11-21T10:00:01Z","updated_at":"2026-11-21T10:00:01Z","failed_at":null,"replayed_at":null,"replays":0,"last_error_past":false}`
 	var it api.Item
 	if err := json.Unmarshal([]byte(in), &it); err != nil {
 		t.Fatal(err)

@@ -34,7 +34,7 @@ type Subscription struct {
 	// Counts are the subscription's items by state (its share of its
 	// inbox's), as the server keeps them; in the list and a get, nil
 	// elsewhere.
-	Counts *InboxCounts `json:"counts,omitempty"`
+	Counts *SubscriptionCounts `json:"counts,omitempty"`
 }
 
 // Endpoint is the settings of a subscription's target as the API shows
@@ -196,4 +196,14 @@ type Stream struct {
 // StreamList is the answer of GET /v1/streams.
 type StreamList struct {
 	Streams []Stream `json:"streams"`
+}
+
+// SubscriptionCounts is a subscription's items by state: its share of
+// its inbox's.
+type SubscriptionCounts struct {
+	Inbox      string `json:"inbox"`
+	Pending    int64  `json:"pending"`
+	Processing int64  `json:"processing"`
+	Completed  int64  `json:"completed"`
+	Failed     int64  `json:"failed"`
 }

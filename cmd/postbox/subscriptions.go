@@ -547,7 +547,7 @@ func runSubscriptionsList(ctx context.Context, env *cmdEnv, args []string) error
 	tw := tabwriter.NewWriter(env.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSOURCE\tINBOX\tTYPES\tMATCH\tSTART\tTARGET\tNEXT_OFFSET\tLAG\tPENDING\tPROCESSING\tDEAD\tCREATED")
 	for _, s := range subs {
-		var n api.InboxCounts
+		var n api.SubscriptionCounts
 		if s.Counts != nil {
 			n = *s.Counts
 		}
@@ -601,7 +601,7 @@ func runSubscriptionsGet(ctx context.Context, env *cmdEnv, args []string) error 
 
 // countFields are a subscription's item counts as fields, none when the
 // server sent none.
-func countFields(n *api.InboxCounts) [][2]string {
+func countFields(n *api.SubscriptionCounts) [][2]string {
 	if n == nil {
 		return nil
 	}

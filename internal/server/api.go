@@ -628,9 +628,9 @@ func (s *Server) listConsumers(w http.ResponseWriter, r *http.Request) {
 
 // countsJSON is the item counts of sub in the API: zero when it has no
 // item.
-func countsJSON(sub delivery.Subscription, counts map[string]delivery.InboxCounts) *api.InboxCounts {
+func countsJSON(sub delivery.Subscription, counts map[string]delivery.InboxCounts) *api.SubscriptionCounts {
 	c := counts[sub.UID]
-	return &api.InboxCounts{Inbox: sub.Inbox, Pending: c.Pending, Processing: c.Processing, Completed: c.Completed, Failed: c.Failed}
+	return &api.SubscriptionCounts{Inbox: sub.Inbox, Pending: c.Pending, Processing: c.Processing, Completed: c.Completed, Failed: c.Failed}
 }
 
 func (s *Server) listInboxes(w http.ResponseWriter, r *http.Request) {

@@ -379,7 +379,10 @@ func (s *Server) webhookDeliveries(ctx context.Context, j *api.Webhook, source s
 	d := ds[best]
 	j.Subscription = d.Subscription
 	if d.Item != nil {
-		j.Status, j.LastError = d.Item.State, d.Item.LastError
+		j.Status = d.Item.State
+		if d.Item.State != delivery.StateCompleted { // a completed item's error is history: its delivery's attempts keep it
+			j.LastError = d.Item.LastError
+		}
 		*j.UpdatedAt, *j.Attempts = d.Item.UpdatedAt, d.Item.Attempts
 	}
 	return nil

@@ -50,6 +50,10 @@ export function table(id, head, rows, empty = 'Nothing here.') {
     h('tbody', {}, rows)));
 }
 
+// currentError is an item's last error while it still stands: none once
+// the item completed after it (last_error_past), which shows as history.
+export function currentError(it) { return it.last_error_past ? '' : it.last_error || ''; }
+
 export function num(v) { return h('td', { class: 'num' }, v === null || v === undefined ? '–' : String(v)); }
 
 export function errorBox(err) {
@@ -294,7 +298,7 @@ async function inbox(live, params) {
       h('td', { class: 'num' }, h('a', { href: `#/item/${encodeURIComponent(it.inbox)}/${it.id}` }, String(it.id))),
       h('td', {}, state(it.state)), h('td', {}, it.type), h('td', { class: 'clip', title: it.event_id }, it.event_id),
       num(it.attempts), h('td', {}, it.state === 'pending' ? time(it.next_attempt_at) : '–'), h('td', {}, time(it.updated_at)),
-      h('td', { class: 'clip', title: it.last_error_past ? '' : it.last_error || '' }, it.last_error_past ? '' : it.last_error || ''))), `No ${st} items.`));
+      h('td', { class: 'clip', title: currentError(it) }, currentError(it)))), `No ${st} items.`));
     parts.push(h('p', { class: 'muted', id: 'items-shown' }, page.items.length === 50 || after
       ? `${page.items.length} ${st} items on this page, by id.` : `${page.items.length} ${st} item${page.items.length === 1 ? '' : 's'}.`));
     parts.push(pager('#/inbox', { inbox: name, state: st }, after, page.next_after));
@@ -339,7 +343,8 @@ async function item(live, _, [inboxName, id]) {
         field('Stream event', h('a', { href: eventHref(it.stream, it.offset), id: 'item-event' }, `${it.stream_event_id} (offset ${it.offset})`)),
         field('Subscription', it.subscription), field('Created', time(it.created_at)), field('Updated', time(it.updated_at)),
         field('Next attempt', time(it.next_attempt_at)), field('Failed at', time(it.failed_at)),
-        field('Replays', String(it.replays)), field('Last error', it.last_error || '–'))),
+        field('Replays', String(it.replays)),
+        it.last_error_past ? field('Earlier error', it.last_error) : field('Last error', it.last_error || '–'))),
       h('h2', {}, 'Payload'), h('pre', { id: 'item-payload' }, JSON.stringify(it.payload, null, 2)),
       h('h2', {}, 'Metadata'), h('pre', {}, JSON.stringify(it.metadata, null, 2)),
       h('h2', {}, 'Attempts'),

@@ -4,7 +4,7 @@
 // page costs the same with millions of events stored.
 
 import { api, q, APIError } from './api.js';
-import { h, time, put, state, table, num } from './app.js';
+import { h, time, put, state, table, num, currentError } from './app.js';
 
 const PAGE = 50;
 
@@ -41,7 +41,7 @@ export function deliveriesTable(deliveries) {
       h('td', {}, state(d.item.state)), num(d.item.attempts),
       h('td', {}, last ? time(last.attempted_at) : '–'),
       h('td', {}, last ? (last.status_code ? String(last.status_code) : 'no answer') : '–'),
-      h('td', { class: 'clip', title: d.item.last_error || '' }, d.item.last_error || ''));
+      h('td', { class: 'clip', title: currentError(d.item) }, currentError(d.item)));
   }), 'No subscription of this stream takes this event.');
 }
 
@@ -160,7 +160,7 @@ async function inboxSearch(live, params) {
     h('td', {}, time(it.created_at)), h('td', {}, state(it.state)), h('td', {}, it.type),
     h('td', { class: 'clip', title: it.event_id }, it.event_id),
     h('td', {}, h('a', { href: eventHref(it.stream, it.offset) }, it.stream_event_id)),
-    num(it.attempts), h('td', { class: 'clip', title: it.last_error || '' }, it.last_error || ''))), 'No items match.'));
+    num(it.attempts), h('td', { class: 'clip', title: currentError(it) }, currentError(it)))), 'No items match.'));
   parts.push(h('p', { class: 'muted' }, `${page.items.length} item${page.items.length === 1 ? '' : 's'}, newest first.`),
     pager(hrefOf, f, before, page.next_before));
   put(view, ...parts);
