@@ -42,6 +42,7 @@ func SetSearchScan(t interface{ Cleanup(func()) }, n int) {
 	searchScan = n
 	t.Cleanup(func() { searchScan = old })
 }
+
 // Reap ends the leases that expired now, as the reap loop does each
 // ReapInterval.
 func (d *Delivery) Reap(ctx context.Context) error { return d.reap(ctx) }
