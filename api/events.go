@@ -45,6 +45,7 @@ type Delivery struct {
 	Subscription string    `json:"subscription"`
 	Inbox        string    `json:"inbox"`
 	Deleted      bool      `json:"deleted"`
+	Paused       bool      `json:"paused"` // an operator paused the subscription: its item waits
 	Status       string    `json:"status"`
 	Reason       string    `json:"reason,omitempty"`
 	Item         *Item     `json:"item"` // null unless Status is item

@@ -109,6 +109,9 @@ func printEvent(env *cmdEnv, ev api.Event) error {
 		if d.Deleted {
 			sub += " (deleted)"
 		}
+		if d.Paused {
+			sub += " (paused)"
+		}
 		if d.Item == nil {
 			fmt.Fprintf(tw, "%s\t%s\t-\t%s\t-\t-\t%s\n", sub, d.Inbox, d.Status, shorten(d.Reason, 60))
 			continue
@@ -117,8 +120,12 @@ func printEvent(env *cmdEnv, ev api.Event) error {
 		if n := len(d.Attempts); n > 0 {
 			last = when(d.Attempts[n-1].AttemptedAt)
 		}
+		lastErr := d.Item.LastError
+		if d.Item.LastErrorPast { // history: the attempts below keep it
+			lastErr = nil
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", sub, d.Inbox, d.Item.ID, d.Item.State, d.Item.Attempts, last,
-			shorten(lastError(d.Item.LastError), 60))
+			shorten(lastError(lastErr), 60))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -34,7 +34,10 @@ type EventDelivery struct {
 	Inbox           string
 	// Deleted says the subscription that made the item was deleted (a
 	// subscription of its name now may be another one).
-	Deleted  bool
+	Deleted bool
+	// Paused says an operator paused the subscription's delivery: its
+	// item waits until it is resumed.
+	Paused   bool
 	Status   string // DeliveryItem, DeliveryUnread or DeliveryNone
 	Reason   string // why there is no item, for people; "" with one
 	Item     *Item  // nil unless Status is DeliveryItem
@@ -80,16 +83,16 @@ func (d *Delivery) Deliveries(ctx context.Context, streamID string, ev *stream.S
 	for i := range items {
 		it := &items[i]
 		uid := uids[it.ID]
-		_, live := byUID[uid]
+		s, live := byUID[uid]
 		made[uid] = true
 		out = append(out, EventDelivery{Subscription: it.Subscription, SubscriptionUID: uid, Inbox: it.Inbox, Deleted: !live,
-			Status: DeliveryItem, Item: it, Attempts: attempts[it.ID]})
+			Paused: !s.PausedAt.IsZero(), Status: DeliveryItem, Item: it, Attempts: attempts[it.ID]})
 	}
 	for _, s := range subs {
 		if s.Stream != streamID || made[s.UID] || !newMatcher(s).match(ev) {
 			continue
 		}
-		e := EventDelivery{Subscription: s.Name, SubscriptionUID: s.UID, Inbox: s.Inbox, Status: DeliveryNone}
+		e := EventDelivery{Subscription: s.Name, SubscriptionUID: s.UID, Inbox: s.Inbox, Paused: !s.PausedAt.IsZero(), Status: DeliveryNone}
 		if (s.Start.Policy == stream.StartLatest || s.Start.Policy == "") && s.CreatedAt.After(ev.StoredAt) {
 			e.Reason = "the subscription started after this event"
 			out = append(out, e)

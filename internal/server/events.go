@@ -138,7 +138,7 @@ func eventJSON(ev stream.StoredEvent) api.Event {
 func deliveriesJSON(ds []delivery.EventDelivery) []api.Delivery {
 	var out []api.Delivery
 	for _, d := range ds {
-		j := api.Delivery{Subscription: d.Subscription, Inbox: d.Inbox, Deleted: d.Deleted, Status: d.Status, Reason: d.Reason,
+		j := api.Delivery{Subscription: d.Subscription, Inbox: d.Inbox, Deleted: d.Deleted, Paused: d.Paused, Status: d.Status, Reason: d.Reason,
 			Attempts: attemptsJSON(d.Attempts)}
 		if d.Item != nil {
 			j.Item = &itemsJSON([]delivery.Item{*d.Item})[0]

@@ -57,6 +57,9 @@ func TestEventDeliveriesAPI(t *testing.T) {
 	if st, body := call(t, ts, "DELETE", "/v1/subscriptions/audit", ""); st != 204 {
 		t.Fatalf("delete audit: %d %v", st, body)
 	}
+	if st, body := call(t, ts, "POST", "/v1/subscriptions/webhooks/pause", `{"reason": "maintenance"}`); st != 200 {
+		t.Fatalf("pause webhooks: %d %v", st, body)
+	}
 
 	type row struct{ sub, status, state string }
 	rows := func(v any) []row {
@@ -66,6 +69,9 @@ func TestEventDeliveriesAPI(t *testing.T) {
 			r := row{sub: d["subscription"].(string), status: d["status"].(string)}
 			if d["deleted"] == true {
 				r.sub += " (deleted)"
+			}
+			if d["paused"] == true {
+				r.sub += " (paused)"
 			}
 			if it, ok := d["item"].(map[string]any); ok {
 				r.state = it["state"].(string)
@@ -78,7 +84,7 @@ func TestEventDeliveriesAPI(t *testing.T) {
 		{"audit (deleted)", delivery.DeliveryItem, delivery.StatePending},
 		{"billing", delivery.DeliveryItem, delivery.StateFailed},
 		{"orders", delivery.DeliveryItem, delivery.StateCompleted},
-		{"webhooks", delivery.DeliveryItem, delivery.StatePending},
+		{"webhooks (paused)", delivery.DeliveryItem, delivery.StatePending},
 	}
 	_, wh = call(t, ts, "GET", "/webhooks/"+accepted["id"].(string), "")
 	if got := rows(wh["deliveries"]); !slices.Equal(got, want) {

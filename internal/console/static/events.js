@@ -29,7 +29,8 @@ export function deliveriesTable(deliveries) {
     'Last attempt', 'Answer', 'Last error'],
   deliveries.map((d) => {
     const last = d.attempts.length ? d.attempts[d.attempts.length - 1] : null;
-    const sub = [d.subscription, d.deleted ? h('span', { class: 'muted deleted' }, ' (deleted)') : null];
+    const sub = [d.subscription, d.deleted ? h('span', { class: 'muted deleted' }, ' (deleted)') : null,
+      d.paused ? h('span', { class: 'muted paused' }, ' (paused)') : null];
     if (!d.item) {
       return h('tr', { dataset: { subscription: d.subscription, status: d.status } },
         h('td', {}, sub), h('td', {}, d.inbox), h('td', {}, '–'), h('td', {}, state(d.status)), num(null),
