@@ -60,7 +60,7 @@ func TestCompletionBash(t *testing.T) {
 		want  []string
 	}{
 		{[]string{"postbox", "dl"}, []string{"dlq"}},
-		{[]string{"postbox", "dlq", ""}, []string{"list", "show", "replay"}},
+		{[]string{"postbox", "dlq", ""}, []string{"list", "show", "replay", "discard"}},
 		{[]string{"postbox", "outbox", "d"}, []string{"drop"}},
 		{[]string{"postbox", "dlq", "list", "--si"}, []string{"--since"}},
 		{[]string{"postbox", "dlq", "list", "--fr"}, nil}, // an old spelling is not offered

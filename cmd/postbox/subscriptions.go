@@ -699,6 +699,18 @@ func runSubscriptionsEnable(ctx context.Context, env *cmdEnv, args []string) err
 that the server delivers its waiting items again. An endpoint is disabled after its
 breaker has been open, failing every probe, for its --disable-after; it stays disabled
 until this command. Enabling a closed endpoint changes nothing.`)
+	return subscriptionAct(env, fs, args, "enable", func(c *apiClient, name string) (api.Subscription, error) {
+		return c.EnableSubscription(ctx, name)
+	}, func(s api.Subscription) string {
+		return "endpoint " + orDash(deref(s.Target)) + ", breaker " + breakerText(s.Breaker)
+	})
+}
+
+// subscriptionAct runs the act of "postbox subscriptions VERB NAME" on the
+// subscription named by the argument, and prints its answer: the JSON
+// with --json, else "subscription NAME: " and what say makes of it.
+func subscriptionAct(env *cmdEnv, fs *flag.FlagSet, args []string, verb string,
+	act func(c *apiClient, name string) (api.Subscription, error), say func(api.Subscription) string) error {
 	af := addAPIFlags(fs, "print the subscription's JSON")
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
@@ -708,14 +720,14 @@ until this command. Enabling a closed endpoint changes nothing.`)
 	if err != nil {
 		return err
 	}
-	s, err := c.EnableSubscription(ctx, name)
+	s, err := act(c, name)
 	if err != nil {
-		return fmt.Errorf("subscriptions enable %s: %w", name, c.explain(err))
+		return fmt.Errorf("subscriptions %s %s: %w", verb, name, c.explain(err))
 	}
 	if af.json {
 		return printValue(env, s)
 	}
-	fmt.Fprintf(env.stdout, "subscription %s: endpoint %s, breaker %s\n", name, orDash(deref(s.Target)), breakerText(s.Breaker))
+	fmt.Fprintf(env.stdout, "subscription %s: %s\n", name, say(s))
 	return nil
 }
 
@@ -739,48 +751,18 @@ the inbox, or none), until "postbox subscriptions resume NAME". Its loop keeps r
 its source and filling its inbox; items already leased finish their attempt. The pause
 is kept in the store: it holds on every node and across restarts.`)
 	reason := fs.String("reason", "", "why, shown with the subscription (at most 500 bytes)")
-	af := addAPIFlags(fs, "print the subscription's JSON")
-	c, err := parseAPI(env, fs, af, args)
-	if err != nil {
-		return err
-	}
-	name, err := nameArg(fs)
-	if err != nil {
-		return err
-	}
-	s, err := c.PauseSubscription(ctx, name, *reason)
-	if err != nil {
-		return fmt.Errorf("subscriptions pause %s: %w", name, c.explain(err))
-	}
-	if af.json {
-		return printValue(env, s)
-	}
-	fmt.Fprintf(env.stdout, "subscription %s: %s\n", name, pausedText(s))
-	return nil
+	return subscriptionAct(env, fs, args, "pause", func(c *apiClient, name string) (api.Subscription, error) {
+		return c.PauseSubscription(ctx, name, *reason)
+	}, pausedText)
 }
 
 func runSubscriptionsResume(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "subscriptions resume", "NAME [flags]", `Resumes the delivery of subscription NAME, paused by "postbox subscriptions pause":
 its waiting items are leased again at once. Resuming a subscription that delivers
 changes nothing.`)
-	af := addAPIFlags(fs, "print the subscription's JSON")
-	c, err := parseAPI(env, fs, af, args)
-	if err != nil {
-		return err
-	}
-	name, err := nameArg(fs)
-	if err != nil {
-		return err
-	}
-	s, err := c.ResumeSubscription(ctx, name)
-	if err != nil {
-		return fmt.Errorf("subscriptions resume %s: %w", name, c.explain(err))
-	}
-	if af.json {
-		return printValue(env, s)
-	}
-	fmt.Fprintf(env.stdout, "subscription %s: %s\n", name, pausedText(s))
-	return nil
+	return subscriptionAct(env, fs, args, "resume", func(c *apiClient, name string) (api.Subscription, error) {
+		return c.ResumeSubscription(ctx, name)
+	}, pausedText)
 }
 
 func runSubscriptionsTest(ctx context.Context, env *cmdEnv, args []string) error {
