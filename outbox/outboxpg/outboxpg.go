@@ -502,12 +502,20 @@ func (s *Store) List(ctx context.Context, state string, limit int) ([]outbox.Row
 	if where == "" {
 		return nil, fmt.Errorf("outbox list: unknown state %q", state)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT event_id, event_type,
-			CASE WHEN delivered_at IS NOT NULL THEN 'delivered' WHEN rejected_at IS NOT NULL THEN 'rejected' ELSE 'pending' END,
-			created_at, next_attempt_at, attempts, coalesce(last_error, ''), payload, correlation_id, tenant_id, delivered_at
-		FROM outbox WHERE `+where+` ORDER BY seq LIMIT $1`, limit)
+	return s.rows(ctx, "outbox list", `SELECT `+rowColumns+` FROM outbox WHERE `+where+` ORDER BY seq LIMIT $1`, limit)
+}
+
+// rowColumns are the columns rows reads, in its order.
+const rowColumns = `event_id, event_type,
+	CASE WHEN delivered_at IS NOT NULL THEN 'delivered' WHEN rejected_at IS NOT NULL THEN 'rejected' ELSE 'pending' END,
+	created_at, next_attempt_at, attempts, coalesce(last_error, ''), payload, correlation_id, tenant_id, delivered_at`
+
+// rows runs q, a SELECT of rowColumns, and returns its rows; what names
+// the caller in an error.
+func (s *Store) rows(ctx context.Context, what, q string, args ...any) ([]outbox.Row, error) {
+	rows, err := s.pool.Query(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("outbox list: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Row, error) {
 		var row outbox.Row
@@ -516,7 +524,7 @@ func (s *Store) List(ctx context.Context, state string, limit int) ([]outbox.Row
 		return row, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("outbox list: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return out, nil
 }
@@ -527,23 +535,7 @@ func (s *Store) Rows(ctx context.Context, ids []string) ([]outbox.Row, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	rows, err := s.pool.Query(ctx, `SELECT event_id, event_type,
-			CASE WHEN delivered_at IS NOT NULL THEN 'delivered' WHEN rejected_at IS NOT NULL THEN 'rejected' ELSE 'pending' END,
-			created_at, next_attempt_at, attempts, coalesce(last_error, ''), payload, correlation_id, tenant_id, delivered_at
-		FROM outbox WHERE event_id = ANY($1) ORDER BY seq`, ids)
-	if err != nil {
-		return nil, fmt.Errorf("outbox rows: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Row, error) {
-		var row outbox.Row
-		err := r.Scan(&row.EventID, &row.Type, &row.State, &row.CreatedAt, &row.NextAttemptAt, &row.Attempts,
-			&row.LastError, &row.Payload, &row.CorrelationID, &row.TenantID, &row.DeliveredAt)
-		return row, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("outbox rows: %w", err)
-	}
-	return out, nil
+	return s.rows(ctx, "outbox rows", `SELECT `+rowColumns+` FROM outbox WHERE event_id = ANY($1) ORDER BY seq`, ids)
 }
 
 // Drop deletes rejected rows for good: those of ids, or with no ids every

@@ -801,7 +801,7 @@ type Row = outbox.Row
 
 // List returns up to limit rows in state ("" for all), oldest first.
 func (s *Store) List(ctx context.Context, state string, limit int) ([]Row, error) {
-	q := `SELECT event_id, event_type, state, created_at, next_attempt_at, attempt_count, coalesce(last_error, ''), payload_json, correlation_id, tenant_id FROM outbox`
+	q := `SELECT ` + rowColumns + ` FROM outbox`
 	args := []any{}
 	if state != "" {
 		q += ` WHERE state = ?`
@@ -809,9 +809,18 @@ func (s *Store) List(ctx context.Context, state string, limit int) ([]Row, error
 	}
 	q += ` ORDER BY seq LIMIT ?`
 	args = append(args, limit)
+	return s.rows(ctx, "outbox list", q, args...)
+}
+
+// rowColumns are the columns rows reads, in its order.
+const rowColumns = `event_id, event_type, state, created_at, next_attempt_at, attempt_count, coalesce(last_error, ''), payload_json, correlation_id, tenant_id`
+
+// rows runs q, a SELECT of rowColumns, and returns its rows; what names
+// the caller in an error.
+func (s *Store) rows(ctx context.Context, what, q string, args ...any) ([]Row, error) {
 	rows, err := s.read.QueryContext(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("outbox list: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	defer rows.Close()
 	var out []Row
@@ -819,7 +828,7 @@ func (s *Store) List(ctx context.Context, state string, limit int) ([]Row, error
 		var r Row
 		var created, next, payload string
 		if err := rows.Scan(&r.EventID, &r.Type, &r.State, &created, &next, &r.Attempts, &r.LastError, &payload, &r.CorrelationID, &r.TenantID); err != nil {
-			return nil, fmt.Errorf("outbox list: %w", err)
+			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		r.Payload = json.RawMessage(payload)
 		r.CreatedAt, _ = time.Parse(sqlitedb.Time, created)
@@ -839,25 +848,7 @@ func (s *Store) Rows(ctx context.Context, ids []string) ([]Row, error) {
 	for i, id := range ids {
 		args[i] = id
 	}
-	rows, err := s.read.QueryContext(ctx, `SELECT event_id, event_type, state, created_at, next_attempt_at, attempt_count, coalesce(last_error, ''), payload_json, correlation_id, tenant_id
-		FROM outbox WHERE event_id IN (?`+strings.Repeat(",?", len(ids)-1)+`) ORDER BY seq`, args...)
-	if err != nil {
-		return nil, fmt.Errorf("outbox rows: %w", err)
-	}
-	defer rows.Close()
-	var out []Row
-	for rows.Next() {
-		var r Row
-		var created, next, payload string
-		if err := rows.Scan(&r.EventID, &r.Type, &r.State, &created, &next, &r.Attempts, &r.LastError, &payload, &r.CorrelationID, &r.TenantID); err != nil {
-			return nil, fmt.Errorf("outbox rows: %w", err)
-		}
-		r.Payload = json.RawMessage(payload)
-		r.CreatedAt, _ = time.Parse(sqlitedb.Time, created)
-		r.NextAttemptAt, _ = time.Parse(sqlitedb.Time, next)
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return s.rows(ctx, "outbox rows", `SELECT `+rowColumns+` FROM outbox WHERE event_id IN (?`+strings.Repeat(",?", len(ids)-1)+`) ORDER BY seq`, args...)
 }
 
 // Drop deletes rejected rows for good: those of ids, or with no ids every
