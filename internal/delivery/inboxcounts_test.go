@@ -8,25 +8,26 @@ import (
 	"github.com/postbox-events/postbox/internal/delivery"
 )
 
-// checkCounts holds Inboxes to a count of every item by inbox and state,
-// the scan it avoids.
-func (e *env) checkCounts(t *testing.T, step string) []delivery.InboxCounts {
+// countItems counts every item by key (inbox_id or subscription_uid) and
+// state: the scan the kept counts avoid.
+func (e *env) countItems(t *testing.T, key string) map[string]*delivery.InboxCounts {
 	t.Helper()
-	rows, err := e.state.ReadDB().Query(`SELECT inbox_id, state, count(*) FROM inbox_items GROUP BY inbox_id, state`)
+	rows, err := e.state.ReadDB().Query(`SELECT ` + key + `, inbox_id, state, count(*) FROM inbox_items GROUP BY ` + key + `, inbox_id, state`)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer rows.Close()
 	want := map[string]*delivery.InboxCounts{}
 	for rows.Next() {
-		var inbox, state string
+		var k, inbox, state string
 		var n int64
-		if err := rows.Scan(&inbox, &state, &n); err != nil {
+		if err := rows.Scan(&k, &inbox, &state, &n); err != nil {
 			t.Fatal(err)
 		}
-		c := want[inbox]
+		c := want[k]
 		if c == nil {
 			c = &delivery.InboxCounts{Inbox: inbox}
-			want[inbox] = c
+			want[k] = c
 		}
 		switch state {
 		case delivery.StatePending:
@@ -39,7 +40,17 @@ func (e *env) checkCounts(t *testing.T, step string) []delivery.InboxCounts {
 			c.Failed = n
 		}
 	}
-	rows.Close()
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return want
+}
+
+// checkCounts holds Inboxes to a count of every item by inbox and state,
+// the scan it avoids.
+func (e *env) checkCounts(t *testing.T, step string) []delivery.InboxCounts {
+	t.Helper()
+	want := e.countItems(t, "inbox_id")
 	got, err := e.d.Inboxes(context.Background())
 	if err != nil {
 		t.Fatalf("%s: %v", step, err)

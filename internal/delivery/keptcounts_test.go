@@ -20,34 +20,7 @@ import (
 // item by subscription uid and state.
 func (e *env) checkSubscriptionCounts(t *testing.T, step string) {
 	t.Helper()
-	rows, err := e.state.ReadDB().Query(`SELECT subscription_uid, inbox_id, state, count(*) FROM inbox_items GROUP BY subscription_uid, inbox_id, state`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]*delivery.InboxCounts{}
-	for rows.Next() {
-		var uid, inbox, state string
-		var n int64
-		if err := rows.Scan(&uid, &inbox, &state, &n); err != nil {
-			t.Fatal(err)
-		}
-		c := want[uid]
-		if c == nil {
-			c = &delivery.InboxCounts{Inbox: inbox}
-			want[uid] = c
-		}
-		switch state {
-		case delivery.StatePending:
-			c.Pending = n
-		case delivery.StateProcessing:
-			c.Processing = n
-		case delivery.StateCompleted:
-			c.Completed = n
-		case delivery.StateFailed:
-			c.Failed = n
-		}
-	}
-	rows.Close()
+	want := e.countItems(t, "subscription_uid")
 	got, err := e.d.SubscriptionCounts(context.Background())
 	if err != nil {
 		t.Fatalf("%s: %v", step, err)
