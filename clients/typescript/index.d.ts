@@ -147,6 +147,8 @@ export interface Item {
   failed_at: string | null;
   replayed_at: string | null;
   replays: number;
+  /** True when the item completed after last_error: the error is history. */
+  last_error_past: boolean;
 }
 export interface ItemPage {
   items: Item[];
@@ -167,6 +169,8 @@ export interface InboxCounts {
   processing: number;
   completed: number;
   failed: number;
+  /** When the oldest pending item reached the inbox; null when none is pending. */
+  oldest_pending_at: string | null;
 }
 export interface Subscription {
   name: string;

@@ -10,9 +10,9 @@ import (
 )
 
 func runDLQDiscard(ctx context.Context, env *cmdEnv, args []string) error {
-	fs := newFlags(env, "dlq discard", "ID... | --inbox I | --subscription S | --from T --to T | --all [flags]", `Deletes dead letters for good, with their attempt logs: they cannot be replayed
-afterwards. Name IDs (at most 1000), or select them with --inbox, --subscription, --from
-and --to (together they narrow the selection, and narrow the IDs too; the times select by
+	fs := newFlags(env, "dlq discard", "ID... | --inbox I | --subscription S | --since T --until T | --all [flags]", `Deletes dead letters for good, with their attempt logs: they cannot be replayed
+afterwards. Name IDs (at most 1000), or select them with --inbox, --subscription, --since
+and --until (together they narrow the selection, and narrow the IDs too; the times select by
 when the item failed, and take an RFC 3339 time or how long ago: 90m, 2h30m, 7d). --all
 discards every dead letter and goes alone. An ID that is not a dead letter is left alone.
 
@@ -32,9 +32,9 @@ Prints how many it discarded.`)
 	}
 	switch {
 	case *all && (!sel.empty() || len(pick.IDs) > 0):
-		return usagef("dlq discard: --all discards every dead letter; leave out IDs, --inbox, --subscription, --from and --to, or --all")
+		return usagef("dlq discard: --all discards every dead letter; leave out IDs, --inbox, --subscription, --since and --until, or --all")
 	case !*all && sel.empty() && len(pick.IDs) == 0:
-		return usagef("dlq discard: name IDs, or select dead letters with --inbox, --subscription, --from or --to, or discard every one with --all")
+		return usagef("dlq discard: name IDs, or select dead letters with --inbox, --subscription, --since or --until, or discard every one with --all")
 	}
 	q, err := sel.query("dlq discard", time.Now())
 	if err != nil {

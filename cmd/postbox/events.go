@@ -120,12 +120,8 @@ func printEvent(env *cmdEnv, ev api.Event) error {
 		if n := len(d.Attempts); n > 0 {
 			last = when(d.Attempts[n-1].AttemptedAt)
 		}
-		lastErr := d.Item.LastError
-		if d.Item.LastErrorPast { // history: the attempts below keep it
-			lastErr = nil
-		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", sub, d.Inbox, d.Item.ID, d.Item.State, d.Item.Attempts, last,
-			shorten(lastError(lastErr), 60))
+			shorten(currentError(*d.Item), 60))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -160,13 +156,15 @@ type searchFlags struct {
 	all                        *bool
 }
 
-func addSearchFlags(fs *flag.FlagSet, what string) *searchFlags {
+// addSearchFlags adds the flags of a search of what (events or items);
+// stored says what its time range selects by.
+func addSearchFlags(fs *flag.FlagSet, what, stored string) *searchFlags {
 	s := &searchFlags{limit: 100}
 	fs.StringVar(&s.id, "id", "", "only "+what+" of the event of this `id` (an envelope's event_id, a polled item's id)")
 	fs.StringVar(&s.key, "key", "", "only "+what+" of the webhook of this idempotency `key` (the same as --id)")
 	fs.StringVar(&s.typ, "type", "", "only "+what+" of events of this `type`")
-	fs.StringVar(&s.since, "since", "", "only "+what+" stored at or after "+whenHelp)
-	fs.StringVar(&s.until, "until", "", "only "+what+" stored before "+whenHelp)
+	fs.StringVar(&s.since, "since", "", "only "+what+" "+stored+" at or after "+whenHelp)
+	fs.StringVar(&s.until, "until", "", "only "+what+" "+stored+" before "+whenHelp)
 	fs.Var(&s.before, "before", "the page after this `position`: what the previous page said (--before N)")
 	fs.Var(&s.limit, "limit", fmt.Sprintf("most `results` per page (at most %d)", maxItemsPerCall))
 	s.all = fs.Bool("all-pages", false, "follow the pages until the last")
@@ -237,7 +235,7 @@ reads an index on the SQLite and PostgreSQL stream backends; NATS and Kafka
 streams page by offset and search by id alone. postbox events get STREAM OFFSET shows an event's
 deliveries.`)
 	af := addAPIFlags(fs, "print the events as a JSON array")
-	sf := addSearchFlags(fs, "events")
+	sf := addSearchFlags(fs, "events", "stored")
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
 		return err
@@ -279,7 +277,7 @@ event's id (--id, or a webhook's --key), its --type, the item's --state and the
 time it was made (--since, --until), one page of --limit; --all-pages follows the
 pages. Each filter reads an index of the inbox's items.`)
 	af := addAPIFlags(fs, "print the items as a JSON array")
-	sf := addSearchFlags(fs, "items")
+	sf := addSearchFlags(fs, "items", "made")
 	state := fs.String("state", "", "only items in this `state`: pending, processing, completed or failed (default: all)")
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
@@ -317,7 +315,7 @@ pages. Each filter reads an index of the inbox's items.`)
 	fmt.Fprintln(tw, "ID\tCREATED\tSTATE\tTYPE\tEVENT_ID\tSUBSCRIPTION\tOFFSET\tATTEMPTS\tLAST_ERROR")
 	for _, it := range items {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", it.ID, when(it.CreatedAt), it.State, it.Type, it.EventID, it.Subscription,
-			it.Offset, it.Attempts, shorten(lastError(it.LastError), 60))
+			it.Offset, it.Attempts, shorten(currentError(it), 60))
 	}
 	return tw.Flush()
 }

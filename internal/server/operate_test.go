@@ -3,13 +3,16 @@ package server_test
 import (
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/server"
 )
 
@@ -219,5 +222,28 @@ func TestAPIHiddenHeaderSentBack(t *testing.T) {
 	}
 	if _, sub = call(t, ts, "GET", "/v1/subscriptions/hooks", ""); sub["headers"].(map[string]any)["Authorization"] != shown || sub["headers"].(map[string]any)["X-Team"] != "ops" {
 		t.Fatalf("the headers changed: %v", sub["headers"])
+	}
+}
+
+// TestAPITestEventPolicy: a test event obeys the server's target address
+// policy as the workers do: a name that resolves to a loopback address is
+// refused when it is dialled, and nothing reaches the endpoint.
+func TestAPITestEventPolicy(t *testing.T) {
+	var calls atomic.Int32
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { calls.Add(1) }))
+	defer target.Close()
+	ts := start(t, server.Config{Delivery: delivery.Config{DenyPrivateTargets: true}}, nil)
+	_, port, _ := net.SplitHostPort(target.Listener.Addr().String())
+	url := "http://localhost:" + port + "/hooks"
+	status, b := call(t, ts, "POST", "/v1/subscriptions", `{"name": "hooks", "source": "webhooks", "target": "`+url+`"}`)
+	if status != 201 { // a name is resolved when it is dialled, not when it is set
+		t.Fatalf("create: %d %v", status, b)
+	}
+	status, res := call(t, ts, "POST", "/v1/subscriptions/hooks/test", "")
+	if status != 200 || res["ok"] != false || !strings.Contains(fmt.Sprint(res["error"]), "127.0.0.1") {
+		t.Fatalf("a test event to a loopback name: %d %v; want ok false and the refused address", status, res)
+	}
+	if n := calls.Load(); n != 0 {
+		t.Errorf("the endpoint got %d requests, want none", n)
 	}
 }

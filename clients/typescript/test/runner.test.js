@@ -26,7 +26,10 @@ async function postWebhook(base, key, body) {
  */
 async function counts(api, inbox) {
   const all = await api.inboxes();
-  return all.find((/** @type {any} */ c) => c.inbox === inbox) ?? { pending: 0, processing: 0, completed: 0, failed: 0 };
+  const c = all.find((/** @type {any} */ c) => c.inbox === inbox);
+  if (!c) return { pending: 0, processing: 0, completed: 0, failed: 0 };
+  const { oldest_pending_at: _, ...byState } = c; // the counts alone
+  return byState;
 }
 
 /** @param {import('node:test').TestContext} t */

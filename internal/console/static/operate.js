@@ -46,7 +46,7 @@ export async function stuck() {
   for (const s of subs.subscriptions) {
     const c = countsOf(s, inboxes);
     const b = s.breaker && s.breaker.state !== 'closed' ? s.breaker : null;
-    const old = c.oldest_pending_at && now - new Date(c.oldest_pending_at) > STALE_MS;
+    const old = c.pending > 0 && c.oldest_pending_at && now - new Date(c.oldest_pending_at) > STALE_MS;
     if (!s.paused && !b && !c.failed && !old) continue;
     const why = [];
     if (s.paused) why.push(h('span', { class: 'state state-open' }, 'paused'), s.paused_reason ? ` ${s.paused_reason}` : '', ' ');

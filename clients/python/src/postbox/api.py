@@ -69,6 +69,7 @@ class Item(TypedDict):
     failed_at: Optional[str]
     replayed_at: Optional[str]
     replays: int
+    last_error_past: bool  # completed after last_error: it is history
 
 
 class Lease(TypedDict):
@@ -92,6 +93,7 @@ class InboxCounts(TypedDict):
     processing: int
     completed: int
     failed: int
+    oldest_pending_at: Optional[str]
 
 
 class ItemPage(TypedDict):
