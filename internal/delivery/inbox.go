@@ -263,7 +263,13 @@ func (d *Delivery) lease(ctx context.Context, inbox string, max int, visibility 
 	token := newToken()
 	l := Lease{Token: token, ExpiresAt: now.Add(visibility).Truncate(time.Microsecond)}
 	nowText, expires := now.Format(sqlitedb.Time), l.ExpiresAt.Format(sqlitedb.Time)
-	var err error
+	held, err := d.allPaused(ctx, inbox)
+	switch {
+	case err != nil:
+		return Lease{}, fmt.Errorf("lease from %s: %w", inbox, err)
+	case held:
+		return l, nil
+	}
 	if d.pg {
 		err = d.update(ctx, func(tx conn) error {
 			rows, err := tx.QueryContext(ctx, leasePostgres, token, expires, nowText, inbox, max, maxAttempts)

@@ -25,8 +25,26 @@ import (
 const maxPauseReason = 500
 
 // notPaused is the condition a lease adds for the items it takes from
-// inbox ?4: none of a paused subscription.
-const notPaused = ` AND subscription_id NOT IN (SELECT subscription_id FROM subscriptions WHERE inbox_id = ?4 AND paused_at IS NOT NULL)`
+// inbox ?4: none of a paused subscription (by uid: the items of an older
+// subscription of the name are not its). The items of a paused
+// subscription are read and passed over; a lease of an inbox whose
+// subscriptions are all paused reads none (allPaused).
+const notPaused = ` AND subscription_uid NOT IN (SELECT subscription_uid FROM subscriptions WHERE inbox_id = ?4 AND paused_at IS NOT NULL)`
+
+// allPausedSQL says whether inbox ?1 has a paused subscription and no
+// other: a lease of it takes nothing, and need not read its items (a
+// paused backlog of a million items would be read by every lease).
+// Items of deleted subscriptions of such an inbox wait too.
+const allPausedSQL = `SELECT EXISTS (SELECT 1 FROM subscriptions WHERE inbox_id = ?1 AND paused_at IS NOT NULL)
+	AND NOT EXISTS (SELECT 1 FROM subscriptions WHERE inbox_id = ?1 AND paused_at IS NULL)`
+
+// allPaused reports whether every subscription of inbox is paused (and
+// it has one), on a reader.
+func (d *Delivery) allPaused(ctx context.Context, inbox string) (bool, error) {
+	var held bool
+	err := d.db.QueryRowContext(ctx, allPausedSQL, inbox).Scan(&held)
+	return held, err
+}
 
 // Pause pauses the delivery of subscription name, recording reason (may
 // be empty), and returns the subscription. Pausing a paused subscription
