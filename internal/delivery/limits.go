@@ -95,12 +95,17 @@ func (d *Delivery) sharedRoom(ctx context.Context, inbox string, ep *endpoint, f
 	c := d.cluster
 	if !c.holds() {
 		fl.mu.Lock()
-		held := len(fl.slots)
+		held := fl.slots
 		fl.slots = nil
 		fl.mu.Unlock()
-		if held > 0 {
+		if len(held) > 0 {
 			d.log.Warn("delivery: this node's lease may have ended; it drops its concurrency slots of the endpoint and starts no attempt until it renews",
-				"inbox", inbox, "node", c.node, "slots", held)
+				"inbox", inbox, "node", c.node, "slots", len(held))
+			// Given back too, so that, should the lease not have ended
+			// after all, the others need not wait for this node to take
+			// them again. Should the store not answer, its lease ends and
+			// they are free anyway.
+			d.giveSlots(ctx, inbox, held)
 		}
 		return 0, time.Second
 	}
