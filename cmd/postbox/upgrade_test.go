@@ -356,6 +356,10 @@ func TestUpgrade(t *testing.T) {
 				before = map[string]tableRows{"outbox": {cols: []string{"seq", "event_id", "state"}}}
 				before["outbox"] = tableRows{before["outbox"].cols, rowsOf(t, openFixtureFor(t, tc.fixture), "outbox", before["outbox"].cols)}
 			}
+			// Tables a migration replaces on purpose: inbox_tallies kept
+			// the completed items' counts; item_counts keeps every
+			// state's, counted afresh from the items (which are kept).
+			delete(before, "inbox_tallies")
 			checkKept(t, path, before)
 			versions := schemaVersions(t, path)
 			for c, v := range versions {
