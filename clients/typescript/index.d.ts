@@ -186,7 +186,91 @@ export interface Subscription {
   next_offset: number;
   high_watermark: number;
   lag: number;
+  /** Its items by state; in the list and a get, absent in other answers. */
+  counts?: SubscriptionCounts;
+  /** An operator paused its delivery (pauseSubscription). */
+  paused: boolean;
+  paused_at: string | null;
+  paused_reason: string | null;
   [field: string]: unknown;
+}
+/** A subscription's items by state: its share of its inbox's. */
+export interface SubscriptionCounts {
+  inbox: string;
+  pending: number;
+  processing: number;
+  completed: number;
+  failed: number;
+}
+/** What a subscription's endpoint answered a test event. */
+export interface TestDelivery {
+  /** test_<ULID>: its webhook-id and Idempotency-Key. */
+  event_id: string;
+  type: string;
+  endpoint_url: string;
+  attempted_at: string;
+  /** The endpoint answered 2xx. */
+  ok: boolean;
+  /** 0 when no answer came. */
+  status_code: number;
+  latency_ms: number;
+  error: string | null;
+  response_excerpt: string | null;
+}
+/** What one subscription made of one event. */
+export interface Delivery {
+  subscription: string;
+  inbox: string;
+  /** The subscription that made the item was deleted. */
+  deleted: boolean;
+  paused: boolean;
+  /** item: it holds an item of the event; unread: it has yet to read it; none: it holds none (reason says why). */
+  status: 'item' | 'unread' | 'none';
+  reason?: string;
+  item: Item | null;
+  attempts: Attempt[];
+}
+/** An event stored in a stream (docs/openapi.json: Event). */
+export interface StreamEvent {
+  /** stream/offset */
+  id: string;
+  stream: string;
+  source: string;
+  offset: number;
+  event_id: string;
+  variant?: string;
+  type: string;
+  occurred_at: string;
+  source_sequence: number | null;
+  stored_at: string;
+  metadata: unknown;
+  payload: any;
+  delivery_handle: unknown;
+  webhook_id?: string;
+  /** In the answers about one event; a search leaves it out. */
+  deliveries?: Delivery[];
+}
+export interface EventPage {
+  events: StreamEvent[];
+  /** Pass as before for the next page; 0: there are no more. */
+  next_before: number;
+}
+export interface ItemSearchPage {
+  items: Item[];
+  next_before: number;
+}
+export interface SearchQuery {
+  /** The source's id of the event: an event_id, an idempotency key. */
+  id?: string;
+  type?: string;
+  /** Stored (items: materialised) at or after. */
+  since?: Date;
+  /** Stored (items: materialised) before. */
+  until?: Date;
+  /** The previous page's next_before. */
+  before?: number;
+  /** 1 to 1000 (default 100). */
+  limit?: number;
 }
 export interface CreateSubscription {
   name: string;
@@ -326,6 +410,12 @@ export class Api {
   request(method: string, path: string, body?: unknown, opts?: CallOptions & { extraMs?: number }): Promise<any>;
   streams(o?: CallOptions): Promise<Stream[]>;
   stream(stream: string, o?: CallOptions): Promise<Stream>;
+  /** The event at offset of a stream, with its deliveries and their attempt logs. */
+  event(stream: string, offset: number, o?: CallOptions): Promise<StreamEvent>;
+  /** The event of the source's id (an event_id, an idempotency key), with its deliveries. */
+  eventById(stream: string, id: string, o?: { variant?: string } & CallOptions): Promise<StreamEvent>;
+  /** A page of a stream's events, newest first, without deliveries. */
+  searchEvents(stream: string, q?: SearchQuery & CallOptions): Promise<EventPage>;
   consumers(o?: CallOptions): Promise<Consumer[]>;
   consumer(name: string, o?: CallOptions): Promise<Consumer>;
   resetConsumer(name: string, req: { to_offset?: number; to_time?: string; earliest?: boolean; latest?: boolean }, o?: CallOptions): Promise<any>;
@@ -339,6 +429,11 @@ export class Api {
   updateSubscription(name: string, req: UpdateSubscription, o?: CallOptions): Promise<Subscription>;
   deleteSubscription(name: string, o?: CallOptions): Promise<void>;
   enableSubscription(name: string, o?: CallOptions): Promise<Subscription>;
+  /** Pauses the delivery of a subscription until resumeSubscription; its inbox keeps filling. */
+  pauseSubscription(name: string, o?: { reason?: string } & CallOptions): Promise<Subscription>;
+  resumeSubscription(name: string, o?: CallOptions): Promise<Subscription>;
+  /** Sends a postbox.test event to the subscription's target: what it answered, whatever it answered. */
+  testSubscription(name: string, o?: CallOptions): Promise<TestDelivery>;
   replaySubscription(name: string, req: { since?: string; until?: string; states?: string[]; batch_size?: number }, o?: CallOptions): Promise<Replay>;
   replays(subscription?: string, o?: CallOptions): Promise<Replay[]>;
   replay(id: string, o?: CallOptions): Promise<Replay>;
@@ -346,6 +441,12 @@ export class Api {
   items(inbox: string, q?: { state?: string; after?: number; limit?: number } & CallOptions): Promise<ItemPage>;
   item(inbox: string, id: number, o?: CallOptions): Promise<Item>;
   attempts(inbox: string, id: number, o?: CallOptions): Promise<Attempt[]>;
+  /** Moves a pending item to failed at once: a dead letter, which can be replayed. */
+  cancelItem(inbox: string, id: number, o?: { reason?: string } & CallOptions): Promise<Item>;
+  /** Deletes an item that is not processing, with its attempt log; resolves it as it was. */
+  discardItem(inbox: string, id: number, o?: CallOptions): Promise<Item>;
+  /** A page of an inbox's items, newest first. */
+  searchItems(inbox: string, q?: SearchQuery & { state?: string } & CallOptions): Promise<ItemSearchPage>;
   /** Leases up to max ready items, each now processing with an attempt counted. */
   lease(inbox: string, o?: { max?: number; visibilityTimeoutMs?: number; waitMs?: number } & CallOptions): Promise<Lease>;
   /** Completes items lease holds ("" for an operator); one result per id. */
@@ -358,6 +459,8 @@ export class Api {
   deadLetter(id: number, o?: CallOptions): Promise<Item>;
   replayDeadLetter(id: number, o?: CallOptions): Promise<Item>;
   replayDeadLetters(sel: { inbox?: string; subscription?: string; from?: Date; to?: Date; all?: boolean }, o?: CallOptions): Promise<{ replayed: number; ids?: number[] }>;
+  /** Deletes, for good, the dead letters sel names (each field narrows it); one that names nothing must say all. */
+  discardDeadLetters(sel: { ids?: number[]; inbox?: string; subscription?: string; from?: Date; to?: Date; all?: boolean }, o?: CallOptions): Promise<{ discarded: number; ids: number[] }>;
   webhook(id: string, o?: CallOptions): Promise<Webhook>;
   webhookByKey(key: string, o?: { source?: string } & CallOptions): Promise<Webhook>;
 }

@@ -13,6 +13,9 @@ export const DEFAULT_API_TIMEOUT_MS = 30_000;
 export const ROUTES = Object.freeze({
   streams: { method: 'GET', path: '/v1/streams', response: 'StreamList' },
   stream: { method: 'GET', path: '/v1/streams/{stream}', response: 'Stream' },
+  event: { method: 'GET', path: '/v1/streams/{stream}/events/{offset}', response: 'Event' },
+  eventById: { method: 'GET', path: '/v1/streams/{stream}/events', query: ['id', 'variant'], response: 'Event' },
+  searchEvents: { method: 'GET', path: '/v1/streams/{stream}/search', query: ['id', 'type', 'since', 'until', 'before', 'limit'], response: 'EventPage' },
   consumers: { method: 'GET', path: '/v1/consumers', response: 'ConsumerList' },
   consumer: { method: 'GET', path: '/v1/consumers/{name}', response: 'Consumer' },
   resetConsumer: { method: 'POST', path: '/v1/consumers/{name}/reset', body: ['to_offset', 'to_time', 'earliest', 'latest'], response: 'ConsumerReset' },
@@ -33,6 +36,9 @@ export const ROUTES = Object.freeze({
   },
   deleteSubscription: { method: 'DELETE', path: '/v1/subscriptions/{name}' },
   enableSubscription: { method: 'POST', path: '/v1/subscriptions/{name}/enable', response: 'Subscription' },
+  pauseSubscription: { method: 'POST', path: '/v1/subscriptions/{name}/pause', body: ['reason'], response: 'Subscription' },
+  resumeSubscription: { method: 'POST', path: '/v1/subscriptions/{name}/resume', response: 'Subscription' },
+  testSubscription: { method: 'POST', path: '/v1/subscriptions/{name}/test', response: 'TestDelivery' },
   replaySubscription: { method: 'POST', path: '/v1/subscriptions/{name}/replay', body: ['since', 'until', 'states', 'batch_size'], response: 'Replay' },
   replays: { method: 'GET', path: '/v1/replays', query: ['subscription'] },
   replay: { method: 'GET', path: '/v1/replays/{id}', response: 'Replay' },
@@ -40,6 +46,11 @@ export const ROUTES = Object.freeze({
   items: { method: 'GET', path: '/v1/inboxes/{inbox}/items', query: ['state', 'after', 'limit'], response: 'ItemPage' },
   item: { method: 'GET', path: '/v1/inboxes/{inbox}/items/{id}', response: 'Item' },
   attempts: { method: 'GET', path: '/v1/inboxes/{inbox}/items/{id}/attempts', response: 'AttemptList' },
+  cancelItem: { method: 'POST', path: '/v1/inboxes/{inbox}/items/{id}/cancel', body: ['reason'], response: 'Item' },
+  discardItem: { method: 'POST', path: '/v1/inboxes/{inbox}/items/{id}/discard', response: 'Item' },
+  searchItems: {
+    method: 'GET', path: '/v1/inboxes/{inbox}/search', query: ['id', 'type', 'state', 'since', 'until', 'before', 'limit'], response: 'ItemSearchPage',
+  },
   lease: { method: 'POST', path: '/v1/inboxes/{inbox}/lease', body: ['max', 'visibility_timeout', 'wait'], response: 'Lease' },
   ack: { method: 'POST', path: '/v1/inboxes/{inbox}/ack', body: ['ids', 'lease'], response: 'SettleResults' },
   nack: { method: 'POST', path: '/v1/inboxes/{inbox}/nack', body: ['ids', 'lease', 'delay', 'reason', 'dead'], response: 'SettleResults' },
@@ -48,6 +59,7 @@ export const ROUTES = Object.freeze({
   deadLetter: { method: 'GET', path: '/v1/dead-letters/{id}', response: 'Item' },
   replayDeadLetter: { method: 'POST', path: '/v1/dead-letters/{id}/replay', response: 'Item' },
   replayDeadLetters: { method: 'POST', path: '/v1/dead-letters/replay', body: ['inbox', 'subscription', 'from', 'to', 'all'] },
+  discardDeadLetters: { method: 'POST', path: '/v1/dead-letters/discard', body: ['ids', 'inbox', 'subscription', 'from', 'to', 'all'] },
   webhook: { method: 'GET', path: '/webhooks/{source}', response: 'Webhook' },
   webhookByKey: { method: 'GET', path: '/webhooks', query: ['idempotency_key', 'source'], response: 'Webhook' },
 });
@@ -67,7 +79,8 @@ export const SCHEMA_FIELDS = Object.freeze({
   Inbox: ['inbox', 'pending', 'processing', 'completed', 'failed', 'oldest_pending_at'],
   InboxList: ['inboxes'],
   Subscription: ['name', 'source', 'stream', 'inbox', 'types', 'metadata', 'start', 'target', 'max_attempts', 'created_at', 'next_offset',
-    'high_watermark', 'lag'],
+    'high_watermark', 'lag', 'counts', 'paused', 'paused_at', 'paused_reason'],
+  SubscriptionCounts: ['inbox', 'pending', 'processing', 'completed', 'failed'],
   SubscriptionList: ['subscriptions'],
   Source: ['name', 'kind', 'stream', 'settings', 'created_at'],
   SourceList: ['sources'],
@@ -79,6 +92,12 @@ export const SCHEMA_FIELDS = Object.freeze({
   Replay: ['id', 'subscription', 'inbox', 'since', 'until', 'states', 'batch_size', 'state', 'matched', 'replayed', 'created_at', 'updated_at', 'finished_at'],
   Attempt: ['attempt', 'attempted_at', 'endpoint_url', 'status_code', 'latency_ms', 'error', 'response_excerpt'],
   AttemptList: ['attempts'],
+  TestDelivery: ['event_id', 'type', 'endpoint_url', 'attempted_at', 'ok', 'status_code', 'latency_ms', 'error', 'response_excerpt'],
+  Event: ['id', 'stream', 'source', 'offset', 'event_id', 'variant', 'type', 'occurred_at', 'source_sequence', 'stored_at', 'metadata',
+    'payload', 'delivery_handle', 'webhook_id', 'deliveries'],
+  Delivery: ['subscription', 'inbox', 'deleted', 'paused', 'status', 'reason', 'item', 'attempts'],
+  EventPage: ['events', 'next_before'],
+  ItemSearchPage: ['items', 'next_before'],
   Error: ['error'],
 });
 
@@ -251,6 +270,27 @@ export class Api {
   async streams(o) { return (await this.call('streams', {}, o)).streams; }
   /** @param {string} stream @param {{signal?: AbortSignal}} [o] */
   stream(stream, o) { return this.call('stream', { stream }, o); }
+  /**
+   * The event at offset of a stream with its deliveries: what every subscription made of it, with the attempt logs.
+   * @param {string} stream @param {number} offset @param {{signal?: AbortSignal}} [o]
+   */
+  event(stream, offset, o) { return this.call('event', { stream, offset }, o); }
+  /**
+   * The event of the source's id (an event_id, an idempotency key) with its deliveries; variant names the device in the device stream.
+   * @param {string} stream @param {string} id @param {{variant?: string, signal?: AbortSignal}} [o]
+   */
+  eventById(stream, id, o = {}) { return this.call('eventById', { stream }, { signal: o.signal, query: { id, variant: o.variant } }); }
+  /**
+   * A page of a stream's events, newest first, without deliveries; pass next_before as before for the next.
+   * @param {string} stream
+   * @param {{id?: string, type?: string, since?: Date, until?: Date, before?: number, limit?: number, signal?: AbortSignal}} [q]
+   */
+  searchEvents(stream, q = {}) {
+    return this.call('searchEvents', { stream }, {
+      signal: q.signal,
+      query: { id: q.id, type: q.type, since: q.since?.toISOString(), until: q.until?.toISOString(), before: q.before, limit: q.limit },
+    });
+  }
   /** @param {{signal?: AbortSignal}} [o] */
   async consumers(o) { return (await this.call('consumers', {}, o)).consumers; }
   /** @param {string} name @param {{signal?: AbortSignal}} [o] */
@@ -277,6 +317,22 @@ export class Api {
   async deleteSubscription(name, o) { await this.call('deleteSubscription', { name }, o); }
   /** @param {string} name @param {{signal?: AbortSignal}} [o] */
   enableSubscription(name, o) { return this.call('enableSubscription', { name }, o); }
+  /**
+   * Pauses the delivery of a subscription: none of its items is leased,
+   * by the server's workers or a runtime, until resumeSubscription; its
+   * inbox keeps filling.
+   * @param {string} name @param {{reason?: string, signal?: AbortSignal}} [o]
+   */
+  pauseSubscription(name, o = {}) {
+    return this.call('pauseSubscription', { name }, { signal: o.signal, body: o.reason ? { reason: o.reason } : undefined });
+  }
+  /** @param {string} name @param {{signal?: AbortSignal}} [o] */
+  resumeSubscription(name, o) { return this.call('resumeSubscription', { name }, o); }
+  /**
+   * Sends a postbox.test event to the subscription's target; resolves what it answered, whatever it answered.
+   * @param {string} name @param {{signal?: AbortSignal}} [o]
+   */
+  testSubscription(name, o) { return this.call('testSubscription', { name }, o); }
   /** @param {string} name @param {object} req @param {{signal?: AbortSignal}} [o] */
   replaySubscription(name, req, o) { return this.call('replaySubscription', { name }, { ...o, body: req }); }
   /** @param {string} [subscription] @param {{signal?: AbortSignal}} [o] */
@@ -291,6 +347,29 @@ export class Api {
   item(inbox, id, o) { return this.call('item', { inbox, id }, o); }
   /** @param {string} inbox @param {number} id @param {{signal?: AbortSignal}} [o] */
   async attempts(inbox, id, o) { return (await this.call('attempts', { inbox, id }, o)).attempts; }
+  /**
+   * Moves a pending item to failed at once (a dead letter, which can be replayed).
+   * @param {string} inbox @param {number} id @param {{reason?: string, signal?: AbortSignal}} [o]
+   */
+  cancelItem(inbox, id, o = {}) {
+    return this.call('cancelItem', { inbox, id }, { signal: o.signal, body: o.reason ? { reason: o.reason } : undefined });
+  }
+  /**
+   * Deletes an item that is not processing, with its attempt log, for good; resolves it as it was.
+   * @param {string} inbox @param {number} id @param {{signal?: AbortSignal}} [o]
+   */
+  discardItem(inbox, id, o) { return this.call('discardItem', { inbox, id }, o); }
+  /**
+   * A page of an inbox's items, newest first; pass next_before as before for the next.
+   * @param {string} inbox
+   * @param {{id?: string, type?: string, state?: string, since?: Date, until?: Date, before?: number, limit?: number, signal?: AbortSignal}} [q]
+   */
+  searchItems(inbox, q = {}) {
+    return this.call('searchItems', { inbox }, {
+      signal: q.signal,
+      query: { id: q.id, type: q.type, state: q.state, since: q.since?.toISOString(), until: q.until?.toISOString(), before: q.before, limit: q.limit },
+    });
+  }
 
   /**
    * Leases up to max ready items of inbox, each now processing with an attempt counted.
@@ -353,6 +432,16 @@ export class Api {
   replayDeadLetters(sel, o) {
     const body = { inbox: sel.inbox, subscription: sel.subscription, from: sel.from?.toISOString(), to: sel.to?.toISOString(), all: sel.all };
     return this.call('replayDeadLetters', {}, { ...o, body });
+  }
+  /**
+   * Deletes, for good, the dead letters sel names (each field narrows it); one that names nothing must say all.
+   * @param {{ids?: number[], inbox?: string, subscription?: string, from?: Date, to?: Date, all?: boolean}} sel
+   * @param {{signal?: AbortSignal}} [o]
+   */
+  discardDeadLetters(sel, o) {
+    const body = { ids: sel.ids?.length ? sel.ids : undefined, inbox: sel.inbox || undefined, subscription: sel.subscription || undefined,
+      from: sel.from?.toISOString(), to: sel.to?.toISOString(), all: sel.all || undefined };
+    return this.call('discardDeadLetters', {}, { ...o, body });
   }
   /** @param {string} id "wh_42" @param {{signal?: AbortSignal}} [o] */
   webhook(id, o) { return this.call('webhook', { source: id }, o); }

@@ -73,6 +73,15 @@ test('the client sends what the routes say', async () => {
   assert.equal(sent[0].init.headers.authorization, 'Bearer tok');
   assert.deepEqual(JSON.parse(sent[1].init.body), { ids: [1], lease: 'l', delay: '250000us', reason: 'r' });
   assert.equal(sent[2].url, 'http://127.0.0.1:1/prefix/v1/inboxes/a/items?state=pending&limit=3');
+  await api.pauseSubscription('s');
+  await api.eventById('devices', 'evt 1', { variant: 'pi-7' });
+  await api.searchItems('a', { id: 'k', since: new Date('2026-01-02T03:04:05Z'), before: 9 });
+  await api.discardDeadLetters({ ids: [4], all: false });
+  assert.equal(sent[3].url, 'http://127.0.0.1:1/prefix/v1/subscriptions/s/pause');
+  assert.equal(sent[3].init.body, undefined);
+  assert.equal(sent[4].url, 'http://127.0.0.1:1/prefix/v1/streams/devices/events?id=evt+1&variant=pi-7');
+  assert.equal(sent[5].url, 'http://127.0.0.1:1/prefix/v1/inboxes/a/search?id=k&since=2026-01-02T03%3A04%3A05.000Z&before=9');
+  assert.deepEqual(JSON.parse(sent[6].init.body), { ids: [4] });
   assert.throws(() => new Api('ftp://x'), /want http/);
   assert.throws(() => new Api('http://u:p@x:1'), /credentials/);
 });

@@ -1,7 +1,8 @@
 // Compiled by tsc (npm test) against the package's own types, as a user's
 // code would import them: a type error here fails the tests.
 import pg from 'pg';
-import { Api, dedup, insert, permanent, retryAfter, runInbox, verifyWebhook, type Item, type PreparedEvent } from '@postbox-events/postbox';
+import { Api, dedup, insert, permanent, retryAfter, runInbox, verifyWebhook, type Item, type PreparedEvent,
+  type StreamEvent, type EventPage, type Subscription, type TestDelivery, type ItemSearchPage, type Delivery } from '@postbox-events/postbox';
 
 export async function placeOrder(pool: pg.Pool, total: number): Promise<string> {
   const client = await pool.connect();
@@ -32,4 +33,15 @@ export async function consume(pool: pg.Pool, signal: AbortSignal): Promise<void>
 
 export function check(headers: Headers, body: Buffer): string {
   return verifyWebhook(['whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw'], headers, body).id;
+}
+
+export async function lastDeliveries(api: Api, stream: string, key: string): Promise<string[]> {
+  const ev: StreamEvent = await api.eventById(stream, key);
+  const page: EventPage = await api.searchEvents(stream, { type: ev.type, since: new Date(ev.stored_at), limit: 10 });
+  const sub: Subscription = await api.pauseSubscription('orders', { reason: 'deploy' });
+  const sent: TestDelivery = await api.testSubscription(sub.name);
+  const items: ItemSearchPage = await api.searchItems(sub.inbox, { state: 'pending', before: page.next_before });
+  await api.cancelItem(sub.inbox, items.items[0].id, { reason: 'wrong' });
+  const { discarded }: { discarded: number } = await api.discardDeadLetters({ subscription: sub.name, all: sent.ok });
+  return (ev.deliveries ?? []).map((d: Delivery) => `${d.subscription}: ${d.status} ${d.item?.state ?? ''} ${discarded}`);
 }

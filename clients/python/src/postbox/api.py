@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
+from datetime import datetime
 from typing import Any, Optional, TypedDict
 
 from ._http import CallError, Client
@@ -22,7 +23,8 @@ from .errors import PostboxError
 __all__ = [
     "API", "APIError", "CallError", "Item", "Lease", "ItemResult", "SettleResults", "Extension",
     "InboxCounts", "ItemPage", "Subscription", "Stream", "Consumer", "Source", "Webhook", "Replay",
-    "Attempt", "go_duration", "DEFAULT_TIMEOUT",
+    "Attempt", "SubscriptionCounts", "TestDelivery", "Delivery", "Event", "EventPage", "ItemSearchPage", "Discarded",
+    "go_duration", "DEFAULT_TIMEOUT",
 ]
 
 #: Bounds one call (a lease adds its wait), in seconds.
@@ -101,6 +103,16 @@ class ItemPage(TypedDict):
     next_after: int
 
 
+class SubscriptionCounts(TypedDict):
+    """A subscription's items by state: its share of its inbox's."""
+
+    inbox: str
+    pending: int
+    processing: int
+    completed: int
+    failed: int
+
+
 class Subscription(TypedDict, total=False):
     name: str
     source: str
@@ -118,6 +130,12 @@ class Subscription(TypedDict, total=False):
     next_offset: int
     high_watermark: int
     lag: int
+    #: In the list and a get; absent in other answers.
+    counts: SubscriptionCounts
+    #: An operator paused its delivery (``pause_subscription``).
+    paused: bool
+    paused_at: Optional[str]
+    paused_reason: Optional[str]
 
 
 class Stream(TypedDict, total=False):
@@ -184,12 +202,79 @@ class Attempt(TypedDict, total=False):
     response_excerpt: Optional[str]
 
 
+class TestDelivery(TypedDict):
+    """What a subscription's endpoint answered a test event: ``ok`` for a
+    2xx; ``status_code`` is 0 when no answer came."""
+
+    event_id: str
+    type: str
+    endpoint_url: str
+    attempted_at: str
+    ok: bool
+    status_code: int
+    latency_ms: float
+    error: Optional[str]
+    response_excerpt: Optional[str]
+
+
+class Delivery(TypedDict, total=False):
+    """What one subscription made of one event: ``status`` is ``item``
+    (``item`` and ``attempts`` say how it went), ``unread`` or ``none``
+    (``reason`` says why)."""
+
+    subscription: str
+    inbox: str
+    deleted: bool
+    paused: bool
+    status: str
+    reason: str
+    item: Optional[Item]
+    attempts: list[Attempt]
+
+
+class Event(TypedDict, total=False):
+    id: str
+    stream: str
+    source: str
+    offset: int
+    event_id: str
+    variant: str
+    type: str
+    occurred_at: str
+    source_sequence: Optional[int]
+    stored_at: str
+    metadata: Any
+    payload: Any
+    delivery_handle: Any
+    webhook_id: str
+    #: In the answers about one event; a search leaves it out.
+    deliveries: list[Delivery]
+
+
+class EventPage(TypedDict):
+    events: list[Event]
+    #: Pass as ``before`` for the next page; 0: there are no more.
+    next_before: int
+
+
+class ItemSearchPage(TypedDict):
+    items: list[Item]
+    next_before: int
+
+
+class Discarded(TypedDict):
+    discarded: int
+    ids: list[int]
+
+
 #: Each answer type and its schema in docs/openapi.json (tests check that
 #: every field named here is there).
 SCHEMAS: dict[str, type] = {
     "Item": Item, "Lease": Lease, "SettleResults": SettleResults, "Extension": Extension,
     "Inbox": InboxCounts, "ItemPage": ItemPage, "Subscription": Subscription, "Stream": Stream,
     "Consumer": Consumer, "Source": Source, "Webhook": Webhook, "Replay": Replay, "Attempt": Attempt,
+    "SubscriptionCounts": SubscriptionCounts, "TestDelivery": TestDelivery, "Delivery": Delivery, "Event": Event,
+    "EventPage": EventPage, "ItemSearchPage": ItemSearchPage,
 }
 
 #: Every call this client makes: method, path as openapi.json names it,
@@ -199,6 +284,9 @@ ROUTES: list[tuple[str, str, tuple[str, ...]]] = [
     ("GET", "/v1/inboxes/{inbox}/items", ()),
     ("GET", "/v1/inboxes/{inbox}/items/{id}", ()),
     ("GET", "/v1/inboxes/{inbox}/items/{id}/attempts", ()),
+    ("POST", "/v1/inboxes/{inbox}/items/{id}/cancel", ("reason",)),
+    ("POST", "/v1/inboxes/{inbox}/items/{id}/discard", ()),
+    ("GET", "/v1/inboxes/{inbox}/search", ()),
     ("POST", "/v1/inboxes/{inbox}/lease", ("max", "visibility_timeout", "wait")),
     ("POST", "/v1/inboxes/{inbox}/ack", ("ids", "lease")),
     ("POST", "/v1/inboxes/{inbox}/nack", ("ids", "lease", "delay", "reason", "dead")),
@@ -206,15 +294,22 @@ ROUTES: list[tuple[str, str, tuple[str, ...]]] = [
     ("GET", "/v1/dead-letters", ()),
     ("GET", "/v1/dead-letters/{id}", ()),
     ("POST", "/v1/dead-letters/{id}/replay", ()),
+    ("POST", "/v1/dead-letters/discard", ("ids", "inbox", "subscription", "from", "to", "all")),
     ("GET", "/v1/subscriptions", ()),
     ("GET", "/v1/subscriptions/{name}", ()),
     ("POST", "/v1/subscriptions", ("name", "source", "types", "metadata", "inbox", "start", "start_offset",
                                    "start_time", "target", "secret", "headers", "timeout", "max_attempts")),
     ("DELETE", "/v1/subscriptions/{name}", ()),
+    ("POST", "/v1/subscriptions/{name}/pause", ("reason",)),
+    ("POST", "/v1/subscriptions/{name}/resume", ()),
+    ("POST", "/v1/subscriptions/{name}/test", ()),
     ("GET", "/v1/sources", ()),
     ("GET", "/v1/sources/{name}", ()),
     ("GET", "/v1/streams", ()),
     ("GET", "/v1/streams/{stream}", ()),
+    ("GET", "/v1/streams/{stream}/events/{offset}", ()),
+    ("GET", "/v1/streams/{stream}/events", ()),
+    ("GET", "/v1/streams/{stream}/search", ()),
     ("GET", "/v1/consumers", ()),
     ("GET", "/v1/replays", ()),
     ("GET", "/v1/replays/{id}", ()),
@@ -264,6 +359,19 @@ def go_duration(seconds: float) -> str:
 
 def _name(s: str) -> str:
     return urllib.parse.quote(s, safe="")
+
+
+def _time(t: str | datetime | None) -> str:
+    """An RFC 3339 time: a datetime (naive: UTC) or a string as it is."""
+    if t is None or isinstance(t, str):
+        return t or ""
+    return t.isoformat() if t.tzinfo else t.isoformat() + "Z"
+
+
+def _query(q: dict[str, Any]) -> str:
+    """?k=v&... of q's non-empty values, "" when all are empty."""
+    q = {k: v for k, v in q.items() if v}
+    return "?" + urllib.parse.urlencode(q) if q else ""
 
 
 class API:
@@ -384,6 +492,29 @@ class API:
     async def attempts(self, inbox: str, id: int) -> list[Attempt]:
         return (await self.request("GET", f"/v1/inboxes/{_name(inbox)}/items/{int(id)}/attempts"))["attempts"]
 
+    async def cancel_item(self, inbox: str, id: int, reason: str = "") -> Item:
+        """Move a pending item to failed at once: a dead letter whose
+        last_error says it was cancelled (and reason). A processing item is
+        ``APIError`` 409 ``invalid_state``."""
+        return await self.request("POST", f"/v1/inboxes/{_name(inbox)}/items/{int(id)}/cancel",
+                                  {"reason": reason} if reason else None)
+
+    async def discard_item(self, inbox: str, id: int) -> Item:
+        """Delete an item that is not processing, with its attempt log, for
+        good; returns it as it was."""
+        return await self.request("POST", f"/v1/inboxes/{_name(inbox)}/items/{int(id)}/discard")
+
+    async def search_items(self, inbox: str, *, id: str = "", type: str = "", state: str = "",
+                           since: str | datetime | None = None, until: str | datetime | None = None,
+                           before: int = 0, limit: int = 0) -> ItemSearchPage:
+        """A page of an inbox's items, newest first, by the event's id (or
+        idempotency key), its type, the item's state and when it was
+        materialised (since inclusive, until exclusive); pass the page's
+        next_before as before for the next."""
+        q = {"id": id, "type": type, "state": state, "since": _time(since), "until": _time(until),
+             "before": before, "limit": limit}
+        return await self.request("GET", f"/v1/inboxes/{_name(inbox)}/search" + _query(q))
+
     async def dead_letters(self, *, inbox: str = "", subscription: str = "", after: int = 0, limit: int = 0) -> ItemPage:
         q = {k: v for k, v in (("inbox", inbox), ("subscription", subscription), ("after", after), ("limit", limit)) if v}
         return await self.request("GET", "/v1/dead-letters" + ("?" + urllib.parse.urlencode(q) if q else ""))
@@ -394,6 +525,22 @@ class API:
     async def replay_dead_letter(self, id: int) -> Item:
         """Make a dead letter pending again."""
         return await self.request("POST", f"/v1/dead-letters/{int(id)}/replay")
+
+    async def discard_dead_letters(self, *, ids: list[int] | None = None, inbox: str = "", subscription: str = "",
+                                   from_: str | datetime | None = None, to: str | datetime | None = None,
+                                   all: bool = False) -> Discarded:
+        """Delete, for good, the dead letters the selection names (every
+        argument given narrows it); one that names nothing must say
+        all=True (else ``APIError`` 400 ``missing_field``)."""
+        body: dict[str, Any] = {}
+        if ids:
+            body["ids"] = [int(i) for i in ids]
+        for k, v in (("inbox", inbox), ("subscription", subscription), ("from", _time(from_)), ("to", _time(to))):
+            if v:
+                body[k] = v
+        if all:
+            body["all"] = True
+        return await self.request("POST", "/v1/dead-letters/discard", body)
 
     async def subscriptions(self) -> list[Subscription]:
         return (await self.request("GET", "/v1/subscriptions"))["subscriptions"]
@@ -411,6 +558,24 @@ class API:
     async def delete_subscription(self, name: str) -> None:
         await self.request("DELETE", f"/v1/subscriptions/{_name(name)}")
 
+    async def pause_subscription(self, name: str, reason: str = "") -> Subscription:
+        """Pause the delivery of a subscription: none of its items is
+        leased, by the server's workers or a runtime, until
+        ``resume_subscription``; its inbox keeps filling."""
+        return await self.request("POST", f"/v1/subscriptions/{_name(name)}/pause",
+                                  {"reason": reason} if reason else None)
+
+    async def resume_subscription(self, name: str) -> Subscription:
+        """Resume the delivery of a paused subscription (of one that
+        delivers: nothing changes)."""
+        return await self.request("POST", f"/v1/subscriptions/{_name(name)}/resume")
+
+    async def test_subscription(self, name: str) -> TestDelivery:
+        """Send a ``postbox.test`` event to the subscription's target and
+        return what it answered, whatever it answered (``ok``: a 2xx). A
+        subscription without a target is ``APIError`` 400."""
+        return await self.request("POST", f"/v1/subscriptions/{_name(name)}/test")
+
     async def sources(self) -> list[Source]:
         return (await self.request("GET", "/v1/sources"))["sources"]
 
@@ -422,6 +587,28 @@ class API:
 
     async def stream(self, stream: str) -> Stream:
         return await self.request("GET", f"/v1/streams/{_name(stream)}")
+
+    async def event(self, stream: str, offset: int) -> Event:
+        """The event at offset of a stream, with its deliveries: what every
+        subscription made of it (deleted ones' items too), with the
+        attempt logs."""
+        return await self.request("GET", f"/v1/streams/{_name(stream)}/events/{int(offset)}")
+
+    async def event_by_id(self, stream: str, id: str, variant: str = "") -> Event:
+        """``event`` by the source's id of the event (an envelope's
+        event_id, a webhook's idempotency key); variant names the device in
+        the device stream, where one id may come from several (without it,
+        several are ``APIError`` 409)."""
+        return await self.request("GET", f"/v1/streams/{_name(stream)}/events" + _query({"id": id, "variant": variant}))
+
+    async def search_events(self, stream: str, *, id: str = "", type: str = "",
+                            since: str | datetime | None = None, until: str | datetime | None = None,
+                            before: int = 0, limit: int = 0) -> EventPage:
+        """A page of a stream's events, newest first, without deliveries:
+        by id (or key), type and stored time; pass the page's next_before
+        as before for the next."""
+        q = {"id": id, "type": type, "since": _time(since), "until": _time(until), "before": before, "limit": limit}
+        return await self.request("GET", f"/v1/streams/{_name(stream)}/search" + _query(q))
 
     async def consumers(self) -> list[Consumer]:
         return (await self.request("GET", "/v1/consumers"))["consumers"]
