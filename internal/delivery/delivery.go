@@ -234,6 +234,10 @@ type Delivery struct {
 	log       *slog.Logger
 	now       func() time.Time
 	inboxes   notifier
+	// empty holds the inboxes whose last lease took nothing (key: inbox
+	// name): only their next lease looks first whether they are paused
+	// (allPaused), so a lease of a busy inbox makes no extra trip.
+	empty sync.Map
 	inline    inlineState
 	countRows atomic.Int64 // rows written to item_counts since this process last folded them
 

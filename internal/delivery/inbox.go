@@ -263,13 +263,16 @@ func (d *Delivery) lease(ctx context.Context, inbox string, max int, visibility 
 	token := newToken()
 	l := Lease{Token: token, ExpiresAt: now.Add(visibility).Truncate(time.Microsecond)}
 	nowText, expires := now.Format(sqlitedb.Time), l.ExpiresAt.Format(sqlitedb.Time)
-	held, err := d.allPaused(ctx, inbox)
-	switch {
-	case err != nil:
-		return Lease{}, fmt.Errorf("lease from %s: %w", inbox, err)
-	case held:
-		return l, nil
+	if _, idle := d.empty.Load(inbox); idle {
+		held, err := d.allPaused(ctx, inbox)
+		switch {
+		case err != nil:
+			return Lease{}, fmt.Errorf("lease from %s: %w", inbox, err)
+		case held:
+			return l, nil
+		}
 	}
+	var err error
 	if d.pg {
 		err = d.update(ctx, func(tx conn) error {
 			rows, err := tx.QueryContext(ctx, leasePostgres, token, expires, nowText, inbox, max, maxAttempts)
@@ -289,6 +292,11 @@ func (d *Delivery) lease(ctx context.Context, inbox string, max int, visibility 
 	}
 	if err != nil {
 		return Lease{}, fmt.Errorf("lease from %s: %w", inbox, err)
+	}
+	if len(l.Items) == 0 {
+		d.empty.Store(inbox, true)
+	} else {
+		d.empty.Delete(inbox)
 	}
 	slices.SortFunc(l.Items, func(a, b Item) int { return int(a.ID - b.ID) })
 	d.cfg.Metrics.leased(inbox, len(l.Items))

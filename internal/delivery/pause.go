@@ -33,7 +33,8 @@ const notPaused = ` AND subscription_uid NOT IN (SELECT subscription_uid FROM su
 
 // allPausedSQL says whether inbox ?1 has a paused subscription and no
 // other: a lease of it takes nothing, and need not read its items (a
-// paused backlog of a million items would be read by every lease).
+// paused backlog of a million items would be read by every lease). A
+// lease asks it only after a lease of the inbox took nothing.
 // Items of deleted subscriptions of such an inbox wait too.
 const allPausedSQL = `SELECT EXISTS (SELECT 1 FROM subscriptions WHERE inbox_id = ?1 AND paused_at IS NOT NULL)
 	AND NOT EXISTS (SELECT 1 FROM subscriptions WHERE inbox_id = ?1 AND paused_at IS NULL)`
