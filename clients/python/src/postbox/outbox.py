@@ -193,6 +193,12 @@ def _sqlite_params(rows: list[_Row]) -> list[tuple[Any, ...]]:
     return [(r[0], r[1], r[2], ts, ts, occurred, r[3], r[4], r[5], r[6]) for r in rows]
 
 
+def _sqlite_named(rows: list[_Row]) -> list[dict[str, Any]]:
+    """_sqlite_params as the named parameters of _SQLITE_INSERT_NAMED."""
+    names = ("c0", "c1", "c2", "ts", None, "occurred", "c3", "c4", "c5", "c6")
+    return [{n: v for n, v in zip(names, p) if n} for p in _sqlite_params(rows)]
+
+
 def _missing(rows: list[_Row], inserted: Iterable[str]) -> None:
     got = set(inserted)
     dups = [r[0] for r in rows if r[0] not in got]
@@ -269,9 +275,7 @@ def insert(conn: Any, events: Event | Iterable[Event]) -> list[str]:
                 _missing(rows, (r[0] for r in res.fetchall()))
             else:
                 dups = []
-                for r, p in zip(rows, _sqlite_params(rows)):
-                    args = dict(zip(("c0", "c1", "c2", "ts", "_", "occurred", "c3", "c4", "c5", "c6"), p))
-                    del args["_"]
+                for r, args in zip(rows, _sqlite_named(rows)):
                     if conn.execute(text(_SQLITE_INSERT_NAMED), args).rowcount == 0:
                         dups.append(r[0])
                 if dups:
@@ -332,9 +336,7 @@ async def insert_async(conn: Any, events: Event | Iterable[Event]) -> list[str]:
                 _missing(rows, (r[0] for r in res.fetchall()))
             else:
                 dups = []
-                for r, p in zip(rows, _sqlite_params(rows)):
-                    args = dict(zip(("c0", "c1", "c2", "ts", "_", "occurred", "c3", "c4", "c5", "c6"), p))
-                    del args["_"]
+                for r, args in zip(rows, _sqlite_named(rows)):
                     res = await conn.execute(text(_SQLITE_INSERT_NAMED), args)
                     if res.rowcount == 0:
                         dups.append(r[0])
