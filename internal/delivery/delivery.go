@@ -234,16 +234,17 @@ type Delivery struct {
 	log       *slog.Logger
 	now       func() time.Time
 	inboxes   notifier
-	// empty holds the inboxes whose last lease took nothing (key: inbox
-	// name): only their next lease looks first whether they are paused
-	// (allPaused), so a lease of a busy inbox makes no extra trip.
-	empty sync.Map
 	inline    inlineState
 	countRows atomic.Int64 // rows written to item_counts since this process last folded them
 
 	jobs        chan job        // leased items for the workers
 	completions chan completion // items the workers completed, to ack
 	slots       *slots
+
+	// empty holds the inboxes whose last lease took nothing (key: inbox
+	// name): only their next lease looks first whether they are paused
+	// (allPaused), so a lease of a busy inbox makes no extra trip.
+	empty sync.Map
 
 	admin sync.Mutex // serialises Delete, Reset and the claim rounds of a shared store
 
