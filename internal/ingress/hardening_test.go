@@ -50,6 +50,21 @@ func (s *store) waiters() int {
 	return s.waiting
 }
 
+// QueueLen and QueueCap tell the ingress the queue is full while s is
+// held, as streamsqlite's do.
+func (s *store) QueueLen() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-s.full:
+		return 0
+	default:
+		return 1
+	}
+}
+
+func (s *store) QueueCap() int { return 1 }
+
 func (s *store) AppendAsync(ctx context.Context, _ string, events []stream.Event, done func([]stream.AppendResult, error)) error {
 	s.mu.Lock()
 	full := s.full

@@ -29,6 +29,25 @@ type Appender interface {
 	AppendAsync(ctx context.Context, streamID string, events []stream.Event, done func([]stream.AppendResult, error)) error
 }
 
+// queue is an Appender that tells how full its queue is (streamsqlite.Backend,
+// appendq.Queue): a connection that waits for room in it is counted
+// (postbox_ingress_saturated).
+type queue interface {
+	QueueLen() int
+	QueueCap() int
+}
+
+// full reports whether store's queue has no room for n events, as its
+// writer judges room: an empty queue takes any number.
+func full(store Appender, n int) bool {
+	q, ok := store.(queue)
+	if !ok {
+		return false
+	}
+	l := q.QueueLen()
+	return l > 0 && l+n > q.QueueCap()
+}
+
 // Tokens maps the sha256 of a bearer token to the device id it may send for.
 type Tokens map[[32]byte]string
 

@@ -10,6 +10,8 @@ type Metrics struct {
 	refused     prometheus.Counter
 	replaced    prometheus.Counter
 	buffered    prometheus.Gauge
+	saturated   prometheus.Gauge
+	waited      prometheus.Counter
 }
 
 // NewMetrics creates the ingress collectors and registers them with reg
@@ -40,9 +42,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "postbox_ingress_buffered_bytes",
 			Help: "Bytes of frames being read and of envelopes read but not yet committed (bounded by the buffer limit).",
 		}),
+		saturated: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "postbox_ingress_saturated",
+			Help: "Ingress connections (WebSockets and gRPC streams) waiting now for room in the writer's queue, which is full.",
+		}),
+		waited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "postbox_ingress_saturated_seconds_total",
+			Help: "Seconds ingress connections waited for room in the writer's full queue, summed over the connections.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.connections, m.frames, m.refused, m.replaced, m.buffered)
+		reg.MustRegister(m.events, m.connections, m.frames, m.refused, m.replaced, m.buffered, m.saturated, m.waited)
 	}
 	return m
 }

@@ -462,9 +462,18 @@ func testBackpressure(t *testing.T, tr transport) {
 		}
 		time.Sleep(20 * time.Millisecond) // a window in which a read would show: nothing is awaited
 	}
+	if n := metric(t, reg, "postbox_ingress_saturated"); n != 1 {
+		t.Errorf("postbox_ingress_saturated is %v while the connection waits for room in the queue, want 1", n)
+	}
 	st.letGo()
 	rs := byID(t, replies(t, c, frames*perFrame))
 	<-sent
+	if n := metric(t, reg, "postbox_ingress_saturated"); n != 0 {
+		t.Errorf("postbox_ingress_saturated is %v once the queue has room, want 0", n)
+	}
+	if s := metric(t, reg, "postbox_ingress_saturated_seconds_total"); s < 0.05 {
+		t.Errorf("postbox_ingress_saturated_seconds_total is %v after waiting over 60 ms for room", s)
+	}
 	for id, r := range rs {
 		if !r.OK() {
 			t.Errorf("%s: %+v", id, r)

@@ -622,12 +622,21 @@ func (s *session) enqueueLoop(ctx context.Context) error {
 			continue
 		}
 		ids, spans, bytes := c.ids, c.spans, c.bytes
+		var waitFrom time.Time
+		if full(s.in.store, len(c.events)) { // AppendAsync waits for room
+			waitFrom = time.Now()
+			s.in.m.saturated.Inc()
+		}
 		err := s.in.store.AppendAsync(ctx, s.streamID(), c.events, func(res []stream.AppendResult, err error) {
 			// The events are let go of once committed: until then the
 			// store's queue holds them, within the ingress's budget.
 			s.in.budget.give(bytes)
 			s.committed(commit{ids, spans, res, err})
 		})
+		if !waitFrom.IsZero() {
+			s.in.m.saturated.Dec()
+			s.in.m.waited.Add(time.Since(waitFrom).Seconds())
+		}
 		s.mu.Lock()
 		s.held -= c.bytes
 		s.signalRoom()
