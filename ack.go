@@ -2,6 +2,7 @@ package postbox
 
 import (
 	"errors"
+	"strconv"
 	"time"
 )
 
@@ -46,6 +47,39 @@ func Nack(eventID string, err error) Reply {
 	}
 	r.Retryable = r.Code.Retryable()
 	return r
+}
+
+// MarshalJSON writes r as AppendJSON does.
+func (r Reply) MarshalJSON() ([]byte, error) { return r.AppendJSON(nil), nil }
+
+// AppendJSON appends r as the protocol's JSON reply: the fields its tags
+// name, those empty left out, except that a NACK always carries
+// "retryable" (false too), so a reader needs no default to tell.
+func (r Reply) AppendJSON(dst []byte) []byte {
+	dst = append(dst, `{"event_id":`...)
+	dst = appendString(dst, r.EventID)
+	dst = append(dst, `,"status":`...)
+	dst = appendString(dst, r.Status)
+	dst = appendOptional(dst, `,"ack_ts":`, r.AckTS)
+	if r.Duplicate {
+		dst = append(dst, `,"duplicate":true`...)
+	}
+	dst = appendOptional(dst, `,"code":`, string(r.Code))
+	dst = appendOptional(dst, `,"field":`, r.Field)
+	dst = appendOptional(dst, `,"message":`, r.Message)
+	if r.Retryable || r.Status == StatusNack {
+		dst = append(dst, `,"retryable":`...)
+		dst = strconv.AppendBool(dst, r.Retryable)
+	}
+	return append(dst, '}')
+}
+
+// appendOptional appends key and v, unless v is empty.
+func appendOptional(dst []byte, key, v string) []byte {
+	if v == "" {
+		return dst
+	}
+	return appendString(append(dst, key...), v)
 }
 
 // OK reports whether r is an ACK.

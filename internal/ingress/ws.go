@@ -192,14 +192,17 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func wsSend(c *websocket.Conn) func(context.Context, []postbox.Reply) error {
 	return func(ctx context.Context, replies []postbox.Reply) error {
 		var data []byte
-		var err error
 		if len(replies) == 1 {
-			data, err = json.Marshal(replies[0])
+			data = replies[0].AppendJSON(nil)
 		} else {
-			data, err = json.Marshal(replies)
-		}
-		if err != nil {
-			return err
+			data = append(data, '[')
+			for i, r := range replies {
+				if i > 0 {
+					data = append(data, ',')
+				}
+				data = r.AppendJSON(data)
+			}
+			data = append(data, ']')
 		}
 		return c.Write(ctx, websocket.MessageText, data)
 	}
