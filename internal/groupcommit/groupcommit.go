@@ -63,6 +63,16 @@ type Config struct {
 	// ObserveSync, when set, is called after each Sync with the flushes
 	// it covered, how long it took and its error.
 	ObserveSync func(flushes int, took time.Duration, err error)
+	// Transient, when set, reports whether a failed flush may succeed
+	// when run again (an I/O hiccup of SQLite's disk): the
+	// batch is then flushed again after a backoff of 100 ms doubling, with
+	// full jitter, five attempts in all (about 1.5 s at most) before its
+	// callers get the error. Observe sees the last attempt only.
+	Transient func(error) bool
+	// ObserveRetry, when set, is called before each retry of a flush of
+	// items: the attempt to come (2, 3, …), the wait before it, and the
+	// error of the one before.
+	ObserveRetry func(items, attempt int, wait time.Duration, err error)
 }
 
 // Sizer is implemented by items that know how much memory they hold.
@@ -85,7 +95,8 @@ type Writer[T any] struct {
 	ready  chan struct{} // wakes Run
 	closed bool
 
-	sync *syncer // nil without Config.Sync
+	sync  *syncer             // nil without Config.Sync
+	sleep func(time.Duration) // time.Sleep; a test's own in tests
 }
 
 type entry[T any] struct {
@@ -118,6 +129,7 @@ func New[T any](flush FlushFunc[T], cfg Config) *Writer[T] {
 		cfg:   cfg,
 		space: make(chan struct{}),
 		ready: make(chan struct{}, 1),
+		sleep: time.Sleep,
 	}
 	if cfg.Sync != nil {
 		w.sync = &syncer{sync: cfg.Sync, observe: cfg.ObserveSync, wake: make(chan struct{}, 1), taken: make(chan struct{})}
@@ -367,7 +379,7 @@ func (w *Writer[T]) writeBatch(ctx context.Context, batch []entry[T], items []T)
 		return true
 	}
 	start := time.Now()
-	err := w.flush(ctx, items)
+	err := w.flushRetrying(ctx, items)
 	if w.cfg.Observe != nil {
 		w.cfg.Observe(len(items), time.Since(start), err)
 	}

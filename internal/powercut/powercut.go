@@ -47,6 +47,15 @@ type FS struct {
 	mu     sync.Mutex
 	server *fuse.Server
 	files  map[uint64]*file // by inode, the files written since their last sync
+	fail   int              // writes still to fail with EIO (FailWrites)
+}
+
+// FailWrites makes the next n writes to any file fail with EIO, as a disk
+// having a hiccup would, without writing anything.
+func (f *FS) FailWrites(n int) {
+	f.mu.Lock()
+	f.fail = n
+	f.mu.Unlock()
 }
 
 // file is what a file did since its last sync.
@@ -320,6 +329,10 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	f := h.n.fs
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.fail > 0 {
+		f.fail--
+		return 0, syscall.EIO
+	}
 	fl, err := f.track(h.n)
 	if err != nil {
 		return 0, fs.ToErrno(err)

@@ -19,7 +19,7 @@ type registries struct {
 	stats *prometheus.Registry // the counters GET /v1/stats samples, also in reg
 
 	batch, commit, syncs prometheus.Histogram
-	failures             prometheus.Counter
+	failures, retries    prometheus.Counter
 	health               *storeHealth
 	log                  *slog.Logger
 }
@@ -43,6 +43,10 @@ func newRegistries(health *storeHealth, log *slog.Logger) *registries {
 	m.failures = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "postbox_writer_failures_total",
 		Help: "Group commits that failed; their events were NACKed as retryable.",
+	})
+	m.retries = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "postbox_writer_retries_total",
+		Help: "Group commits tried again after failing for a transient reason (an I/O error); one that fails five times is counted in postbox_writer_failures_total.",
 	})
 	m.syncs = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "postbox_writer_sync_seconds",
@@ -87,6 +91,14 @@ func (m *registries) writer(cfg Config) Writer {
 	}
 	if o, ok := writer.(observer); ok {
 		o.Observe(m.observeCommit)
+	}
+	if o, ok := writer.(retryObserver); ok {
+		m.reg.MustRegister(m.retries)
+		o.ObserveRetry(func(events, attempt int, wait time.Duration, err error) {
+			m.retries.Inc()
+			m.log.Warn("writer: group commit failed for a transient reason; trying it again",
+				"events", events, "attempt", attempt, "after", wait, "err", err)
+		})
 	}
 	if o, ok := writer.(syncObserver); ok {
 		m.reg.MustRegister(m.syncs)

@@ -213,6 +213,12 @@ type syncObserver interface {
 	ObserveSync(fn func(commits int, took time.Duration, err error))
 }
 
+// retryObserver is a Writer that tries a group commit again when it
+// failed for a transient reason, and tells before each try.
+type retryObserver interface {
+	ObserveRetry(fn func(events, attempt int, wait time.Duration, err error))
+}
+
 // Server is a running control plane.
 type Server struct {
 	cfg      Config

@@ -272,7 +272,7 @@ func Open(path string, cfg Config) (*Store, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	gc := groupcommit.Config{QueueSize: cfg.QueueSize, MaxBatch: maxBatch}
+	gc := groupcommit.Config{QueueSize: cfg.QueueSize, MaxBatch: maxBatch, Transient: sqlitedb.Transient}
 	if wal != nil {
 		gc.Sync = wal.Sync
 	}

@@ -98,6 +98,9 @@ type Backend struct {
 	observeSync func(commits int, took time.Duration, err error) // Config.ObserveSync, or what ObserveSync set
 	wal         *sqlitedb.WALSyncer                              // with FULL: syncs what the writer committed
 
+	// what ObserveRetry set
+	observeRetry func(events, attempt int, wait time.Duration, err error)
+
 	// used by the writer goroutine only
 	inserts             [chunk + 1]*sql.Stmt // by row count
 	find, touch, unmake *sql.Stmt
@@ -276,6 +279,12 @@ func Open(path string, cfg Config) (*Backend, error) {
 			if b.observe != nil {
 				b.observe(events, took, err)
 			}
+		},
+		Transient: sqlitedb.Transient,
+		ObserveRetry: func(events, attempt int, wait time.Duration, err error) {
+			if b.observeRetry != nil {
+				b.observeRetry(events, attempt, wait, err)
+			}
 		}}
 	if wal != nil {
 		gc.Sync = wal.Sync
@@ -298,6 +307,14 @@ func (b *Backend) Observe(fn func(events int, took time.Duration, err error)) { 
 // write-ahead log, replacing Config.ObserveSync. Call it before Run.
 func (b *Backend) ObserveSync(fn func(commits int, took time.Duration, err error)) {
 	b.observeSync = fn
+}
+
+// ObserveRetry sets the function called before a group commit that
+// failed for a transient reason (sqlitedb.Transient) is tried again: its
+// events, the attempt to come, the wait before it and the error. Call it
+// before Run.
+func (b *Backend) ObserveRetry(fn func(events, attempt int, wait time.Duration, err error)) {
+	b.observeRetry = fn
 }
 
 // loadStreams reads every stream into memory with its high watermark.
