@@ -232,7 +232,7 @@ func rss() int64 {
 // without counting an attempt against the events (outbox.IsOutage).
 func TestRefusalsOfTheServerAreOutages(t *testing.T) {
 	in := &Ingress{cfg: Config{StreamID: "devices"}, m: NewMetrics(nil)}
-	replies := in.appendReplies(nil, "devices", []string{"evt-1"}, nil, fmt.Errorf("database or disk is full"))
+	replies := in.appendReplies(nil, "devices", nil, []string{"evt-1"}, nil, fmt.Errorf("database or disk is full"))
 	replies = append(replies, postbox.Nack("evt-2", errShuttingDown))
 	for _, r := range replies {
 		if r.Code != postbox.CodeOutage || !r.Retryable {

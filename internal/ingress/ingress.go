@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/logsample"
 	"github.com/postbox-events/postbox/internal/tracing"
 	"github.com/postbox-events/postbox/internal/wsping"
 	"github.com/postbox-events/postbox/stream"
@@ -181,10 +182,11 @@ func (in *Ingress) target(ctx context.Context, source string) (string, func() er
 
 // Ingress accepts envelopes for the stream of each connection's source.
 type Ingress struct {
-	store Appender
-	cfg   Config
-	log   *slog.Logger
-	m     *Metrics
+	store  Appender
+	cfg    Config
+	log    *slog.Logger
+	m      *Metrics
+	sample *logsample.Sampler // the INFO lines of each event: at most 10 a second of each message
 
 	sessions  sync.WaitGroup
 	drain     chan struct{} // closed by Drain
@@ -280,7 +282,7 @@ func New(store Appender, cfg Config) (*Ingress, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	return &Ingress{store: store, cfg: cfg, log: cfg.Logger, m: cfg.Metrics, drain: make(chan struct{}),
+	return &Ingress{store: store, cfg: cfg, log: cfg.Logger, m: cfg.Metrics, sample: logsample.New(0), drain: make(chan struct{}),
 		budget: newBudget(cfg.MaxBufferedBytes, cfg.MaxFrameBytes, cfg.Metrics.buffered), devices: map[string]*session{}, byAddr: map[string]int{}}, nil
 }
 
@@ -403,8 +405,9 @@ func appendString(b []byte, s string) []byte {
 
 // appendReplies appends the ACKs and NACKs of append results to out,
 // counting them for streamID.
-func (in *Ingress) appendReplies(out []postbox.Reply, streamID string, ids []string, results []stream.AppendResult, err error) []postbox.Reply {
+func (in *Ingress) appendReplies(out []postbox.Reply, streamID string, events []stream.Event, ids []string, results []stream.AppendResult, err error) []postbox.Reply {
 	var last postbox.Reply // events of one commit share a time: format it once
+	logs := err == nil && in.log.Enabled(context.Background(), slog.LevelInfo)
 	for i, id := range ids {
 		switch {
 		case err != nil:
@@ -413,6 +416,7 @@ func (in *Ingress) appendReplies(out []postbox.Reply, streamID string, ids []str
 		case errors.Is(results[i].Err, stream.ErrConflict):
 			out = append(out, conflictNack(id, results[i].Err))
 			in.m.events.WithLabelValues(streamID, "conflict").Inc()
+			in.logEvent(slog.LevelWarn, "ingress: event refused: stored before with another type or payload", streamID, &events[i], results[i])
 		case results[i].Err != nil: // stream.ErrTooLarge: the backend cannot store it, ever
 			out = append(out, postbox.Nack(id, &postbox.FieldError{Code: postbox.CodeTooLarge, Message: results[i].Err.Error()}))
 			in.m.events.WithLabelValues(streamID, "rejected").Inc()
@@ -422,11 +426,37 @@ func (in *Ingress) appendReplies(out []postbox.Reply, streamID string, ids []str
 		default:
 			out = append(out, postbox.Reply{EventID: id, Status: postbox.StatusStored, AckTS: last.AckTS})
 		}
+		if logs && results[i].Err == nil {
+			if results[i].Duplicate {
+				in.logEvent(slog.LevelInfo, "ingress: duplicate event ACKed, stored before", streamID, &events[i], results[i])
+			} else {
+				in.logEvent(slog.LevelInfo, "ingress: event stored", streamID, &events[i], results[i])
+			}
+		}
 	}
 	if err == nil {
 		in.countStored(streamID, results)
 	}
 	return out
+}
+
+// logEvent logs msg with the identity of ev, stored at res: its source
+// (the stream), device, event id and offset; at most 10 lines of msg a
+// second, the next saying how many were left out.
+func (in *Ingress) logEvent(level slog.Level, msg, streamID string, ev *stream.Event, res stream.AppendResult) {
+	ok, skipped := in.sample.Allow(msg)
+	if !ok {
+		return
+	}
+	attrs := []slog.Attr{slog.String("source", streamID), slog.String("device", ev.Variant),
+		slog.String("event_id", ev.NativeID), slog.String("type", ev.Type)}
+	if res.Err == nil {
+		attrs = append(attrs, slog.Int64("offset", res.Offset))
+	}
+	if skipped > 0 {
+		attrs = append(attrs, slog.Int("skipped", skipped))
+	}
+	in.log.LogAttrs(context.Background(), level, msg, attrs...)
 }
 
 func (in *Ingress) countStored(streamID string, results []stream.AppendResult) {

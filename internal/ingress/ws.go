@@ -624,7 +624,7 @@ func (s *session) enqueueLoop(ctx context.Context) error {
 			}
 			continue
 		}
-		ids, spans, bytes := c.ids, c.spans, c.bytes
+		ids, events, spans, bytes := c.ids, c.events, c.spans, c.bytes
 		var waitFrom time.Time
 		if full(s.in.store, len(c.events)) { // AppendAsync waits for room
 			waitFrom = time.Now()
@@ -634,7 +634,7 @@ func (s *session) enqueueLoop(ctx context.Context) error {
 			// The events are let go of once committed: until then the
 			// store's queue holds them, within the ingress's budget.
 			s.in.budget.give(bytes)
-			s.committed(commit{ids, spans, res, err})
+			s.committed(commit{ids, events, spans, res, err})
 		})
 		if !waitFrom.IsZero() {
 			s.in.m.saturated.Dec()
@@ -725,7 +725,8 @@ func (s *session) waitRoom(ctx context.Context) error {
 // commit is the store's answer to one AppendAsync.
 type commit struct {
 	ids     []string
-	spans   []trace.Span // the events' intake spans; nil while tracing is off
+	events  []stream.Event // the events the ids name, for the log
+	spans   []trace.Span   // the events' intake spans; nil while tracing is off
 	results []stream.AppendResult
 	err     error
 }
@@ -755,7 +756,7 @@ func (s *session) writeLoop(ctx context.Context) error {
 		commits, s.commits = s.commits, commits[:0]
 		s.mu.Unlock()
 		for _, c := range commits {
-			buf = s.in.appendReplies(buf, s.streamID(), c.ids, c.results, c.err)
+			buf = s.in.appendReplies(buf, s.streamID(), c.events, c.ids, c.results, c.err)
 			endIntake(c.spans, c.results, c.err)
 		}
 		clear(commits)
