@@ -44,16 +44,20 @@ type EventDelivery struct {
 	Attempts []Attempt
 }
 
-// itemSubscriptionsSQL selects the uid of every subscription that holds
-// items, deleted ones too, and the inbox of each (a subscription fills
-// one inbox): a walk of the index of UNIQUE (subscription_uid, offset),
-// one step a subscription, instead of a scan of the items.
-const itemSubscriptionsSQL = `WITH RECURSIVE uids(uid) AS (
+// itemUIDs is a recursive common table expression, uids(uid): the uid of
+// every subscription that holds items, deleted ones too, and a NULL
+// after the last. It walks the index of UNIQUE (subscription_uid, offset),
+// one step a subscription, instead of scanning the items.
+const itemUIDs = `WITH RECURSIVE uids(uid) AS (
 	SELECT min(subscription_uid) FROM inbox_items
 	UNION ALL
 	SELECT (SELECT min(subscription_uid) FROM inbox_items WHERE subscription_uid > uids.uid) FROM uids WHERE uids.uid IS NOT NULL
-)
-SELECT uid, (SELECT inbox_id FROM inbox_items WHERE subscription_uid = uids.uid LIMIT 1) FROM uids WHERE uid IS NOT NULL`
+) `
+
+// itemSubscriptionsSQL selects the uid of every subscription that holds
+// items and the inbox of each (a subscription fills one inbox).
+const itemSubscriptionsSQL = itemUIDs + `SELECT uid, (SELECT inbox_id FROM inbox_items WHERE subscription_uid = uids.uid LIMIT 1)
+	FROM uids WHERE uid IS NOT NULL`
 
 // itemSubscription is a subscription that holds items: its uid and inbox.
 type itemSubscription struct{ uid, inbox string }
@@ -80,40 +84,32 @@ func (d *Delivery) itemSubscriptions(ctx context.Context, inbox string) ([]itemS
 }
 
 // eventItemsSQL selects the items of the event at an offset of a stream
-// in the subscription of a uid (UNIQUE (subscription_uid, offset)), and
-// that uid.
-const eventItemsSQL = `SELECT ` + itemColumns + `, subscription_uid FROM inbox_items
-	WHERE subscription_uid = ? AND "offset" = ? AND stream_id = ?`
+// in every subscription that holds items, each by UNIQUE
+// (subscription_uid, offset), and the uid of each item's subscription.
+const eventItemsSQL = itemUIDs + `SELECT ` + itemColumns + `, subscription_uid FROM inbox_items
+	WHERE subscription_uid IN (SELECT uid FROM uids WHERE uid IS NOT NULL) AND "offset" = ? AND stream_id = ?
+	ORDER BY item_id`
 
 // Deliveries returns what every subscription made of ev, an event of
 // streamID: the items of it in the store, of deleted subscriptions too,
 // with their attempt logs, and for each subscription of the stream that
 // takes ev and holds no item of it, whether it has yet to read it. They
 // come by subscription name, deleted ones after the live one of their
-// name. The items are found through the subscriptions that hold items
-// (itemSubscriptions), each by UNIQUE (subscription_uid, offset): no
-// index of the items by event is kept for it, so writing an item costs
-// one B-tree less.
+// name. The items are found through the subscriptions that hold items,
+// each by UNIQUE (subscription_uid, offset) (eventItemsSQL): no index of
+// the items by event is kept for it, so writing an item costs one B-tree
+// less.
 func (d *Delivery) Deliveries(ctx context.Context, streamID string, ev *stream.StoredEvent) ([]EventDelivery, error) {
-	holders, err := d.itemSubscriptions(ctx, "")
+	rows, err := d.db.QueryContext(ctx, eventItemsSQL, ev.Offset, streamID)
 	if err != nil {
 		return nil, fmt.Errorf("deliveries of %s/%d: %w", streamID, ev.Offset, err)
 	}
-	var items []Item
 	uids := map[int64]string{}
-	for _, h := range holders {
-		rows, err := d.db.QueryContext(ctx, eventItemsSQL, h.uid, ev.Offset, streamID)
-		if err != nil {
-			return nil, fmt.Errorf("deliveries of %s/%d: %w", streamID, ev.Offset, err)
-		}
-		var uid string
-		got, err := scanItemsWith(rows, []any{&uid}, func(it *Item) { uids[it.ID] = uid })
-		if err != nil {
-			return nil, fmt.Errorf("deliveries of %s/%d: %w", streamID, ev.Offset, err)
-		}
-		items = append(items, got...)
+	var uid string
+	items, err := scanItemsWith(rows, []any{&uid}, func(it *Item) { uids[it.ID] = uid })
+	if err != nil {
+		return nil, fmt.Errorf("deliveries of %s/%d: %w", streamID, ev.Offset, err)
 	}
-	slices.SortFunc(items, func(a, b Item) int { return cmp.Compare(a.ID, b.ID) })
 	subs, err := d.Subscriptions(ctx)
 	if err != nil {
 		return nil, err

@@ -209,7 +209,7 @@ func TestSearchUsesIndexes(t *testing.T) {
 		}
 		return strings.Join(lines, "; ")
 	}
-	if p := plan(delivery.EventItemsSQL, "sub_x", 1, "devices"); !strings.Contains(p, "USING INDEX sqlite_autoindex_inbox_items_1 (subscription_uid=? AND offset=?)") {
+	if p := plan(delivery.EventItemsSQL, 1, "devices"); !strings.Contains(p, "USING INDEX sqlite_autoindex_inbox_items_1 (subscription_uid=? AND offset=?)") || strings.Contains(p, "SCAN inbox_items") {
 		t.Errorf("an event's items: plan %q, want the index of UNIQUE (subscription_uid, offset)", p)
 	}
 	if p := plan(delivery.ItemSubscriptionsSQL); strings.Contains(p, "SCAN inbox_items") || !strings.Contains(p, "SEARCH inbox_items USING COVERING INDEX") {
