@@ -44,21 +44,69 @@ type EventDelivery struct {
 	Attempts []Attempt
 }
 
-// eventItemsSQL selects the items of the event at an offset of a stream.
-const eventItemsSQL = itemSelect + ` WHERE stream_id = ? AND "offset" = ? ORDER BY item_id`
+// itemUIDs is a recursive common table expression, uids(uid): the uid of
+// every subscription that holds items, deleted ones too, and a NULL
+// after the last. It walks the index of UNIQUE (subscription_uid, offset),
+// one step a subscription, instead of scanning the items.
+const itemUIDs = `WITH RECURSIVE uids(uid) AS (
+	SELECT min(subscription_uid) FROM inbox_items
+	UNION ALL
+	SELECT (SELECT min(subscription_uid) FROM inbox_items WHERE subscription_uid > uids.uid) FROM uids WHERE uids.uid IS NOT NULL
+) `
+
+// itemSubscriptionsSQL selects the uid of every subscription that holds
+// items and the inbox of each (a subscription fills one inbox).
+const itemSubscriptionsSQL = itemUIDs + `SELECT uid, (SELECT inbox_id FROM inbox_items WHERE subscription_uid = uids.uid LIMIT 1)
+	FROM uids WHERE uid IS NOT NULL`
+
+// itemSubscription is a subscription that holds items: its uid and inbox.
+type itemSubscription struct{ uid, inbox string }
+
+// itemSubscriptions returns the subscriptions that hold items, of inbox
+// alone unless it is "", by uid.
+func (d *Delivery) itemSubscriptions(ctx context.Context, inbox string) ([]itemSubscription, error) {
+	rows, err := d.db.QueryContext(ctx, itemSubscriptionsSQL)
+	if err != nil {
+		return nil, fmt.Errorf("subscriptions of items: %w", err)
+	}
+	defer rows.Close()
+	var out []itemSubscription
+	for rows.Next() {
+		var s itemSubscription
+		if err := rows.Scan(&s.uid, &s.inbox); err != nil {
+			return nil, fmt.Errorf("subscriptions of items: %w", err)
+		}
+		if inbox == "" || s.inbox == inbox {
+			out = append(out, s)
+		}
+	}
+	return out, rows.Err()
+}
+
+// eventItemsSQL selects the items of the event at an offset of a stream
+// in every subscription that holds items, each by UNIQUE
+// (subscription_uid, offset), and the uid of each item's subscription.
+const eventItemsSQL = itemUIDs + `SELECT ` + itemColumns + `, subscription_uid FROM inbox_items
+	WHERE subscription_uid IN (SELECT uid FROM uids WHERE uid IS NOT NULL) AND "offset" = ? AND stream_id = ?
+	ORDER BY item_id`
 
 // Deliveries returns what every subscription made of ev, an event of
 // streamID: the items of it in the store, of deleted subscriptions too,
 // with their attempt logs, and for each subscription of the stream that
 // takes ev and holds no item of it, whether it has yet to read it. They
 // come by subscription name, deleted ones after the live one of their
-// name. The items are found by the index inbox_items_by_event.
+// name. The items are found through the subscriptions that hold items,
+// each by UNIQUE (subscription_uid, offset) (eventItemsSQL): no index of
+// the items by event is kept for it, so writing an item costs one B-tree
+// less.
 func (d *Delivery) Deliveries(ctx context.Context, streamID string, ev *stream.StoredEvent) ([]EventDelivery, error) {
-	rows, err := d.db.QueryContext(ctx, eventItemsSQL, streamID, ev.Offset)
+	rows, err := d.db.QueryContext(ctx, eventItemsSQL, ev.Offset, streamID)
 	if err != nil {
 		return nil, fmt.Errorf("deliveries of %s/%d: %w", streamID, ev.Offset, err)
 	}
-	items, err := scanItems(rows)
+	uids := map[int64]string{}
+	var uid string
+	items, err := scanItemsWith(rows, []any{&uid}, func(it *Item) { uids[it.ID] = uid })
 	if err != nil {
 		return nil, fmt.Errorf("deliveries of %s/%d: %w", streamID, ev.Offset, err)
 	}
@@ -69,10 +117,6 @@ func (d *Delivery) Deliveries(ctx context.Context, streamID string, ev *stream.S
 	byUID := map[string]Subscription{}
 	for _, s := range subs {
 		byUID[s.UID] = s
-	}
-	uids, err := d.itemUIDs(ctx, streamID, ev.Offset)
-	if err != nil {
-		return nil, err
 	}
 	attempts, err := d.attemptsOf(ctx, items)
 	if err != nil {
@@ -127,26 +171,6 @@ func cmpBool(a, b bool) int {
 		return -1
 	}
 	return 1
-}
-
-// itemUIDs returns the uid of the subscription that made each item of
-// the event at offset of streamID, by item id: scanItems does not read it.
-func (d *Delivery) itemUIDs(ctx context.Context, streamID string, offset int64) (map[int64]string, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT item_id, subscription_uid FROM inbox_items WHERE stream_id = ? AND "offset" = ?`, streamID, offset)
-	if err != nil {
-		return nil, fmt.Errorf("deliveries of %s/%d: %w", streamID, offset, err)
-	}
-	defer rows.Close()
-	out := map[int64]string{}
-	for rows.Next() {
-		var id int64
-		var uid string
-		if err := rows.Scan(&id, &uid); err != nil {
-			return nil, fmt.Errorf("deliveries of %s/%d: %w", streamID, offset, err)
-		}
-		out[id] = uid
-	}
-	return out, rows.Err()
 }
 
 // attemptsOf returns the attempt logs of items, by item id, oldest first.
@@ -206,6 +230,8 @@ type ItemQuery struct {
 	// EventID) the order is by id alone.
 	Before int64
 	Limit  int
+
+	uid string // byCreated: the subscription whose items searchSQL selects
 }
 
 // DefaultSearchLimit is the limit of a Search asked for 0 items.
@@ -223,10 +249,12 @@ var searchScan = SearchScan
 // Search returns up to q.Limit items of q.Inbox that q selects, newest
 // first (by creation time, then id; with a state, by id), and the Before
 // of the next page (0: there is none). Each filter has its index: an
-// event id inbox_items_by_native_id, a type inbox_items_by_type, a time
-// range alone (or no filter) inbox_items_by_time, a state
+// event id inbox_items_by_native_id, a type inbox_items_by_type, a state
 // inbox_items_by_state; a state with a type or a time range reads at
-// most SearchScan items of that state per page.
+// most SearchScan items of that state per page. A time range alone (or
+// no filter) reads inbox_items_by_created (subscription uid, time, item)
+// of each subscription that filled the inbox (one, unless it was deleted
+// and made again), up to q.Limit items each, and merges them.
 func (d *Delivery) Search(ctx context.Context, q ItemQuery) ([]Item, int64, error) {
 	var created string
 	if q.Before > 0 {
@@ -239,14 +267,21 @@ func (d *Delivery) Search(ctx context.Context, q ItemQuery) ([]Item, int64, erro
 		}
 	}
 	q.Limit = cmp.Or(q.Limit, DefaultSearchLimit)
-	query, args := searchSQL(q, created)
-	rows, err := d.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, 0, fmt.Errorf("search %s: %w", q.Inbox, err)
-	}
-	items, err := scanItems(rows)
-	if err != nil {
-		return nil, 0, err
+	var items []Item
+	if byCreated(q) {
+		var err error
+		if items, err = d.searchByCreated(ctx, q, created); err != nil {
+			return nil, 0, err
+		}
+	} else {
+		query, args := searchSQL(q, created)
+		rows, err := d.db.QueryContext(ctx, query, args...)
+		if err != nil {
+			return nil, 0, fmt.Errorf("search %s: %w", q.Inbox, err)
+		}
+		if items, err = scanItems(rows); err != nil {
+			return nil, 0, err
+		}
 	}
 	if len(items) == q.Limit {
 		return items, items[len(items)-1].ID, nil
@@ -268,6 +303,43 @@ func (d *Delivery) Search(ctx context.Context, q ItemQuery) ([]Item, int64, erro
 	return items, 0, nil
 }
 
+// byCreated reports whether Search reads q's items by subscription and
+// creation time: q selects by time alone, or not at all.
+func byCreated(q ItemQuery) bool { return q.EventID == "" && q.Type == "" && q.State == "" }
+
+// searchByCreated is Search of a q that byCreated: a page of each
+// subscription that filled q.Inbox, merged newest first (by creation
+// time, then id, as each comes), cut at q.Limit.
+func (d *Delivery) searchByCreated(ctx context.Context, q ItemQuery, created string) ([]Item, error) {
+	holders, err := d.itemSubscriptions(ctx, q.Inbox)
+	if err != nil {
+		return nil, fmt.Errorf("search %s: %w", q.Inbox, err)
+	}
+	var items []Item
+	for _, h := range holders {
+		q.uid = h.uid
+		query, args := searchSQL(q, created)
+		rows, err := d.db.QueryContext(ctx, query, args...)
+		if err != nil {
+			return nil, fmt.Errorf("search %s: %w", q.Inbox, err)
+		}
+		page, err := scanItems(rows)
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, page...)
+	}
+	if len(holders) > 1 {
+		slices.SortFunc(items, func(a, b Item) int {
+			if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+				return c
+			}
+			return cmp.Compare(b.ID, a.ID)
+		})
+	}
+	return items[:min(len(items), q.Limit)], nil
+}
+
 // scansState reports whether Search reads q's items of a state, by id,
 // and checks a type or time range on each.
 func scansState(q ItemQuery) bool {
@@ -287,13 +359,18 @@ func stateScanSQL(q ItemQuery) (string, []any) {
 
 // searchSQL is the query of Search, and its arguments; created is the
 // creation time of the item q.Before. Items come newest first by
-// creation time, through the index of the filter given; with a state
+// creation time, through the index of the filter given (with none, or a
+// time range alone, those of the subscription q.uid through
+// inbox_items_by_created); with a state
 // (and no event id) by id instead, through inbox_items_by_state: the
 // items of that state alone, or at most SearchScan of them, on each of
 // which a type and a time range are checked.
 func searchSQL(q ItemQuery, created string) (string, []any) {
 	where := []string{`inbox_id = ?`}
 	args := []any{q.Inbox}
+	if byCreated(q) { // inbox_items_by_created: one subscription's items of the inbox
+		where, args = []string{`subscription_uid = ?`, `inbox_id = ?`}, []any{q.uid, q.Inbox}
+	}
 	if scansState(q) {
 		scan, sargs := stateScanSQL(q)
 		where, args = []string{`item_id IN (` + scan + `)`}, sargs

@@ -209,8 +209,11 @@ func TestSearchUsesIndexes(t *testing.T) {
 		}
 		return strings.Join(lines, "; ")
 	}
-	if p := plan(delivery.EventItemsSQL, "devices", 1); !strings.Contains(p, "USING INDEX inbox_items_by_event") {
-		t.Errorf("an event's items: plan %q, want the index inbox_items_by_event", p)
+	if p := plan(delivery.EventItemsSQL, 1, "devices"); !strings.Contains(p, "USING INDEX sqlite_autoindex_inbox_items_1 (subscription_uid=? AND offset=?)") || strings.Contains(p, "SCAN inbox_items") {
+		t.Errorf("an event's items: plan %q, want the index of UNIQUE (subscription_uid, offset)", p)
+	}
+	if p := plan(delivery.ItemSubscriptionsSQL); strings.Contains(p, "SCAN inbox_items") || !strings.Contains(p, "SEARCH inbox_items USING COVERING INDEX") {
+		t.Errorf("the subscriptions that hold items: plan %q, want a walk of an index", p)
 	}
 	since := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
 	for _, c := range []struct {
@@ -218,12 +221,13 @@ func TestSearchUsesIndexes(t *testing.T) {
 		q     delivery.ItemQuery
 		index string
 	}{
-		{"every item", delivery.ItemQuery{}, "inbox_items_by_time"},
+		{"every item", delivery.ItemQuery{}, "inbox_items_by_created"},
 		{"by event id", delivery.ItemQuery{EventID: "a-1"}, "inbox_items_by_native_id"},
 		{"by type", delivery.ItemQuery{Type: "proposal.task"}, "inbox_items_by_type"},
 		{"by type and time", delivery.ItemQuery{Type: "proposal.task", Since: since, Until: since.Add(time.Hour)}, "inbox_items_by_type"},
-		{"by time", delivery.ItemQuery{Since: since, Until: since.Add(time.Hour)}, "inbox_items_by_time"},
-		{"a next page", delivery.ItemQuery{Before: 42}, "inbox_items_by_time"},
+		{"by time", delivery.ItemQuery{Since: since, Until: since.Add(time.Hour)}, "inbox_items_by_created"},
+		{"a next page", delivery.ItemQuery{Before: 42}, "inbox_items_by_created"},
+		{"a next page by time", delivery.ItemQuery{Since: since, Before: 42}, "inbox_items_by_created"},
 		{"a next page by type", delivery.ItemQuery{Type: "proposal.task", Before: 42}, "inbox_items_by_type"},
 		{"by state", delivery.ItemQuery{State: delivery.StateCompleted}, "inbox_items_by_state"},
 		{"by state, a next page", delivery.ItemQuery{State: delivery.StateCompleted, Before: 42}, "inbox_items_by_state"},
@@ -240,5 +244,97 @@ func TestSearchUsesIndexes(t *testing.T) {
 		if strings.Contains(p, "TEMP B-TREE") {
 			t.Errorf("%s: plan %q sorts", c.what, p)
 		}
+	}
+}
+
+// TestSearchItemsOfSubscriptionsMadeAgain: an inbox filled by a
+// subscription that was deleted and made again (another uid) is searched
+// by time across both, newest first, and by pages that go through every
+// item once; an event's deliveries name the items of both.
+func TestSearchItemsOfSubscriptionsMadeAgain(t *testing.T) {
+	eachStore(t, testSearchItemsOfSubscriptionsMadeAgain)
+}
+
+func testSearchItemsOfSubscriptionsMadeAgain(t *testing.T, kind storeKind) {
+	ctx := context.Background()
+	e := setup(t, kind, delivery.Config{})
+	earliest := stream.Start{Policy: stream.StartEarliest}
+	e.create(t, delivery.Subscription{Name: "s", Source: "devices", Start: earliest})
+	e.appendEvents(t, "a", "proposal.task", 3)
+	e.waitLag(t, "s", 0)
+	e.clock.Advance(time.Minute)
+	if err := e.d.Delete(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	e.create(t, delivery.Subscription{Name: "s", Source: "devices", Start: earliest}) // reads a-0..a-2 again
+	e.waitLag(t, "s", 0)
+	t1 := e.clock.Now()
+	e.clock.Advance(time.Minute)
+	e.appendEvents(t, "b", "proposal.task", 2)
+	e.waitLag(t, "s", 0)
+
+	all, next, err := e.d.Search(ctx, delivery.ItemQuery{Inbox: "s", Limit: 100})
+	if err != nil || next != 0 {
+		t.Fatalf("search: %v, next %d", err, next)
+	}
+	if len(all) != 8 {
+		t.Fatalf("%d items, want 8 (3 of the deleted subscription, 5 of the new one)", len(all))
+	}
+	for i := 1; i < len(all); i++ {
+		a, b := all[i-1], all[i]
+		if a.CreatedAt.Before(b.CreatedAt) || (a.CreatedAt.Equal(b.CreatedAt) && a.ID < b.ID) {
+			t.Fatalf("items %d and %d out of order: %v/%d before %v/%d", i-1, i, a.CreatedAt, a.ID, b.CreatedAt, b.ID)
+		}
+	}
+	if got := all[len(all)-1].EventID; got != "a-0" || all[len(all)-1].CreatedAt.After(t1) {
+		t.Errorf("the oldest item is %s of %v, want a-0 of the deleted subscription", got, all[len(all)-1].CreatedAt)
+	}
+	for _, q := range []delivery.ItemQuery{{}, {Since: t1}, {Until: t1}} {
+		q.Inbox, q.Limit = "s", 3
+		var want []int64
+		for _, it := range all {
+			if (q.Since.IsZero() || !it.CreatedAt.Before(q.Since)) && (q.Until.IsZero() || it.CreatedAt.Before(q.Until)) {
+				want = append(want, it.ID)
+			}
+		}
+		var got []int64
+		for pages := 0; ; pages++ {
+			if pages > 10 {
+				t.Fatalf("%+v: more than 10 pages", q)
+			}
+			page, next, err := e.d.Search(ctx, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, it := range page {
+				got = append(got, it.ID)
+			}
+			if next == 0 {
+				break
+			}
+			q.Before = next
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("pages of since %v until %v: %v, want %v", q.Since, q.Until, got, want)
+		}
+	}
+
+	ev, err := e.streams.Event(ctx, "devices", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := e.d.Deliveries(ctx, "devices", &ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, d := range ds {
+		if d.Item == nil || d.Item.EventID != "a-0" {
+			t.Errorf("delivery %+v: want an item of a-0", d)
+		}
+		got = append(got, fmt.Sprintf("%s deleted=%v", d.Subscription, d.Deleted))
+	}
+	if want := []string{"s deleted=false", "s deleted=true"}; !slices.Equal(got, want) {
+		t.Errorf("deliveries %v, want %v", got, want)
 	}
 }

@@ -35,6 +35,9 @@ func SearchSQL(q ItemQuery, created string) (string, []any) { return searchSQL(q
 // EventItemsSQL is the query of an event's items in Deliveries.
 const EventItemsSQL = eventItemsSQL
 
+// ItemSubscriptionsSQL is the query of the subscriptions that hold items.
+const ItemSubscriptionsSQL = itemSubscriptionsSQL
+
 // SetSearchScan sets how many items of a state a Search reads for a page
 // until the test ends.
 func SetSearchScan(t interface{ Cleanup(func()) }, n int) {
