@@ -6,12 +6,14 @@
 package logsample
 
 import (
+	"cmp"
 	"sync"
 	"time"
 )
 
-// Sampler lets at most PerSecond lines of each message through in each
-// second. The zero value lets none through; New makes one.
+// Sampler lets at most a number of lines of each message through in each
+// second. The zero value lets DefaultPerSecond through; New sets another
+// number.
 type Sampler struct {
 	per int
 	now func() time.Time
@@ -38,7 +40,7 @@ func New(perSecond int) *Sampler {
 	if perSecond <= 0 {
 		perSecond = DefaultPerSecond
 	}
-	return &Sampler{per: perSecond, now: time.Now, byMsg: map[string]*window{}}
+	return &Sampler{per: perSecond}
 }
 
 // Allow reports whether a line of msg goes out now, and how many lines of
@@ -48,9 +50,15 @@ func (s *Sampler) Allow(msg string) (ok bool, skipped int) {
 	if s == nil {
 		return true, 0
 	}
-	now := s.now()
+	now := time.Now()
+	if s.now != nil {
+		now = s.now()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.byMsg == nil {
+		s.byMsg = map[string]*window{}
+	}
 	w := s.byMsg[msg]
 	if w == nil {
 		w = &window{start: now}
@@ -59,7 +67,7 @@ func (s *Sampler) Allow(msg string) (ok bool, skipped int) {
 	if now.Sub(w.start) >= time.Second {
 		w.start, w.out = now, 0
 	}
-	if w.out >= s.per {
+	if w.out >= cmp.Or(s.per, DefaultPerSecond) {
 		w.skipped++
 		return false, 0
 	}

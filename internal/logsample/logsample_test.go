@@ -35,6 +35,12 @@ func TestSampler(t *testing.T) {
 	if ok, skipped := s.Allow("stored"); !ok || skipped != 0 {
 		t.Fatalf("second line: out=%v skipped=%d, want out, none skipped since the last", ok, skipped)
 	}
+	var zero Sampler
+	for i := range DefaultPerSecond + 1 {
+		if ok, _ := zero.Allow("x"); ok != (i < DefaultPerSecond) {
+			t.Fatalf("the zero Sampler's line %d: out=%v", i, ok)
+		}
+	}
 	var none *Sampler
 	if ok, _ := none.Allow("x"); !ok {
 		t.Fatal("a nil Sampler held a line back")

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	"github.com/postbox-events/postbox/internal/groupcommit"
 	"github.com/postbox-events/postbox/internal/intake"
 	"github.com/postbox-events/postbox/internal/jsonenc"
+	"github.com/postbox-events/postbox/internal/logsample"
 	"github.com/postbox-events/postbox/internal/names"
 	"github.com/postbox-events/postbox/internal/tracing"
 	"github.com/postbox-events/postbox/stream"
@@ -200,6 +202,7 @@ func (s *Server) storeWebhook(w http.ResponseWriter, r *http.Request, source str
 // 409 for a conflict, 200 and the stored webhook for a duplicate, 202 for
 // a new one.
 func (s *Server) answerStored(w http.ResponseWriter, r *http.Request, source, key string, stored stream.StoredEvent, res stream.AppendResult) {
+	s.logStored(source, key, stored, res)
 	switch {
 	case errors.Is(res.Err, stream.ErrConflict):
 		s.metrics.Count(source, "conflict", 1)
@@ -223,6 +226,37 @@ func (s *Server) answerStored(w http.ResponseWriter, r *http.Request, source, ke
 	}
 }
 
+// logStored logs what became of the webhook of source sent under key,
+// with its identity: stored and duplicate at INFO, a conflict at WARN, at
+// most 10 lines of each a second (the next line that goes out says how
+// many were left out).
+func (s *Server) logStored(source, key string, stored stream.StoredEvent, res stream.AppendResult) {
+	level, msg := slog.LevelInfo, "webhook: stored"
+	switch {
+	case errors.Is(res.Err, stream.ErrConflict):
+		level, msg = slog.LevelWarn, "webhook: refused: its idempotency key was stored with another body or type"
+	case res.Err != nil:
+		level, msg = slog.LevelWarn, "webhook: refused: too large for the stream backend"
+	case res.Duplicate:
+		msg = "webhook: duplicate answered 200, stored before"
+	}
+	if !s.log.Enabled(context.Background(), level) {
+		return
+	}
+	ok, skipped := s.wh.sample.Allow(msg)
+	if !ok {
+		return
+	}
+	attrs := []slog.Attr{slog.String("source", source), slog.String("event_id", key), slog.String("type", stored.Type)}
+	if res.Err == nil {
+		attrs = append(attrs, slog.Int64("offset", stored.Offset))
+	}
+	if skipped > 0 {
+		attrs = append(attrs, slog.Int("skipped", skipped))
+	}
+	s.log.LogAttrs(context.Background(), level, msg, attrs...)
+}
+
 // webhookState is what the webhook intake keeps beside the sources'
 // settings.
 type webhookState struct {
@@ -235,6 +269,8 @@ type webhookState struct {
 		sync.Mutex
 		k []byte
 	}
+	// sample bounds the lines logged of each webhook stored (logStored).
+	sample logsample.Sampler
 }
 
 // firstDelivery reports whether the webhook of source under key, whose
