@@ -73,7 +73,6 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 	}
 	followed := next - 1 // the last offset given to f
 	items := make([]pendingItem, 0, d.cfg.BatchSize)
-	batches := 0
 	idle := time.Duration(0)
 	for ctx.Err() == nil {
 		// Items written with their events (InlineHook) moved the position
@@ -150,7 +149,6 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 			}
 		}
 		first, last := batch.Events[0].Offset, batch.Events[len(batch.Events)-1].Offset
-		batches++
 		added := 0
 		span := materialiseSpan(s.Name, batch.Events) // trace.go
 		err = d.update(ctx, func(tx conn) error {
@@ -158,16 +156,13 @@ func (d *Delivery) consume(ctx context.Context, s Subscription) {
 				return err
 			}
 			var err error
-			if added, err = d.materialise(ctx, tx, s, items, first, last); err != nil {
+			if added, err = d.materialise(ctx, tx, s, items); err != nil {
 				return err
 			}
 			if added > 0 && d.shared != nil { // wakes the other processes' workers at commit
 				if err := notifyIn(ctx, tx, "inbox:"+s.Inbox); err != nil {
 					return err
 				}
-			}
-			if batches%256 == 0 {
-				return pruneActivations(ctx, tx, s.Name)
 			}
 			return nil
 		})
@@ -313,18 +308,17 @@ const itemInsert = `INSERT INTO inbox_items (inbox_id, subscription_id, subscrip
 
 const itemRow = `(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`
 
-// materialise writes items and their activation inside tx, and returns
-// how many items it added. An item that exists already (its event was read
-// again after a Reset backwards) is skipped; a batch that adds nothing
-// records no activation.
-func (d *Delivery) materialise(ctx context.Context, tx conn, s Subscription, items []pendingItem, first, last int64) (int, error) {
+// materialise writes items inside tx, and returns how many it added. An
+// item that exists already (its event was read again after a Reset
+// backwards) is skipped.
+func (d *Delivery) materialise(ctx context.Context, tx conn, s Subscription, items []pendingItem) (int, error) {
 	if len(items) == 0 {
 		return 0, nil
 	}
 	now := d.now().UTC().Format(sqlitedb.Time)
 	var full *sql.Stmt
 	args := make([]any, 0, itemChunk*16)
-	firstID, added := int64(0), 0
+	added := 0
 	for rest := items; len(rest) > 0; {
 		part := rest[:min(itemChunk, len(rest))]
 		rest = rest[len(part):]
@@ -336,26 +330,27 @@ func (d *Delivery) materialise(ctx context.Context, tx conn, s Subscription, ite
 		var err error
 		if len(part) == itemChunk {
 			if full == nil {
-				if full, err = tx.PrepareContext(ctx, itemInsert+itemRow+strings.Repeat(","+itemRow, itemChunk-1)+itemConflict(d.pg)); err != nil {
+				if full, err = tx.PrepareContext(ctx, itemInsert+itemRow+strings.Repeat(","+itemRow, itemChunk-1)+itemConflict); err != nil {
 					return 0, fmt.Errorf("materialise: %w", err)
 				}
 				defer full.Close()
 			}
 			stmt = full
 		} else {
-			if stmt, err = tx.PrepareContext(ctx, itemInsert+itemRow+strings.Repeat(","+itemRow, len(part)-1)+itemConflict(d.pg)); err != nil {
+			if stmt, err = tx.PrepareContext(ctx, itemInsert+itemRow+strings.Repeat(","+itemRow, len(part)-1)+itemConflict); err != nil {
 				return 0, fmt.Errorf("materialise: %w", err)
 			}
 			defer stmt.Close()
 		}
-		id, n, err := insertItems(ctx, stmt, d.pg, args)
+		r, err := stmt.ExecContext(ctx, args...)
 		if err != nil {
 			return 0, fmt.Errorf("materialise: %w", err)
 		}
-		if firstID == 0 && n > 0 {
-			firstID = id
+		n, err := r.RowsAffected()
+		if err != nil {
+			return 0, fmt.Errorf("materialise: %w", err)
 		}
-		added += n
+		added += int(n)
 	}
 	if added == 0 {
 		return 0, nil
@@ -365,71 +360,11 @@ func (d *Delivery) materialise(ctx context.Context, tx conn, s Subscription, ite
 	if err := t.write(ctx, d, tx); err != nil {
 		return 0, fmt.Errorf("materialise: %w", err)
 	}
-	_, err := tx.ExecContext(ctx, `INSERT INTO activations (subscription_id, inbox_id, first_offset, last_offset, items, first_item_id, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?)`, s.Name, s.Inbox, first, last, added, firstID, now)
-	if err != nil {
-		return 0, fmt.Errorf("materialise: activation: %w", err)
-	}
 	return added, nil
 }
 
 // itemConflict ends an insert of items: an item that exists is skipped.
-// On PostgreSQL the insert returns the ids it assigned, as it has no last
-// insert id.
-func itemConflict(pg bool) string {
-	if pg {
-		return ` ON CONFLICT DO NOTHING RETURNING item_id`
-	}
-	return ` ON CONFLICT DO NOTHING`
-}
-
-// insertItems runs an insert of items and returns the first id it
-// assigned and how many rows it added.
-func insertItems(ctx context.Context, stmt *sql.Stmt, pg bool, args []any) (first int64, n int, _ error) {
-	if !pg {
-		r, err := stmt.ExecContext(ctx, args...)
-		if err != nil {
-			return 0, 0, err
-		}
-		added, err := r.RowsAffected()
-		if err != nil || added == 0 {
-			return 0, 0, err
-		}
-		last, err := r.LastInsertId()
-		return last - added + 1, int(added), err
-	}
-	rows, err := stmt.QueryContext(ctx, args...)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			return 0, 0, err
-		}
-		if n == 0 || id < first {
-			first = id
-		}
-		n++
-	}
-	return first, n, rows.Err()
-}
-
-// activationsKept is how many activations per subscription are kept.
-const activationsKept = 1000
-
-// pruneActivations deletes all but the newest activationsKept activations
-// of sub.
-func pruneActivations(ctx context.Context, tx conn, sub string) error {
-	_, err := tx.ExecContext(ctx, `DELETE FROM activations WHERE subscription_id = ?1 AND activation_id <
-		(SELECT activation_id FROM activations WHERE subscription_id = ?1 ORDER BY activation_id DESC LIMIT 1 OFFSET ?2)`,
-		sub, activationsKept-1)
-	if err != nil {
-		return fmt.Errorf("prune activations: %w", err)
-	}
-	return nil
-}
+const itemConflict = ` ON CONFLICT DO NOTHING`
 
 // matcher decides which events a subscription takes.
 type matcher struct {

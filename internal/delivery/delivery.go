@@ -3,7 +3,7 @@
 // through.
 //
 // Delivery reads events only through a stream.Backend, and keeps its own
-// state (subscriptions, inbox items, activations and each subscription's
+// state (subscriptions, inbox items, their counts and each subscription's
 // read position) in a Store of its own: a SQLite database. On the
 // embedded default one streamsqlite.Backend is both, so events and
 // delivery state share one file and one writer; on another stream backend
@@ -13,8 +13,8 @@
 // A subscription reads its source's stream through its own consumer. Its
 // loop reads a batch from its read position, makes one inbox item per
 // matching event (at most one per subscription and event: items are
-// unique per subscription uid and offset), records an activation and
-// moves the position past the batch, all in one store transaction. Only
+// unique per subscription uid and offset), counts them and moves the
+// position past the batch, all in one store transaction. Only
 // then does it commit the stream consumer, so that the backend shows the
 // subscription's lag; the position is authoritative and the consumer
 // follows it. After a crash between the two, the loop resumes at the

@@ -23,8 +23,7 @@ import (
 // them: a subscription whose loop is behind (after a restart, a Reset, a
 // backlog) leaves them to its loop, which makes their items as it makes
 // any other's, and the next transaction that finds the position where
-// its events start writes inline again. Items written inline record no
-// activation.
+// its events start writes inline again.
 
 // inlineState is Delivery's record of inline items: how far each
 // subscription's position moved with them, for its loop.
@@ -74,7 +73,7 @@ func (d *Delivery) InlineHook(ctx context.Context, name string) (func(tx *sql.Tx
 		return nil, fmt.Errorf("inline items of %s: %w", name, err)
 	}
 	for n := 1; n <= itemChunk; n++ {
-		if in.inserts[n], err = p.PrepareWrite(ctx, itemInsert+itemRow+strings.Repeat(","+itemRow, n-1)+itemConflict(false)); err != nil {
+		if in.inserts[n], err = p.PrepareWrite(ctx, itemInsert+itemRow+strings.Repeat(","+itemRow, n-1)+itemConflict); err != nil {
 			return nil, fmt.Errorf("inline items of %s: %w", name, err)
 		}
 	}

@@ -9,7 +9,7 @@ import (
 )
 
 // Store is the SQL database delivery keeps its own state in:
-// subscriptions, inbox items, activations and each subscription's read
+// subscriptions, inbox items, their counts and each subscription's read
 // position. It is SQLite (streamsqlite.Backend is one) unless it is a
 // SharedStore.
 type Store interface {

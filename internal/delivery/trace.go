@@ -63,7 +63,7 @@ func setTrace(ctx context.Context, h http.Header, meta []byte) {
 }
 
 // materialiseSpan starts the "postbox.materialise" span of a batch of
-// events an activation turns into inbox items of sub, linked to each
+// events sub turns into inbox items, linked to each
 // event's trace; nil while tracing is off.
 func materialiseSpan(sub string, events []stream.StoredEvent) trace.Span {
 	if !tracing.Enabled() || len(events) == 0 {

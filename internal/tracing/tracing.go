@@ -11,7 +11,7 @@
 //
 //   - "postbox.intake" per accepted event, from decoding to its commit
 //     (ingress envelopes and webhooks), a child of the event's traceparent;
-//   - "postbox.materialise" per batch an activation turns into inbox
+//   - "postbox.materialise" per batch a subscription turns into inbox
 //     items, linked to each event's trace;
 //   - "postbox.deliver" per delivery attempt, an HTTP client span with
 //     the target's status, a child of the event's stored trace context;

@@ -262,13 +262,14 @@ func (c *cluster) count(q string, args ...any) int {
 }
 
 // waitOnce waits until subscription sub holds one item for each offset of
-// 1..n, and checks that none is doubled, and that its activations count
+// 1..n, and checks that none is doubled, and that its kept counts count
 // each item once.
 func (c *cluster) waitOnce(sub string, n int) {
 	c.t.Helper()
 	c.waitItems(sub, n)
-	if got := c.count(`SELECT coalesce(sum(items), 0) FROM activations WHERE subscription_id = $1`, sub); got != n {
-		c.t.Fatalf("%s's activations count %d items, want %d", sub, got, n)
+	if got := c.count(`SELECT coalesce(sum(pending + processing + completed + failed), 0) FROM item_counts c
+		JOIN subscriptions s ON s.subscription_uid = c.subscription_uid WHERE s.subscription_id = $1`, sub); got != n {
+		c.t.Fatalf("%s's kept counts count %d items, want %d", sub, got, n)
 	}
 }
 
@@ -538,8 +539,11 @@ func TestChangesReachTheLoop(t *testing.T) {
 		t.Fatalf("reset on %s: %+v %v", other.name, cons, err)
 	}
 	c.waitItems("s", 20)
-	if n := c.count(`SELECT count(*) FROM activations WHERE first_offset = 6 AND items = 10`); n != 1 {
-		t.Fatalf("%d activations of the 10 items made again from offset 6, want 1", n)
+	if n := c.count(`SELECT coalesce(sum(pending + processing + completed + failed), 0) FROM item_counts c
+		JOIN subscriptions s ON s.subscription_uid = c.subscription_uid WHERE s.subscription_id = 's'`); n != 30 {
+		// The 20 counted first (the items deleted above were deleted
+		// behind the counts' back), and the 10 made again from offset 6.
+		t.Fatalf("the kept counts say %d items, want 30: 20 and the 10 made again from offset 6", n)
 	}
 
 	// A target set on the other process: the workers deliver every item.
