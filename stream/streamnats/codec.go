@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/nats-io/nats.go"
 
@@ -36,8 +37,39 @@ const expectedLastSubjectSeq = "Nats-Expected-Last-Subject-Sequence"
 // timeLayout is the layout of the times of HeaderEvent: fixed width, UTC.
 const timeLayout = "2006-01-02T15:04:05.000000000Z"
 
-// appendTime appends t in timeLayout.
-func appendTime(b []byte, t time.Time) []byte { return t.UTC().AppendFormat(b, timeLayout) }
+// appendTime appends t in timeLayout, digit by digit (time.AppendFormat
+// costs more than the rest of a message's header), falling back to
+// AppendFormat for a year outside 0–9999.
+func appendTime(b []byte, t time.Time) []byte {
+	t = t.UTC()
+	y, mo, d := t.Date()
+	if y < 0 || y > 9999 {
+		return t.AppendFormat(b, timeLayout)
+	}
+	h, mi, sec := t.Clock()
+	digits := func(b []byte, n, width int) []byte {
+		var buf [9]byte
+		for i := width - 1; i >= 0; i-- {
+			buf[i] = byte('0' + n%10)
+			n /= 10
+		}
+		return append(b, buf[:width]...)
+	}
+	b = digits(b, y, 4)
+	b = append(b, '-')
+	b = digits(b, int(mo), 2)
+	b = append(b, '-')
+	b = digits(b, d, 2)
+	b = append(b, 'T')
+	b = digits(b, h, 2)
+	b = append(b, ':')
+	b = digits(b, mi, 2)
+	b = append(b, ':')
+	b = digits(b, sec, 2)
+	b = append(b, '.')
+	b = digits(b, t.Nanosecond(), 9)
+	return append(b, 'Z')
+}
 
 // parseTime reads a time in timeLayout, digit by digit, and falls back to
 // time.Parse (RFC 3339) for anything else.
@@ -68,14 +100,24 @@ func parseTime(s string) (time.Time, error) {
 // identityToken returns the subject token of an event identity: 32 hex
 // digits of sha256(len(variant) | variant | nativeID). The length prefix
 // keeps (variant, nativeID) pairs apart whatever bytes they hold.
-func identityToken(nativeID, variant string) string {
-	h := sha256.New()
-	var n [binary.MaxVarintLen64]byte
-	h.Write(n[:binary.PutUvarint(n[:], uint64(len(variant)))])
-	h.Write([]byte(variant))
-	h.Write([]byte(nativeID))
-	var sum [32]byte
-	return hex.EncodeToString(h.Sum(sum[:0])[:16])
+func identityToken(nativeID, variant string) string { return identitySubject("", nativeID, variant) }
+
+// identitySubject returns prefix followed by the identity token of
+// (nativeID, variant), built in one allocation.
+func identitySubject(prefix, nativeID, variant string) string {
+	var stack [256]byte
+	in := stack[:0]
+	if need := binary.MaxVarintLen64 + len(variant) + len(nativeID); need > len(stack) {
+		in = make([]byte, 0, need)
+	}
+	in = binary.AppendUvarint(in, uint64(len(variant)))
+	in = append(in, variant...)
+	in = append(in, nativeID...)
+	sum := sha256.Sum256(in)
+	out := make([]byte, len(prefix)+32)
+	copy(out, prefix)
+	hex.Encode(out[len(prefix):], sum[:16])
+	return unsafe.String(unsafe.SliceData(out), len(out))
 }
 
 // header returns the HeaderEvent value of ev, stored at storedAt (in
@@ -95,8 +137,8 @@ func header(ev *stream.Event, storedAt string) string {
 		b = append(b, ";seq="...)
 		b = strconv.AppendInt(b, *ev.Sequence, 10)
 	}
-	b = appendField(b, "meta", string(ev.Metadata))
-	b = appendField(b, "handle", string(ev.DeliveryHandle))
+	b = appendField(b, "meta", unsafe.String(unsafe.SliceData(ev.Metadata), len(ev.Metadata)))               // read, not kept
+	b = appendField(b, "handle", unsafe.String(unsafe.SliceData(ev.DeliveryHandle), len(ev.DeliveryHandle))) // read, not kept
 	return string(b)
 }
 

@@ -106,3 +106,39 @@ func TestAckInfo(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendTime checks the digit-by-digit format against time's own.
+func TestAppendTime(t *testing.T) {
+	for _, tm := range []time.Time{
+		time.Date(2026, 11, 29, 10, 9, 8, 7, time.UTC),
+		time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.FixedZone("x", -3600)),
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(-5, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Now(),
+	} {
+		if got, want := string(appendTime(nil, tm)), tm.UTC().Format(timeLayout); got != want {
+			t.Errorf("appendTime(%v) = %s, want %s", tm, got, want)
+		}
+	}
+}
+
+// TestIdentityToken pins the subject token of an identity: a stored
+// event's subject must not change from one version to the next.
+func TestIdentityToken(t *testing.T) {
+	long := strings.Repeat("x", 300)
+	for _, c := range []struct{ id, variant, want string }{
+		{"ord-1", "", "d7ab8d8550f721f41bbbd844aa1435d8"},
+		{"ord-1", "v-2", "d7af4d3c6ed61e412e3745b0e90c5258"},
+	} {
+		if got := identityToken(c.id, c.variant); got != c.want {
+			t.Errorf("identityToken(%q, %q) = %s, want %s", c.id, c.variant, got, c.want)
+		}
+		if got := identitySubject("S.", c.id, c.variant); got != "S."+c.want {
+			t.Errorf("identitySubject = %s", got)
+		}
+	}
+	if a, b := identityToken(long, ""), identityToken(long+"y", ""); len(a) != 32 || a == b {
+		t.Errorf("long ids: %s, %s", a, b)
+	}
+}

@@ -478,7 +478,7 @@ func (b *Backend) Append(ctx context.Context, streamID string, events []stream.E
 	subjects := make([]string, len(events))
 	prefix := st.name + "."
 	for i := range events {
-		subjects[i] = prefix + identityToken(events[i].NativeID, events[i].Variant)
+		subjects[i] = identitySubject(prefix, events[i].NativeID, events[i].Variant)
 	}
 
 	b.pubMu.Lock()
