@@ -39,6 +39,7 @@ import (
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/ingresspb"
 	"github.com/postbox-events/postbox/internal/intake"
+	"github.com/postbox-events/postbox/internal/intakerate"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -83,6 +84,11 @@ type Config struct {
 	QueueBytes int
 	Limits     postbox.Limits
 	Tokens     ingress.Tokens // nil: no authentication
+	// TokenRateLimit, when not zero, bounds the events each device token
+	// sends through the ingress (serve's --token-rate-limit), over every
+	// node of a shared store: a connection over it is held until its
+	// budget refills.
+	TokenRateLimit intakerate.Rate
 	// Webhooks configures POST /webhooks.
 	Webhooks WebhookConfig
 	// Delivery configures workers, retries, dead letters and retention;
@@ -225,10 +231,11 @@ type Server struct {
 	metrics  *ingress.Metrics
 	// webhookKeys are the decoded Webhooks.Secrets.
 	webhookKeys [][]byte
-	sources     sourceCache    // webhook sources read recently (sources.go)
-	wh          webhookState   // the webhook intake's own (webhooks.go)
-	runner      *intake.Runner // the adapters of sources that read upstream
-	sourceStore *intake.Store  // sources and their checkpoints
+	sources     sourceCache         // webhook sources read recently (sources.go)
+	wh          webhookState        // the webhook intake's own (webhooks.go)
+	runner      *intake.Runner      // the adapters of sources that read upstream
+	sourceStore *intake.Store       // sources and their checkpoints
+	limiter     *intakerate.Limiter // the sources' and tokens' rate limits
 	ingress     *ingress.Ingress
 	reg         *prometheus.Registry
 	ln          net.Listener
@@ -284,6 +291,15 @@ func New(cfg Config) (*Server, error) {
 	}
 	m.registerQueue(writer)
 	metrics := ingress.NewMetrics(teeRegisterer{reg, statsReg})
+	if !cfg.TokenRateLimit.IsZero() {
+		if err := cfg.TokenRateLimit.Validate("Config.TokenRateLimit"); err != nil {
+			return nil, configErrorf("%v", err)
+		}
+	}
+	limiter := intakerate.NewMemory()
+	if _, shared := store.(delivery.SharedStore); shared {
+		limiter = intakerate.NewShared(store)
+	}
 	gate := intake.NewGate(DeviceSource, sourceCacheTTL, cfg.Logger)
 	devices := newDeviceSources(cfg.Logger)
 	in, err := ingress.New(writer, ingress.Config{
@@ -292,6 +308,8 @@ func New(cfg Config) (*Server, error) {
 		StreamID:     DeviceSource,
 		Limits:       cfg.Limits,
 		Tokens:       cfg.Tokens,
+		TokenRate:    cfg.TokenRateLimit,
+		RateLimiter:  limiter,
 		PingInterval: cfg.PingInterval,
 		PingTimeout:  cfg.PingTimeout,
 		Logger:       cfg.Logger,
@@ -323,7 +341,7 @@ func New(cfg Config) (*Server, error) {
 		dl.Handle(inbox, h)
 	}
 	reg.MustRegister(dl.LagCollector(), dl.InboxCollector(), dl.NodeCollector(), buildInfoGauge())
-	s := &Server{cfg: cfg, log: cfg.Logger, streams: cfg.Streams, store: store, writer: writer, delivery: dl, roles: rolesOf(dl), metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg, sourceStore: srcs,
+	s := &Server{cfg: cfg, log: cfg.Logger, streams: cfg.Streams, store: store, writer: writer, delivery: dl, roles: rolesOf(dl), metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg, sourceStore: srcs, limiter: limiter,
 		mux: http.NewServeMux(), guard: guard, conns: newConnLimit(reg, cfg.MaxConnections), storeHealth: health}
 	s.stats = &statsSampler{gather: statsReg, started: time.Now().UTC(), interval: cfg.StatsInterval, lag: s.subscriptionLags,
 		queue: func() (int, int) { return writer.QueueLen(), writer.QueueCap() }}
