@@ -19,6 +19,7 @@ import (
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/delivery/deliverypg"
+	"github.com/postbox-events/postbox/internal/forwarded"
 	"github.com/postbox-events/postbox/internal/groupcommit"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/intakerate"
@@ -70,6 +71,7 @@ of each event's intake, materialisation and delivery attempts are exported over 
 	whTypeField := fs.String("webhook-type-field", "", "a top-level JSON `field` holding it, e.g. type for Stripe [POSTBOX_WEBHOOK_TYPE_FIELD]")
 	whSecrets := fs.String("webhook-secret", "", "Standard Webhooks `secrets` (whsec_ and base64 of 16 to 128 bytes, comma-separated while rotating): POST /webhooks then requires a valid signature [POSTBOX_WEBHOOK_SECRET]")
 	tokens := fs.String("auth-tokens", "", "file of 'TOKEN DEVICE_ID' lines; requires a bearer token on the ingress [POSTBOX_AUTH_TOKENS]")
+	trustedProxies := fs.String("trusted-proxies", "", "`addresses` and CIDR prefixes of reverse proxies whose X-Forwarded-For names the client (in logs, webhook metadata and --ws-max-connections-per-address), comma-separated; from any other peer the header is ignored (docs/PROXY.md) [POSTBOX_TRUSTED_PROXIES]")
 	tokenRate := eventRate(0)
 	fs.Var(&tokenRate, "token-rate-limit", "`events` per second each device token (--auth-tokens) may send through the ingress, over every node of a shared store; a connection over it is not read until its budget refills (docs/PROTOCOL.md); 0 = no limit [POSTBOX_TOKEN_RATE_LIMIT]")
 	tokenBurst := wholeNumber(0)
@@ -141,6 +143,10 @@ of each event's intake, materialisation and delivery attempts are exported over 
 	if tokenRate > 0 && *tokens == "" {
 		return usagef("--token-rate-limit (POSTBOX_TOKEN_RATE_LIMIT) limits each device token: it needs --auth-tokens (POSTBOX_AUTH_TOKENS)")
 	}
+	proxies, err := forwarded.ParseProxies(splitList(*trustedProxies))
+	if err != nil {
+		return usagef("--trusted-proxies (POSTBOX_TRUSTED_PROXIES): %v", err)
+	}
 	rate := intakerate.Rate{PerSecond: float64(tokenRate), Burst: int(tokenBurst)}
 	if tokenRate > 0 {
 		if err := rate.Validate("token rate"); err != nil {
@@ -207,6 +213,7 @@ of each event's intake, materialisation and delivery attempts are exported over 
 			CleanupInterval: time.Duration(cleanup), AllowLinkLocalTargets: *allowLinkLocal, DenyPrivateTargets: *denyPrivate,
 			Node: *node},
 		TokenRateLimit: rate,
+		TrustedProxies: proxies,
 		Logger:         log,
 	}
 	if *tokens != "" {

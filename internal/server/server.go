@@ -35,6 +35,7 @@ import (
 	"github.com/postbox-events/postbox/internal/buildinfo"
 	"github.com/postbox-events/postbox/internal/console"
 	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/internal/forwarded"
 	"github.com/postbox-events/postbox/internal/httpdeadline"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/ingresspb"
@@ -84,6 +85,12 @@ type Config struct {
 	QueueBytes int
 	Limits     postbox.Limits
 	Tokens     ingress.Tokens // nil: no authentication
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For names
+	// a request's client (serve's --trusted-proxies): from them, the
+	// client's address replaces the request's RemoteAddr (in logs, a
+	// webhook's metadata, the ingress's connections per address). From
+	// any other peer the header is ignored. None: it always is.
+	TrustedProxies forwarded.Proxies
 	// TokenRateLimit, when not zero, bounds the events each device token
 	// sends through the ingress (serve's --token-rate-limit), over every
 	// node of a shared store: a connection over it is held until its
@@ -459,7 +466,21 @@ func (s *Server) sameStore() bool { return any(s.store) == any(s.streams) }
 // to its connections).
 func (s *Server) Handler() http.Handler {
 	routed := func(r *http.Request) bool { _, pattern := s.mux.Handler(r); return pattern != "/" }
-	return withRequestID(withCleanPath(s.guard.wrap(withQuery(s.mux), routed)), s.log)
+	return withClientAddr(withRequestID(withCleanPath(s.guard.wrap(withQuery(s.mux), routed)), s.log), s.cfg.TrustedProxies)
+}
+
+// withClientAddr sets a request's RemoteAddr to its client's address
+// when it came through one of trusted (forwarded.Proxies.ClientAddr).
+func withClientAddr(h http.Handler, trusted forwarded.Proxies) http.Handler {
+	if len(trusted) == 0 {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if xff := r.Header.Values("X-Forwarded-For"); len(xff) > 0 {
+			r.RemoteAddr = trusted.ClientAddr(r.RemoteAddr, xff)
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Listen binds the listener (if Config.Listener is not set) and returns
