@@ -165,7 +165,7 @@ type Config struct {
 	TokenRate   intakerate.Rate
 	RateLimiter *intakerate.Limiter
 	Logger      *slog.Logger
-	Metrics *Metrics
+	Metrics     *Metrics
 }
 
 // ErrNoSource is what Config.Source wraps when a connection names a
