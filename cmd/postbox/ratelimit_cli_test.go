@@ -194,6 +194,16 @@ func TestWebhookRateLimitCLI(t *testing.T) {
 		t.Fatalf("a negative burst: %d %s, want 400 naming settings.rate_limit.burst", resp.StatusCode, b)
 	}
 
+	// Through the API a burst left out is shown as the one in effect.
+	resp, err = http.Post(base+"/v1/sources", "application/json", strings.NewReader(`{"name":"half","kind":"webhook","settings":{"rate_limit":{"per_second":2.5}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 201 || !strings.Contains(string(b), `"rate_limit":{"per_second":2.5,"burst":3}`) {
+		t.Fatalf("a source of 2.5/s: %d %s, want its rate_limit shown with burst 3", resp.StatusCode, b)
+	}
 	if out, errOut, code := runCLI(t, base, "sources", "create", "rl", "--rate-limit", "100", "--rate-burst", "100"); code != 0 {
 		t.Fatalf("sources create: %d %s %s", code, out, errOut)
 	}
