@@ -64,6 +64,9 @@ const (
 	// CodeQueueFull: the server's write queue is full; send again after
 	// Retry-After. 429.
 	CodeQueueFull Code = "queue_full"
+	// CodeRateLimited: a webhook is over its source's rate limit
+	// (rate_limit); send it again after Retry-After. 429.
+	CodeRateLimited Code = "rate_limited"
 	// CodeNotKept: the server does not keep what was asked for (the
 	// stream backend keeps no history of consumer commits; the store is
 	// not a SQLite file GET /v1/backup can copy). 501.
@@ -105,6 +108,7 @@ var codes = []CodeInfo{
 	{CodeHostNotAllowed, http.StatusMisdirectedRequest, "the Host header is not an IP address, localhost, the `--addr` host or one of `--allowed-hosts` (operator API, console and /metrics only)"},
 	{CodeUpgradeRequired, http.StatusUpgradeRequired, "a request to `GET /v1/ws` is not a WebSocket upgrade"},
 	{CodeQueueFull, http.StatusTooManyRequests, "a webhook found the server's write queue full: send it again after `Retry-After`"},
+	{CodeRateLimited, http.StatusTooManyRequests, "a webhook is over its source's `rate_limit`, which the message names: send it again after `Retry-After`"},
 	{CodeNotKept, http.StatusNotImplemented, "the stream backend keeps no history of consumer commits; the store is not a SQLite file `GET /v1/backup` can copy"},
 	{CodeUnavailable, http.StatusServiceUnavailable, "the server is starting or shutting down, or its store failed: send it again"},
 	{CodeTooManyConnections, http.StatusServiceUnavailable, "the WebSocket ingress holds as many connections as it allows: connect again after `Retry-After`"},

@@ -55,6 +55,17 @@ type WebhookSourceSettings struct {
 	// body sent under another delivery id is answered as a duplicate
 	// ("0s": never), e.g. "24h".
 	ReplayWindow string `json:"replay_window,omitempty"`
+	// RateLimit, when set, bounds the webhooks the source stores.
+	RateLimit *RateLimit `json:"rate_limit,omitempty"`
+}
+
+// RateLimit is an intake rate limit: a token bucket of PerSecond
+// events a second holding up to Burst (0 when given: one second's worth,
+// at least 1; the API shows the burst in effect). Over it a webhook is
+// answered 429 rate_limited with Retry-After.
+type RateLimit struct {
+	PerSecond float64 `json:"per_second"`
+	Burst     int     `json:"burst,omitempty"`
 }
 
 // WebhookSettings decodes the settings of a webhook source.
@@ -133,6 +144,9 @@ type CreateWebhookSettings struct {
 	// body sent under another delivery id is answered as a duplicate
 	// ("0" or "0s": never); "": 24h.
 	ReplayWindow string `json:"replay_window,omitempty"`
+	// RateLimit bounds the webhooks the source stores, over every node
+	// of a shared store; nil: no bound. It may go with ServeFlags.
+	RateLimit *RateLimit `json:"rate_limit,omitempty"`
 }
 
 // PollSourceSettings are the settings of a poll source: the JSON HTTP API

@@ -19,8 +19,10 @@ import (
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/delivery/deliverypg"
+	"github.com/postbox-events/postbox/internal/forwarded"
 	"github.com/postbox-events/postbox/internal/groupcommit"
 	"github.com/postbox-events/postbox/internal/ingress"
+	"github.com/postbox-events/postbox/internal/intakerate"
 	"github.com/postbox-events/postbox/internal/kafkaopt"
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/retry"
@@ -69,6 +71,11 @@ of each event's intake, materialisation and delivery attempts are exported over 
 	whTypeField := fs.String("webhook-type-field", "", "a top-level JSON `field` holding it, e.g. type for Stripe [POSTBOX_WEBHOOK_TYPE_FIELD]")
 	whSecrets := fs.String("webhook-secret", "", "Standard Webhooks `secrets` (whsec_ and base64 of 16 to 128 bytes, comma-separated while rotating): POST /webhooks then requires a valid signature [POSTBOX_WEBHOOK_SECRET]")
 	tokens := fs.String("auth-tokens", "", "file of 'TOKEN DEVICE_ID' lines; requires a bearer token on the ingress [POSTBOX_AUTH_TOKENS]")
+	trustedProxies := fs.String("trusted-proxies", "", "`addresses` and CIDR prefixes of reverse proxies whose X-Forwarded-For names the client (in logs, webhook metadata and --ws-max-connections-per-address), comma-separated; from any other peer the header is ignored (docs/PROXY.md) [POSTBOX_TRUSTED_PROXIES]")
+	tokenRate := eventRate(0)
+	fs.Var(&tokenRate, "token-rate-limit", "`events` per second each device token (--auth-tokens) may send through the ingress, over every node of a shared store; a connection over it is not read until its budget refills (docs/PROTOCOL.md); 0 = no limit [POSTBOX_TOKEN_RATE_LIMIT]")
+	tokenBurst := wholeNumber(0)
+	fs.Var(&tokenBurst, "token-rate-burst", "`events` a device token may send at once after a quiet spell, with --token-rate-limit; 0 = one second's worth [POSTBOX_TOKEN_RATE_BURST]")
 	apiToken := fs.String("api-token", "", "bearer `token` the operator API (subscriptions, streams, consumers, inboxes) and /metrics require [POSTBOX_API_TOKEN]")
 	noAPIToken := fs.Bool("insecure-no-api-token", false, "serve the operator API without --api-token on an address beyond loopback; without this, serve refuses to start there [POSTBOX_INSECURE_NO_API_TOKEN]")
 	allowedHosts := fs.String("allowed-hosts", "", "host `names` the operator API, console and /metrics answer under besides IP addresses, localhost and the --addr host, comma-separated (.example.com takes subdomains, * any); others get 421, which stops DNS rebinding [POSTBOX_ALLOWED_HOSTS]")
@@ -130,6 +137,22 @@ of each event's intake, materialisation and delivery attempts are exported over 
 		return usagef("the retry base delay %v (--retry-base-delay, RETRY_BASE_DELAY) is above the retry max delay %v (--retry-max-delay, RETRY_MAX_DELAY)",
 			time.Duration(retryBase), time.Duration(retryMax))
 	}
+	if tokenRate == 0 && isSet(fs, "token-rate-burst") {
+		return usagef("--token-rate-burst (POSTBOX_TOKEN_RATE_BURST) goes with --token-rate-limit (POSTBOX_TOKEN_RATE_LIMIT): set the rate too")
+	}
+	if tokenRate > 0 && *tokens == "" {
+		return usagef("--token-rate-limit (POSTBOX_TOKEN_RATE_LIMIT) limits each device token: it needs --auth-tokens (POSTBOX_AUTH_TOKENS)")
+	}
+	proxies, err := forwarded.ParseProxies(splitList(*trustedProxies))
+	if err != nil {
+		return usagef("--trusted-proxies (POSTBOX_TRUSTED_PROXIES): %v", err)
+	}
+	rate := intakerate.Rate{PerSecond: float64(tokenRate), Burst: int(tokenBurst)}
+	if tokenRate > 0 {
+		if err := rate.Validate("token rate"); err != nil {
+			return usagef("--token-rate-limit/--token-rate-burst: %v", strings.TrimPrefix(err.Error(), "token rate."))
+		}
+	}
 	log, err := newLogger(env.stderr, level.value, format.value)
 	if err != nil {
 		return err
@@ -189,7 +212,9 @@ of each event's intake, materialisation and delivery attempts are exported over 
 			RetryMaxDelay: time.Duration(retryMax), Jitter: mustJitter(jitter.value), HandlerTimeout: time.Duration(handlerTimeout), Retention: keep,
 			CleanupInterval: time.Duration(cleanup), AllowLinkLocalTargets: *allowLinkLocal, DenyPrivateTargets: *denyPrivate,
 			Node: *node},
-		Logger: log,
+		TokenRateLimit: rate,
+		TrustedProxies: proxies,
+		Logger:         log,
 	}
 	if *tokens != "" {
 		if cfg.Tokens, err = readTokens(*tokens); err != nil {
@@ -579,6 +604,20 @@ func parseDuration(s string, unit time.Duration) (time.Duration, bool) {
 	}
 	d, err := time.ParseDuration(s)
 	return d, err == nil && d > 0
+}
+
+// eventRate is a flag.Value for events per second: a number >= 0 (0:
+// no limit), at most intakerate.MaxPerSecond.
+type eventRate float64
+
+func (e *eventRate) String() string { return strconv.FormatFloat(float64(*e), 'f', -1, 64) }
+func (e *eventRate) Set(s string) error {
+	f, err := strconv.ParseFloat(strings.TrimSuffix(s, "/s"), 64)
+	if err != nil || f < 0 || f > intakerate.MaxPerSecond || f != f {
+		return fmt.Errorf("%q is not a rate: events per second from 0 (no limit) to %d, e.g. 100 or 0.5", s, intakerate.MaxPerSecond)
+	}
+	*e = eventRate(f)
+	return nil
 }
 
 // wholeNumber is a flag.Value for an int >= 0.

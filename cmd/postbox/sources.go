@@ -131,6 +131,10 @@ X-GitHub-Delivery and X-GitHub-Event: within --replay-window (default 24h, 0 for
 same body under another delivery id is answered as the duplicate of the first and not
 stored again; after it, it would be.
 
+--rate-limit 100 --rate-burst 100 bounds the webhooks the source stores (verified ones;
+over every node of a shared store): one over it is answered 429 rate_limited with
+Retry-After, and counted in postbox_ingress_rate_limited_total{limit="source"}.
+
 Secrets are shown later only as fingerprints. Creating it again with the same settings
 succeeds and prints "exists"; other settings under the same name are a conflict.`)
 	af := addAPIFlags(fs, "print the source's JSON")
@@ -157,6 +161,10 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 	typeHeader := fs.String("type-header", "", "the `header` holding the type, e.g. X-Shop-Topic")
 	typeField := fs.String("type-field", "", "the top-level body `field` holding the type, e.g. type")
 	replayWindow := fs.String("replay-window", "", "with --preset github: how long the same signed body under another delivery id is a duplicate (`duration`, default 24h; 0: never)")
+	rateLimit := eventRate(0)
+	fs.Var(&rateLimit, "rate-limit", "webhooks per second the source stores, over every node of a shared store; over it a webhook is answered 429 rate_limited with Retry-After (`events` per second, e.g. 100)")
+	rateBurst := wholeNumber(0)
+	fs.Var(&rateBurst, "rate-burst", "webhooks the source takes at once after a quiet spell, with --rate-limit (`events`; default one second's worth)")
 	serveFlags := fs.Bool("serve-flags", false, "take every setting from serve's --webhook-* flags, as the default source webhooks does")
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
@@ -187,7 +195,16 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 	}
 	hook := api.CreateWebhookSettings{Preset: *preset, Secrets: secrets, KeyHeader: *keyHeader, KeyField: *keyField,
 		TypeHeader: *typeHeader, TypeField: *typeField, ServeFlags: *serveFlags, ReplayWindow: *replayWindow}
-	hookGiven := len(secrets) > 0 || *serveFlags || *preset+*keyHeader+*keyField+*typeHeader+*typeField+*replayWindow != ""
+	if rateLimit == 0 && isSet(fs, "rate-burst") {
+		return usagef("sources create: --rate-burst goes with --rate-limit: set the rate too")
+	}
+	if isSet(fs, "rate-limit") && rateLimit == 0 {
+		return usagef("sources create: --rate-limit 0: give events per second above 0, or leave it out for no limit")
+	}
+	if rateLimit > 0 {
+		hook.RateLimit = &api.RateLimit{PerSecond: float64(rateLimit), Burst: int(rateBurst)}
+	}
+	hookGiven := len(secrets) > 0 || *serveFlags || hook.RateLimit != nil || *preset+*keyHeader+*keyField+*typeHeader+*typeField+*replayWindow != ""
 	upstream, err := upstreamFlags(fs, *kind, *pollURL, *feedURL, upstreamOptions{items: *items, id: *idPtr, typ: *typePtr,
 		time: *timePtr, cursorParam: *cursorParam, next: *next, interval: *interval, token: *token, redirects: *redirects}, headers)
 	if err != nil {
@@ -196,7 +213,7 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 	if upstream != nil {
 		*kind = upstream.kind
 		if hookGiven {
-			return usagef("sources create: --preset, --secret, --key-*, --type-* and --replay-window are a webhook source's; a %s source has none", *kind)
+			return usagef("sources create: --preset, --secret, --key-*, --type-*, --replay-window and --rate-* are a webhook source's; a %s source has none", *kind)
 		}
 	}
 	req := api.CreateSource{Name: name, Kind: *kind}
@@ -322,6 +339,9 @@ webhooks).`)
 			{"secrets", orDash(strings.Join(fps, ", "))}, {"key", key}, {"type", typ}}...)
 		if st.ReplayWindow != "" {
 			fields = append(fields, [2]string{"replay window", st.ReplayWindow})
+		}
+		if rl := st.RateLimit; rl != nil {
+			fields = append(fields, [2]string{"rate limit", fmt.Sprintf("%s/s, burst %d", strconv.FormatFloat(rl.PerSecond, 'f', -1, 64), rl.Burst)})
 		}
 	}
 	switch s.Kind {

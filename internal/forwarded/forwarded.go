@@ -1,6 +1,8 @@
 // Package forwarded says which of a webhook's headers are the event's:
 // intake keeps them in its metadata and delivery's workers send them on
 // to a target. The rest describe the request to postbox, not the event.
+// And it says who a request's client is behind a trusted reverse proxy
+// (Proxies.ClientAddr).
 package forwarded
 
 import (

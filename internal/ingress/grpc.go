@@ -161,7 +161,7 @@ func (g grpcIngress) Send(stream ingresspb.Ingress_SendServer) error {
 	ctx, cancel := context.WithCancel(sctx)
 	defer cancel()
 	s := &session{in: in, cancel: cancel, send: grpcSend(stream), wake: make(chan struct{}, 1), queued: make(chan struct{}, 1), room: make(chan struct{}),
-		stream: streamID, gone: gone}
+		stream: streamID, gone: gone, device: device}
 	if device != "" {
 		in.claim(device, s)
 		defer in.unclaim(device, s)

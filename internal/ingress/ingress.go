@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/internal/intakerate"
 	"github.com/postbox-events/postbox/internal/logsample"
 	"github.com/postbox-events/postbox/internal/tracing"
 	"github.com/postbox-events/postbox/internal/wsping"
@@ -154,9 +155,18 @@ type Config struct {
 	// (404 not_found, gRPC NotFound), any other as unavailable. Without
 	// Source, a connection that names a source other than the default
 	// is refused as not found.
-	Source  func(ctx context.Context, name string) (stream string, gone func() error, err error)
-	Logger  *slog.Logger
-	Metrics *Metrics
+	Source func(ctx context.Context, name string) (stream string, gone func() error, err error)
+	// TokenRate, when not zero (and with Tokens), bounds the events each
+	// device token sends, in RateLimiter's bucket "device:ID". A
+	// connection over it is not read further until the bucket refills
+	// (its events wait before they are queued for the writer, which
+	// holds up reading as a full queue does): backpressure, counted in
+	// postbox_ingress_rate_limited_total{limit="token"} and
+	// postbox_ingress_rate_limited_seconds_total.
+	TokenRate   intakerate.Rate
+	RateLimiter *intakerate.Limiter
+	Logger      *slog.Logger
+	Metrics     *Metrics
 }
 
 // ErrNoSource is what Config.Source wraps when a connection names a
@@ -281,6 +291,9 @@ func New(store Appender, cfg Config) (*Ingress, error) {
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
+	}
+	if cfg.RateLimiter == nil {
+		cfg.RateLimiter = intakerate.NewMemory()
 	}
 	return &Ingress{store: store, cfg: cfg, log: cfg.Logger, m: cfg.Metrics, sample: logsample.New(0), drain: make(chan struct{}),
 		budget: newBudget(cfg.MaxBufferedBytes, cfg.MaxFrameBytes, cfg.Metrics.buffered), devices: map[string]*session{}, byAddr: map[string]int{}}, nil

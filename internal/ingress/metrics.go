@@ -12,6 +12,8 @@ type Metrics struct {
 	buffered    prometheus.Gauge
 	saturated   prometheus.Gauge
 	waited      prometheus.Counter
+	limited     *prometheus.CounterVec
+	limitWait   prometheus.Counter
 }
 
 // NewMetrics creates the ingress collectors and registers them with reg
@@ -50,9 +52,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "postbox_ingress_saturated_seconds_total",
 			Help: "Seconds ingress connections waited for room in the writer's full queue, summed over the connections.",
 		}),
+		limited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "postbox_ingress_rate_limited_total",
+			Help: "Requests and events held to an intake rate limit, by source and limit: webhooks answered 429 over their source's rate_limit (limit=source), device events that waited for their token's budget (limit=token).",
+		}, []string{"source", "limit"}),
+		limitWait: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "postbox_ingress_rate_limited_seconds_total",
+			Help: "Seconds ingress connections waited for their device token's rate limit (--token-rate-limit), summed over the connections.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.connections, m.frames, m.refused, m.replaced, m.buffered, m.saturated, m.waited)
+		reg.MustRegister(m.events, m.connections, m.frames, m.refused, m.replaced, m.buffered, m.saturated, m.waited, m.limited, m.limitWait)
 	}
 	return m
 }
@@ -85,6 +95,7 @@ func (m *Metrics) Source(source string, webhook bool) {
 func (m *Metrics) Forget(source string) {
 	if m != nil {
 		m.events.DeletePartialMatch(prometheus.Labels{"source": source})
+		m.limited.DeletePartialMatch(prometheus.Labels{"source": source})
 	}
 }
 
@@ -92,4 +103,10 @@ func (m *Metrics) Forget(source string) {
 // conflict, rejected, unavailable), for intakes other than the ingress.
 func (m *Metrics) Count(source, result string, n int) {
 	m.events.WithLabelValues(source, result).Add(float64(n))
+}
+
+// Limited counts n requests or events of source held to an intake rate
+// limit (limit: "source" or "token").
+func (m *Metrics) Limited(source, limit string, n int) {
+	m.limited.WithLabelValues(source, limit).Add(float64(n))
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/postbox-events/postbox/client"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/ingresspb"
+	"github.com/postbox-events/postbox/internal/intakerate"
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/stream/streamsqlite"
 )
@@ -261,6 +262,7 @@ func TestTransports(t *testing.T) {
 			t.Run("stored once", func(t *testing.T) { testStoredOnce(t, tr) })
 			t.Run("bad input", func(t *testing.T) { testBadInput(t, tr) })
 			t.Run("tokens", func(t *testing.T) { testTokens(t, tr) })
+			t.Run("token rate", func(t *testing.T) { testTokenRate(t, tr) })
 			t.Run("backpressure", func(t *testing.T) { testBackpressure(t, tr) })
 			t.Run("shutdown", func(t *testing.T) { testShutdown(t, tr) })
 			t.Run("client", func(t *testing.T) { testClient(t, tr) })
@@ -419,6 +421,47 @@ func testTokens(t *testing.T, tr transport) {
 	rs := byID(t, replies(t, c, 2))
 	if !rs["k-1"].OK() || rs["k-2"].Code != postbox.CodeForbidden || rs["k-2"].Field != "device_id" {
 		t.Errorf("replies %+v, want k-1 ACKed and k-2 forbidden", rs)
+	}
+}
+
+// testTokenRate: a device token over its rate (TokenRate) is held, not
+// refused: 30 envelopes at 40/s burst 10 are all ACKed, no sooner than
+// the 20 beyond the burst allow (0.5 s); another token has its own
+// budget.
+func testTokenRate(t *testing.T, tr transport) {
+	st := newStore()
+	close(st.full)
+	tokens := ingress.Tokens{}
+	tokens.Add("tok-a", "pi-a")
+	tokens.Add("tok-b", "pi-b")
+	_, dial := tr.serve(t, newIngress(t, st, ingress.Config{Tokens: tokens, TokenRate: intakerate.Rate{PerSecond: 40, Burst: 10}}))
+	a := dialOK(t, dial, "tok-a")
+	start := time.Now()
+	for f := range 3 {
+		var envs []string
+		for i := range 10 {
+			envs = append(envs, env(fmt.Sprintf("a-%d-%d", f, i), "pi-a", "t", `{}`))
+		}
+		send(t, a, frame(envs...))
+	}
+	for id, r := range byID(t, replies(t, a, 30)) {
+		if !r.OK() {
+			t.Fatalf("%s: %+v, want every envelope ACKed", id, r)
+		}
+	}
+	if took := time.Since(start); took < 400*time.Millisecond {
+		t.Fatalf("30 envelopes at 40/s burst 10 answered in %v, want at least 0.5s", took)
+	}
+	b := dialOK(t, dial, "tok-b")
+	start = time.Now()
+	var envs []string
+	for i := range 10 {
+		envs = append(envs, env(fmt.Sprintf("b-%d", i), "pi-b", "t", `{}`))
+	}
+	send(t, b, frame(envs...))
+	replies(t, b, 10)
+	if took := time.Since(start); took > 300*time.Millisecond {
+		t.Fatalf("another token's burst took %v: it waited on the first's budget", took)
 	}
 }
 

@@ -121,7 +121,7 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	s := &session{in: in, c: c, send: wsSend(c), cancel: cancel, wake: make(chan struct{}, 1), queued: make(chan struct{}, 1), room: make(chan struct{}),
-		stream: streamID, gone: gone}
+		stream: streamID, gone: gone, device: device}
 	defer s.giveBack()
 	if device != "" {
 		in.claim(device, s)
@@ -327,6 +327,7 @@ type session struct {
 	in       *Ingress
 	stream   string                                       // the stream of the connection's source; "": the default (StreamID)
 	gone     func() error                                 // its source's check (Config.SourceGone); nil: none
+	device   string                                       // the device of its token; "": none
 	c        *websocket.Conn                              // nil on gRPC
 	send     func(context.Context, []postbox.Reply) error // writes replies to the peer, one writer at a time
 	cancel   context.CancelFunc
@@ -625,6 +626,15 @@ func (s *session) enqueueLoop(ctx context.Context) error {
 			continue
 		}
 		ids, events, spans, bytes := c.ids, c.events, c.spans, c.bytes
+		if err := s.rateLimit(ctx, len(c.events)); err != nil {
+			endIntake(c.spans, nil, errNotQueued)
+			s.mu.Lock()
+			s.held -= c.bytes
+			s.signalRoom()
+			s.mu.Unlock()
+			s.in.budget.give(c.bytes)
+			return err
+		}
 		var waitFrom time.Time
 		if full(s.in.store, len(c.events)) { // AppendAsync waits for room
 			waitFrom = time.Now()
@@ -652,6 +662,29 @@ func (s *session) enqueueLoop(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// rateLimit waits until the session's device token may send n more
+// events (Config.TokenRate), counting the wait; it returns ctx's error
+// when the connection ends first. While it waits, the events read stay
+// pending and the reader stops once they fill the connection's share:
+// the sender is held up through TCP, as by a full writer queue.
+func (s *session) rateLimit(ctx context.Context, n int) error {
+	r := s.in.cfg.TokenRate
+	if s.device == "" || r.IsZero() {
+		return nil
+	}
+	key := "device:" + s.device
+	if ok, _, err := s.in.cfg.RateLimiter.Take(ctx, key, r, min(n, r.EffectiveBurst())); ok && err == nil {
+		n -= min(n, r.EffectiveBurst())
+		if n == 0 {
+			return nil
+		}
+	}
+	s.in.m.Limited(s.streamID(), "token", n)
+	waited, err := s.in.cfg.RateLimiter.Wait(ctx, key, r, n)
+	s.in.m.limitWait.Add(waited.Seconds())
+	return err
 }
 
 // giveBack returns the budget of events never queued, when the connection

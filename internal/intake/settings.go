@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/postbox-events/postbox/internal/intakerate"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
 	"github.com/postbox-events/postbox/internal/webhooksig"
 )
@@ -50,6 +51,10 @@ type WebhookSettings struct {
 	// again under another ("0": not at all), e.g. "24h"; "" is
 	// DefaultReplayWindow.
 	ReplayWindow string `json:"replay_window,omitempty"`
+	// RateLimit, when set, bounds the webhooks the source stores, over
+	// every node of a shared store: one over it is answered 429 with
+	// Retry-After (internal/intakerate). It may go with ServeFlags.
+	RateLimit *intakerate.Rate `json:"rate_limit,omitempty"`
 }
 
 // DefaultReplayWindow is how long, by default, the same signed body sent
@@ -106,6 +111,11 @@ func (ws WebhookSettings) Effective() WebhookSettings {
 // Validate checks the settings a request gives a webhook source, naming
 // the field of what is wrong.
 func (ws WebhookSettings) Validate() error {
+	if ws.RateLimit != nil {
+		if err := ws.RateLimit.Validate("settings.rate_limit"); err != nil {
+			return err
+		}
+	}
 	if ws.ServeFlags {
 		if ws.Preset != "" || len(ws.Secrets) > 0 || ws.KeyHeader != "" || ws.KeyField != "" || ws.TypeHeader != "" || ws.TypeField != "" || ws.ReplayWindow != "" {
 			return errors.New("settings.serve_flags: takes every setting from serve's --webhook-* flags; give no other")
@@ -191,6 +201,9 @@ type ServeConfig struct {
 // does not decode is left out.
 func (ws WebhookSettings) Webhook(serve ServeConfig) Webhook {
 	wh := Webhook{MaxBytes: serve.MaxBytes, MaxTypeBytes: serve.MaxTypeBytes}
+	if ws.RateLimit != nil {
+		wh.RateLimit = *ws.RateLimit
+	}
 	if ws.ServeFlags {
 		wh.Identity = serve.Identity
 		if len(serve.Keys) > 0 {

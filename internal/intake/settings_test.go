@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox/internal/intake"
+	"github.com/postbox-events/postbox/internal/intakerate"
 )
 
 // TestWebhookSettingsValidate: every setting a source is refused for
@@ -18,6 +19,9 @@ func TestWebhookSettingsValidate(t *testing.T) {
 	}{
 		{"zero", intake.WebhookSettings{}, ""},
 		{"serve flags", intake.WebhookSettings{ServeFlags: true}, ""},
+		{"serve flags with a rate limit", intake.WebhookSettings{ServeFlags: true, RateLimit: &intakerate.Rate{PerSecond: 100, Burst: 100}}, ""},
+		{"rate limit of 0", intake.WebhookSettings{RateLimit: &intakerate.Rate{}}, "settings.rate_limit.per_second 0: want events per second above 0"},
+		{"rate limit with a negative burst", intake.WebhookSettings{RateLimit: &intakerate.Rate{PerSecond: 1, Burst: -2}}, "settings.rate_limit.burst -2"},
 		{"serve flags and more", intake.WebhookSettings{ServeFlags: true, KeyField: "id"}, "settings.serve_flags: takes every setting from serve's --webhook-* flags; give no other"},
 		{"standard secrets", intake.WebhookSettings{Secrets: []string{stdSecret, "whsec_QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFB"}}, ""},
 		{"github", intake.WebhookSettings{Preset: intake.PresetGitHub, Secrets: []string{"s"}, ReplayWindow: "72h"}, ""},

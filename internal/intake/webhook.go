@@ -21,6 +21,7 @@ import (
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/forwarded"
+	"github.com/postbox-events/postbox/internal/intakerate"
 	"github.com/postbox-events/postbox/internal/jsonenc"
 	"github.com/postbox-events/postbox/internal/tracing"
 	"github.com/postbox-events/postbox/stream"
@@ -74,6 +75,10 @@ type Webhook struct {
 	// under another key (WebhookSettings.ReplayWindow): the server
 	// claims the body's digest before it appends.
 	ReplayWindow time.Duration
+	// RateLimit, when not zero, bounds the webhooks stored
+	// (WebhookSettings.RateLimit): the server takes a token of the
+	// source's bucket for each verified webhook before it appends.
+	RateLimit intakerate.Rate
 
 	from identityFrom
 	// verify checks a webhook's signature; its error names the header.

@@ -46,7 +46,10 @@ var dialectPairs = []dialectPair{
 			"a SQLite store has one process, which counts it in memory",
 		"table item_counts: primary key (count_id) in sqlite, () in postgres": "the same rowid",
 	}},
-	{component: "intake", sqlite: "../intake/migrations", postgres: "../intake/pgmigrations", allow: map[string]string{}},
+	{component: "intake", sqlite: "../intake/migrations", postgres: "../intake/pgmigrations", allow: map[string]string{
+		"table intake_rates: only in postgres": "the intake rate limits over the processes sharing a PostgreSQL store; " +
+			"a SQLite store has one process, which keeps its buckets in memory (internal/intakerate)",
+	}},
 	{component: "streamkafka", sqlite: "../../stream/streamkafka/migrations/sqlite", postgres: "../../stream/streamkafka/migrations/postgres", allow: map[string]string{}},
 }
 

@@ -35,10 +35,12 @@ import (
 	"github.com/postbox-events/postbox/internal/buildinfo"
 	"github.com/postbox-events/postbox/internal/console"
 	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/internal/forwarded"
 	"github.com/postbox-events/postbox/internal/httpdeadline"
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/ingresspb"
 	"github.com/postbox-events/postbox/internal/intake"
+	"github.com/postbox-events/postbox/internal/intakerate"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -83,6 +85,17 @@ type Config struct {
 	QueueBytes int
 	Limits     postbox.Limits
 	Tokens     ingress.Tokens // nil: no authentication
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For names
+	// a request's client (serve's --trusted-proxies): from them, the
+	// client's address replaces the request's RemoteAddr (in logs, a
+	// webhook's metadata, the ingress's connections per address). From
+	// any other peer the header is ignored. None: it always is.
+	TrustedProxies forwarded.Proxies
+	// TokenRateLimit, when not zero, bounds the events each device token
+	// sends through the ingress (serve's --token-rate-limit), over every
+	// node of a shared store: a connection over it is held until its
+	// budget refills.
+	TokenRateLimit intakerate.Rate
 	// Webhooks configures POST /webhooks.
 	Webhooks WebhookConfig
 	// Delivery configures workers, retries, dead letters and retention;
@@ -231,10 +244,11 @@ type Server struct {
 	metrics  *ingress.Metrics
 	// webhookKeys are the decoded Webhooks.Secrets.
 	webhookKeys [][]byte
-	sources     sourceCache    // webhook sources read recently (sources.go)
-	wh          webhookState   // the webhook intake's own (webhooks.go)
-	runner      *intake.Runner // the adapters of sources that read upstream
-	sourceStore *intake.Store  // sources and their checkpoints
+	sources     sourceCache         // webhook sources read recently (sources.go)
+	wh          webhookState        // the webhook intake's own (webhooks.go)
+	runner      *intake.Runner      // the adapters of sources that read upstream
+	sourceStore *intake.Store       // sources and their checkpoints
+	limiter     *intakerate.Limiter // the sources' and tokens' rate limits
 	ingress     *ingress.Ingress
 	reg         *prometheus.Registry
 	ln          net.Listener
@@ -290,6 +304,15 @@ func New(cfg Config) (*Server, error) {
 	}
 	m.registerQueue(writer)
 	metrics := ingress.NewMetrics(teeRegisterer{reg, statsReg})
+	if !cfg.TokenRateLimit.IsZero() {
+		if err := cfg.TokenRateLimit.Validate("Config.TokenRateLimit"); err != nil {
+			return nil, configErrorf("%v", err)
+		}
+	}
+	limiter := intakerate.NewMemory()
+	if _, shared := store.(delivery.SharedStore); shared {
+		limiter = intakerate.NewShared(store)
+	}
 	gate := intake.NewGate(DeviceSource, sourceCacheTTL, cfg.Logger)
 	devices := newDeviceSources(cfg.Logger)
 	in, err := ingress.New(writer, ingress.Config{
@@ -298,6 +321,8 @@ func New(cfg Config) (*Server, error) {
 		StreamID:     DeviceSource,
 		Limits:       cfg.Limits,
 		Tokens:       cfg.Tokens,
+		TokenRate:    cfg.TokenRateLimit,
+		RateLimiter:  limiter,
 		PingInterval: cfg.PingInterval,
 		PingTimeout:  cfg.PingTimeout,
 		Logger:       cfg.Logger,
@@ -329,7 +354,7 @@ func New(cfg Config) (*Server, error) {
 		dl.Handle(inbox, h)
 	}
 	reg.MustRegister(dl.LagCollector(), dl.InboxCollector(), dl.NodeCollector(), buildInfoGauge())
-	s := &Server{cfg: cfg, log: cfg.Logger, streams: cfg.Streams, store: store, writer: writer, delivery: dl, roles: rolesOf(dl), metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg, sourceStore: srcs,
+	s := &Server{cfg: cfg, log: cfg.Logger, streams: cfg.Streams, store: store, writer: writer, delivery: dl, roles: rolesOf(dl), metrics: metrics, webhookKeys: webhookKeys, ingress: in, reg: reg, sourceStore: srcs, limiter: limiter,
 		mux: http.NewServeMux(), guard: guard, conns: newConnLimit(reg, cfg.MaxConnections), storeHealth: health}
 	s.stats = &statsSampler{gather: statsReg, started: time.Now().UTC(), interval: cfg.StatsInterval, lag: s.subscriptionLags,
 		queue: func() (int, int) { return writer.QueueLen(), writer.QueueCap() }}
@@ -447,7 +472,21 @@ func (s *Server) sameStore() bool { return any(s.store) == any(s.streams) }
 // to its connections).
 func (s *Server) Handler() http.Handler {
 	routed := func(r *http.Request) bool { _, pattern := s.mux.Handler(r); return pattern != "/" }
-	return withRequestID(withCleanPath(s.guard.wrap(withQuery(s.mux), routed)), s.log)
+	return withClientAddr(withRequestID(withCleanPath(s.guard.wrap(withQuery(s.mux), routed)), s.log), s.cfg.TrustedProxies)
+}
+
+// withClientAddr sets a request's RemoteAddr to its client's address
+// when it came through one of trusted (forwarded.Proxies.ClientAddr).
+func withClientAddr(h http.Handler, trusted forwarded.Proxies) http.Handler {
+	if len(trusted) == 0 {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if xff := r.Header.Values("X-Forwarded-For"); len(xff) > 0 {
+			r.RemoteAddr = trusted.ClientAddr(r.RemoteAddr, xff)
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Listen binds the listener (if Config.Listener is not set) and returns

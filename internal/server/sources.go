@@ -180,6 +180,7 @@ func (s *Server) sourceJSON(src intake.Source) api.Source {
 	}
 	var ws intake.WebhookSettings
 	json.Unmarshal(src.Settings, &ws)
+	rate := ws.RateLimit
 	j.Path = "/webhooks/" + src.Name
 	secrets := ws.Secrets
 	if ws.ServeFlags {
@@ -195,6 +196,9 @@ func (s *Server) sourceJSON(src intake.Source) api.Source {
 		TypeHeader: ws.TypeHeader, TypeField: ws.TypeField, ServeFlags: ws.ServeFlags, Signature: "none"}
 	if d, err := ws.ParseReplayWindow(); err == nil && ws.Preset == intake.PresetGitHub {
 		sj.ReplayWindow = delivery.FormatSchedule([]time.Duration{d})
+	}
+	if rate != nil {
+		sj.RateLimit = &api.RateLimit{PerSecond: rate.PerSecond, Burst: rate.EffectiveBurst()}
 	}
 	for _, sec := range secrets {
 		sj.Secrets = append(sj.Secrets, api.SourceSecret{Fingerprint: s.fingerprint(sec)})

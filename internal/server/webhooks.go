@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/groupcommit"
 	"github.com/postbox-events/postbox/internal/intake"
+	"github.com/postbox-events/postbox/internal/intakerate"
 	"github.com/postbox-events/postbox/internal/jsonenc"
 	"github.com/postbox-events/postbox/internal/logsample"
 	"github.com/postbox-events/postbox/internal/names"
@@ -127,6 +129,9 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		writeError(w, ref.Code, "%s", ref.Message)
 		return
 	}
+	if !wh.RateLimit.IsZero() && !s.underRate(w, r, source, wh.RateLimit) {
+		return
+	}
 	if tracing.Enabled() {
 		span := p.Trace(source)
 		defer span.End()
@@ -139,6 +144,32 @@ func (s *Server) receiveWebhook(w http.ResponseWriter, r *http.Request, source s
 		return
 	}
 	s.storeWebhook(w, r, source, ev)
+}
+
+// underRate takes a token of source's rate limit for a verified webhook,
+// and reports whether it got one; over the limit it answers 429
+// rate_limited with Retry-After (whole seconds, at least 1) and counts
+// it. Only webhooks that verify take tokens: forged ones, answered 401,
+// cannot use up a provider's budget. Should a shared store fail, the
+// webhook is answered 503 to be sent again.
+func (s *Server) underRate(w http.ResponseWriter, r *http.Request, source string, rate intakerate.Rate) bool {
+	ok, wait, err := s.limiter.Take(r.Context(), "source:"+source, rate, 1)
+	switch {
+	case ok:
+		return true
+	case r.Context().Err() != nil:
+		return false // the sender left
+	case err != nil:
+		s.metrics.Count(source, "unavailable", 1)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, api.CodeUnavailable, "checking the source's rate limit: %v; send it again", err)
+		return false
+	}
+	s.metrics.Count(source, "throttled", 1)
+	s.metrics.Limited(source, "source", 1)
+	w.Header().Set("Retry-After", strconv.FormatInt(int64(max(1, math.Ceil(wait.Seconds()))), 10))
+	writeError(w, api.CodeRateLimited, "source %q is over its rate limit (rate_limit: %s): send it again after Retry-After; nothing was stored", source, rate)
+	return false
 }
 
 // storeWebhook appends ev, a webhook of source whose payload is its body

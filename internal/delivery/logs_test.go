@@ -1,0 +1,90 @@
+package delivery_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/retry"
+	"github.com/postbox-events/postbox/stream"
+)
+
+// jsonLog collects JSON log lines.
+type jsonLog struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *jsonLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *jsonLog) lines(t *testing.T, msg string) []map[string]any {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if m["msg"] == msg {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// TestAttemptLogs: every attempt's start, completion and failure is logged
+// with the event's identity (source, event id, type, offset), the item and
+// the attempt, as JSON lines; starts and completions at INFO, a retry at
+// INFO, a dead letter at ERROR.
+func TestAttemptLogs(t *testing.T) {
+	var log jsonLog
+	e := setup(t, sqliteStore, delivery.Config{MaxAttempts: 2, RetryBaseDelay: time.Second, Jitter: retry.NoJitter,
+		Logger: slog.New(slog.NewJSONHandler(&log, nil))})
+	failing, ok := newTarget(t, 500), newTarget(t, 200)
+	e.create(t, delivery.Subscription{Name: "bad", Source: "devices", Target: failing.URL})
+	e.appendEvents(t, "ev", "order.paid", 1)
+	e.waitItem(t, "bad", delivery.StatePending, 1)
+	e.clock.Advance(time.Second)
+	it := e.waitItem(t, "bad", delivery.StateFailed, 2)
+	e.create(t, delivery.Subscription{Name: "good", Source: "devices", Target: ok.URL, Start: stream.Start{Policy: stream.StartEarliest}})
+	e.waitItem(t, "good", delivery.StateCompleted, 1)
+
+	identity := map[string]any{"source": "devices", "event_id": "ev-0", "type": "order.paid", "offset": 1.0}
+	check := func(msg, level string, n int, more map[string]any) {
+		t.Helper()
+		ls := log.lines(t, msg)
+		if len(ls) != n {
+			t.Fatalf("%d lines %q, want %d", len(ls), msg, n)
+		}
+		for _, l := range ls {
+			for k, v := range identity {
+				if l[k] != v {
+					t.Errorf("%q: %s is %v, want %v (%v)", msg, k, l[k], v, l)
+				}
+			}
+			for k, v := range more {
+				if l[k] != v {
+					t.Errorf("%q: %s is %v, want %v (%v)", msg, k, l[k], v, l)
+				}
+			}
+			if l["level"] != level || l["item"] == nil || l["attempt"] == nil {
+				t.Errorf("%q: %v, want level %s with the item and the attempt", msg, l, level)
+			}
+		}
+	}
+	check("delivery: processing", "INFO", 3, nil)
+	check("delivery: attempt failed; retry scheduled", "INFO", 1, map[string]any{"inbox": "bad", "item": float64(it.ID), "attempt": 1.0})
+	check("delivery: attempt failed; the item is a dead letter", "ERROR", 1, map[string]any{"inbox": "bad", "attempt": 2.0})
+	check("delivery: completed", "INFO", 1, map[string]any{"inbox": "good"})
+}
