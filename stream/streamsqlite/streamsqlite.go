@@ -129,9 +129,8 @@ type streamState struct {
 	last int64 // the writer's high watermark, ahead of the commit inside a batch
 	prev int64 // last at the start of the batch, to undo a failed one
 
-	// ids is ID and SourceID as bound INSERT arguments, boxed once (the
-	// writer's).
-	ids [2]any
+	// id is ID as a bound INSERT argument, boxed once (the writer's).
+	id any
 
 	committed atomic.Int64 // the committed high watermark
 	mu        sync.Mutex
@@ -238,7 +237,7 @@ func Open(path string, cfg Config) (*Backend, error) {
 	b.find, err = write.Prepare(`SELECT pos, event_type FROM stream_events
 		WHERE stream_id = ? AND source_native_id = ? AND event_variant = ?`)
 	if err == nil {
-		b.touch, err = write.Prepare(`UPDATE stream_events SET last_seen_at = ?, attempt_count = attempt_count + 1
+		b.touch, err = write.Prepare(`UPDATE stream_events SET redelivered_at = ?, attempt_count = attempt_count + 1
 		WHERE stream_id = ? AND source_native_id = ? AND event_variant = ? AND event_type = ? AND payload_sha256 = ?
 		RETURNING pos, created_at`)
 	}
@@ -583,11 +582,14 @@ func (it *item) prepareRow() {
 // chunk is how many events one INSERT statement writes.
 const chunk = 4
 
-const insertColumns = `INSERT INTO stream_events (pos, stream_id, source_id,
+// insertColumns are a row's stored columns but for attempt_count and
+// redelivered_at (their defaults); source_id and last_seen_at are derived
+// (migration 0006).
+const insertColumns = `INSERT INTO stream_events (pos, stream_id,
 	source_native_id, event_variant, event_type, occurred_at, metadata_json, raw_payload_json,
-	delivery_handle_json, payload_sha256, source_sequence, created_at, last_seen_at) VALUES `
+	delivery_handle_json, payload_sha256, source_sequence, created_at) VALUES `
 
-const insertRow = "(?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+const insertRow = "(?,?,?,?,?,?,?,?,?,?,?,?)"
 
 const insertConflict = ` ON CONFLICT (stream_id, source_native_id, event_variant) DO NOTHING`
 
@@ -686,19 +688,19 @@ func (b *Backend) flush(ctx context.Context, batch []*item) (err error) {
 // of its stream, and returns how many rows it inserted.
 //
 // Only pos is converted here: the rest was boxed before (item.row,
-// streamState.ids, now once per batch), so that the writer, the one
+// streamState.id, now once per batch), so that the writer, the one
 // goroutine every event waits for, does not allocate for it.
 func (b *Backend) insert(ctx context.Context, ins *sql.Stmt, part []*item, now any) (int64, error) {
 	args := b.args[:0]
 	for _, it := range part {
 		st := it.st
-		if st.ids[0] == nil {
-			st.ids = [2]any{st.ID, st.SourceID}
+		if st.id == nil {
+			st.id = st.ID
 		}
 		it.res.Offset = b.nextOffset(st)
-		args = append(args, st.base+it.res.Offset, st.ids[0], st.ids[1])
+		args = append(args, st.base+it.res.Offset, st.id)
 		args = append(args, it.row[:]...)
-		args = append(args, now, now)
+		args = append(args, now)
 	}
 	b.args = args
 	r, err := ins.ExecContext(ctx, args...)
