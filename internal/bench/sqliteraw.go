@@ -35,8 +35,8 @@ const rawInsertRow = "(?,?,?,?,?,?,?,?,?,?,?)"
 
 // runRawSQLite inserts the run's events into a fresh SQLite database with
 // the stream backend's schema (the same table, the same unique identity
-// index), on the same disk as a started server's, through a plain group
-// commit: one writer goroutine takes everything queued (up to maxBatch
+// index, the same INSERT OR IGNORE), on the same disk as a started
+// server's, through a plain group commit: one writer goroutine takes everything queued (up to maxBatch
 // rows), inserts it in one transaction of multi-row INSERTs and commits
 // with synchronous=FULL (or sync), while one producer per device keeps at
 // most window events unacknowledged. No server, no WebSocket, no envelope
@@ -75,7 +75,7 @@ func runRawSQLite(ctx context.Context, progress io.Writer, rb rawBench, maxBatch
 	}
 	ins := make([]*sql.Stmt, rawChunk+1)
 	for n := 1; n <= rawChunk; n++ {
-		q := `INSERT INTO stream_events (pos, stream_id, source_native_id, event_type, occurred_at,
+		q := `INSERT OR IGNORE INTO stream_events (pos, stream_id, source_native_id, event_type, occurred_at,
 			metadata_json, raw_payload_json, delivery_handle_json, payload_sha256, source_sequence, created_at) VALUES ` +
 			rawInsertRow + strings.Repeat(","+rawInsertRow, n-1)
 		if ins[n], err = db.Prepare(q); err != nil {

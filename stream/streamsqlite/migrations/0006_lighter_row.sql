@@ -1,5 +1,6 @@
 -- A lighter row: what every event stored the same as another column is
--- derived instead of written.
+-- derived instead of written, and the identity's index compares first
+-- what tells identities apart.
 --
 -- source_id is the stream's id (a stream is named after its source), and
 -- last_seen_at is created_at until a redelivery sets redelivered_at: both
@@ -26,7 +27,10 @@ CREATE TABLE stream_events_v3 (
   redelivered_at       TEXT,                   -- the last redelivery of this identity; NULL: none
   last_seen_at         TEXT GENERATED ALWAYS AS (coalesce(redelivered_at, created_at)) VIRTUAL,
   attempt_count        INTEGER NOT NULL DEFAULT 1, -- deliveries of this identity
-  UNIQUE (stream_id, source_native_id, event_variant)
+  -- The identity, native id first: two identities mostly differ in it, so
+  -- a comparison in the index stops there instead of comparing the
+  -- stream's id (the same for every event of it) first.
+  UNIQUE (source_native_id, event_variant, stream_id)
 );
 
 INSERT INTO stream_events_v3 (pos, stream_id, source_native_id, event_variant, event_type, occurred_at,
