@@ -31,7 +31,7 @@ type rawRow struct {
 // the SQLite stream backend does.
 const rawChunk = 4
 
-const rawInsertRow = "(?,?,?,?,?,?,?,?,?,?,?)"
+const rawInsertRow = "(?,?,?,?,?,?,?,?,?)"
 
 // runRawSQLite inserts the run's events into a fresh SQLite database with
 // the stream backend's schema (the same table, the same unique identity
@@ -76,7 +76,7 @@ func runRawSQLite(ctx context.Context, progress io.Writer, rb rawBench, maxBatch
 	ins := make([]*sql.Stmt, rawChunk+1)
 	for n := 1; n <= rawChunk; n++ {
 		q := `INSERT OR IGNORE INTO stream_events (pos, stream_id, source_native_id, event_type, occurred_at,
-			metadata_json, raw_payload_json, delivery_handle_json, payload_sha256, source_sequence, created_at) VALUES ` +
+			metadata_json, raw_payload_json, payload_sha256, created_at) VALUES ` +
 			rawInsertRow + strings.Repeat(","+rawInsertRow, n-1)
 		if ins[n], err = db.Prepare(q); err != nil {
 			return fmt.Errorf("bench --raw: %w", err)
@@ -84,7 +84,7 @@ func runRawSQLite(ctx context.Context, progress io.Writer, rb rawBench, maxBatch
 		defer ins[n].Close()
 	}
 	pos := streamNo << 40
-	args := make([]any, 0, 11*rawChunk)
+	args := make([]any, 0, 9*rawChunk)
 	flush := func(ctx context.Context, batch []*rawRow) error {
 		now := time.Now().UTC().Format(sqlitedb.Time)
 		tx, err := db.BeginTx(ctx, nil)
@@ -107,7 +107,7 @@ func runRawSQLite(ctx context.Context, progress io.Writer, rb rawBench, maxBatch
 			for _, r := range batch[:n] {
 				pos++
 				args = append(args, pos, st.ID, r.id, "proposal.task", r.occurred,
-					r.metadata, string(r.payload), nil, r.sha[:], nil, now)
+					r.metadata, string(r.payload), r.sha[:], now)
 			}
 			batch = batch[n:]
 			if _, err := stmt.ExecContext(ctx, args...); err != nil {

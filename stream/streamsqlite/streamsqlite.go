@@ -99,7 +99,11 @@ type Backend struct {
 	wal         *sqlitedb.WALSyncer                              // with FULL: syncs what the writer committed
 
 	// used by the writer goroutine only
-	inserts             [chunk + 1]*sql.Stmt // by row count
+	inserts [chunk + 1]*sql.Stmt // by row count
+	// The same for rows without a delivery handle and a source sequence
+	// (most), which leave those columns to their default (NULL) instead
+	// of binding NULLs: two values fewer per row.
+	insertsNarrow       [chunk + 1]*sql.Stmt
 	find, touch, unmake *sql.Stmt
 	// The savepoint around each function the writer runs (runFn).
 	savepoint, release, rollbackTo *sql.Stmt
@@ -153,6 +157,9 @@ type item struct {
 	// source_sequence), converted and boxed by the caller's goroutine:
 	// each costs the writer an allocation otherwise.
 	row [rowArgs]any
+	// narrow: the event has no delivery handle and no source sequence
+	// (row[6] and row[8] are nil), so it may be written by insertsNarrow.
+	narrow bool
 
 	fn    func(*sql.Tx) error
 	fnErr error
@@ -255,6 +262,9 @@ func Open(path string, cfg Config) (*Backend, error) {
 	}
 	for n := 1; n <= chunk && err == nil; n++ {
 		b.inserts[n], err = write.Prepare(insertColumns + insertRow + strings.Repeat(","+insertRow, n-1))
+		if err == nil {
+			b.insertsNarrow[n], err = write.Prepare(insertNarrowColumns + insertNarrowRow + strings.Repeat(","+insertNarrowRow, n-1))
+		}
 	}
 	if err == nil {
 		b.readEvents, err = read.Prepare(`SELECT ` + eventColumns + `
@@ -577,6 +587,7 @@ func (it *item) prepareRow() {
 	// driver copies them when it binds them.
 	payload := unsafe.String(unsafe.SliceData(ev.Payload), len(ev.Payload))
 	it.row = [rowArgs]any{ev.NativeID, ev.Variant, ev.Type, it.occurred, metadata, payload, handle, it.sha[:], seq}
+	it.narrow = handle == nil && seq == nil
 }
 
 // chunk is how many events one INSERT statement writes.
@@ -599,6 +610,14 @@ const insertColumns = `INSERT OR IGNORE INTO stream_events (pos, stream_id,
 	delivery_handle_json, payload_sha256, source_sequence, created_at) VALUES `
 
 const insertRow = "(?,?,?,?,?,?,?,?,?,?,?,?)"
+
+// insertNarrowColumns leave out delivery_handle_json and source_sequence
+// too, for rows whose are NULL.
+const insertNarrowColumns = `INSERT OR IGNORE INTO stream_events (pos, stream_id,
+	source_native_id, event_variant, event_type, occurred_at, metadata_json, raw_payload_json,
+	payload_sha256, created_at) VALUES `
+
+const insertNarrowRow = "(?,?,?,?,?,?,?,?,?,?)"
 
 // flush writes one batch in one transaction. It runs on the writer
 // goroutine only.
@@ -637,7 +656,8 @@ func (b *Backend) flush(ctx context.Context, batch []*item) (err error) {
 			b.touched = b.touched[:0]
 		}
 	}()
-	var full *sql.Stmt // bound to the transaction once, for every full chunk
+	// Bound to the transaction once, for every full chunk: wide and narrow.
+	var full, fullNarrow *sql.Stmt
 	events := b.events[:0]
 	for _, it := range batch {
 		if it.ev != nil {
@@ -650,14 +670,28 @@ func (b *Backend) flush(ctx context.Context, batch []*item) (err error) {
 		n := min(chunk, len(events))
 		part := events[:n]
 		events = events[n:]
-		if n == chunk && full == nil {
-			full = tx.StmtContext(ctx, b.inserts[chunk])
+		narrow := true
+		for _, it := range part {
+			narrow = narrow && it.narrow
 		}
-		ins := full
-		if n < chunk {
+		var ins *sql.Stmt
+		switch {
+		case n < chunk && narrow:
+			ins = tx.StmtContext(ctx, b.insertsNarrow[n])
+		case n < chunk:
 			ins = tx.StmtContext(ctx, b.inserts[n])
+		case narrow:
+			if fullNarrow == nil {
+				fullNarrow = tx.StmtContext(ctx, b.insertsNarrow[chunk])
+			}
+			ins = fullNarrow
+		default:
+			if full == nil {
+				full = tx.StmtContext(ctx, b.inserts[chunk])
+			}
+			ins = full
 		}
-		inserted, err := b.insert(ctx, ins, part, nowArg)
+		inserted, err := b.insert(ctx, ins, narrow, part, nowArg)
 		if err != nil {
 			return err
 		}
@@ -697,7 +731,10 @@ func (b *Backend) flush(ctx context.Context, batch []*item) (err error) {
 // Only pos is converted here: the rest was boxed before (item.row,
 // streamState.id, now once per batch), so that the writer, the one
 // goroutine every event waits for, does not allocate for it.
-func (b *Backend) insert(ctx context.Context, ins *sql.Stmt, part []*item, now any) (int64, error) {
+//
+// With narrow (ins of insertsNarrow), the rows' NULL delivery handle and
+// source sequence are not bound.
+func (b *Backend) insert(ctx context.Context, ins *sql.Stmt, narrow bool, part []*item, now any) (int64, error) {
 	args := b.args[:0]
 	for _, it := range part {
 		st := it.st
@@ -706,7 +743,12 @@ func (b *Backend) insert(ctx context.Context, ins *sql.Stmt, part []*item, now a
 		}
 		it.res.Offset = b.nextOffset(st)
 		args = append(args, st.base+it.res.Offset, st.id)
-		args = append(args, it.row[:]...)
+		if narrow {
+			args = append(args, it.row[:6]...)
+			args = append(args, it.row[7])
+		} else {
+			args = append(args, it.row[:]...)
+		}
 		args = append(args, now)
 	}
 	b.args = args
@@ -740,7 +782,7 @@ func (b *Backend) oneByOne(ctx context.Context, tx *sql.Tx, part []*item, now ti
 	one := tx.StmtContext(ctx, b.inserts[1])
 	lookup, touch := tx.StmtContext(ctx, b.find), tx.StmtContext(ctx, b.touch)
 	for _, it := range part {
-		inserted, err := b.insert(ctx, one, []*item{it}, nowText)
+		inserted, err := b.insert(ctx, one, false, []*item{it}, nowText)
 		if err != nil {
 			return err
 		}
