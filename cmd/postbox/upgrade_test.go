@@ -510,7 +510,9 @@ func checkKept(t *testing.T, path string, before map[string]tableRows) {
 			t.Errorf("table %s is gone", table)
 			continue
 		}
-		have := columns(t, db, "main", table)
+		// A column a migration made derived (generated) is still read as
+		// it was: table_xinfo lists generated columns, table_info does not.
+		have := strings1(t, db, `SELECT name FROM pragma_table_xinfo(?, 'main') WHERE hidden <> 1 ORDER BY cid`, table)
 		if missing := slices.DeleteFunc(slices.Clone(want.cols), func(c string) bool { return slices.Contains(have, c) }); len(missing) > 0 {
 			t.Errorf("table %s: columns %v are gone", table, missing)
 			continue

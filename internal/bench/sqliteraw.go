@@ -31,12 +31,12 @@ type rawRow struct {
 // the SQLite stream backend does.
 const rawChunk = 4
 
-const rawInsertRow = "(?,?,?,?,?,?,?,?,?,?,?,?,?)"
+const rawInsertRow = "(?,?,?,?,?,?,?,?,?)"
 
 // runRawSQLite inserts the run's events into a fresh SQLite database with
 // the stream backend's schema (the same table, the same unique identity
-// index), on the same disk as a started server's, through a plain group
-// commit: one writer goroutine takes everything queued (up to maxBatch
+// index, the same INSERT OR IGNORE), on the same disk as a started
+// server's, through a plain group commit: one writer goroutine takes everything queued (up to maxBatch
 // rows), inserts it in one transaction of multi-row INSERTs and commits
 // with synchronous=FULL (or sync), while one producer per device keeps at
 // most window events unacknowledged. No server, no WebSocket, no envelope
@@ -75,8 +75,8 @@ func runRawSQLite(ctx context.Context, progress io.Writer, rb rawBench, maxBatch
 	}
 	ins := make([]*sql.Stmt, rawChunk+1)
 	for n := 1; n <= rawChunk; n++ {
-		q := `INSERT INTO stream_events (pos, stream_id, source_id, source_native_id, event_type, occurred_at,
-			metadata_json, raw_payload_json, delivery_handle_json, payload_sha256, source_sequence, created_at, last_seen_at) VALUES ` +
+		q := `INSERT OR IGNORE INTO stream_events (pos, stream_id, source_native_id, event_type, occurred_at,
+			metadata_json, raw_payload_json, payload_sha256, created_at) VALUES ` +
 			rawInsertRow + strings.Repeat(","+rawInsertRow, n-1)
 		if ins[n], err = db.Prepare(q); err != nil {
 			return fmt.Errorf("bench --raw: %w", err)
@@ -84,7 +84,7 @@ func runRawSQLite(ctx context.Context, progress io.Writer, rb rawBench, maxBatch
 		defer ins[n].Close()
 	}
 	pos := streamNo << 40
-	args := make([]any, 0, 13*rawChunk)
+	args := make([]any, 0, 9*rawChunk)
 	flush := func(ctx context.Context, batch []*rawRow) error {
 		now := time.Now().UTC().Format(sqlitedb.Time)
 		tx, err := db.BeginTx(ctx, nil)
@@ -106,8 +106,8 @@ func runRawSQLite(ctx context.Context, progress io.Writer, rb rawBench, maxBatch
 			args = args[:0]
 			for _, r := range batch[:n] {
 				pos++
-				args = append(args, pos, st.ID, st.SourceID, r.id, "proposal.task", r.occurred,
-					r.metadata, string(r.payload), nil, r.sha[:], nil, now, now)
+				args = append(args, pos, st.ID, r.id, "proposal.task", r.occurred,
+					r.metadata, string(r.payload), r.sha[:], now)
 			}
 			batch = batch[n:]
 			if _, err := stmt.ExecContext(ctx, args...); err != nil {

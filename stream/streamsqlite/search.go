@@ -68,8 +68,10 @@ func searchSQL(streamID string, lo, hi int64, nativeID, typ string, limit int) (
 		args = append(args, streamID, nativeID)
 	}
 	if typ != "" {
-		where = append(where, `stream_id = ? AND event_type = ?`)
-		args = append(args, streamID, typ)
+		// The index by type holds every stream's events; the key range
+		// above keeps this stream's.
+		where = append(where, `event_type = ?`)
+		args = append(args, typ)
 	}
 	return `SELECT ` + eventColumns + ` FROM stream_events WHERE ` + strings.Join(where, ` AND `) + ` ORDER BY pos DESC LIMIT ?`, append(args, limit)
 }

@@ -102,7 +102,11 @@ type Backend struct {
 	observeRetry func(events, attempt int, wait time.Duration, err error)
 
 	// used by the writer goroutine only
-	inserts             [chunk + 1]*sql.Stmt // by row count
+	inserts [chunk + 1]*sql.Stmt // by row count
+	// The same for rows without a delivery handle and a source sequence
+	// (most), which leave those columns to their default (NULL) instead
+	// of binding NULLs: two values fewer per row.
+	insertsNarrow       [chunk + 1]*sql.Stmt
 	find, touch, unmake *sql.Stmt
 	// The savepoint around each function the writer runs (runFn).
 	savepoint, release, rollbackTo *sql.Stmt
@@ -132,9 +136,8 @@ type streamState struct {
 	last int64 // the writer's high watermark, ahead of the commit inside a batch
 	prev int64 // last at the start of the batch, to undo a failed one
 
-	// ids is ID and SourceID as bound INSERT arguments, boxed once (the
-	// writer's).
-	ids [2]any
+	// id is ID as a bound INSERT argument, boxed once (the writer's).
+	id any
 
 	committed atomic.Int64 // the committed high watermark
 	mu        sync.Mutex
@@ -157,6 +160,9 @@ type item struct {
 	// source_sequence), converted and boxed by the caller's goroutine:
 	// each costs the writer an allocation otherwise.
 	row [rowArgs]any
+	// narrow: the event has no delivery handle and no source sequence
+	// (row[6] and row[8] are nil), so it may be written by insertsNarrow.
+	narrow bool
 
 	fn    func(*sql.Tx) error
 	fnErr error
@@ -241,7 +247,7 @@ func Open(path string, cfg Config) (*Backend, error) {
 	b.find, err = write.Prepare(`SELECT pos, event_type FROM stream_events
 		WHERE stream_id = ? AND source_native_id = ? AND event_variant = ?`)
 	if err == nil {
-		b.touch, err = write.Prepare(`UPDATE stream_events SET last_seen_at = ?, attempt_count = attempt_count + 1
+		b.touch, err = write.Prepare(`UPDATE stream_events SET redelivered_at = ?, attempt_count = attempt_count + 1
 		WHERE stream_id = ? AND source_native_id = ? AND event_variant = ? AND event_type = ? AND payload_sha256 = ?
 		RETURNING pos, created_at`)
 	}
@@ -258,7 +264,10 @@ func Open(path string, cfg Config) (*Backend, error) {
 		b.rollbackTo, err = write.Prepare(`ROLLBACK TO fn`)
 	}
 	for n := 1; n <= chunk && err == nil; n++ {
-		b.inserts[n], err = write.Prepare(insertColumns + insertRow + strings.Repeat(","+insertRow, n-1) + insertConflict)
+		b.inserts[n], err = write.Prepare(insertColumns + insertRow + strings.Repeat(","+insertRow, n-1))
+		if err == nil {
+			b.insertsNarrow[n], err = write.Prepare(insertNarrowColumns + insertNarrowRow + strings.Repeat(","+insertNarrowRow, n-1))
+		}
 	}
 	if err == nil {
 		b.readEvents, err = read.Prepare(`SELECT ` + eventColumns + `
@@ -595,18 +604,37 @@ func (it *item) prepareRow() {
 	// driver copies them when it binds them.
 	payload := unsafe.String(unsafe.SliceData(ev.Payload), len(ev.Payload))
 	it.row = [rowArgs]any{ev.NativeID, ev.Variant, ev.Type, it.occurred, metadata, payload, handle, it.sha[:], seq}
+	it.narrow = handle == nil && seq == nil
 }
 
 // chunk is how many events one INSERT statement writes.
 const chunk = 4
 
-const insertColumns = `INSERT INTO stream_events (pos, stream_id, source_id,
+// insertColumns are a row's stored columns but for attempt_count and
+// redelivered_at (their defaults); source_id and last_seen_at are derived
+// (migration 0006).
+//
+// OR IGNORE skips a row whose identity is stored already, as ON CONFLICT
+// DO NOTHING on the identity would, and makes every other conflict skip
+// its row too instead of failing the statement: no bound value is NULL,
+// and the key (pos) is a fresh offset, so there is none. A statement that
+// cannot fail midway needs no statement journal, which otherwise copies
+// every page the statement touches first (about a tenth of the writer's
+// time). A row skipped for any reason is written again alone (oneByOne),
+// which tells a redelivery from a conflict and fails the batch otherwise.
+const insertColumns = `INSERT OR IGNORE INTO stream_events (pos, stream_id,
 	source_native_id, event_variant, event_type, occurred_at, metadata_json, raw_payload_json,
-	delivery_handle_json, payload_sha256, source_sequence, created_at, last_seen_at) VALUES `
+	delivery_handle_json, payload_sha256, source_sequence, created_at) VALUES `
 
-const insertRow = "(?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+const insertRow = "(?,?,?,?,?,?,?,?,?,?,?,?)"
 
-const insertConflict = ` ON CONFLICT (stream_id, source_native_id, event_variant) DO NOTHING`
+// insertNarrowColumns leave out delivery_handle_json and source_sequence
+// too, for rows whose are NULL.
+const insertNarrowColumns = `INSERT OR IGNORE INTO stream_events (pos, stream_id,
+	source_native_id, event_variant, event_type, occurred_at, metadata_json, raw_payload_json,
+	payload_sha256, created_at) VALUES `
+
+const insertNarrowRow = "(?,?,?,?,?,?,?,?,?,?)"
 
 // flush writes one batch in one transaction. It runs on the writer
 // goroutine only.
@@ -645,7 +673,8 @@ func (b *Backend) flush(ctx context.Context, batch []*item) (err error) {
 			b.touched = b.touched[:0]
 		}
 	}()
-	var full *sql.Stmt // bound to the transaction once, for every full chunk
+	// Bound to the transaction once, for every full chunk: wide and narrow.
+	var full, fullNarrow *sql.Stmt
 	events := b.events[:0]
 	for _, it := range batch {
 		if it.ev != nil {
@@ -658,14 +687,28 @@ func (b *Backend) flush(ctx context.Context, batch []*item) (err error) {
 		n := min(chunk, len(events))
 		part := events[:n]
 		events = events[n:]
-		if n == chunk && full == nil {
-			full = tx.StmtContext(ctx, b.inserts[chunk])
+		narrow := true
+		for _, it := range part {
+			narrow = narrow && it.narrow
 		}
-		ins := full
-		if n < chunk {
+		var ins *sql.Stmt
+		switch {
+		case n < chunk && narrow:
+			ins = tx.StmtContext(ctx, b.insertsNarrow[n])
+		case n < chunk:
 			ins = tx.StmtContext(ctx, b.inserts[n])
+		case narrow:
+			if fullNarrow == nil {
+				fullNarrow = tx.StmtContext(ctx, b.insertsNarrow[chunk])
+			}
+			ins = fullNarrow
+		default:
+			if full == nil {
+				full = tx.StmtContext(ctx, b.inserts[chunk])
+			}
+			ins = full
 		}
-		inserted, err := b.insert(ctx, ins, part, nowArg)
+		inserted, err := b.insert(ctx, ins, narrow, part, nowArg)
 		if err != nil {
 			return err
 		}
@@ -703,19 +746,27 @@ func (b *Backend) flush(ctx context.Context, batch []*item) (err error) {
 // of its stream, and returns how many rows it inserted.
 //
 // Only pos is converted here: the rest was boxed before (item.row,
-// streamState.ids, now once per batch), so that the writer, the one
+// streamState.id, now once per batch), so that the writer, the one
 // goroutine every event waits for, does not allocate for it.
-func (b *Backend) insert(ctx context.Context, ins *sql.Stmt, part []*item, now any) (int64, error) {
+//
+// With narrow (ins of insertsNarrow), the rows' NULL delivery handle and
+// source sequence are not bound.
+func (b *Backend) insert(ctx context.Context, ins *sql.Stmt, narrow bool, part []*item, now any) (int64, error) {
 	args := b.args[:0]
 	for _, it := range part {
 		st := it.st
-		if st.ids[0] == nil {
-			st.ids = [2]any{st.ID, st.SourceID}
+		if st.id == nil {
+			st.id = st.ID
 		}
 		it.res.Offset = b.nextOffset(st)
-		args = append(args, st.base+it.res.Offset, st.ids[0], st.ids[1])
-		args = append(args, it.row[:]...)
-		args = append(args, now, now)
+		args = append(args, st.base+it.res.Offset, st.id)
+		if narrow {
+			args = append(args, it.row[:6]...)
+			args = append(args, it.row[7])
+		} else {
+			args = append(args, it.row[:]...)
+		}
+		args = append(args, now)
 	}
 	b.args = args
 	r, err := ins.ExecContext(ctx, args...)
@@ -748,7 +799,7 @@ func (b *Backend) oneByOne(ctx context.Context, tx *sql.Tx, part []*item, now ti
 	one := tx.StmtContext(ctx, b.inserts[1])
 	lookup, touch := tx.StmtContext(ctx, b.find), tx.StmtContext(ctx, b.touch)
 	for _, it := range part {
-		inserted, err := b.insert(ctx, one, []*item{it}, nowText)
+		inserted, err := b.insert(ctx, one, false, []*item{it}, nowText)
 		if err != nil {
 			return err
 		}
