@@ -3,9 +3,9 @@ package delivery
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/postbox-events/postbox/internal/sqlitedb"
@@ -61,24 +61,31 @@ func (st *settlement) record(ctx context.Context, tx conn) error {
 			st.inbox, items, numbers, ats, urls, statuses, latencies, errs, excerpts)
 		return err
 	}
-	var b strings.Builder
-	b.WriteString(`INSERT INTO delivery_attempts (item_id, inbox_id, attempt, attempted_at, endpoint_url, status_code, latency_us,
-		error, response_excerpt) VALUES `)
-	args := make([]any, 0, 9*n)
+	// On SQLite the rows go as one JSON array, read by json_each: one
+	// statement text, prepared once, and one bound value, where a
+	// multi-row INSERT had a text per number of rows and nine values per
+	// row (modernc's driver binds in O(n²) of the parameters).
+	rows := make([][8]any, 0, n)
 	for _, a := range st.log {
 		if !st.exists(a.Item) {
 			continue
 		}
-		if len(args) > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(`(?, ?, ?, ?, ?, ?, ?, ?, ?)`)
-		args = append(args, a.Item, st.inbox, a.Number, a.At.UTC().Format(sqlitedb.Time), a.URL, a.Status,
-			a.Latency.Microseconds(), nullString(a.Error), nullString(a.Excerpt))
+		rows = append(rows, [8]any{a.Item, a.Number, a.At.UTC().Format(sqlitedb.Time), a.URL, a.Status, a.Latency.Microseconds(), a.Error, a.Excerpt})
 	}
-	_, err := tx.ExecContext(ctx, b.String(), args...)
+	js, err := json.Marshal(rows)
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, recordSQLite, st.inbox, string(js))
 	return err
 }
+
+// recordSQLite inserts the attempts of inbox ?1 given as the JSON array
+// ?2 of [item, attempt, at, url, status, latency, error, excerpt].
+const recordSQLite = `INSERT INTO delivery_attempts (item_id, inbox_id, attempt, attempted_at, endpoint_url, status_code, latency_us,
+		error, response_excerpt)
+	SELECT a.value ->> 0, ?1, a.value ->> 1, a.value ->> 2, a.value ->> 3, a.value ->> 4, a.value ->> 5,
+		NULLIF(a.value ->> 6, ''), NULLIF(a.value ->> 7, '') FROM json_each(?2) AS a`
 
 // exists reports whether check found item id.
 func (st *settlement) exists(id int64) bool {
