@@ -125,3 +125,125 @@ func (d *Delivery) Attempts(ctx context.Context, inbox string, id int64) ([]Atte
 	}
 	return out, rows.Err()
 }
+
+// completeHeld completes, in tx, the items of cs that still hold their
+// lease (processing, the lease not expired at nowText, in their inbox),
+// with one UPDATE … RETURNING for all of them whatever their inboxes and
+// leases, records the attempts of those it completed in one INSERT, and
+// adds the moves to t. It returns the indexes in cs of the items it did
+// not complete: those settle the long way, which tells why (acked
+// already, lease lost, gone).
+func completeHeld(ctx context.Context, tx conn, nowText string, cs []completion, t tally) (left []int, _ error) {
+	var rows *sql.Rows
+	var err error
+	if tx.PostgreSQL {
+		ids, inboxes, leases := make([]int64, len(cs)), make([]string, len(cs)), make([]string, len(cs))
+		for i, c := range cs {
+			ids[i], inboxes[i], leases[i] = c.id, c.inbox, c.lease
+		}
+		rows, err = tx.QueryContext(ctx, completeHeldPostgres, nowText, ids, inboxes, leases)
+	} else {
+		held := make([][3]any, len(cs))
+		for i, c := range cs {
+			held[i] = [3]any{c.id, c.inbox, c.lease}
+		}
+		js, jerr := json.Marshal(held)
+		if jerr != nil {
+			return nil, jerr
+		}
+		rows, err = tx.QueryContext(ctx, completeHeldSQLite, nowText, string(js))
+	}
+	if err != nil {
+		return nil, err
+	}
+	type key struct {
+		id    int64
+		inbox string
+	}
+	done := make(map[key]bool, len(cs))
+	for rows.Next() {
+		var k key
+		var sub string
+		if err := rows.Scan(&k.id, &k.inbox, &sub); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		done[k] = true
+		t.move(k.inbox, sub, StateProcessing, StateCompleted, 1)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var log []Attempt
+	for i, c := range cs {
+		if !done[key{c.id, c.inbox}] {
+			left = append(left, i)
+			continue
+		}
+		if c.rec != nil {
+			a := *c.rec
+			a.Inbox = c.inbox
+			log = append(log, a)
+		}
+	}
+	return left, recordAll(ctx, tx, log)
+}
+
+// completeHeldSQLite completes the items of the JSON array ?2 of [item,
+// inbox, lease] that hold that lease at ?1; completeHeldPostgres those of
+// the arrays ?2, ?3, ?4. Both return each completed item's id, inbox and
+// subscription uid.
+const (
+	completeHeldSQLite = `UPDATE inbox_items SET state = 'completed', lease_token = NULL, lease_expires_at = NULL,
+		completed_at = ?1, updated_at = ?1
+	FROM (SELECT value ->> 0 AS c_id, value ->> 1 AS c_inbox, value ->> 2 AS c_lease FROM json_each(?2)) AS c
+	WHERE item_id = c_id AND inbox_id = c_inbox AND state = 'processing' AND lease_token = c_lease AND lease_expires_at > ?1
+	RETURNING item_id, inbox_id, subscription_uid`
+	completeHeldPostgres = `UPDATE inbox_items SET state = 'completed', lease_token = NULL, lease_expires_at = NULL,
+		completed_at = ?1, updated_at = ?1
+	FROM unnest(?2::bigint[], ?3::text[], ?4::text[]) AS c(c_id, c_inbox, c_lease)
+	WHERE item_id = c_id AND inbox_id = c_inbox AND state = 'processing' AND lease_token = c_lease AND lease_expires_at > ?1
+	RETURNING item_id, inbox_id, subscription_uid`
+)
+
+// recordAll inserts log, attempts of items that exist, each of its own
+// inbox (Attempt.Inbox), in tx with one statement.
+func recordAll(ctx context.Context, tx conn, log []Attempt) error {
+	if len(log) == 0 {
+		return nil
+	}
+	if tx.PostgreSQL {
+		n := len(log)
+		items, numbers, statuses, latencies := make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n)
+		inboxes, ats, urls, errs, excerpts := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+		for _, a := range log {
+			items, numbers, statuses = append(items, a.Item), append(numbers, int64(a.Number)), append(statuses, int64(a.Status))
+			latencies, ats, inboxes = append(latencies, a.Latency.Microseconds()), append(ats, a.At.UTC().Format(sqlitedb.Time)), append(inboxes, a.Inbox)
+			urls, errs, excerpts = append(urls, a.URL), append(errs, a.Error), append(excerpts, a.Excerpt)
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO delivery_attempts (item_id, inbox_id, attempt, attempted_at, endpoint_url,
+			status_code, latency_us, error, response_excerpt)
+			SELECT i, b, n, at, u, s, l, NULLIF(e, ''), NULLIF(x, '')
+			FROM unnest(?::bigint[], ?::text[], ?::bigint[], ?::text[], ?::text[], ?::bigint[], ?::bigint[], ?::text[], ?::text[]) AS a(i, b, n, at, u, s, l, e, x)`,
+			items, inboxes, numbers, ats, urls, statuses, latencies, errs, excerpts)
+		return err
+	}
+	rows := make([][9]any, len(log))
+	for i, a := range log {
+		rows[i] = [9]any{a.Item, a.Number, a.At.UTC().Format(sqlitedb.Time), a.URL, a.Status, a.Latency.Microseconds(), a.Error, a.Excerpt, a.Inbox}
+	}
+	js, err := json.Marshal(rows)
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, recordAllSQLite, string(js))
+	return err
+}
+
+// recordAllSQLite inserts the attempts given as the JSON array ?1 of
+// [item, attempt, at, url, status, latency, error, excerpt, inbox].
+const recordAllSQLite = `INSERT INTO delivery_attempts (item_id, inbox_id, attempt, attempted_at, endpoint_url, status_code, latency_us,
+		error, response_excerpt)
+	SELECT a.value ->> 0, a.value ->> 8, a.value ->> 1, a.value ->> 2, a.value ->> 3, a.value ->> 4, a.value ->> 5,
+		NULLIF(a.value ->> 6, ''), NULLIF(a.value ->> 7, '') FROM json_each(?1) AS a`

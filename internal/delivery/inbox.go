@@ -373,11 +373,15 @@ func (d *Delivery) leaseSQLite(ctx context.Context, inbox string, max, maxAttemp
 // leaseExpiredSQLite leases up to ?5 processing items of inbox ?4 whose
 // lease expired by ?3 before the reaper saw it and that have attempts left
 // (?6); leaseDueSQLite up to ?5 pending ones due by ?3. Neither takes an
-// item of a paused subscription. SQLite runs one writer at a time.
+// item of a paused subscription. SQLite runs one writer at a time. The
+// expired ones are found by the index of leases by their end, where
+// there are usually none: by the inbox's index of states, every lease
+// read every item the workers held.
 const (
 	leaseExpiredSQLite = `UPDATE inbox_items SET state = 'processing', attempts = attempts + 1,
 	lease_token = ?1, lease_expires_at = ?2, updated_at = ?3
-	WHERE item_id IN (SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'processing' AND lease_expires_at <= ?3 AND attempts < ?6` + notPaused + `
+	WHERE item_id IN (SELECT item_id FROM inbox_items INDEXED BY inbox_items_leases
+		WHERE state = 'processing' AND lease_expires_at <= ?3 AND inbox_id = ?4 AND attempts < ?6` + notPaused + `
 		ORDER BY item_id LIMIT ?5) RETURNING item_id, attempts, subscription_uid`
 	leaseDueSQLite = `UPDATE inbox_items SET state = 'processing', attempts = attempts + 1,
 	lease_token = ?1, lease_expires_at = ?2, updated_at = ?3
