@@ -3,8 +3,8 @@ package delivery
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
+	"strings"
 	"fmt"
 	"time"
 
@@ -61,31 +61,24 @@ func (st *settlement) record(ctx context.Context, tx conn) error {
 			st.inbox, items, numbers, ats, urls, statuses, latencies, errs, excerpts)
 		return err
 	}
-	// On SQLite the rows go as one JSON array, read by json_each: one
-	// statement text, prepared once, and one bound value, where a
-	// multi-row INSERT had a text per number of rows and nine values per
-	// row (modernc's driver binds in O(n²) of the parameters).
-	rows := make([][8]any, 0, n)
+	var b strings.Builder
+	b.WriteString(`INSERT INTO delivery_attempts (item_id, inbox_id, attempt, attempted_at, endpoint_url, status_code, latency_us,
+		error, response_excerpt) VALUES `)
+	args := make([]any, 0, 9*n)
 	for _, a := range st.log {
 		if !st.exists(a.Item) {
 			continue
 		}
-		rows = append(rows, [8]any{a.Item, a.Number, a.At.UTC().Format(sqlitedb.Time), a.URL, a.Status, a.Latency.Microseconds(), a.Error, a.Excerpt})
+		if len(args) > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`(?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+		args = append(args, a.Item, st.inbox, a.Number, a.At.UTC().Format(sqlitedb.Time), a.URL, a.Status,
+			a.Latency.Microseconds(), nullString(a.Error), nullString(a.Excerpt))
 	}
-	js, err := json.Marshal(rows)
-	if err != nil {
-		return err
-	}
-	_, err = tx.ExecContext(ctx, recordSQLite, st.inbox, string(js))
+	_, err := tx.ExecContext(ctx, b.String(), args...)
 	return err
 }
-
-// recordSQLite inserts the attempts of inbox ?1 given as the JSON array
-// ?2 of [item, attempt, at, url, status, latency, error, excerpt].
-const recordSQLite = `INSERT INTO delivery_attempts (item_id, inbox_id, attempt, attempted_at, endpoint_url, status_code, latency_us,
-		error, response_excerpt)
-	SELECT a.value ->> 0, ?1, a.value ->> 1, a.value ->> 2, a.value ->> 3, a.value ->> 4, a.value ->> 5,
-		NULLIF(a.value ->> 6, ''), NULLIF(a.value ->> 7, '') FROM json_each(?2) AS a`
 
 // exists reports whether check found item id.
 func (st *settlement) exists(id int64) bool {
@@ -134,46 +127,55 @@ func (d *Delivery) Attempts(ctx context.Context, inbox string, id int64) ([]Atte
 // not complete: those settle the long way, which tells why (acked
 // already, lease lost, gone).
 func completeHeld(ctx context.Context, tx conn, nowText string, cs []completion, t tally) (left []int, _ error) {
-	var rows *sql.Rows
-	var err error
-	if tx.PostgreSQL {
-		ids, inboxes, leases := make([]int64, len(cs)), make([]string, len(cs)), make([]string, len(cs))
-		for i, c := range cs {
-			ids[i], inboxes[i], leases[i] = c.id, c.inbox, c.lease
-		}
-		rows, err = tx.QueryContext(ctx, completeHeldPostgres, nowText, ids, inboxes, leases)
-	} else {
-		held := make([][3]any, len(cs))
-		for i, c := range cs {
-			held[i] = [3]any{c.id, c.inbox, c.lease}
-		}
-		js, jerr := json.Marshal(held)
-		if jerr != nil {
-			return nil, jerr
-		}
-		rows, err = tx.QueryContext(ctx, completeHeldSQLite, nowText, string(js))
-	}
-	if err != nil {
-		return nil, err
-	}
 	type key struct {
 		id    int64
 		inbox string
 	}
 	done := make(map[key]bool, len(cs))
-	for rows.Next() {
-		var k key
-		var sub string
-		if err := rows.Scan(&k.id, &k.inbox, &sub); err != nil {
-			rows.Close()
+	scan := func(rows *sql.Rows, err error) error {
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k key
+			var sub string
+			if err := rows.Scan(&k.id, &k.inbox, &sub); err != nil {
+				return err
+			}
+			done[k] = true
+			t.move(k.inbox, sub, StateProcessing, StateCompleted, 1)
+		}
+		return rows.Err()
+	}
+	if tx.PostgreSQL {
+		ids, inboxes, leases := make([]int64, len(cs)), make([]string, len(cs)), make([]string, len(cs))
+		for i, c := range cs {
+			ids[i], inboxes[i], leases[i] = c.id, c.inbox, c.lease
+		}
+		if err := scan(tx.QueryContext(ctx, completeHeldPostgres, nowText, ids, inboxes, leases)); err != nil {
 			return nil, err
 		}
-		done[k] = true
-		t.move(k.inbox, sub, StateProcessing, StateCompleted, 1)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
+	} else {
+		// One statement per lease (a batch holds a few), its ids a flat
+		// JSON array: json_each reads its integers as they are, where
+		// [id, inbox, lease] triples had each value parsed again.
+		type group struct{ inbox, lease string }
+		var order []group
+		ids := map[group][]int64{}
+		for _, c := range cs {
+			g := group{c.inbox, c.lease}
+			if ids[g] == nil {
+				order = append(order, g)
+			}
+			ids[g] = append(ids[g], c.id)
+		}
+		for _, g := range order {
+			_, list := idList(false, ids[g])
+			if err := scan(tx.QueryContext(ctx, completeHeldSQLite, nowText, list, g.inbox, g.lease)); err != nil {
+				return nil, err
+			}
+		}
 	}
 	var log []Attempt
 	for i, c := range cs {
@@ -190,15 +192,15 @@ func completeHeld(ctx context.Context, tx conn, nowText string, cs []completion,
 	return left, recordAll(ctx, tx, log)
 }
 
-// completeHeldSQLite completes the items of the JSON array ?2 of [item,
-// inbox, lease] that hold that lease at ?1; completeHeldPostgres those of
-// the arrays ?2, ?3, ?4. Both return each completed item's id, inbox and
-// subscription uid.
+// completeHeldSQLite completes the items of the JSON array ?2 of ids
+// that hold lease ?4 of inbox ?3 at ?1; completeHeldPostgres those of
+// the arrays ?2 (ids), ?3 (inboxes), ?4 (leases). Both return each
+// completed item's id, inbox and subscription uid.
 const (
 	completeHeldSQLite = `UPDATE inbox_items SET state = 'completed', lease_token = NULL, lease_expires_at = NULL,
 		completed_at = ?1, updated_at = ?1
-	FROM (SELECT value ->> 0 AS c_id, value ->> 1 AS c_inbox, value ->> 2 AS c_lease FROM json_each(?2)) AS c
-	WHERE item_id = c_id AND inbox_id = c_inbox AND state = 'processing' AND lease_token = c_lease AND lease_expires_at > ?1
+	WHERE item_id IN (SELECT value FROM json_each(?2)) AND inbox_id = ?3 AND state = 'processing' AND lease_token = ?4
+		AND lease_expires_at > ?1
 	RETURNING item_id, inbox_id, subscription_uid`
 	completeHeldPostgres = `UPDATE inbox_items SET state = 'completed', lease_token = NULL, lease_expires_at = NULL,
 		completed_at = ?1, updated_at = ?1
@@ -229,21 +231,20 @@ func recordAll(ctx context.Context, tx conn, log []Attempt) error {
 			items, inboxes, numbers, ats, urls, statuses, latencies, errs, excerpts)
 		return err
 	}
-	rows := make([][9]any, len(log))
+	// On SQLite, rows of values: read out of JSON by ->>, the values
+	// cost more than binding them.
+	var b strings.Builder
+	b.WriteString(`INSERT INTO delivery_attempts (item_id, inbox_id, attempt, attempted_at, endpoint_url, status_code, latency_us,
+		error, response_excerpt) VALUES `)
+	args := make([]any, 0, 9*len(log))
 	for i, a := range log {
-		rows[i] = [9]any{a.Item, a.Number, a.At.UTC().Format(sqlitedb.Time), a.URL, a.Status, a.Latency.Microseconds(), a.Error, a.Excerpt, a.Inbox}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`(?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+		args = append(args, a.Item, a.Inbox, a.Number, a.At.UTC().Format(sqlitedb.Time), a.URL, a.Status,
+			a.Latency.Microseconds(), nullString(a.Error), nullString(a.Excerpt))
 	}
-	js, err := json.Marshal(rows)
-	if err != nil {
-		return err
-	}
-	_, err = tx.ExecContext(ctx, recordAllSQLite, string(js))
+	_, err := tx.ExecContext(ctx, b.String(), args...)
 	return err
 }
-
-// recordAllSQLite inserts the attempts given as the JSON array ?1 of
-// [item, attempt, at, url, status, latency, error, excerpt, inbox].
-const recordAllSQLite = `INSERT INTO delivery_attempts (item_id, inbox_id, attempt, attempted_at, endpoint_url, status_code, latency_us,
-		error, response_excerpt)
-	SELECT a.value ->> 0, a.value ->> 8, a.value ->> 1, a.value ->> 2, a.value ->> 3, a.value ->> 4, a.value ->> 5,
-		NULLIF(a.value ->> 6, ''), NULLIF(a.value ->> 7, '') FROM json_each(?1) AS a`
