@@ -4,8 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"strings"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/postbox-events/postbox/internal/sqlitedb"
