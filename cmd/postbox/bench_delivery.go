@@ -16,7 +16,11 @@ func runBenchDelivery(ctx context.Context, env *cmdEnv, args []string) error {
 --nodes servers in this process on the delivery store --store and the stream backend
 --streams, with a target of its own that answers 200 at once, appends --items events to a
 source, lets a subscription without a target materialise them as pending items, then sets the
-target and times until every item is completed.
+target and times until every item is completed. With --baseline (the default, on an SQLite
+--store), it then runs, with the servers stopped, a minimal River-style loop on a SQLite file of
+its own with postbox's settings (WAL, synchronous FULL): it leases a batch with one
+UPDATE … RETURNING, POSTs each item to a do-nothing target with --workers workers and completes
+them in group commits of up to 1,000, for the same items and payload; and prints the ratio.
 
 A postgres:// --store or --streams without ?schema= gets a schema of the run's own, dropped at
 the end; a nats:// --streams gets a prefix of its own, deleted at the end. Several --nodes need
@@ -30,6 +34,7 @@ a store and streams they share: --store postgres://… with --streams nats://…
 	workers := positiveInt(delivery.DefaultWorkers)
 	fs.Var(&workers, "workers", "`workers` of each node")
 	sign := fs.Bool("sign", false, "give the target a signing secret: every request carries Standard Webhooks signatures")
+	baseline := fs.Bool("baseline", true, "also run the River-style loop on SQLite and print postbox's ratio to it (SQLite --store only)")
 	asJSON := fs.Bool("json", false, "print the result as one JSON object on the last line")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the delivery part of the run to this file")
 	traceFile := fs.String("trace", "", "write an execution trace (go tool trace) of the delivery part of the run to this file")
@@ -59,7 +64,7 @@ a store and streams they share: --store postgres://… with --streams nats://…
 	res, err := bench.Delivery(ctx, bench.DeliveryConfig{
 		Store: *storeSpec, Streams: *streams, StreamsKind: kind,
 		Nodes: int(nodes), Items: int(items), Workers: int(workers),
-		Secret: secret, CPUProfile: *cpuprofile, Trace: *traceFile, Open: openBench, Progress: env.stderr,
+		Secret: secret, Baseline: *baseline, CPUProfile: *cpuprofile, Trace: *traceFile, Open: openBench, Progress: env.stderr,
 	})
 	if err != nil {
 		return benchErr(err)
@@ -73,5 +78,9 @@ a store and streams they share: --store postgres://… with --streams nats://…
 	}
 	fmt.Fprintf(env.stdout, "delivered %d items in %.2fs: %.0f items/s (%d node(s) × %d workers, store %s, streams %s; %d POSTs%s)\n",
 		res.Items, res.Seconds, res.ItemsPerSec, res.Nodes, res.Workers, res.Store, res.Streams, res.Posts, signed)
+	if res.BaselineItemsPerSec > 0 {
+		fmt.Fprintf(env.stdout, "River-style loop: %d items in %.2fs: %.0f items/s; postbox/loop %.3f\n",
+			res.Items, res.BaselineSeconds, res.BaselineItemsPerSec, res.Ratio)
+	}
 	return nil
 }

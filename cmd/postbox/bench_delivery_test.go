@@ -17,6 +17,8 @@ func benchDelivery(t *testing.T, args ...string) (res struct {
 	ItemsPerSec float64 `json:"items_per_sec"`
 	Posts       int64   `json:"posts"`
 	Signed      bool    `json:"signed"`
+	Baseline    float64 `json:"baseline_items_per_sec"`
+	Ratio       float64 `json:"ratio"`
 }) {
 	t.Helper()
 	out, err := exec.Command(binary, append([]string{"bench", "delivery", "--json"}, args...)...).Output()
@@ -39,11 +41,14 @@ func TestBenchDelivery(t *testing.T) {
 	if res.Store != "sqlite" || res.Nodes != 1 || res.Items != 300 || res.Posts < 300 || res.ItemsPerSec <= 0 {
 		t.Errorf("sqlite: want 300 items delivered by 1 node at a positive rate, got %+v", res)
 	}
+	if res.Baseline <= 0 || res.Ratio <= 0 {
+		t.Errorf("sqlite: want the River-style loop's rate and the ratio to it (--baseline is on by default), got %+v", res)
+	}
 	if res.Signed {
 		t.Errorf("without --sign: the result says signed: %+v", res)
 	}
-	if res := benchDelivery(t, "--items", "300", "--sign"); !res.Signed || res.Posts < 300 {
-		t.Errorf("--sign: want 300 signed items delivered, got %+v", res)
+	if res := benchDelivery(t, "--items", "300", "--sign", "--baseline=false"); !res.Signed || res.Posts < 300 || res.Ratio != 0 {
+		t.Errorf("--sign --baseline=false: want 300 signed items delivered and no baseline, got %+v", res)
 	}
 	out, err := exec.Command(binary, "bench", "delivery", "--nodes", "2").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "--store postgres") {

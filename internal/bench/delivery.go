@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"runtime/trace"
 	"strconv"
 	"strings"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/server"
+	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -46,6 +48,13 @@ type DeliveryConfig struct {
 	// signature.
 	Secret string
 
+	// Baseline also runs, after postbox and with its servers stopped, a
+	// minimal River-style loop on a SQLite file of its own with postbox's
+	// settings (see riverLoop) delivering the same number of items with
+	// the same payload to a target of the same kind, and reports the
+	// ratio. Only with an SQLite store.
+	Baseline bool
+
 	CPUProfile string    // a file for a CPU profile of the delivery part; empty: none
 	Trace      string    // a file for an execution trace of the delivery part; empty: none
 	Open       OpenFunc  // opens each node's backends
@@ -64,6 +73,12 @@ type DeliveryResult struct {
 	ItemsPerSec float64 `json:"items_per_sec"`
 	Posts       int64   `json:"posts"`  // requests the target received: Items unless an attempt was repeated
 	Signed      bool    `json:"signed"` // every request carried a webhook-signature (Secret was set)
+
+	// BaselineItemsPerSec is the River-style loop's rate (Baseline), and
+	// Ratio ItemsPerSec / BaselineItemsPerSec; zero without a baseline.
+	BaselineItemsPerSec float64 `json:"baseline_items_per_sec,omitempty"`
+	BaselineSeconds     float64 `json:"baseline_seconds,omitempty"`
+	Ratio               float64 `json:"ratio,omitempty"`
 }
 
 // Delivery measures the workers: it starts cfg.Nodes servers with a
@@ -72,6 +87,27 @@ type DeliveryResult struct {
 // pending items, then sets the target and times until every item is
 // completed.
 func Delivery(ctx context.Context, cfg DeliveryConfig) (*DeliveryResult, error) {
+	res, err := deliverPostbox(ctx, cfg)
+	if err != nil || !cfg.Baseline || res.Store != "sqlite" {
+		return res, err
+	}
+	progress := progressOut(cfg.Progress)
+	fmt.Fprintf(progress, "bench delivery: postbox: %.0f items/s; now the River-style loop\n", res.ItemsPerSec)
+	took, err := riverLoop(ctx, cfg.Items, cfg.Workers)
+	if err != nil {
+		return nil, fmt.Errorf("bench delivery: baseline: %w", err)
+	}
+	res.BaselineSeconds = took.Seconds()
+	res.BaselineItemsPerSec = float64(cfg.Items) / took.Seconds()
+	res.Ratio = res.ItemsPerSec / res.BaselineItemsPerSec
+	return res, nil
+}
+
+// benchPayload is the payload of every event Delivery delivers, and of
+// every job of its baseline.
+const benchPayload = `{"order":"o-1","amount":1299,"currency":"EUR"}`
+
+func deliverPostbox(ctx context.Context, cfg DeliveryConfig) (*DeliveryResult, error) {
 	progress := progressOut(cfg.Progress)
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	var drops []func(context.Context) error
@@ -219,7 +255,7 @@ func fill(ctx context.Context, b stream.Backend, source, prefix string, n int) e
 	if _, err := b.EnsureStream(ctx, source); err != nil {
 		return err
 	}
-	payload := json.RawMessage(`{"order":"o-1","amount":1299,"currency":"EUR"}`)
+	payload := json.RawMessage(benchPayload)
 	for i := 0; i < n; {
 		evs := make([]stream.Event, 0, 500)
 		for ; i < n && len(evs) < cap(evs); i++ {
@@ -319,4 +355,222 @@ func startTrace(path string) (stop func(), _ error) {
 			f.Close()
 		})
 	}, nil
+}
+
+// riverHold is how many jobs the River-style loop holds at most (leased
+// and not yet handled), and riverComplete how many completions one of its
+// commits carries at most.
+const (
+	riverHold     = 1000
+	riverComplete = 1000
+)
+
+// riverLoop is the baseline of Delivery: a minimal job queue loop in the
+// style of River on a SQLite file of its own, opened as postbox opens its
+// database (sqlitedb.Open: WAL, synchronous FULL, the same pragmas, one
+// writer connection). It inserts n jobs carrying benchPayload, then times
+// their delivery: a fetcher leases the oldest available jobs with one
+// UPDATE … RETURNING whenever workers or more of riverHold slots are free
+// (up to all the free ones), workers goroutines POST each job's payload
+// to a do-nothing target on a loopback listener of its own, and a
+// completer marks the done ones completed in group commits of up to
+// riverComplete (one UPDATE of the ids as a JSON array). No attempt log,
+// no counts, no retries: what a queue on the same storage costs at least.
+func riverLoop(ctx context.Context, n, workers int) (time.Duration, error) {
+	dir, err := os.MkdirTemp("", "postbox-bench-river-*")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	db, err := sqlitedb.Open(filepath.Join(dir, "river.db"), sqlitedb.Options{MaxConns: 1})
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	now := func() string { return time.Now().UTC().Format(sqlitedb.Time) }
+	if _, err := db.ExecContext(ctx, `CREATE TABLE river_job (id INTEGER PRIMARY KEY, state TEXT NOT NULL, attempt INTEGER NOT NULL,
+		args TEXT NOT NULL, scheduled_at TEXT NOT NULL, attempted_at TEXT, finalized_at TEXT);
+		CREATE INDEX river_job_fetch ON river_job (state, id)`); err != nil {
+		return 0, err
+	}
+	for i := 0; i < n; i += 1000 {
+		if _, err := db.ExecContext(ctx, `WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < ?1)
+			INSERT INTO river_job (state, attempt, args, scheduled_at) SELECT 'available', 0, ?2, ?3 FROM c`,
+			min(1000, n-i), benchPayload, now()); err != nil {
+			return 0, err
+		}
+	}
+
+	target := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })}
+	tln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	go target.Serve(tln)
+	defer target.Close()
+	url := "http://" + tln.Addr().String() + "/"
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers}, Timeout: 30 * time.Second}
+	defer hc.CloseIdleConnections()
+
+	type job struct {
+		id   int64
+		args string
+	}
+	jobs := make(chan job, riverHold)
+	done := make(chan int64, riverHold)
+	free := newRiverSlots(riverHold)
+	g, gctx := errgroup.WithContext(ctx)
+	fetchCtx, stopFetch := context.WithCancel(gctx)
+	start := time.Now()
+	g.Go(func() error { // the fetcher
+		defer close(jobs)
+		for {
+			k := free.take(fetchCtx, workers)
+			if k == 0 {
+				return nil
+			}
+			rows, err := db.QueryContext(fetchCtx, `UPDATE river_job SET state = 'running', attempt = attempt + 1, attempted_at = ?1
+				WHERE id IN (SELECT id FROM river_job WHERE state = 'available' AND scheduled_at <= ?1 ORDER BY id LIMIT ?2)
+				RETURNING id, args`, now(), k)
+			if err != nil {
+				if fetchCtx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+			got := 0
+			for rows.Next() {
+				var j job
+				if err := rows.Scan(&j.id, &j.args); err != nil {
+					rows.Close()
+					return err
+				}
+				jobs <- j
+				got++
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			free.put(k - got)
+			if got == 0 { // nothing available: look again shortly
+				select {
+				case <-fetchCtx.Done():
+					return nil
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+		}
+	})
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		g.Go(func() error {
+			defer wg.Done()
+			for j := range jobs {
+				req, err := http.NewRequestWithContext(gctx, http.MethodPost, url, strings.NewReader(j.args))
+				if err != nil {
+					return err
+				}
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := hc.Do(req)
+				if err != nil {
+					return err
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode/100 != 2 {
+					return fmt.Errorf("target answered %s", resp.Status)
+				}
+				free.put(1)
+				done <- j.id
+			}
+			return nil
+		})
+	}
+	go func() { wg.Wait(); close(done) }()
+	var took time.Duration
+	g.Go(func() error { // the completer
+		completed := 0
+		ids := make([]int64, 0, riverComplete)
+		for id := range done {
+			ids = append(ids[:0], id)
+		more:
+			for len(ids) < riverComplete {
+				select {
+				case id, ok := <-done:
+					if !ok {
+						break more
+					}
+					ids = append(ids, id)
+				default:
+					break more
+				}
+			}
+			list, _ := json.Marshal(ids)
+			if _, err := db.ExecContext(gctx, `UPDATE river_job SET state = 'completed', finalized_at = ?1
+				WHERE id IN (SELECT value FROM json_each(?2))`, now(), string(list)); err != nil {
+				return err
+			}
+			if completed += len(ids); completed == n {
+				took = time.Since(start)
+				stopFetch()
+			}
+		}
+		return nil
+	})
+	err = g.Wait()
+	stopFetch()
+	if err != nil {
+		return 0, err
+	}
+	var left int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM river_job WHERE state <> 'completed'`).Scan(&left); err != nil {
+		return 0, err
+	}
+	if left != 0 || took == 0 {
+		return 0, fmt.Errorf("%d of %d jobs not completed", left, n)
+	}
+	return took, nil
+}
+
+// riverSlots counts the jobs riverLoop may still lease.
+type riverSlots struct {
+	mu    sync.Mutex
+	free  int
+	freed chan struct{}
+}
+
+func newRiverSlots(n int) *riverSlots { return &riverSlots{free: n, freed: make(chan struct{}, 1)} }
+
+// take waits until at least atLeast slots are free and takes them all; 0
+// when ctx ended.
+func (s *riverSlots) take(ctx context.Context, atLeast int) int {
+	for {
+		s.mu.Lock()
+		if n := s.free; n >= atLeast {
+			s.free = 0
+			s.mu.Unlock()
+			return n
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.freed:
+		case <-ctx.Done():
+			return 0
+		}
+	}
+}
+
+func (s *riverSlots) put(n int) {
+	if n <= 0 {
+		return
+	}
+	s.mu.Lock()
+	s.free += n
+	s.mu.Unlock()
+	select {
+	case s.freed <- struct{}{}:
+	default:
+	}
 }

@@ -118,3 +118,133 @@ func (d *Delivery) Attempts(ctx context.Context, inbox string, id int64) ([]Atte
 	}
 	return out, rows.Err()
 }
+
+// completeHeld completes, in tx, the items of cs that still hold their
+// lease (processing, the lease not expired at nowText, in their inbox),
+// with one UPDATE … RETURNING for all of them whatever their inboxes and
+// leases, records the attempts of those it completed in one INSERT, and
+// adds the moves to t. It returns the indexes in cs of the items it did
+// not complete: those settle the long way, which tells why (acked
+// already, lease lost, gone).
+func completeHeld(ctx context.Context, tx conn, nowText string, cs []completion, t tally) (left []int, _ error) {
+	type key struct {
+		id    int64
+		inbox string
+	}
+	done := make(map[key]bool, len(cs))
+	scan := func(rows *sql.Rows, err error) error {
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k key
+			var sub string
+			if err := rows.Scan(&k.id, &k.inbox, &sub); err != nil {
+				return err
+			}
+			done[k] = true
+			t.move(k.inbox, sub, StateProcessing, StateCompleted, 1)
+		}
+		return rows.Err()
+	}
+	if tx.PostgreSQL {
+		ids, inboxes, leases := make([]int64, len(cs)), make([]string, len(cs)), make([]string, len(cs))
+		for i, c := range cs {
+			ids[i], inboxes[i], leases[i] = c.id, c.inbox, c.lease
+		}
+		if err := scan(tx.QueryContext(ctx, completeHeldPostgres, nowText, ids, inboxes, leases)); err != nil {
+			return nil, err
+		}
+	} else {
+		// One statement per lease (a batch holds a few), its ids a flat
+		// JSON array: json_each reads its integers as they are, where
+		// [id, inbox, lease] triples had each value parsed again.
+		type group struct{ inbox, lease string }
+		var order []group
+		ids := map[group][]int64{}
+		for _, c := range cs {
+			g := group{c.inbox, c.lease}
+			if ids[g] == nil {
+				order = append(order, g)
+			}
+			ids[g] = append(ids[g], c.id)
+		}
+		for _, g := range order {
+			_, list := idList(false, ids[g])
+			if err := scan(tx.QueryContext(ctx, completeHeldSQLite, nowText, list, g.inbox, g.lease)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	var log []Attempt
+	for i, c := range cs {
+		if !done[key{c.id, c.inbox}] {
+			left = append(left, i)
+			continue
+		}
+		if c.rec != nil {
+			a := *c.rec
+			a.Inbox = c.inbox
+			log = append(log, a)
+		}
+	}
+	return left, recordAll(ctx, tx, log)
+}
+
+// completeHeldSQLite completes the items of the JSON array ?2 of ids
+// that hold lease ?4 of inbox ?3 at ?1; completeHeldPostgres those of
+// the arrays ?2 (ids), ?3 (inboxes), ?4 (leases). Both return each
+// completed item's id, inbox and subscription uid.
+const (
+	completeHeldSQLite = `UPDATE inbox_items SET state = 'completed', lease_token = NULL, lease_expires_at = NULL,
+		completed_at = ?1, updated_at = ?1
+	WHERE item_id IN (SELECT value FROM json_each(?2)) AND inbox_id = ?3 AND state = 'processing' AND lease_token = ?4
+		AND lease_expires_at > ?1
+	RETURNING item_id, inbox_id, subscription_uid`
+	completeHeldPostgres = `UPDATE inbox_items SET state = 'completed', lease_token = NULL, lease_expires_at = NULL,
+		completed_at = ?1, updated_at = ?1
+	FROM unnest(?2::bigint[], ?3::text[], ?4::text[]) AS c(c_id, c_inbox, c_lease)
+	WHERE item_id = c_id AND inbox_id = c_inbox AND state = 'processing' AND lease_token = c_lease AND lease_expires_at > ?1
+	RETURNING item_id, inbox_id, subscription_uid`
+)
+
+// recordAll inserts log, attempts of items that exist, each of its own
+// inbox (Attempt.Inbox), in tx with one statement.
+func recordAll(ctx context.Context, tx conn, log []Attempt) error {
+	if len(log) == 0 {
+		return nil
+	}
+	if tx.PostgreSQL {
+		n := len(log)
+		items, numbers, statuses, latencies := make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n)
+		inboxes, ats, urls, errs, excerpts := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+		for _, a := range log {
+			items, numbers, statuses = append(items, a.Item), append(numbers, int64(a.Number)), append(statuses, int64(a.Status))
+			latencies, ats, inboxes = append(latencies, a.Latency.Microseconds()), append(ats, a.At.UTC().Format(sqlitedb.Time)), append(inboxes, a.Inbox)
+			urls, errs, excerpts = append(urls, a.URL), append(errs, a.Error), append(excerpts, a.Excerpt)
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO delivery_attempts (item_id, inbox_id, attempt, attempted_at, endpoint_url,
+			status_code, latency_us, error, response_excerpt)
+			SELECT i, b, n, at, u, s, l, NULLIF(e, ''), NULLIF(x, '')
+			FROM unnest(?::bigint[], ?::text[], ?::bigint[], ?::text[], ?::text[], ?::bigint[], ?::bigint[], ?::text[], ?::text[]) AS a(i, b, n, at, u, s, l, e, x)`,
+			items, inboxes, numbers, ats, urls, statuses, latencies, errs, excerpts)
+		return err
+	}
+	// On SQLite, rows of values: read out of JSON by ->>, the values
+	// cost more than binding them.
+	var b strings.Builder
+	b.WriteString(`INSERT INTO delivery_attempts (item_id, inbox_id, attempt, attempted_at, endpoint_url, status_code, latency_us,
+		error, response_excerpt) VALUES `)
+	args := make([]any, 0, 9*len(log))
+	for i, a := range log {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`(?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+		args = append(args, a.Item, a.Inbox, a.Number, a.At.UTC().Format(sqlitedb.Time), a.URL, a.Status,
+			a.Latency.Microseconds(), nullString(a.Error), nullString(a.Excerpt))
+	}
+	_, err := tx.ExecContext(ctx, b.String(), args...)
+	return err
+}

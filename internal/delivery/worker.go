@@ -18,6 +18,7 @@ import (
 
 	"github.com/postbox-events/postbox/internal/forwarded"
 	"github.com/postbox-events/postbox/internal/netpolicy"
+	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
 	"github.com/postbox-events/postbox/retry"
 )
@@ -499,7 +500,6 @@ const ackQueue = slotsPerWorker
 // stop before the ack commits, the item is attempted again after its
 // lease.
 func (d *Delivery) ack(completions <-chan completion) {
-	type group struct{ inbox, lease string }
 	for c := range completions {
 		batch := []completion{c}
 	more:
@@ -514,36 +514,98 @@ func (d *Delivery) ack(completions <-chan completion) {
 				break more
 			}
 		}
-		groups := map[group][]completion{}
-		for _, c := range batch {
-			g := group{c.inbox, c.lease}
-			groups[g] = append(groups[g], c)
+		d.ackBatch(batch)
+	}
+}
+
+// ackBatch acks a batch of completions: in one transaction, those whose
+// items still hold their lease with one statement (completeHeld), their
+// attempts with another and the kept counts with a third, whatever the
+// inboxes and leases of the batch; the others (acked already, a lease
+// lost) then settle the long way, which says why.
+func (d *Delivery) ackBatch(batch []completion) {
+	type group struct{ inbox, lease string }
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nowText := d.now().UTC().Format(sqlitedb.Time)
+	// An item twice in the batch (attempted under two leases, the first
+	// outlasted) settles the long way: the statement does not say which
+	// lease completed it.
+	seen := make(map[int64]int, len(batch))
+	for _, c := range batch {
+		seen[c.id]++
+	}
+	var once []completion
+	var onceAt, left []int
+	for i, c := range batch {
+		if seen[c.id] == 1 {
+			once, onceAt = append(once, c), append(onceAt, i)
+		} else {
+			left = append(left, i)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		var sts []*settlement
-		var waiting [][]completion
-		for g, cs := range groups {
-			ids := make([]int64, len(cs))
-			var log []Attempt
-			for i, c := range cs {
-				ids[i] = c.id
-				if c.rec != nil {
-					log = append(log, *c.rec)
-				}
+	}
+	fast := make([]bool, len(batch))
+	var slow []int
+	err := d.update(ctx, func(tx conn) error {
+		t := tally{}
+		var err error
+		if slow, err = completeHeld(ctx, tx, nowText, once, t); err != nil {
+			return err
+		}
+		return t.write(ctx, d, tx)
+	})
+	if err != nil { // all settle the long way
+		left = left[:0]
+		for i := range batch {
+			left = append(left, i)
+		}
+	} else {
+		for _, i := range onceAt {
+			fast[i] = true
+		}
+		for _, i := range slow {
+			fast[onceAt[i]] = false
+			left = append(left, onceAt[i])
+		}
+	}
+	for i, c := range batch {
+		if fast[i] {
+			d.cfg.Metrics.settled(c.inbox, StateCompleted, 1)
+			jb := job{inbox: c.inbox, lease: c.lease, item: Item{ID: c.id, Attempts: c.attempts}}
+			d.attempted(jb, []Result{{ID: c.id, State: StateCompleted}}, nil, nil, c.took)
+		}
+	}
+	if len(left) == 0 {
+		return
+	}
+	groups := map[group][]completion{}
+	for _, i := range left {
+		c := batch[i]
+		g := group{c.inbox, c.lease}
+		groups[g] = append(groups[g], c)
+	}
+	var sts []*settlement
+	var waiting [][]completion
+	for g, cs := range groups {
+		ids := make([]int64, len(cs))
+		var log []Attempt
+		for i, c := range cs {
+			ids[i] = c.id
+			if c.rec != nil {
+				log = append(log, *c.rec)
 			}
-			sts = append(sts, &settlement{inbox: g.inbox, ids: ids, lease: g.lease, to: StateCompleted, apply: complete(ctx), log: log})
-			waiting = append(waiting, cs)
 		}
-		err := d.settleAll(ctx, sts...)
-		cancel()
-		for i, cs := range waiting {
-			for j, c := range cs {
-				jb := job{inbox: c.inbox, lease: c.lease, item: Item{ID: c.id, Attempts: c.attempts}}
-				if err != nil {
-					d.attempted(jb, nil, fmt.Errorf("ack items of %s: %w", c.inbox, err), nil, c.took)
-				} else {
-					d.attempted(jb, sts[i].results[j:j+1], nil, nil, c.took)
-				}
+		sts = append(sts, &settlement{inbox: g.inbox, ids: ids, lease: g.lease, to: StateCompleted, apply: complete(ctx), log: log})
+		waiting = append(waiting, cs)
+	}
+	err = d.settleAll(ctx, sts...)
+	for i, cs := range waiting {
+		for j, c := range cs {
+			jb := job{inbox: c.inbox, lease: c.lease, item: Item{ID: c.id, Attempts: c.attempts}}
+			if err != nil {
+				d.attempted(jb, nil, fmt.Errorf("ack items of %s: %w", c.inbox, err), nil, c.took)
+			} else {
+				d.attempted(jb, sts[i].results[j:j+1], nil, nil, c.took)
 			}
 		}
 	}
