@@ -51,6 +51,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/postbox-events/postbox/internal/logsample"
 	"github.com/postbox-events/postbox/internal/names"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/retry"
@@ -245,6 +246,10 @@ type Delivery struct {
 	// name): only their next lease looks first whether they are paused
 	// (allPaused), so a lease of a busy inbox makes no extra trip.
 	empty sync.Map
+
+	// sample bounds the INFO lines of attempts started and completed: at
+	// most 10 a second of each (logsample).
+	sample logsample.Sampler
 
 	admin sync.Mutex // serialises Delete, Reset and the claim rounds of a shared store
 

@@ -3,6 +3,7 @@ package delivery_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
+	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/retry"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -63,7 +65,11 @@ func TestAttemptLogs(t *testing.T) {
 	identity := map[string]any{"source": "devices", "event_id": "ev-0", "type": "order.paid", "offset": 1.0}
 	check := func(msg, level string, n int, more map[string]any) {
 		t.Helper()
-		ls := log.lines(t, msg)
+		var ls []map[string]any
+		testenv.Eventually(t, 10*time.Second, fmt.Sprintf("%d lines %q", n, msg), func() bool { // logged once settled
+			ls = log.lines(t, msg)
+			return len(ls) >= n
+		})
 		if len(ls) != n {
 			t.Fatalf("%d lines %q, want %d", len(ls), msg, n)
 		}

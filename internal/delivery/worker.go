@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/url"
@@ -378,7 +379,7 @@ func draining(ctx context.Context, grace time.Duration) (context.Context, contex
 // settles its item, recording the attempt of an endpoint in the same
 // transaction.
 func (d *Delivery) attempt(actx context.Context, j job) {
-	d.log.Debug("delivery: processing", "inbox", j.inbox, "item", j.item.ID, "attempt", j.item.Attempts)
+	d.logSampled("delivery: processing", j)
 	start := time.Now()
 	timeout, limit, maxAttempts := d.cfg.HandlerTimeout, d.cfg.RetryMaxDelay, d.cfg.MaxAttempts
 	if j.ep != nil {
@@ -409,7 +410,8 @@ func (d *Delivery) attempt(actx context.Context, j job) {
 		}
 	}
 	if err == nil { // the acker acks a batch of completions in one transaction
-		d.completions <- completion{inbox: j.inbox, lease: j.lease, id: j.item.ID, attempts: j.item.Attempts, took: took, rec: rec}
+		d.completions <- completion{inbox: j.inbox, lease: j.lease, id: j.item.ID, attempts: j.item.Attempts, took: took, rec: rec,
+			event: eventRef{j.item.Stream, j.item.EventID, j.item.Type, j.item.Offset}}
 		return
 	}
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -453,9 +455,34 @@ func recs(rec *Attempt) []Attempt {
 	return []Attempt{*rec}
 }
 
+// jobAttrs are the attributes of the log lines of j's attempt: the
+// event's identity (its source, id, type and offset), the item and the
+// attempt.
+func jobAttrs(j job) []any {
+	return []any{"inbox", j.inbox, "item", j.item.ID, "attempt", j.item.Attempts,
+		"source", j.item.Stream, "event_id", j.item.EventID, "type", j.item.Type, "offset", j.item.Offset}
+}
+
+// logSampled logs msg of j at INFO, at most 10 lines of msg a second; the
+// next line that goes out says in skipped how many were left out.
+func (d *Delivery) logSampled(msg string, j job, kv ...any) {
+	if !d.log.Enabled(context.Background(), slog.LevelInfo) {
+		return
+	}
+	ok, skipped := d.sample.Allow(msg)
+	if !ok {
+		return
+	}
+	at := append(jobAttrs(j), kv...)
+	if skipped > 0 {
+		at = append(at, "skipped", skipped)
+	}
+	d.log.Info(msg, at...)
+}
+
 // attempted records the outcome of an attempt once its item is settled.
 func (d *Delivery) attempted(j job, res []Result, serr, err error, took time.Duration) {
-	at := []any{"inbox", j.inbox, "item", j.item.ID, "attempt", j.item.Attempts}
+	at := jobAttrs(j)
 	switch {
 	case serr != nil:
 		d.log.Error("delivery: recording the attempt failed; the item is retried when its lease expires", append(at, "err", serr)...)
@@ -467,7 +494,7 @@ func (d *Delivery) attempted(j job, res []Result, serr, err error, took time.Dur
 	d.cfg.Metrics.attempted(j.inbox, res[0].State, took)
 	switch res[0].State {
 	case StateCompleted:
-		d.log.Debug("delivery: completed", append(at, "took", took)...)
+		d.logSampled("delivery: completed", j, "took", took)
 	case StatePending:
 		d.log.Info("delivery: attempt failed; retry scheduled", append(at, "err", err, "took", took)...)
 	case StateFailed:
@@ -482,6 +509,20 @@ type completion struct {
 	attempts     int
 	took         time.Duration
 	rec          *Attempt // the endpoint's attempt to record; nil: none
+	event        eventRef // for the log
+}
+
+// eventRef is the identity of an item's event, for the log lines of its
+// attempts.
+type eventRef struct {
+	stream, id, typ string
+	offset          int64
+}
+
+// job returns the job c completed, as far as attempted needs it.
+func (c *completion) job() job {
+	return job{inbox: c.inbox, lease: c.lease, item: Item{ID: c.id, Attempts: c.attempts,
+		Stream: c.event.stream, EventID: c.event.id, Type: c.event.typ, Offset: c.event.offset}}
 }
 
 // ackQueue is how many completions per worker may wait for the acker:
@@ -571,7 +612,7 @@ func (d *Delivery) ackBatch(batch []completion) {
 	for i, c := range batch {
 		if fast[i] {
 			d.cfg.Metrics.settled(c.inbox, StateCompleted, 1)
-			jb := job{inbox: c.inbox, lease: c.lease, item: Item{ID: c.id, Attempts: c.attempts}}
+			jb := c.job()
 			d.attempted(jb, []Result{{ID: c.id, State: StateCompleted}}, nil, nil, c.took)
 		}
 	}
@@ -601,7 +642,7 @@ func (d *Delivery) ackBatch(batch []completion) {
 	err = d.settleAll(ctx, sts...)
 	for i, cs := range waiting {
 		for j, c := range cs {
-			jb := job{inbox: c.inbox, lease: c.lease, item: Item{ID: c.id, Attempts: c.attempts}}
+			jb := c.job()
 			if err != nil {
 				d.attempted(jb, nil, fmt.Errorf("ack items of %s: %w", c.inbox, err), nil, c.took)
 			} else {
