@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"sync"
@@ -463,14 +464,58 @@ func (d *Delivery) Extend(ctx context.Context, inbox string, ids []int64, lease 
 // pending, due after delay, with reason as its last error, or, when it has
 // had Config.MaxAttempts attempts, to failed: a dead letter.
 func (d *Delivery) Nack(ctx context.Context, inbox string, ids []int64, lease string, delay time.Duration, reason string) ([]Result, error) {
-	return d.fail(ctx, inbox, ids, lease, failure{reason: reason, delay: func(int) time.Duration { return max(delay, 0) }, maxAttempts: d.cfg.MaxAttempts})
+	res, err := d.fail(ctx, inbox, ids, lease, failure{reason: reason, delay: func(int) time.Duration { return max(delay, 0) }, maxAttempts: d.cfg.MaxAttempts})
+	d.logNacked(ctx, res, err, reason)
+	return res, err
 }
 
 // NackDead records a failed attempt of items of inbox that no further
 // attempt can help (a runtime's permanent error): each becomes failed, a
 // dead letter, at once, with reason as its last error.
 func (d *Delivery) NackDead(ctx context.Context, inbox string, ids []int64, lease string, reason string) ([]Result, error) {
-	return d.fail(ctx, inbox, ids, lease, failure{reason: reason, dead: true, maxAttempts: d.cfg.MaxAttempts})
+	res, err := d.fail(ctx, inbox, ids, lease, failure{reason: reason, dead: true, maxAttempts: d.cfg.MaxAttempts})
+	d.logNacked(ctx, res, err, reason)
+	return res, err
+}
+
+// logNacked logs each item a runtime's nack settled (res), with its
+// event's identity, as the workers log a failed attempt: a retry at INFO,
+// a dead letter at ERROR. It reads the items back: a failure is rare
+// beside the attempts that succeed.
+func (d *Delivery) logNacked(ctx context.Context, res []Result, err error, reason string) {
+	if err != nil || !d.log.Enabled(ctx, slog.LevelError) {
+		return
+	}
+	var ids []int64
+	for _, r := range res {
+		if r.Err == nil && (r.State == StatePending || r.State == StateFailed) {
+			ids = append(ids, r.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	in, arg := idList(d.pg, ids)
+	rows, err := d.db.QueryContext(ctx, `SELECT inbox_id, item_id, stream_id, "offset", source_native_id, event_type, attempts, state
+		FROM inbox_items WHERE item_id IN (`+in+`)`, arg)
+	if err != nil {
+		d.log.Warn("delivery: reading nacked items for the log failed", "items", len(ids), "err", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var it Item
+		if err := rows.Scan(&it.Inbox, &it.ID, &it.Stream, &it.Offset, &it.EventID, &it.Type, &it.Attempts, &it.State); err != nil {
+			d.log.Warn("delivery: reading nacked items for the log failed", "items", len(ids), "err", err)
+			return
+		}
+		at := append(jobAttrs(job{inbox: it.Inbox, item: it}), "err", reason)
+		if it.State == StateFailed {
+			d.log.Error("delivery: the runtime nacked the item; it is a dead letter", at...)
+		} else {
+			d.log.Info("delivery: the runtime nacked the item; retry scheduled", at...)
+		}
+	}
 }
 
 // failure is how a failed attempt ends.

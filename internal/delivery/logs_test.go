@@ -2,6 +2,7 @@ package delivery_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -93,4 +94,41 @@ func TestAttemptLogs(t *testing.T) {
 	check("delivery: attempt failed; retry scheduled", "INFO", 1, map[string]any{"inbox": "bad", "item": float64(it.ID), "attempt": 1.0})
 	check("delivery: attempt failed; the item is a dead letter", "ERROR", 1, map[string]any{"inbox": "bad", "attempt": 2.0})
 	check("delivery: completed", "INFO", 1, map[string]any{"inbox": "good"})
+}
+
+// TestNackLogs: an item a runtime nacks through the pull API is logged
+// with its event's identity: a retry at INFO, a dead letter at ERROR.
+func TestNackLogs(t *testing.T) {
+	var log jsonLog
+	e := setup(t, sqliteStore, delivery.Config{MaxAttempts: 5, Logger: slog.New(slog.NewJSONHandler(&log, nil))})
+	e.create(t, delivery.Subscription{Name: "pull", Source: "devices"})
+	e.appendEvents(t, "ev", "order.paid", 2)
+	e.waitLag(t, "pull", 0)
+	ctx := context.Background()
+	l, err := e.d.Lease(ctx, "pull", 2, time.Minute, 0)
+	if err != nil || len(l.Items) != 2 {
+		t.Fatalf("lease: %d items, %v", len(l.Items), err)
+	}
+	if _, err := e.d.Nack(ctx, "pull", []int64{l.Items[0].ID}, l.Token, time.Minute, "timeout talking to the ledger"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.d.NackDead(ctx, "pull", []int64{l.Items[1].ID}, l.Token, "malformed"); err != nil {
+		t.Fatal(err)
+	}
+	for msg, want := range map[string]map[string]any{
+		"delivery: the runtime nacked the item; retry scheduled": {"level": "INFO", "inbox": "pull", "item": float64(l.Items[0].ID),
+			"source": "devices", "event_id": "ev-0", "type": "order.paid", "offset": 1.0, "attempt": 1.0, "err": "timeout talking to the ledger"},
+		"delivery: the runtime nacked the item; it is a dead letter": {"level": "ERROR", "item": float64(l.Items[1].ID),
+			"event_id": "ev-1", "offset": 2.0, "err": "malformed"},
+	} {
+		ls := log.lines(t, msg)
+		if len(ls) != 1 {
+			t.Fatalf("%d lines %q, want 1", len(ls), msg)
+		}
+		for k, v := range want {
+			if ls[0][k] != v {
+				t.Errorf("%q: %s is %v, want %v (%v)", msg, k, ls[0][k], v, ls[0])
+			}
+		}
+	}
 }
