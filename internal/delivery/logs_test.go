@@ -1,13 +1,8 @@
 package delivery_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,43 +12,14 @@ import (
 	"github.com/postbox-events/postbox/stream"
 )
 
-// jsonLog collects JSON log lines.
-type jsonLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *jsonLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *jsonLog) lines(t *testing.T, msg string) []map[string]any {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
-		var m map[string]any
-		if err := json.Unmarshal([]byte(line), &m); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
-		if m["msg"] == msg {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
 // TestAttemptLogs: every attempt's start, completion and failure is logged
 // with the event's identity (source, event id, type, offset), the item and
 // the attempt, as JSON lines; starts and completions at INFO, a retry at
 // INFO, a dead letter at ERROR.
 func TestAttemptLogs(t *testing.T) {
-	var log jsonLog
+	var log testenv.JSONLog
 	e := setup(t, sqliteStore, delivery.Config{MaxAttempts: 2, RetryBaseDelay: time.Second, Jitter: retry.NoJitter,
-		Logger: slog.New(slog.NewJSONHandler(&log, nil))})
+		Logger: log.Logger()})
 	failing, ok := newTarget(t, 500), newTarget(t, 200)
 	e.create(t, delivery.Subscription{Name: "bad", Source: "devices", Target: failing.URL})
 	e.appendEvents(t, "ev", "order.paid", 1)
@@ -68,7 +34,7 @@ func TestAttemptLogs(t *testing.T) {
 		t.Helper()
 		var ls []map[string]any
 		testenv.Eventually(t, 10*time.Second, fmt.Sprintf("%d lines %q", n, msg), func() bool { // logged once settled
-			ls = log.lines(t, msg)
+			ls = log.Lines(t, msg)
 			return len(ls) >= n
 		})
 		if len(ls) != n {
@@ -99,8 +65,8 @@ func TestAttemptLogs(t *testing.T) {
 // TestNackLogs: an item a runtime nacks through the pull API is logged
 // with its event's identity: a retry at INFO, a dead letter at ERROR.
 func TestNackLogs(t *testing.T) {
-	var log jsonLog
-	e := setup(t, sqliteStore, delivery.Config{MaxAttempts: 5, Logger: slog.New(slog.NewJSONHandler(&log, nil))})
+	var log testenv.JSONLog
+	e := setup(t, sqliteStore, delivery.Config{MaxAttempts: 5, Logger: log.Logger()})
 	e.create(t, delivery.Subscription{Name: "pull", Source: "devices"})
 	e.appendEvents(t, "ev", "order.paid", 2)
 	e.waitLag(t, "pull", 0)
@@ -121,7 +87,7 @@ func TestNackLogs(t *testing.T) {
 		"delivery: the runtime nacked the item; it is a dead letter": {"level": "ERROR", "item": float64(l.Items[1].ID),
 			"event_id": "ev-1", "offset": 2.0, "err": "malformed"},
 	} {
-		ls := log.lines(t, msg)
+		ls := log.Lines(t, msg)
 		if len(ls) != 1 {
 			t.Fatalf("%d lines %q, want 1", len(ls), msg)
 		}

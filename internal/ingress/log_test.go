@@ -1,52 +1,20 @@
 package ingress_test
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 
 	"github.com/postbox-events/postbox/internal/ingress"
+	"github.com/postbox-events/postbox/internal/testenv"
 )
-
-// syncBuffer is a bytes.Buffer the ingress's goroutines may log to.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) lines(t *testing.T) []map[string]any {
-	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []map[string]any
-	for _, l := range strings.Split(strings.TrimSpace(s.b.String()), "\n") {
-		var m map[string]any
-		if err := json.Unmarshal([]byte(l), &m); err != nil {
-			t.Fatalf("log line %q: %v", l, err)
-		}
-		out = append(out, m)
-	}
-	return out
-}
 
 // TestEventLogs: the ingress logs each event it stores, each duplicate
 // and each conflict with the event's identity (source, device, event id;
 // the offset when stored), as JSON lines, at most 10 lines of each message
 // a second.
 func TestEventLogs(t *testing.T) {
-	var buf syncBuffer
-	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	in := newIngress(t, sqliteStore(t), ingress.Config{Logger: log})
+	var log testenv.JSONLog
+	in := newIngress(t, sqliteStore(t), ingress.Config{Logger: log.Logger()})
 	_, dial := transports[0].serve(t, in)
 	c := dialOK(t, dial, "")
 	send(t, c, frame(env("e-1", "pi-7", "t", `{"n":1}`)))
@@ -61,7 +29,7 @@ func TestEventLogs(t *testing.T) {
 	replies(t, c, 30)
 
 	byMsg := map[string][]map[string]any{}
-	for _, l := range buf.lines(t) {
+	for _, l := range log.Lines(t, "") {
 		byMsg[l["msg"].(string)] = append(byMsg[l["msg"].(string)], l)
 	}
 	want := map[string]map[string]any{
