@@ -642,8 +642,13 @@ func (s *session) enqueueLoop(ctx context.Context) error {
 		}
 		err := s.in.store.AppendAsync(ctx, s.streamID(), c.events, func(res []stream.AppendResult, err error) {
 			// The events are let go of once committed: until then the
-			// store's queue holds them, within the ingress's budget.
+			// store's queue holds them, within the ingress's budget. What
+			// the replies' log lines name is kept, not the bytes, which
+			// the budget no longer counts.
 			s.in.budget.give(bytes)
+			for i := range events {
+				events[i].Payload, events[i].Metadata, events[i].DeliveryHandle = nil, nil, nil
+			}
 			s.committed(commit{ids, events, spans, res, err})
 		})
 		if !waitFrom.IsZero() {

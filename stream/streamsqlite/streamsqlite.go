@@ -678,6 +678,7 @@ func (b *Backend) flush(ctx context.Context, batch []*item) (err error) {
 	events := b.events[:0]
 	for _, it := range batch {
 		if it.ev != nil {
+			*it.res = stream.AppendResult{} // a flush tried again (groupcommit's retries) starts afresh
 			events = append(events, it)
 		}
 	}
