@@ -177,9 +177,15 @@ type Config struct {
 	// renewed; they are renewed every LeaseTTL/5. Defaults to
 	// DefaultLeaseTTL.
 	LeaseTTL time.Duration
-	Logger   *slog.Logger     // defaults to one that discards
-	Now      func() time.Time // defaults to time.Now
-	Metrics  *Metrics         // nil: none
+	// ReplySettings returns a source's reply settings, the headers and
+	// signing secret its replies carry (replies.go); nil: none. LookupEnv
+	// reads their env:NAME values at each attempt. Defaults to
+	// os.LookupEnv.
+	ReplySettings ReplySettings
+	LookupEnv     func(string) (string, bool)
+	Logger        *slog.Logger     // defaults to one that discards
+	Now           func() time.Time // defaults to time.Now
+	Metrics       *Metrics         // nil: none
 
 	testSignals *testSignals // nil but in tests (WithTestSignals)
 }
@@ -212,6 +218,9 @@ func (cfg *Config) setDefaults() {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.LookupEnv == nil {
+		cfg.LookupEnv = os.LookupEnv
 	}
 }
 
@@ -335,6 +344,7 @@ func (d *Delivery) Run(ctx context.Context) error {
 	d.log.Info("delivery: running", "subscriptions", len(subs), "workers", d.cfg.Workers, "inboxes_with_handler", dispatching)
 	workers.Go(func() { d.retain(ctx) })
 	workers.Go(func() { d.runReplays(ctx) })
+	workers.Go(func() { d.runReplies(ctx) })
 	if d.cluster != nil {
 		workers.Go(func() { d.cluster.run(ctx) })
 		workers.Go(func() {

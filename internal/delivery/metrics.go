@@ -17,6 +17,7 @@ type Metrics struct {
 	replays  *prometheus.CounterVec
 	attempts *prometheus.HistogramVec
 	deleted  *prometheus.CounterVec
+	replies  *prometheus.CounterVec
 	breakers *prometheus.GaugeVec
 	moves    *prometheus.CounterVec
 }
@@ -49,9 +50,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time a worker's handler took for one attempt, by its result: completed, pending (retry scheduled) or failed (dead-lettered).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 14),
 		}, []string{"inbox", "result"}),
+		replies: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "postbox_reply_attempts_total",
+			Help: "Attempts to send a reply to an event's delivery handle, by what the reply became: completed, pending (retried) or failed (a dead letter).",
+		}, []string{"result"}),
 		deleted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postbox_retention_deleted_total",
-			Help: "Rows retention deleted: completed and failed items, and stream events every consumer had read.",
+			Help: "Rows retention deleted: completed and failed items and replies, and stream events every consumer had read.",
 		}, []string{"kind"}),
 	}
 	m.breakers = prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -62,7 +67,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "postbox_endpoint_transitions_total",
 		Help: "Transitions of the circuit breaker of an inbox's endpoint this process made, by the state it went to.",
 	}, []string{"inbox", "state"})
-	reg.MustRegister(m.events, m.items, m.leases, m.settles, m.replays, m.attempts, m.deleted, m.breakers, m.moves)
+	reg.MustRegister(m.events, m.items, m.leases, m.settles, m.replays, m.attempts, m.deleted, m.replies, m.breakers, m.moves)
 	return m
 }
 
@@ -159,11 +164,19 @@ func (m *Metrics) breakerMoved(inbox, state string) {
 	m.breakerState(inbox, state)
 }
 
+func (m *Metrics) replied(state string) {
+	if m == nil {
+		return
+	}
+	m.replies.WithLabelValues(state).Inc()
+}
+
 func (m *Metrics) cleaned(c Cleaned) {
 	if m == nil {
 		return
 	}
 	m.deleted.WithLabelValues("items").Add(float64(c.Items))
+	m.deleted.WithLabelValues("replies").Add(float64(c.Replies))
 	m.deleted.WithLabelValues("events").Add(float64(c.Events))
 }
 

@@ -15,8 +15,9 @@ const cleanupBatch = 1000
 
 // Cleaned is what one Cleanup deleted.
 type Cleaned struct {
-	Items  int // completed and failed inbox items
-	Events int // stream events
+	Items   int // completed and failed inbox items
+	Replies int // completed and failed replies
+	Events  int // stream events
 }
 
 // Cleanup deletes, in batches of 1000, the completed and failed items that
@@ -76,6 +77,11 @@ func (d *Delivery) Cleanup(ctx context.Context, cutoff time.Time) (Cleaned, erro
 			break
 		}
 	}
+	n, err := d.cleanReplies(ctx, before)
+	if err != nil {
+		return c, fmt.Errorf("retention: replies: %w", err)
+	}
+	c.Replies = n
 	trimmer, ok := d.streams.(stream.Trimmer)
 	if !ok {
 		d.cfg.Metrics.cleaned(c)
@@ -128,6 +134,46 @@ func (d *Delivery) retain(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// cleanReplies deletes, in batches, the completed and failed replies last
+// changed before before, with their attempt log.
+func (d *Delivery) cleanReplies(ctx context.Context, before string) (int, error) {
+	total := 0
+	for {
+		var gone []int64
+		err := d.update(ctx, func(tx conn) error {
+			gone = gone[:0]
+			rows, err := tx.QueryContext(ctx, `DELETE FROM replies WHERE reply_id IN (SELECT reply_id FROM replies
+				WHERE state IN ('completed', 'failed') AND updated_at < ?1 LIMIT ?2)
+				AND state IN ('completed', 'failed') AND updated_at < ?1 RETURNING reply_id`, before, cleanupBatch)
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				var id int64
+				if err := rows.Scan(&id); err != nil {
+					rows.Close()
+					return err
+				}
+				gone = append(gone, id)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil || len(gone) == 0 {
+				return err
+			}
+			list, arg := idList(tx.PostgreSQL, gone)
+			_, err = tx.ExecContext(ctx, `DELETE FROM reply_attempts WHERE reply_id IN (`+list+`)`, arg)
+			return err
+		})
+		if err != nil {
+			return total, err
+		}
+		total += len(gone)
+		if len(gone) < cleanupBatch {
+			return total, nil
 		}
 	}
 }

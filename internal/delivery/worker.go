@@ -764,19 +764,35 @@ func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, 
 	if ep.format == FormatCloudEvents {
 		setCloudEvent(h, it) // cloudevents.go
 	}
-	if len(ep.keys) > 0 {
-		id := "item_" + strconv.FormatInt(it.ID, 10)
-		if it.ID == 0 { // a test event (SendTest): its own id
-			id = it.EventID
-		}
-		sigs := make([]string, len(ep.keys))
-		for i, key := range ep.keys {
-			sigs[i] = stdwebhook.Sign(key, id, now, it.Payload)
-		}
-		h.Set("webhook-id", id)
-		h.Set("webhook-timestamp", strconv.FormatInt(now.Unix(), 10))
-		h.Set("webhook-signature", strings.Join(sigs, " "))
+	id := "item_" + strconv.FormatInt(it.ID, 10)
+	if it.ID == 0 { // a test event (SendTest): its own id
+		id = it.EventID
 	}
+	sign(h, ep.keys, id, now, it.Payload)
+	return d.exchange(req, rec)
+}
+
+// sign sets the Standard Webhooks headers of a request with body: webhook-id
+// id, webhook-timestamp now, and a webhook-signature by each of keys (none:
+// no headers).
+func sign(h http.Header, keys [][]byte, id string, now time.Time, body []byte) {
+	if len(keys) == 0 {
+		return
+	}
+	sigs := make([]string, len(keys))
+	for i, key := range keys {
+		sigs[i] = stdwebhook.Sign(key, id, now, body)
+	}
+	h.Set("webhook-id", id)
+	h.Set("webhook-timestamp", strconv.FormatInt(now.Unix(), 10))
+	h.Set("webhook-signature", strings.Join(sigs, " "))
+}
+
+// exchange sends req to rec.URL and records the answer in rec: 2xx is a
+// success; any other status, a timeout or a refused connection is a
+// failed attempt, 410 Gone a permanent one (retry.Permanent), and a
+// Retry-After asks for a wait (retry.RetryAfter).
+func (d *Delivery) exchange(req *http.Request, rec *Attempt) (*Attempt, error) {
 	resp, err := d.cfg.HTTPClient.Do(req)
 	var refused *netpolicy.RefusedError
 	if errors.As(err, &refused) { // the target address policy
@@ -798,7 +814,7 @@ func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, 
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return rec, nil
 	}
-	err = fmt.Errorf("%s answered %s", ep.url, resp.Status)
+	err = fmt.Errorf("%s answered %s", rec.URL, resp.Status)
 	if loc := resp.Header.Get("Location"); resp.StatusCode >= 300 && resp.StatusCode < 400 && loc != "" {
 		err = fmt.Errorf("%w, a redirect to %s, which postbox does not follow: make that the target", err, truncate(loc, 300))
 	}
@@ -809,7 +825,7 @@ func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, 
 		return rec, retry.Permanent(err)
 	}
 	// The workers bound the wait, and log when they cut it.
-	if wait, ok := retry.ParseRetryAfter(resp.Header.Get("Retry-After"), now, math.MaxInt64); ok && wait > 0 {
+	if wait, ok := retry.ParseRetryAfter(resp.Header.Get("Retry-After"), rec.At, math.MaxInt64); ok && wait > 0 {
 		return rec, retry.RetryAfter(wait, err)
 	}
 	return rec, err
