@@ -25,6 +25,9 @@ var inboxCommands = []subcommand{
 	{"extend", "extend the lease of items still being worked on", runInboxExtend},
 	{"cancel", "make a pending item a dead letter at once, undelivered", runInboxCancel},
 	{"discard", "delete an item for good", runInboxDiscard},
+	{"reply", "reply to an item's event, at the url of its delivery handle", runInboxReply},
+	{"replies", "list the replies to an item's event, with their state", runInboxReplies},
+	{"reply-retry", "send a failed reply again", runInboxReplyRetry},
 }
 
 func runInbox(ctx context.Context, env *cmdEnv, args []string) error {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
@@ -65,6 +66,12 @@ type inboxes interface {
 	NackDead(ctx context.Context, inbox string, ids []int64, lease string, reason string) ([]delivery.Result, error)
 	// Extend moves the lease of items to visibility from now.
 	Extend(ctx context.Context, inbox string, ids []int64, lease string, visibility time.Duration) ([]delivery.Result, time.Time, error)
+	// Reply stores a reply to an item under key, once; made says whether
+	// this call made it. Replies lists an item's replies, and RetryReply
+	// sends a failed one again.
+	Reply(ctx context.Context, inbox string, id int64, key string, body json.RawMessage) (_ delivery.Reply, made bool, _ error)
+	Replies(ctx context.Context, inbox string, id int64) ([]delivery.Reply, error)
+	RetryReply(ctx context.Context, inbox string, id int64, key string) (delivery.Reply, error)
 }
 
 // deadLetters is what the dead-letter handlers (deadletters.go) use.

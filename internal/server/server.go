@@ -340,11 +340,13 @@ func New(cfg Config) (*Server, error) {
 	}
 	dcfg := cfg.Delivery
 	dcfg.Logger, dcfg.Metrics = cfg.Logger, delivery.NewMetrics(teeRegisterer{reg, statsReg})
+	var srcs *intake.Store
+	dcfg.ReplySettings = replySettings(&srcs)
 	dl, err := delivery.New(context.Background(), cfg.Streams, store, dcfg)
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
-	srcs, err := openSources(cfg, store, dl)
+	srcs, err = openSources(cfg, store, dl)
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
@@ -412,6 +414,7 @@ func (s *Server) route() {
 	s.routeAPI()
 	s.routeConsumers()
 	s.routeOperate()
+	s.routeReplies()
 	s.handle("GET /v1/stats", s.requireToken(s.getStats))
 	s.handle("GET "+console.Path, console.Handler()) // static files, no token (the pages send it to the API); the mux redirects /ui here
 	s.handle("POST /webhooks", http.HandlerFunc(s.postWebhook))
