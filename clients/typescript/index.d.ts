@@ -370,6 +370,22 @@ export interface Attempt {
   response_excerpt: string | null;
 }
 
+/** A reply to an item's event, sent to the url of its delivery handle. */
+export interface Reply {
+  key: string;
+  item: number;
+  url: string;
+  body: unknown;
+  /** pending until the target answers 2xx (completed); failed is a dead letter. */
+  state: 'pending' | 'completed' | 'failed';
+  attempts: number;
+  next_attempt_at: string | null;
+  last_error: string | null;
+  created_at: string;
+  updated_at: string;
+  attempt_log: Attempt[];
+}
+
 /** An error answer of the server. */
 export class ApiError extends PostboxError {
   readonly status: number;
@@ -445,6 +461,15 @@ export class Api {
   cancelItem(inbox: string, id: number, o?: { reason?: string } & CallOptions): Promise<Item>;
   /** Deletes an item that is not processing, with its attempt log; resolves it as it was. */
   discardItem(inbox: string, id: number, o?: CallOptions): Promise<Item>;
+  /**
+   * Replies to an item's event: the server POSTs body to the url of its delivery handle, with the source's
+   * reply settings and retries. Stored once per key (default: a digest of the body).
+   */
+  reply(inbox: string, id: number, body: unknown, o?: { key?: string } & CallOptions): Promise<Reply>;
+  /** The replies to an item's event, oldest first, with their attempt logs. */
+  replies(inbox: string, id: number, o?: CallOptions): Promise<Reply[]>;
+  /** Sends a failed reply (a dead letter) again. */
+  retryReply(inbox: string, id: number, key: string, o?: CallOptions): Promise<Reply>;
   /** A page of an inbox's items, newest first. */
   searchItems(inbox: string, q?: SearchQuery & { state?: string } & CallOptions): Promise<ItemSearchPage>;
   /** Leases up to max ready items, each now processing with an attempt counted. */

@@ -48,6 +48,9 @@ export const ROUTES = Object.freeze({
   attempts: { method: 'GET', path: '/v1/inboxes/{inbox}/items/{id}/attempts', response: 'AttemptList' },
   cancelItem: { method: 'POST', path: '/v1/inboxes/{inbox}/items/{id}/cancel', body: ['reason'], response: 'Item' },
   discardItem: { method: 'POST', path: '/v1/inboxes/{inbox}/items/{id}/discard', response: 'Item' },
+  reply: { method: 'POST', path: '/v1/inboxes/{inbox}/items/{id}/reply', body: ['key', 'body'], response: 'Reply' },
+  replies: { method: 'GET', path: '/v1/inboxes/{inbox}/items/{id}/replies', response: 'ReplyList' },
+  retryReply: { method: 'POST', path: '/v1/inboxes/{inbox}/items/{id}/replies/{key}/retry', response: 'Reply' },
   searchItems: {
     method: 'GET', path: '/v1/inboxes/{inbox}/search', query: ['id', 'type', 'state', 'since', 'until', 'before', 'limit'], response: 'ItemSearchPage',
   },
@@ -92,6 +95,8 @@ export const SCHEMA_FIELDS = Object.freeze({
   Replay: ['id', 'subscription', 'inbox', 'since', 'until', 'states', 'batch_size', 'state', 'matched', 'replayed', 'created_at', 'updated_at', 'finished_at'],
   Attempt: ['attempt', 'attempted_at', 'endpoint_url', 'status_code', 'latency_ms', 'error', 'response_excerpt'],
   AttemptList: ['attempts'],
+  Reply: ['key', 'item', 'url', 'body', 'state', 'attempts', 'next_attempt_at', 'last_error', 'created_at', 'updated_at', 'attempt_log'],
+  ReplyList: ['replies'],
   TestDelivery: ['event_id', 'type', 'endpoint_url', 'attempted_at', 'ok', 'status_code', 'latency_ms', 'error', 'response_excerpt'],
   Event: ['id', 'stream', 'source', 'offset', 'event_id', 'variant', 'type', 'occurred_at', 'source_sequence', 'stored_at', 'metadata',
     'payload', 'delivery_handle', 'webhook_id', 'deliveries'],
@@ -359,6 +364,22 @@ export class Api {
    * @param {string} inbox @param {number} id @param {{signal?: AbortSignal}} [o]
    */
   discardItem(inbox, id, o) { return this.call('discardItem', { inbox, id }, o); }
+  /**
+   * Replies to an item's event: the server POSTs body (JSON) to the url of the event's delivery handle with the
+   * source's reply settings, retrying it as it retries deliveries. Stored once per key (default: a digest of the
+   * body); another body under a key is ApiError 409 conflict, a handle without a url (a device's) 400 invalid_field.
+   * @param {string} inbox @param {number} id @param {unknown} body @param {{key?: string, signal?: AbortSignal}} [o]
+   */
+  reply(inbox, id, body, o = {}) {
+    return this.call('reply', { inbox, id }, { signal: o.signal, body: { key: o.key || undefined, body } });
+  }
+  /** @param {string} inbox @param {number} id @param {{signal?: AbortSignal}} [o] */
+  async replies(inbox, id, o) { return (await this.call('replies', { inbox, id }, o)).replies; }
+  /**
+   * Sends a failed reply (a dead letter) again.
+   * @param {string} inbox @param {number} id @param {string} key @param {{signal?: AbortSignal}} [o]
+   */
+  retryReply(inbox, id, key, o) { return this.call('retryReply', { inbox, id, key }, o); }
   /**
    * A page of an inbox's items, newest first; pass next_before as before for the next.
    * @param {string} inbox

@@ -23,7 +23,7 @@ from .errors import PostboxError
 __all__ = [
     "API", "APIError", "CallError", "Item", "Lease", "ItemResult", "SettleResults", "Extension",
     "InboxCounts", "ItemPage", "Subscription", "Stream", "Consumer", "Source", "Webhook", "Replay",
-    "Attempt", "SubscriptionCounts", "TestDelivery", "Delivery", "Event", "EventPage", "ItemSearchPage", "Discarded",
+    "Attempt", "Reply", "SubscriptionCounts", "TestDelivery", "Delivery", "Event", "EventPage", "ItemSearchPage", "Discarded",
     "go_duration", "DEFAULT_TIMEOUT",
 ]
 
@@ -202,6 +202,24 @@ class Attempt(TypedDict, total=False):
     response_excerpt: Optional[str]
 
 
+class Reply(TypedDict, total=False):
+    """A reply to an item's event, sent to the url of its delivery handle:
+    ``pending`` until the target answers 2xx (``completed``); ``failed`` is
+    a dead letter."""
+
+    key: str
+    item: int
+    url: str
+    body: Any
+    state: str
+    attempts: int
+    next_attempt_at: Optional[str]
+    last_error: Optional[str]
+    created_at: str
+    updated_at: str
+    attempt_log: list[Attempt]
+
+
 class TestDelivery(TypedDict):
     """What a subscription's endpoint answered a test event: ``ok`` for a
     2xx; ``status_code`` is 0 when no answer came."""
@@ -272,7 +290,7 @@ class Discarded(TypedDict):
 SCHEMAS: dict[str, type] = {
     "Item": Item, "Lease": Lease, "SettleResults": SettleResults, "Extension": Extension,
     "Inbox": InboxCounts, "ItemPage": ItemPage, "Subscription": Subscription, "Stream": Stream,
-    "Consumer": Consumer, "Source": Source, "Webhook": Webhook, "Replay": Replay, "Attempt": Attempt,
+    "Consumer": Consumer, "Source": Source, "Webhook": Webhook, "Replay": Replay, "Attempt": Attempt, "Reply": Reply,
     "SubscriptionCounts": SubscriptionCounts, "TestDelivery": TestDelivery, "Delivery": Delivery, "Event": Event,
     "EventPage": EventPage, "ItemSearchPage": ItemSearchPage,
 }
@@ -286,6 +304,9 @@ ROUTES: list[tuple[str, str, tuple[str, ...]]] = [
     ("GET", "/v1/inboxes/{inbox}/items/{id}/attempts", ()),
     ("POST", "/v1/inboxes/{inbox}/items/{id}/cancel", ("reason",)),
     ("POST", "/v1/inboxes/{inbox}/items/{id}/discard", ()),
+    ("POST", "/v1/inboxes/{inbox}/items/{id}/reply", ("key", "body")),
+    ("GET", "/v1/inboxes/{inbox}/items/{id}/replies", ()),
+    ("POST", "/v1/inboxes/{inbox}/items/{id}/replies/{key}/retry", ()),
     ("GET", "/v1/inboxes/{inbox}/search", ()),
     ("POST", "/v1/inboxes/{inbox}/lease", ("max", "visibility_timeout", "wait")),
     ("POST", "/v1/inboxes/{inbox}/ack", ("ids", "lease")),
@@ -503,6 +524,27 @@ class API:
         """Delete an item that is not processing, with its attempt log, for
         good; returns it as it was."""
         return await self.request("POST", f"/v1/inboxes/{_name(inbox)}/items/{int(id)}/discard")
+
+    async def reply(self, inbox: str, id: int, body: Any, key: str = "") -> Reply:
+        """Reply to the event of an item: the server POSTs ``body`` (JSON) to
+        the url of the event's delivery handle with the source's reply
+        settings, retrying it as it retries deliveries. Stored once per
+        ``key`` (default: a digest of the body): the same key and body again
+        return the reply as it is; another body is ``APIError`` 409
+        ``conflict``. An item whose handle names no url (a device's event, a
+        CloudEvent) is ``APIError`` 400 ``invalid_field``."""
+        req: dict[str, Any] = {"body": body}
+        if key:
+            req["key"] = key
+        return await self.request("POST", f"/v1/inboxes/{_name(inbox)}/items/{int(id)}/reply", req)
+
+    async def replies(self, inbox: str, id: int) -> list[Reply]:
+        """The replies to an item's event, oldest first, with their attempt logs."""
+        return (await self.request("GET", f"/v1/inboxes/{_name(inbox)}/items/{int(id)}/replies"))["replies"]
+
+    async def retry_reply(self, inbox: str, id: int, key: str) -> Reply:
+        """Send a failed reply (a dead letter) again, with a fresh count of attempts."""
+        return await self.request("POST", f"/v1/inboxes/{_name(inbox)}/items/{int(id)}/replies/{_name(key)}/retry")
 
     async def search_items(self, inbox: str, *, id: str = "", type: str = "", state: str = "",
                            since: str | datetime | None = None, until: str | datetime | None = None,
