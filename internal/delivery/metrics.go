@@ -67,6 +67,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "postbox_endpoint_transitions_total",
 		Help: "Transitions of the circuit breaker of an inbox's endpoint this process made, by the state it went to.",
 	}, []string{"inbox", "state"})
+	for _, state := range []string{ReplyCompleted, ReplyPending, ReplyFailed} {
+		m.replies.WithLabelValues(state) // at 0 from the start
+	}
 	reg.MustRegister(m.events, m.items, m.leases, m.settles, m.replays, m.attempts, m.deleted, m.replies, m.breakers, m.moves)
 	return m
 }
