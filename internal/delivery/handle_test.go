@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/stream"
@@ -36,11 +37,11 @@ func testPushDeliveryHandle(t *testing.T, kind storeKind) {
 	defer tg.mu.Unlock()
 	got := map[string]string{}
 	for _, h := range tg.headers {
-		vs := h.Values(delivery.HeaderDeliveryHandle)
+		vs := h.Values(api.HeaderDeliveryHandle)
 		if len(vs) > 1 {
 			t.Fatalf("%d handle headers", len(vs))
 		}
-		got[h.Get("X-Event-Type")+"/"+h.Get("Idempotency-Key")] = h.Get(delivery.HeaderDeliveryHandle)
+		got[h.Get("X-Event-Type")+"/"+h.Get("Idempotency-Key")] = h.Get(api.HeaderDeliveryHandle)
 	}
 	var gh map[string]string
 	// A store may keep the members in another order (PostgreSQL's jsonb).

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/forwarded"
 	"github.com/postbox-events/postbox/internal/netpolicy"
 	"github.com/postbox-events/postbox/internal/replyto"
@@ -727,12 +728,7 @@ const excerptSize = 1024
 // headers and, when it has secrets, a Standard Webhooks signature:
 // webhook-id (item_ID, the same at every attempt), webhook-timestamp (this
 // attempt's) and webhook-signature (one per live secret).
-// HeaderDeliveryHandle carries an item's delivery handle
-// (internal/replyto), compact JSON, to its target; an item without one
-// is sent without it.
-const HeaderDeliveryHandle = "X-Postbox-Delivery-Handle"
-
-// deliveryHandle is the value of HeaderDeliveryHandle for an item whose
+// deliveryHandle is the value of api.HeaderDeliveryHandle for an item whose
 // stored handle is handle, of the device deviceID's session sessionID
 // (read from its metadata) when it is a device's: its handle compact
 // (replyto.Of), "" for none.
@@ -786,7 +782,7 @@ func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, 
 		h.Set("X-Postbox-Source-Sequence", strconv.FormatInt(*it.SourceSequence, 10))
 	}
 	if handle := deliveryHandle(it.DeliveryHandle, meta.DeviceID, meta.SessionID); handle != "" {
-		h.Set(HeaderDeliveryHandle, handle)
+		h.Set(api.HeaderDeliveryHandle, handle)
 	}
 	setTrace(ctx, h, it.Metadata) // trace.go
 	if ep.format == FormatCloudEvents {
