@@ -181,7 +181,7 @@ func (s *Server) sourceJSON(src intake.Source) api.Source {
 	}
 	var ws intake.WebhookSettings
 	json.Unmarshal(src.Settings, &ws)
-	rate := ws.RateLimit
+	rate, reply := ws.RateLimit, ws.Reply
 	j.Path = "/webhooks/" + src.Name
 	secrets := ws.Secrets
 	if ws.ServeFlags {
@@ -214,8 +214,8 @@ func (s *Server) sourceJSON(src intake.Source) api.Source {
 		}
 	}
 	sj.HandleHeader, sj.HandlePointer = ws.HandleHeader, ws.HandlePointer
-	if ws.Reply != nil {
-		r := ws.Reply.Redacted(s.fingerprint)
+	if reply != nil {
+		r := reply.Redacted(s.fingerprint)
 		sj.Reply = &api.ReplySettings{Headers: r.Headers, SigningSecret: r.SigningSecret}
 	}
 	switch {
