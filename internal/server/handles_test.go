@@ -82,6 +82,13 @@ func TestDeliveryHandleAPI(t *testing.T) {
 	_, ev = srcCall(t, ts, "GET", "/v1/streams/devices/events/1", "", nil)
 	sameJSON(t, "the device event's delivery_handle", ev["delivery_handle"], wantDev)
 
+	// The default source's settings come from serve's flags; its reply
+	// settings are its own, shown redacted.
+	if st, src := srcCall(t, ts, "POST", "/v1/sources", `{"name": "flags", "kind": "webhook", "settings": {"serve_flags": true,
+		"reply": {"signing_secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}}}`, nil); st != 201 ||
+		!strings.HasPrefix(fmt.Sprint(src["settings"].(map[string]any)["reply"]), "map[signing_secret:hmac:") {
+		t.Fatalf("a serve_flags source with reply settings: %d %v", st, src)
+	}
 	for _, c := range []struct{ settings, field string }{
 		{`{"kind": "device", "settings": {"reply": {"headers": {"A": "b"}}}}`, "settings.reply: postbox cannot reply to a device"},
 		{`{"kind": "webhook", "settings": {"handle_header": "X-A", "handle_pointer": "/a"}}`, "settings.handle_header and settings.handle_pointer"},
