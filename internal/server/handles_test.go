@@ -3,6 +3,8 @@ package server_test
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -101,5 +103,27 @@ func TestDeliveryHandleAPI(t *testing.T) {
 		if st != 400 || errorCode(body) != "invalid_field" || !strings.HasPrefix(errorMessage(body), c.field) {
 			t.Errorf("%s: %d %v, want 400 invalid_field %q", c.settings, st, body, c.field)
 		}
+	}
+}
+
+// TestPollSourceHandle: a poll source's handle setting gives each stored
+// item the handle its pointers find, through the source runner and the
+// stream backend.
+func TestPollSourceHandle(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"items":[{"id":"a","type":"msg","links":{"reply":"https://chat.example/r/a"},"room":7},{"id":"b","type":"msg"}]}`)
+	}))
+	t.Cleanup(api.Close)
+	ts := servertest.Start(t, server.Config{}, nil)
+	if st, body := srcCall(t, ts, "POST", "/v1/sources", `{"name": "chat", "kind": "poll", "settings": {"url": "`+api.URL+`/e",
+		"items": "/items", "id": "/id", "type": "/type", "interval": "1h", "handle": {"url": "/links/reply", "room": "/room"}}}`, nil); st != 201 {
+		t.Fatalf("create: %d %v", st, body)
+	}
+	waitFor(t, 10*time.Second, "both items stored", func() bool { return len(storedPayloads(t, ts, "chat")) == 2 })
+	_, ev := srcCall(t, ts, "GET", "/v1/streams/chat/events/1", "", nil)
+	sameJSON(t, "item a's delivery_handle", ev["delivery_handle"], `{"kind":"poll","room":7,"url":"https://chat.example/r/a"}`)
+	_, ev = srcCall(t, ts, "GET", "/v1/streams/chat/events/2", "", nil)
+	if ev["delivery_handle"] != nil {
+		t.Fatalf("item b: delivery_handle %v, want null", ev["delivery_handle"])
 	}
 }
