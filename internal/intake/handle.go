@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/postbox-events/postbox/api"
@@ -26,53 +27,78 @@ type handleFunc func(r *http.Request, body []byte) (json.RawMessage, *Refusal)
 // handle_pointer reads.
 const maxHandleValue = 4096
 
+// Where GitHub's and Stripe's payloads hold what their handles name,
+// found by scanning the body (valid JSON), without decoding it.
+var (
+	ghRepository  = mustPointer("/repository/full_name")
+	ghIssue       = mustPointer("/issue/number")
+	ghPullRequest = mustPointer("/pull_request/number")
+	ghNumber      = mustPointer("/number")
+	stripeObject  = mustPointer("/data/object/object")
+	stripeID      = mustPointer("/data/object/id")
+)
+
+func mustPointer(s string) poll.Pointer {
+	p, err := poll.ParsePointer(s)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
+// findString returns the string body holds at p; "" when none.
+func findString(body []byte, p poll.Pointer) string {
+	raw, ok, _ := p.Find(body)
+	if raw = bytes.TrimSpace(raw); !ok || len(raw) == 0 || raw[0] != '"' {
+		return ""
+	}
+	return scalar(raw)
+}
+
+// findNumber returns the positive whole number body holds at p; 0 when
+// none.
+func findNumber(body []byte, p poll.Pointer) int64 {
+	raw, ok, _ := p.Find(body)
+	if !ok {
+		return 0
+	}
+	n, err := strconv.ParseInt(string(bytes.TrimSpace(raw)), 10, 64)
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return n
+}
+
 // githubHandle reads a GitHub webhook's repository and issue or pull
 // request number: issue.number, else pull_request.number, else (a
-// pull_request event's) the top-level number.
+// pull_request event's) the top-level number. A payload without
+// repository.full_name has no handle.
 func githubHandle(apiURL string) handleFunc {
 	return func(r *http.Request, body []byte) (json.RawMessage, *Refusal) {
-		var p struct {
-			Repository struct {
-				FullName string `json:"full_name"`
-			} `json:"repository"`
-			Issue struct {
-				Number int64 `json:"number"`
-			} `json:"issue"`
-			PullRequest struct {
-				Number int64 `json:"number"`
-			} `json:"pull_request"`
-			Number int64 `json:"number"`
+		repo := findString(body, ghRepository)
+		if repo == "" {
+			return nil, nil
 		}
-		if json.Unmarshal(body, &p) != nil || p.Repository.FullName == "" {
-			return nil, nil // another shape than GitHub's: no handle
+		n := findNumber(body, ghIssue)
+		if n == 0 {
+			n = findNumber(body, ghPullRequest)
 		}
-		n := p.Issue.Number
-		if n <= 0 {
-			n = p.PullRequest.Number
+		if n == 0 && strings.HasPrefix(r.Header.Get("X-GitHub-Event"), "pull_request") {
+			n = findNumber(body, ghNumber)
 		}
-		if n <= 0 && strings.HasPrefix(r.Header.Get("X-GitHub-Event"), "pull_request") {
-			n = p.Number
-		}
-		return replyto.GitHub(apiURL, p.Repository.FullName, n), nil
+		return replyto.GitHub(apiURL, repo, n), nil
 	}
 }
 
 // stripeHandle reads a Stripe event's object: data.object's object and
-// id.
+// id. A payload without either has no handle.
 func stripeHandle(apiURL string) handleFunc {
 	return func(_ *http.Request, body []byte) (json.RawMessage, *Refusal) {
-		var p struct {
-			Data struct {
-				Object struct {
-					Object string `json:"object"`
-					ID     string `json:"id"`
-				} `json:"object"`
-			} `json:"data"`
-		}
-		if json.Unmarshal(body, &p) != nil || (p.Data.Object.Object == "" && p.Data.Object.ID == "") {
+		object, id := findString(body, stripeObject), findString(body, stripeID)
+		if object == "" && id == "" {
 			return nil, nil
 		}
-		return replyto.Stripe(apiURL, p.Data.Object.Object, p.Data.Object.ID), nil
+		return replyto.Stripe(apiURL, object, id), nil
 	}
 }
 

@@ -44,6 +44,8 @@ func TestWebhookHandles(t *testing.T) {
 			`{"kind":"github","repository":"o/r","issue":3,"url":"https://api.github.com/repos/o/r/issues/3/comments"}`},
 		{"github pull_request: the top-level number", github, gh("pull_request", `{"action":"closed","number":4,"repository":{"full_name":"o/r"}}`),
 			`{"kind":"github","repository":"o/r","issue":4,"url":"https://api.github.com/repos/o/r/issues/4/comments"}`},
+		{"github pretty-printed, the repository last", github, gh("issues", "{\n  \"issue\" : { \"title\": \"a \\\"b\\\"\", \"number\" : 5 },\n  \"repository\": {\"id\": 1, \"full_name\": \"o/r\"}\n}\n"),
+			`{"kind":"github","repository":"o/r","issue":5,"url":"https://api.github.com/repos/o/r/issues/5/comments"}`},
 		{"github push: no issue, no url", github, gh("push", `{"ref":"refs/heads/main","number":9,"repository":{"full_name":"o/r"}}`),
 			`{"kind":"github","repository":"o/r"}`},
 		{"github without a repository", github, gh("ping", `{"zen":"x","hook_id":1}`), ""},
