@@ -49,7 +49,11 @@ type Item struct {
 	StoredAt       time.Time       `json:"stored_at"`
 	Metadata       json.RawMessage `json:"metadata"`
 	Payload        json.RawMessage `json:"payload"`
-	DeliveryHandle json.RawMessage `json:"delivery_handle"` // null when the event has none
+	// DeliveryHandle is where the event came from and where a reply
+	// goes (ParseDeliveryHandle): a JSON object with a kind and, when a
+	// reply can go somewhere, a url; a device's event's is made from its
+	// device_id and session_id. null when the event has none.
+	DeliveryHandle json.RawMessage `json:"delivery_handle"`
 	State          string          `json:"state"`
 	Attempts       int             `json:"attempts"`
 	NextAttemptAt  time.Time       `json:"next_attempt_at"`

@@ -21,7 +21,11 @@ type Event struct {
 	StoredAt       time.Time       `json:"stored_at"`
 	Metadata       json.RawMessage `json:"metadata"`
 	Payload        json.RawMessage `json:"payload"`
-	DeliveryHandle json.RawMessage `json:"delivery_handle"` // null when the event has none
+	// DeliveryHandle is where the event came from and where a reply
+	// goes (ParseDeliveryHandle): a JSON object with a kind and, when a
+	// reply can go somewhere, a url; a device's event's is made from its
+	// device_id and session_id. null when the event has none.
+	DeliveryHandle json.RawMessage `json:"delivery_handle"`
 	// WebhookID is the id GET /webhooks/{id} takes, for an event of a
 	// webhook source.
 	WebhookID string `json:"webhook_id,omitempty"`

@@ -57,6 +57,28 @@ type WebhookSourceSettings struct {
 	ReplayWindow string `json:"replay_window,omitempty"`
 	// RateLimit, when set, bounds the webhooks the source stores.
 	RateLimit *RateLimit `json:"rate_limit,omitempty"`
+	// APIURL, for a preset, is the provider's API its delivery handles
+	// point into: https://api.github.com, https://api.stripe.com, or the
+	// source's api_url.
+	APIURL string `json:"api_url,omitempty"`
+	// HandleHeader or HandlePointer, without a preset, is where each
+	// webhook carries its delivery handle (docs/API.md#delivery-handles).
+	HandleHeader  string `json:"handle_header,omitempty"`
+	HandlePointer string `json:"handle_pointer,omitempty"`
+	// Reply holds what a reply to the source's events carries, its
+	// secrets as fingerprints.
+	Reply *ReplySettings `json:"reply,omitempty"`
+}
+
+// ReplySettings are what a reply to a source's events carries (the
+// "reply" member of every kind's settings but device): headers, a value
+// "env:NAME" read from serve's environment at each reply and never
+// stored, and a Standard Webhooks secret ("whsec_…") that signs each
+// reply. The API shows header values that are not env:NAME, and the
+// secret, as fingerprints.
+type ReplySettings struct {
+	Headers       map[string]string `json:"headers,omitempty"`
+	SigningSecret string            `json:"signing_secret,omitempty"`
 }
 
 // RateLimit is an intake rate limit: a token bucket of PerSecond
@@ -147,6 +169,19 @@ type CreateWebhookSettings struct {
 	// RateLimit bounds the webhooks the source stores, over every node
 	// of a shared store; nil: no bound. It may go with ServeFlags.
 	RateLimit *RateLimit `json:"rate_limit,omitempty"`
+	// APIURL, with a preset (none other), is the base of the provider's
+	// API that delivery handles point into: "" is https://api.github.com
+	// or https://api.stripe.com (GitHub Enterprise: https://HOST/api/v3).
+	APIURL string `json:"api_url,omitempty"`
+	// HandleHeader (a request header) or HandlePointer (a JSON pointer
+	// into the body), one of them and without a preset, is where each
+	// webhook carries its delivery handle: an absolute http(s) URL is the
+	// handle's url, any other string its target.
+	HandleHeader  string `json:"handle_header,omitempty"`
+	HandlePointer string `json:"handle_pointer,omitempty"`
+	// Reply holds what a reply to the source's events carries; it may go
+	// with ServeFlags.
+	Reply *ReplySettings `json:"reply,omitempty"`
 }
 
 // PollSourceSettings are the settings of a poll source: the JSON HTTP API
@@ -180,6 +215,13 @@ type PollSourceSettings struct {
 	// Redirects is which redirects a poll follows: "same-origin" (the
 	// default, "") or "none".
 	Redirects string `json:"redirects,omitempty"`
+	// Handle makes each item's delivery handle: member name → JSON
+	// pointer into the item; a member named "url" is where a reply goes.
+	// A pointer that finds nothing leaves its member out. None: items
+	// have no handle.
+	Handle map[string]string `json:"handle,omitempty"`
+	// Reply holds what a reply to the source's events carries.
+	Reply *ReplySettings `json:"reply,omitempty"`
 }
 
 // FeedSourceSettings are the settings of a feed source: the other
@@ -195,4 +237,6 @@ type FeedSourceSettings struct {
 	// Redirects is which redirects the follower follows: "same-origin"
 	// (the default, "") or "none".
 	Redirects string `json:"redirects,omitempty"`
+	// Reply holds what a reply to the source's events carries.
+	Reply *ReplySettings `json:"reply,omitempty"`
 }

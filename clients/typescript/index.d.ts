@@ -121,6 +121,21 @@ export interface ItemResult {
   state?: string;
   error?: { code: string; message: string };
 }
+/**
+ * An event's delivery handle (docs/API.md, Delivery handles): where it
+ * came from and where a reply goes, captured at intake. `kind` is github,
+ * stripe, cloudevents, poll, webhook or device; `url`, when a reply can
+ * go somewhere, is an absolute http(s) URL. Other members describe the
+ * target by kind (repository and issue, object and id, source and
+ * subject, target, device_id and session_id, a poll source's own). A
+ * device's event has one made from its device_id and session_id, which
+ * postbox cannot reply to.
+ */
+export interface DeliveryHandle {
+  kind: string;
+  url?: string;
+  [member: string]: unknown;
+}
 export interface Item {
   id: number;
   inbox: string;
@@ -136,7 +151,8 @@ export interface Item {
   stored_at: string;
   metadata: Record<string, any>;
   payload: any;
-  delivery_handle: unknown;
+  /** Where the event came from and where a reply goes; null when it has none. */
+  delivery_handle: DeliveryHandle | null;
   state: 'pending' | 'processing' | 'completed' | 'failed';
   attempts: number;
   next_attempt_at: string;
@@ -245,7 +261,8 @@ export interface StreamEvent {
   stored_at: string;
   metadata: unknown;
   payload: any;
-  delivery_handle: unknown;
+  /** Where the event came from and where a reply goes; null when it has none. */
+  delivery_handle: DeliveryHandle | null;
   webhook_id?: string;
   /** In the answers about one event; a search leaves it out. */
   deliveries?: Delivery[];
@@ -568,3 +585,10 @@ export function verifyWebhook(
 export function sign(secret: Secret, id: string, timestamp: number, body: string | Uint8Array): string;
 /** The key of a "whsec_" + base64 secret. */
 export function parseSecret(secret: Secret): Buffer;
+/** The header a push carries its item's delivery handle in (compact JSON). */
+export const DELIVERY_HANDLE_HEADER: 'X-Postbox-Delivery-Handle';
+/**
+ * The delivery handle of a pushed item, decoded from its
+ * X-Postbox-Delivery-Handle header; null when the push carries none.
+ */
+export function deliveryHandle(headers: Headers | Record<string, string | string[] | undefined>): DeliveryHandle | null;

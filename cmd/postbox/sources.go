@@ -131,6 +131,12 @@ X-GitHub-Delivery and X-GitHub-Event: within --replay-window (default 24h, 0 for
 same body under another delivery id is answered as the duplicate of the first and not
 stored again; after it, it would be.
 
+Each webhook's delivery handle (where a reply goes; docs/API.md, Delivery handles): a
+preset's points into the provider's API at --api-url (default https://api.github.com or
+https://api.stripe.com; GitHub Enterprise: https://HOST/api/v3); without a preset,
+--handle-header X-Reply-To or --handle-pointer /reply/url says where each webhook carries
+it (an http(s) URL is its url, any other string its target).
+
 --rate-limit 100 --rate-burst 100 bounds the webhooks the source stores (verified ones;
 over every node of a shared store): one over it is answered 429 rate_limited with
 Retry-After, and counted in postbox_ingress_rate_limited_total{limit="source"}.
@@ -165,6 +171,9 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 	fs.Var(&rateLimit, "rate-limit", "webhooks per second the source stores, over every node of a shared store; over it a webhook is answered 429 rate_limited with Retry-After (`events` per second, e.g. 100)")
 	rateBurst := wholeNumber(0)
 	fs.Var(&rateBurst, "rate-burst", "webhooks the source takes at once after a quiet spell, with --rate-limit (`events`; default one second's worth)")
+	apiURL := fs.String("api-url", "", "with --preset: the base `URL` of the provider's API delivery handles point into (default https://api.github.com or https://api.stripe.com)")
+	handleHeader := fs.String("handle-header", "", "without --preset: the `header` holding each webhook's delivery handle, e.g. X-Reply-To")
+	handlePointer := fs.String("handle-pointer", "", "without --preset: JSON `pointer` into the body at each webhook's delivery handle, e.g. /reply/url")
 	serveFlags := fs.Bool("serve-flags", false, "take every setting from serve's --webhook-* flags, as the default source webhooks does")
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
@@ -194,7 +203,8 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 		return usagef("sources create: --preset %s verifies signatures: give --secret or --secret-file", *preset)
 	}
 	hook := api.CreateWebhookSettings{Preset: *preset, Secrets: secrets, KeyHeader: *keyHeader, KeyField: *keyField,
-		TypeHeader: *typeHeader, TypeField: *typeField, ServeFlags: *serveFlags, ReplayWindow: *replayWindow}
+		TypeHeader: *typeHeader, TypeField: *typeField, ServeFlags: *serveFlags, ReplayWindow: *replayWindow,
+		APIURL: *apiURL, HandleHeader: *handleHeader, HandlePointer: *handlePointer}
 	if rateLimit == 0 && isSet(fs, "rate-burst") {
 		return usagef("sources create: --rate-burst goes with --rate-limit: set the rate too")
 	}
@@ -204,7 +214,7 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 	if rateLimit > 0 {
 		hook.RateLimit = &api.RateLimit{PerSecond: float64(rateLimit), Burst: int(rateBurst)}
 	}
-	hookGiven := len(secrets) > 0 || *serveFlags || hook.RateLimit != nil || *preset+*keyHeader+*keyField+*typeHeader+*typeField+*replayWindow != ""
+	hookGiven := len(secrets) > 0 || *serveFlags || hook.RateLimit != nil || *preset+*keyHeader+*keyField+*typeHeader+*typeField+*replayWindow+*apiURL+*handleHeader+*handlePointer != ""
 	upstream, err := upstreamFlags(fs, *kind, *pollURL, *feedURL, upstreamOptions{items: *items, id: *idPtr, typ: *typePtr,
 		time: *timePtr, cursorParam: *cursorParam, next: *next, interval: *interval, token: *token, redirects: *redirects}, headers)
 	if err != nil {
@@ -213,7 +223,7 @@ succeeds and prints "exists"; other settings under the same name are a conflict.
 	if upstream != nil {
 		*kind = upstream.kind
 		if hookGiven {
-			return usagef("sources create: --preset, --secret, --key-*, --type-*, --replay-window and --rate-* are a webhook source's; a %s source has none", *kind)
+			return usagef("sources create: --preset, --secret, --key-*, --type-*, --replay-window, --rate-*, --api-url and --handle-* are a webhook source's; a %s source has none", *kind)
 		}
 	}
 	req := api.CreateSource{Name: name, Kind: *kind}
@@ -339,6 +349,14 @@ webhooks).`)
 			{"secrets", orDash(strings.Join(fps, ", "))}, {"key", key}, {"type", typ}}...)
 		if st.ReplayWindow != "" {
 			fields = append(fields, [2]string{"replay window", st.ReplayWindow})
+		}
+		switch {
+		case st.APIURL != "":
+			fields = append(fields, [2]string{"handles", "into " + st.APIURL})
+		case st.HandleHeader != "":
+			fields = append(fields, [2]string{"handles", "header " + st.HandleHeader})
+		case st.HandlePointer != "":
+			fields = append(fields, [2]string{"handles", "body " + st.HandlePointer})
 		}
 		if rl := st.RateLimit; rl != nil {
 			fields = append(fields, [2]string{"rate limit", fmt.Sprintf("%s/s, burst %d", strconv.FormatFloat(rl.PerSecond, 'f', -1, 64), rl.Burst)})

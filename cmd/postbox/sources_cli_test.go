@@ -44,6 +44,22 @@ func TestSourcesCLI(t *testing.T) {
 	if out, _, _ = runCLI(t, s.Base, "sources", "get", "gh-short"); !regexp.MustCompile(`replay window:\s+2h`).MatchString(out) {
 		t.Fatalf("sources get gh-short: want its replay window 2h in\n%s", out)
 	}
+	if out, _, _ = runCLI(t, s.Base, "sources", "get", "gh"); !regexp.MustCompile(`handles:\s+into https://api.github.com\n`).MatchString(out) {
+		t.Fatalf("sources get gh: want its handles into the default API in\n%s", out)
+	}
+	if out, _, code = runCLI(t, s.Base, "sources", "create", "relay", "--handle-pointer", "/reply/url"); code != 0 {
+		t.Fatalf("sources create --handle-pointer: %d %s", code, out)
+	}
+	if out, _, _ = runCLI(t, s.Base, "sources", "get", "relay"); !regexp.MustCompile(`handles:\s+body /reply/url\n`).MatchString(out) {
+		t.Fatalf("sources get relay: want its handle pointer in\n%s", out)
+	}
+	if out, _, code = runCLI(t, s.Base, "sources", "delete", "relay"); code != 0 {
+		t.Fatalf("sources delete relay: %d %s", code, out)
+	}
+	if _, errOut, code := runCLI(t, s.Base, "sources", "create", "bad", "--handle-header", "X-A", "--handle-pointer", "/a"); code == 0 ||
+		!strings.Contains(errOut, "settings.handle_header and settings.handle_pointer") {
+		t.Fatalf("--handle-header and --handle-pointer: %d %s, want an error naming them", code, errOut)
+	}
 	if out, _, code = runCLI(t, s.Base, "sources", "delete", "gh-short"); code != 0 {
 		t.Fatalf("sources delete gh-short: %d %s", code, out)
 	}

@@ -113,7 +113,7 @@ var refusedHeaders = []string{
 	"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization", "te", "trailer",
 	"transfer-encoding", "upgrade", "host", "content-length", "content-type", "content-encoding", "expect",
 	"idempotency-key", "user-agent", "x-event-type", "x-postbox-event", "x-postbox-subscription", "x-postbox-item",
-	"x-postbox-attempt", "traceparent", "tracestate",
+	"x-postbox-attempt", "x-postbox-delivery-handle", "traceparent", "tracestate",
 }
 
 // Bounds of an endpoint's settings.

@@ -17,8 +17,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/forwarded"
 	"github.com/postbox-events/postbox/internal/netpolicy"
+	"github.com/postbox-events/postbox/internal/replyto"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
 	"github.com/postbox-events/postbox/retry"
@@ -726,6 +728,24 @@ const excerptSize = 1024
 // headers and, when it has secrets, a Standard Webhooks signature:
 // webhook-id (item_ID, the same at every attempt), webhook-timestamp (this
 // attempt's) and webhook-signature (one per live secret).
+// deliveryHandle is the value of api.HeaderDeliveryHandle for an item whose
+// stored handle is handle, of the device deviceID's session sessionID
+// (read from its metadata) when it is a device's: its handle compact
+// (replyto.Of), "" for none.
+func deliveryHandle(handle json.RawMessage, deviceID, sessionID string) string {
+	if len(handle) > 0 && !bytes.Equal(handle, []byte("null")) {
+		var c bytes.Buffer
+		if json.Compact(&c, handle) != nil {
+			return ""
+		}
+		return c.String()
+	}
+	if deviceID != "" {
+		return string(replyto.Device(deviceID, sessionID))
+	}
+	return ""
+}
+
 func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, error) {
 	now := d.now()
 	rec := &Attempt{Item: it.ID, Number: it.Attempts, At: now.UTC().Truncate(time.Microsecond), URL: ep.url}
@@ -734,8 +754,9 @@ func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, 
 		return rec, retry.Permanent(fmt.Errorf("target %s: %w", ep.url, err))
 	}
 	var meta struct {
-		Headers  map[string]string `json:"headers"`
-		DeviceID string            `json:"device_id"`
+		Headers   map[string]string `json:"headers"`
+		DeviceID  string            `json:"device_id"`
+		SessionID string            `json:"session_id"`
 	}
 	if json.Unmarshal(it.Metadata, &meta) == nil {
 		for name, value := range meta.Headers {
@@ -759,6 +780,9 @@ func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, 
 	h.Set("X-Postbox-Occurred-At", it.OccurredAt.UTC().Format(time.RFC3339Nano))
 	if it.SourceSequence != nil {
 		h.Set("X-Postbox-Source-Sequence", strconv.FormatInt(*it.SourceSequence, 10))
+	}
+	if handle := deliveryHandle(it.DeliveryHandle, meta.DeviceID, meta.SessionID); handle != "" {
+		h.Set(api.HeaderDeliveryHandle, handle)
 	}
 	setTrace(ctx, h, it.Metadata) // trace.go
 	if ep.format == FormatCloudEvents {

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/postbox-events/postbox/internal/redirect"
+	"github.com/postbox-events/postbox/internal/replyto"
 )
 
 // Settings are the settings of a source of kind feed, as its JSON
@@ -24,6 +25,8 @@ type Settings struct {
 	// (the default, "") only to the URL's scheme, host and port, "none"
 	// none. The token never goes to another origin.
 	Redirects string `json:"redirects,omitempty"`
+	// Reply holds what a reply to the source's events carries.
+	Reply *replyto.Settings `json:"reply,omitempty"`
 }
 
 // ErrRequired is in the error of Validate for a setting that is missing.
@@ -46,6 +49,11 @@ func (s Settings) Validate() error {
 	}
 	if name, ok := strings.CutPrefix(s.Token, "env:"); ok && name == "" {
 		return errors.New("settings.token: env: names no variable")
+	}
+	if s.Reply != nil {
+		if err := s.Reply.Validate("settings.reply"); err != nil {
+			return err
+		}
 	}
 	return redirect.Validate("settings.redirects", s.Redirects)
 }

@@ -5,12 +5,14 @@ import (
 	"testing"
 
 	"github.com/postbox-events/postbox/internal/feed"
+	"github.com/postbox-events/postbox/internal/replyto"
 )
 
 func TestSettings(t *testing.T) {
 	for _, s := range []feed.Settings{
 		{URL: "http://edge:8000/v1/streams/devices"},
 		{URL: "https://edge/v1/streams/devices/events", Token: "env:EDGE_TOKEN"},
+		{URL: "https://edge/v1/streams/devices", Reply: &replyto.Settings{Headers: map[string]string{"Authorization": "env:TOKEN"}}},
 	} {
 		if err := s.Validate(); err != nil {
 			t.Errorf("%+v: %v", s, err)
@@ -22,6 +24,7 @@ func TestSettings(t *testing.T) {
 		{URL: "http://edge/v1/streams/devices?after=5"}, {URL: "http://edge/v1/streams/devices#x"},
 		{URL: "http://edge/v1/streams/devices?"}, {URL: "http://me:pw@edge/v1/streams/devices"},
 		{URL: "http://edge/v1/streams/x/y"}, {URL: "http://edge/v1/streams/"},
+		{URL: "http://edge/v1/streams/devices", Reply: &replyto.Settings{Headers: map[string]string{"Content-Length": "1"}}},
 	} {
 		if err := s.Validate(); err == nil {
 			t.Errorf("%+v: taken", s)

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox/internal/intakerate"
+	"github.com/postbox-events/postbox/internal/poll"
+	"github.com/postbox-events/postbox/internal/replyto"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
 	"github.com/postbox-events/postbox/internal/webhooksig"
 )
@@ -55,6 +57,18 @@ type WebhookSettings struct {
 	// every node of a shared store: one over it is answered 429 with
 	// Retry-After (internal/intakerate). It may go with ServeFlags.
 	RateLimit *intakerate.Rate `json:"rate_limit,omitempty"`
+	// APIURL, for a preset, is the base of the provider's API that
+	// delivery handles point into: "" is replyto.DefaultGitHubAPI or
+	// replyto.DefaultStripeAPI (GitHub Enterprise: https://HOST/api/v3).
+	APIURL string `json:"api_url,omitempty"`
+	// HandleHeader or HandlePointer, without a preset, say where each
+	// webhook carries its delivery handle: a request header, or a JSON
+	// pointer (RFC 6901) into the body. An absolute http(s) URL there is
+	// the handle's url, any other string its target.
+	HandleHeader  string `json:"handle_header,omitempty"`
+	HandlePointer string `json:"handle_pointer,omitempty"`
+	// Reply holds what a reply to the source's events carries.
+	Reply *replyto.Settings `json:"reply,omitempty"`
 }
 
 // DefaultReplayWindow is how long, by default, the same signed body sent
@@ -116,11 +130,20 @@ func (ws WebhookSettings) Validate() error {
 			return err
 		}
 	}
+	if ws.Reply != nil {
+		if err := ws.Reply.Validate("settings.reply"); err != nil {
+			return err
+		}
+	}
 	if ws.ServeFlags {
-		if ws.Preset != "" || len(ws.Secrets) > 0 || ws.KeyHeader != "" || ws.KeyField != "" || ws.TypeHeader != "" || ws.TypeField != "" || ws.ReplayWindow != "" {
-			return errors.New("settings.serve_flags: takes every setting from serve's --webhook-* flags; give no other")
+		if ws.Preset != "" || len(ws.Secrets) > 0 || ws.KeyHeader != "" || ws.KeyField != "" || ws.TypeHeader != "" || ws.TypeField != "" || ws.ReplayWindow != "" ||
+			ws.APIURL != "" || ws.HandleHeader != "" || ws.HandlePointer != "" {
+			return errors.New("settings.serve_flags: takes every setting from serve's --webhook-* flags; give no other (but rate_limit and reply)")
 		}
 		return nil
+	}
+	if err := ws.validateHandle(); err != nil {
+		return err
 	}
 	if _, err := ws.ParseReplayWindow(); err != nil {
 		return err
@@ -167,6 +190,51 @@ func (ws WebhookSettings) Validate() error {
 		}
 	}
 	return nil
+}
+
+// validateHandle checks the settings of delivery handles: api_url for a
+// preset, handle_header or handle_pointer without one.
+func (ws WebhookSettings) validateHandle() error {
+	if ws.APIURL != "" {
+		if ws.Preset != PresetGitHub && ws.Preset != PresetStripe {
+			return errors.New("settings.api_url: only for the github and stripe presets, whose delivery handles point into the provider's API")
+		}
+		if err := replyto.CheckAPIURL("settings.api_url", ws.APIURL); err != nil {
+			return err
+		}
+	}
+	if ws.HandleHeader == "" && ws.HandlePointer == "" {
+		return nil
+	}
+	if ws.Preset != "" {
+		return fmt.Errorf("settings.handle_header, settings.handle_pointer: the %s preset makes its own delivery handles; give these without a preset", ws.Preset)
+	}
+	if ws.HandleHeader != "" && ws.HandlePointer != "" {
+		return errors.New("settings.handle_header and settings.handle_pointer: give one of them, where each webhook carries its delivery handle")
+	}
+	if ws.HandleHeader != "" && !validHeaderName(ws.HandleHeader) {
+		return fmt.Errorf("settings.handle_header %q: not a header name", ws.HandleHeader)
+	}
+	if ws.HandlePointer != "" {
+		if len(ws.HandlePointer) > maxIdentityNameLen {
+			return fmt.Errorf("settings.handle_pointer: %d bytes, at most %d", len(ws.HandlePointer), maxIdentityNameLen)
+		}
+		if _, err := poll.ParsePointer(ws.HandlePointer); err != nil {
+			return fmt.Errorf("settings.handle_pointer: %w", err)
+		}
+	}
+	return nil
+}
+
+// apiURL is the base of the preset's API: APIURL, else the provider's.
+func (ws WebhookSettings) apiURL() string {
+	switch {
+	case ws.APIURL != "":
+		return ws.APIURL
+	case ws.Preset == PresetStripe:
+		return replyto.DefaultStripeAPI
+	}
+	return replyto.DefaultGitHubAPI
 }
 
 // validHeaderName reports whether v is an HTTP header name (a token) of
@@ -216,6 +284,7 @@ func (ws WebhookSettings) Webhook(serve ServeConfig) Webhook {
 	secrets := ws.Secrets
 	switch ws.Preset {
 	case PresetGitHub:
+		wh.handle = githubHandle(ws.apiURL())
 		wh.from = fromProvider
 		wh.ReplayWindow, _ = ws.ParseReplayWindow() // validated when created
 		wh.verify = func(r *http.Request, body []byte, _ time.Time) error {
@@ -225,6 +294,7 @@ func (ws WebhookSettings) Webhook(serve ServeConfig) Webhook {
 			return nil
 		}
 	case PresetStripe:
+		wh.handle = stripeHandle(ws.apiURL())
 		wh.from = fromProvider
 		wh.verify = func(r *http.Request, body []byte, now time.Time) error {
 			if err := webhooksig.Stripe(secrets, r.Header.Get(webhooksig.StripeHeader), body, now); err != nil {
@@ -233,6 +303,13 @@ func (ws WebhookSettings) Webhook(serve ServeConfig) Webhook {
 			return nil
 		}
 	default:
+		switch {
+		case ws.HandleHeader != "":
+			wh.handle = headerHandle(http.CanonicalHeaderKey(ws.HandleHeader))
+		case ws.HandlePointer != "":
+			ptr, _ := poll.ParsePointer(ws.HandlePointer) // validated when created
+			wh.handle = pointerHandle(ptr)
+		}
 		if len(secrets) > 0 {
 			keys := make([][]byte, 0, len(secrets))
 			for _, sec := range secrets {

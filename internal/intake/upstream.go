@@ -78,6 +78,10 @@ func UpstreamSettingsJSON(src Source, fingerprint func(string) string) json.RawM
 			if s.Token != "" && !bytes.HasPrefix([]byte(s.Token), []byte("env:")) {
 				s.Token = fingerprint(s.Token)
 			}
+			if s.Reply != nil {
+				r := s.Reply.Redacted(fingerprint)
+				s.Reply = &r
+			}
 			b, _ := json.Marshal(s)
 			return b
 		}

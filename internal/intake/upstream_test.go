@@ -63,6 +63,10 @@ func TestUpstreamSettingsJSON(t *testing.T) {
 			`{"url":"http://x/v1/streams/d","token":"fp(t0k)"}`},
 		{intake.Source{Kind: intake.KindFeed, Settings: json.RawMessage(`{"url":"http://x/v1/streams/d","token":"env:T"}`)},
 			`{"url":"http://x/v1/streams/d","token":"env:T"}`},
+		{intake.Source{Kind: intake.KindPoll, Settings: json.RawMessage(`{"url":"http://x/e","items":"/e","id":"/id","type":"/t","handle":{"url":"/r"},"reply":{"headers":{"A":"env:T","B":"b"},"signing_secret":"whsec_x"}}`)},
+			`{"url":"http://x/e","items":"/e","id":"/id","type":"/t","handle":{"url":"/r"},"reply":{"headers":{"A":"env:T","B":"fp(b)"},"signing_secret":"fp(whsec_x)"}}`},
+		{intake.Source{Kind: intake.KindFeed, Settings: json.RawMessage(`{"url":"http://x/v1/streams/d","reply":{"headers":{"B":"b"}}}`)},
+			`{"url":"http://x/v1/streams/d","reply":{"headers":{"B":"fp(b)"}}}`},
 		{intake.Source{Kind: intake.KindWebhook, Settings: json.RawMessage(`{"secrets":["x"]}`)}, `{}`},
 	} {
 		if got := intake.UpstreamSettingsJSON(c.src, fp); string(got) != c.want {

@@ -84,6 +84,9 @@ type Webhook struct {
 	// verify checks a webhook's signature; its error names the header.
 	// nil: webhooks are not verified.
 	verify func(r *http.Request, body []byte, now time.Time) error
+	// handle reads a webhook's delivery handle (handle.go). nil: a
+	// CloudEvent's, else none.
+	handle handleFunc
 }
 
 // identityFrom says where a webhook's key and type may come from.
@@ -132,6 +135,9 @@ type Parsed struct {
 	Traceparent, Tracestate string
 	// CloudEvent is the CloudEvent the webhook is; nil when it is none.
 	CloudEvent *CloudEvent
+	// Handle is the event's delivery handle (internal/replyto); nil when
+	// it has none.
+	Handle json.RawMessage
 
 	headers json.RawMessage // the kept headers and the remote address
 }
@@ -141,11 +147,12 @@ type Parsed struct {
 // CloudEvent's attributes.
 func (p *Parsed) Event() stream.Event {
 	return stream.Event{
-		NativeID:   p.Key,
-		Type:       p.Type,
-		OccurredAt: p.OccurredAt,
-		Metadata:   withWebhookExtras(p.headers, p.Traceparent, p.Tracestate, p.CloudEvent),
-		Payload:    p.Payload,
+		NativeID:       p.Key,
+		Type:           p.Type,
+		OccurredAt:     p.OccurredAt,
+		Metadata:       withWebhookExtras(p.headers, p.Traceparent, p.Tracestate, p.CloudEvent),
+		Payload:        p.Payload,
+		DeliveryHandle: p.Handle,
 	}
 }
 
@@ -236,6 +243,15 @@ func (wh *Webhook) Parse(r *http.Request, body []byte, now time.Time) (Parsed, *
 		return Parsed{}, refuse(api.CodeInvalidField, "the body's %s", strings.TrimPrefix(fe.Message, "payload: "))
 	}
 	p := Parsed{Key: key, Type: typ, OccurredAt: now, Payload: body, CloudEvent: ce, headers: meta}
+	switch {
+	case wh.handle != nil:
+		var ref *Refusal
+		if p.Handle, ref = wh.handle(r, body); ref != nil {
+			return Parsed{}, ref
+		}
+	case ce != nil:
+		p.Handle = cloudEventHandle(ce)
+	}
 	if ce != nil {
 		p.Type = ce.Type
 		if !ce.Time.IsZero() {

@@ -27,11 +27,13 @@ import (
 	"hash/maphash"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -40,6 +42,7 @@ import (
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/budget"
+	"github.com/postbox-events/postbox/internal/jsonenc"
 	"github.com/postbox-events/postbox/internal/redirect"
 	"github.com/postbox-events/postbox/retry"
 	"github.com/postbox-events/postbox/stream"
@@ -130,6 +133,7 @@ type Poller struct {
 	items    Pointer
 	id, typ  Pointer
 	at, next Pointer
+	handle   []handleMember // Settings.Handle by name; none: no handle
 	interval time.Duration
 	log      *slog.Logger
 	cp       Checkpoint
@@ -150,6 +154,7 @@ func New(cfg Config) (*Poller, error) {
 	p.typ, _ = ParsePointer(s.Type)
 	p.at, _ = ParsePointer(s.Time)
 	p.next, _ = ParsePointer(s.Next)
+	p.handle = handleMembers(s.Handle)
 	p.interval, _ = s.interval()
 	if p.cfg.Client == nil {
 		p.cfg.Client = &http.Client{Timeout: DefaultTimeout, Transport: &http.Transport{
@@ -714,7 +719,62 @@ func (p *Poller) event(item []byte, now time.Time) (stream.Event, error) {
 		}
 		ev.OccurredAt = t
 	}
+	if p.handle != nil {
+		ev.DeliveryHandle = handleOf(p.handle, item)
+	}
 	return ev, nil
+}
+
+// handleMember is a member of a poll source's delivery handle: its name
+// as a JSON string, and where each item holds its value.
+type handleMember struct {
+	name []byte
+	ptr  Pointer
+}
+
+// handleMembers returns Settings.Handle (validated) in name order; nil
+// for none.
+func handleMembers(h map[string]string) []handleMember {
+	if len(h) == 0 {
+		return nil
+	}
+	names := slices.Sorted(maps.Keys(h))
+	out := make([]handleMember, 0, len(names))
+	for _, name := range names {
+		ptr, _ := ParsePointer(h[name])
+		out = append(out, handleMember{name: jsonenc.AppendString(nil, name), ptr: ptr})
+	}
+	return out
+}
+
+// handleOf returns the delivery handle of item (valid JSON):
+// {"kind":"poll"} and each member whose pointer finds a value other than
+// null, compact; nil when none does.
+func handleOf(members []handleMember, item []byte) json.RawMessage {
+	var b []byte
+	for _, m := range members {
+		v, ok, _ := m.ptr.Find(item)
+		v = bytes.TrimSpace(v)
+		if !ok || len(v) == 0 || bytes.Equal(v, []byte("null")) {
+			continue
+		}
+		if b == nil {
+			b = append(make([]byte, 0, 64+len(v)), `{"kind":"poll"`...)
+		}
+		b = append(b, ',')
+		b = append(b, m.name...)
+		b = append(b, ':')
+		b = append(b, v...)
+	}
+	if b == nil {
+		return nil
+	}
+	b = append(b, '}')
+	var c bytes.Buffer
+	if json.Compact(&c, b) != nil {
+		return nil // the item is valid JSON: not reached
+	}
+	return c.Bytes()
 }
 
 // scalar returns a JSON string's text or a number's digits; "" for null.

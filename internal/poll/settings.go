@@ -9,8 +9,10 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/postbox-events/postbox/internal/redirect"
+	"github.com/postbox-events/postbox/internal/replyto"
 )
 
 // Bounds of Settings.
@@ -22,6 +24,8 @@ const (
 	MinInterval = 10 * time.Millisecond
 	MaxInterval = 24 * time.Hour
 	maxHeaders  = 20
+	// maxHandleMembers bounds Settings.Handle.
+	maxHandleMembers = 16
 )
 
 // Settings are the settings of a source of kind poll, as its JSON
@@ -57,6 +61,15 @@ type Settings struct {
 	// default, "") only to the URL's scheme, host and port, "none" none.
 	// Headers never go to another origin.
 	Redirects string `json:"redirects,omitempty"`
+	// Handle makes each item's delivery handle (internal/replyto):
+	// member name → JSON pointer into the item. The handle is
+	// {"kind":"poll", name: the value found, ...}, its members in name
+	// order; a member named "url" is where a reply goes. A pointer that
+	// finds nothing (or null) leaves its member out, and an item whose
+	// pointers find nothing has no handle. None: items have no handle.
+	Handle map[string]string `json:"handle,omitempty"`
+	// Reply holds what a reply to the source's events carries.
+	Reply *replyto.Settings `json:"reply,omitempty"`
 }
 
 // ErrRequired is in the error of Validate for a setting that is missing.
@@ -102,6 +115,14 @@ func (s Settings) Validate() error {
 	if err := redirect.Validate("settings.redirects", s.Redirects); err != nil {
 		return err
 	}
+	if err := s.validateHandle(); err != nil {
+		return err
+	}
+	if s.Reply != nil {
+		if err := s.Reply.Validate("settings.reply"); err != nil {
+			return err
+		}
+	}
 	if len(s.Headers) > maxHeaders {
 		return fmt.Errorf("settings.headers: %d headers, at most %d", len(s.Headers), maxHeaders)
 	}
@@ -114,6 +135,33 @@ func (s Settings) Validate() error {
 		}
 		if strings.ContainsAny(v, "\r\n\x00") {
 			return fmt.Errorf("settings.headers.%s: a header value holds no line breaks", name)
+		}
+	}
+	return nil
+}
+
+// validateHandle checks Handle: names and pointers.
+func (s Settings) validateHandle() error {
+	if len(s.Handle) > maxHandleMembers {
+		return fmt.Errorf("settings.handle: %d members, at most %d", len(s.Handle), maxHandleMembers)
+	}
+	for name, ptr := range s.Handle {
+		switch {
+		case name == "" || len(name) > 64:
+			return fmt.Errorf("settings.handle: member name %.80q: want 1 to 64 bytes", name)
+		case name == "kind":
+			return errors.New(`settings.handle.kind: the handle's kind is "poll"; name the member otherwise`)
+		}
+		for _, c := range name {
+			if c < 0x20 || c == 0x7f || c == utf8.RuneError {
+				return fmt.Errorf("settings.handle: member name %q: holds a control character or invalid UTF-8", name)
+			}
+		}
+		if ptr == "" {
+			return fmt.Errorf("settings.handle.%s: a JSON pointer into each item, e.g. /reply_url (not \"\", the whole item)", name)
+		}
+		if _, err := ParsePointer(ptr); err != nil {
+			return fmt.Errorf("settings.handle.%s: %w", name, err)
 		}
 	}
 	return nil
@@ -145,6 +193,10 @@ func ParseHeader(h string) (name, value string, _ error) {
 // replaced by fingerprints, for the API: what the environment holds is
 // never in the settings, and what the settings hold is not shown.
 func (s Settings) Redacted(fingerprint func(string) string) Settings {
+	if s.Reply != nil {
+		r := s.Reply.Redacted(fingerprint)
+		s.Reply = &r
+	}
 	if len(s.Headers) == 0 {
 		return s
 	}

@@ -11,17 +11,18 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
 )
 
 // Kinds of delivery handle: the "kind" member of every handle.
 const (
-	KindGitHub      = "github"      // an issue or pull request: url is its comments endpoint
-	KindStripe      = "stripe"      // an object of Stripe's API: url is the object
-	KindCloudEvents = "cloudevents" // source and subject; no url
-	KindPoll        = "poll"        // members read by a poll source's configured pointers
-	KindWebhook     = "webhook"     // a generic webhook's configured header or pointer
-	KindDevice      = "device"      // a device's event: device_id and session_id; no reply
+	KindGitHub      = api.HandleGitHub      // an issue or pull request: url is its comments endpoint
+	KindStripe      = api.HandleStripe      // an object of Stripe's API: url is the object
+	KindCloudEvents = api.HandleCloudEvents // source and subject; no url
+	KindPoll        = api.HandlePoll        // members read by a poll source's configured pointers
+	KindWebhook     = api.HandleWebhook     // a generic webhook's configured header or pointer
+	KindDevice      = api.HandleDevice      // a device's event: device_id and session_id; no reply
 )
 
 // Handle is the part of a delivery handle a reply reads: every handle is

@@ -23,6 +23,7 @@ import (
 	"github.com/postbox-events/postbox/internal/ingress"
 	"github.com/postbox-events/postbox/internal/intake"
 	"github.com/postbox-events/postbox/internal/names"
+	"github.com/postbox-events/postbox/internal/replyto"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -655,7 +656,7 @@ func (s *Server) listInboxes(w http.ResponseWriter, r *http.Request) {
 func itemsJSON(items []delivery.Item) []api.Item {
 	out := make([]api.Item, len(items))
 	for i, it := range items {
-		handle := it.DeliveryHandle
+		handle := replyto.Of(it.DeliveryHandle, it.Metadata) // a device's is derived from its metadata
 		if len(handle) == 0 {
 			handle = json.RawMessage("null")
 		}

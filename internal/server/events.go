@@ -13,6 +13,7 @@ import (
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/intake"
+	"github.com/postbox-events/postbox/internal/replyto"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -126,7 +127,7 @@ func (s *Server) isWebhookStream(ctx context.Context, streamID string) bool {
 }
 
 func eventJSON(ev stream.StoredEvent) api.Event {
-	handle := ev.DeliveryHandle
+	handle := replyto.Of(ev.DeliveryHandle, ev.Metadata) // a device's is derived from its metadata
 	if len(handle) == 0 {
 		handle = []byte("null")
 	}

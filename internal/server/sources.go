@@ -17,6 +17,7 @@ import (
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/intake"
+	"github.com/postbox-events/postbox/internal/replyto"
 )
 
 // The HTTP API of sources (docs/API.md#sources), and the webhook sources'
@@ -180,7 +181,7 @@ func (s *Server) sourceJSON(src intake.Source) api.Source {
 	}
 	var ws intake.WebhookSettings
 	json.Unmarshal(src.Settings, &ws)
-	rate := ws.RateLimit
+	rate, reply := ws.RateLimit, ws.Reply
 	j.Path = "/webhooks/" + src.Name
 	secrets := ws.Secrets
 	if ws.ServeFlags {
@@ -202,6 +203,20 @@ func (s *Server) sourceJSON(src intake.Source) api.Source {
 	}
 	for _, sec := range secrets {
 		sj.Secrets = append(sj.Secrets, api.SourceSecret{Fingerprint: s.fingerprint(sec)})
+	}
+	if ws.Preset != "" {
+		sj.APIURL = ws.APIURL
+		if sj.APIURL == "" {
+			sj.APIURL = replyto.DefaultGitHubAPI
+			if ws.Preset == intake.PresetStripe {
+				sj.APIURL = replyto.DefaultStripeAPI
+			}
+		}
+	}
+	sj.HandleHeader, sj.HandlePointer = ws.HandleHeader, ws.HandlePointer
+	if reply != nil {
+		r := reply.Redacted(s.fingerprint)
+		sj.Reply = &api.ReplySettings{Headers: r.Headers, SigningSecret: r.SigningSecret}
 	}
 	switch {
 	case ws.Preset != "":
@@ -288,6 +303,11 @@ func (s *Server) createSource(w http.ResponseWriter, r *http.Request) {
 		}
 	case intake.KindDevice:
 		if len(settings) > 0 && !bytes.Equal(settings, []byte("{}")) {
+			var ds map[string]json.RawMessage
+			if json.Unmarshal(settings, &ds) == nil && ds["reply"] != nil {
+				writeError(w, api.CodeInvalidField, "settings.reply: postbox cannot reply to a device (it has no channel back to a device's agent): answer through your own device API, to the device_id and session_id of the event's delivery handle")
+				return
+			}
 			writeError(w, api.CodeInvalidField, "settings: a device source has none")
 			return
 		}

@@ -76,3 +76,13 @@ async def test_signatures_of_a_real_server(server, target):
         with pytest.raises(WebhookVerificationError):
             webhooks.verify(SECRET, hdrs, body.replace(b"1", b"3").replace(b"2", b"3"))
         assert json.loads(body)
+
+
+def test_delivery_handle():
+    h = '{"kind":"github","repository":"o/r","issue":12,"url":"https://api.github.com/repos/o/r/issues/12/comments"}'
+    assert webhooks.delivery_handle({"X-Postbox-Delivery-Handle": h})["url"] == "https://api.github.com/repos/o/r/issues/12/comments"
+    assert webhooks.delivery_handle({"x-postbox-delivery-handle": '{"kind":"device","device_id":"pi","session_id":"s"}'}) == {
+        "kind": "device", "device_id": "pi", "session_id": "s"}
+    assert webhooks.delivery_handle({}) is None
+    assert webhooks.delivery_handle({"X-Postbox-Delivery-Handle": "not json"}) is None
+    assert webhooks.delivery_handle({"X-Postbox-Delivery-Handle": "[1]"}) is None

@@ -11,4 +11,4 @@ export {
   runInbox, LeaseLostError, DEFAULT_RUNNER_CONCURRENCY, DEFAULT_VISIBILITY_TIMEOUT_MS, DEFAULT_RUNNER_WAIT_MS, DEFAULT_RUNNER_BACKOFF,
 } from './runner.js';
 export { permanent, transient, retryAfter, classify, PermanentError, TransientError, RetryAfterError } from './retry.js';
-export { verifyWebhook, sign, parseSecret, WebhookVerificationError, DEFAULT_TOLERANCE_MS } from './webhooks.js';
+export { verifyWebhook, sign, parseSecret, WebhookVerificationError, DEFAULT_TOLERANCE_MS, deliveryHandle, DELIVERY_HANDLE_HEADER } from './webhooks.js';

@@ -118,3 +118,26 @@ export function verifyWebhook(secrets, headers, body, options = {}) {
   }
   throw new WebhookVerificationError('signature', 'webhook: no signature matches the body under the secret(s) given');
 }
+
+/** The header a push carries its item's delivery handle in (compact JSON). */
+export const DELIVERY_HANDLE_HEADER = 'X-Postbox-Delivery-Handle';
+
+/**
+ * The delivery handle of a pushed item, decoded from its
+ * X-Postbox-Delivery-Handle header: where its event came from and where a
+ * reply goes (`kind`, and `url` when a reply can go somewhere; see the
+ * item's `delivery_handle`). null when the push carries none, or the
+ * header is not a JSON object.
+ * @param {Headers | Record<string, string | string[] | undefined>} headers
+ * @returns {import('../index.js').DeliveryHandle | null}
+ */
+export function deliveryHandle(headers) {
+  const raw = header(headers, DELIVERY_HANDLE_HEADER.toLowerCase());
+  if (raw === '') return null;
+  try {
+    const v = JSON.parse(raw);
+    return v !== null && typeof v === 'object' && !Array.isArray(v) ? v : null;
+  } catch {
+    return null;
+  }
+}

@@ -1,7 +1,7 @@
 // Compiled by tsc (npm test) against the package's own types, as a user's
 // code would import them: a type error here fails the tests.
 import pg from 'pg';
-import { Api, dedup, insert, permanent, retryAfter, runInbox, verifyWebhook, type Item, type PreparedEvent,
+import { Api, dedup, deliveryHandle, insert, permanent, retryAfter, runInbox, verifyWebhook, type DeliveryHandle, type Item, type PreparedEvent,
   type StreamEvent, type EventPage, type Subscription, type TestDelivery, type ItemSearchPage, type Delivery } from '@postbox-events/postbox';
 
 export async function placeOrder(pool: pg.Pool, total: number): Promise<string> {
@@ -33,6 +33,11 @@ export async function consume(pool: pg.Pool, signal: AbortSignal): Promise<void>
 
 export function check(headers: Headers, body: Buffer): string {
   return verifyWebhook(['whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw'], headers, body).id;
+}
+
+export function replyURL(item: Item, pushed: Headers): string | undefined {
+  const h: DeliveryHandle | null = item.delivery_handle ?? deliveryHandle(pushed);
+  return h?.kind === 'device' ? undefined : h?.url;
 }
 
 export async function lastDeliveries(api: Api, stream: string, key: string): Promise<string[]> {

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { sign, verifyWebhook, WebhookVerificationError } from '../src/index.js';
+import { DELIVERY_HANDLE_HEADER, deliveryHandle, sign, verifyWebhook, WebhookVerificationError } from '../src/index.js';
 
 // The example of the Standard Webhooks specification; signatures the real
 // server makes are verified in e2e.test.js.
@@ -37,4 +37,15 @@ test('a webhook that does not verify says why', () => {
     });
   }
   assert.throws(() => verifyWebhook('whsec_not base64!', headers, body, { now }), /want whsec_ and base64/);
+});
+
+test('deliveryHandle reads a push\'s X-Postbox-Delivery-Handle', () => {
+  const h = '{"kind":"github","repository":"o/r","issue":12,"url":"https://api.github.com/repos/o/r/issues/12/comments"}';
+  assert.equal(deliveryHandle({ 'X-Postbox-Delivery-Handle': h })?.url, 'https://api.github.com/repos/o/r/issues/12/comments');
+  assert.deepEqual(deliveryHandle(new Headers({ 'x-postbox-delivery-handle': '{"kind":"device","device_id":"pi","session_id":"s"}' })),
+    { kind: 'device', device_id: 'pi', session_id: 's' });
+  assert.equal(deliveryHandle({}), null);
+  assert.equal(deliveryHandle({ 'X-Postbox-Delivery-Handle': 'not json' }), null);
+  assert.equal(deliveryHandle({ 'X-Postbox-Delivery-Handle': '[1]' }), null);
+  assert.equal(DELIVERY_HANDLE_HEADER, 'X-Postbox-Delivery-Handle');
 });

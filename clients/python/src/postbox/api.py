@@ -24,6 +24,7 @@ __all__ = [
     "API", "APIError", "CallError", "Item", "Lease", "ItemResult", "SettleResults", "Extension",
     "InboxCounts", "ItemPage", "Subscription", "Stream", "Consumer", "Source", "Webhook", "Replay",
     "Attempt", "Reply", "SubscriptionCounts", "TestDelivery", "Delivery", "Event", "EventPage", "ItemSearchPage", "Discarded",
+    "DeliveryHandle",
     "go_duration", "DEFAULT_TIMEOUT",
 ]
 
@@ -45,6 +46,20 @@ class ItemResult(TypedDict, total=False):
     error: ErrorBody
 
 
+class DeliveryHandle(TypedDict, total=False):
+    """An event's delivery handle (docs/API.md, Delivery handles): where it
+    came from and where a reply goes, captured at intake. ``kind`` is
+    github, stripe, cloudevents, poll, webhook or device; ``url``, when a
+    reply can go somewhere, is an absolute http(s) URL. Other members
+    describe the target by kind (repository and issue, object and id,
+    source and subject, target, device_id and session_id, a poll source's
+    own). A device's event has one made from its device_id and session_id,
+    which postbox cannot reply to."""
+
+    kind: str
+    url: str
+
+
 class Item(TypedDict):
     id: int
     inbox: str
@@ -60,7 +75,8 @@ class Item(TypedDict):
     stored_at: str
     metadata: dict[str, Any]
     payload: Any
-    delivery_handle: Any
+    #: Where the event came from and where a reply goes; None when it has none.
+    delivery_handle: Optional[DeliveryHandle]
     state: str
     attempts: int
     next_attempt_at: str
@@ -263,7 +279,8 @@ class Event(TypedDict, total=False):
     stored_at: str
     metadata: Any
     payload: Any
-    delivery_handle: Any
+    #: Where the event came from and where a reply goes; None when it has none.
+    delivery_handle: Optional[DeliveryHandle]
     webhook_id: str
     #: In the answers about one event; a search leaves it out.
     deliveries: list[Delivery]

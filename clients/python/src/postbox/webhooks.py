@@ -18,12 +18,18 @@ import base64
 import binascii
 import hashlib
 import hmac
+import json
 import time
 from collections.abc import Iterable, Mapping
+from typing import Any, Optional
 
 from .errors import PostboxError
 
-__all__ = ["verify", "sign", "parse_secret", "WebhookVerificationError", "TOLERANCE"]
+__all__ = ["verify", "sign", "parse_secret", "delivery_handle", "WebhookVerificationError", "TOLERANCE",
+           "DELIVERY_HANDLE_HEADER"]
+
+#: The header a push carries its item's delivery handle in (compact JSON).
+DELIVERY_HANDLE_HEADER = "X-Postbox-Delivery-Handle"
 
 #: How far a webhook's timestamp may be from now, either way, in seconds.
 TOLERANCE = 300
@@ -118,3 +124,20 @@ def verify(
         if any(hmac.compare_digest(got, m) for m in macs):
             return msg_id
     raise WebhookVerificationError("no signature matches: wrong secret, or the body was changed")
+
+
+def delivery_handle(headers: Mapping[str, str]) -> Optional[dict[str, Any]]:
+    """The delivery handle of a pushed item, decoded from its
+    ``X-Postbox-Delivery-Handle`` header: where its event came from and
+    where a reply goes (``kind``, and ``url`` when a reply can go
+    somewhere; see the item's ``delivery_handle``). None when the push
+    carries none, or the header is not a JSON object.
+    """
+    raw = _header(headers, DELIVERY_HANDLE_HEADER.lower())
+    if not raw:
+        return None
+    try:
+        v = json.loads(raw)
+    except ValueError:
+        return None
+    return v if isinstance(v, dict) else None
