@@ -111,7 +111,7 @@ func (d *Delivery) Reply(ctx context.Context, inbox string, id int64, key string
 		return Reply{}, false, err
 	}
 	var h replyto.Handle
-	if handle := handleOf(it); len(handle) > 0 {
+	if handle := replyto.Of(it.DeliveryHandle, it.Metadata); len(handle) > 0 {
 		if err := json.Unmarshal(handle, &h); err != nil {
 			return Reply{}, false, errorf(ErrInvalid, "item %d: its delivery handle is not a JSON object: %v", id, err)
 		}
@@ -444,22 +444,4 @@ func (d *Delivery) settleReply(ctx context.Context, id int64, token, state strin
 			rec.Latency.Microseconds(), nullString(rec.Error), nullString(rec.Excerpt))
 		return err
 	})
-}
-
-// handleOf returns the delivery handle of it: the one its event was
-// stored with, else a device's, made of the device_id and session_id of
-// its metadata.
-func handleOf(it Item) json.RawMessage {
-	if len(it.DeliveryHandle) > 0 && string(it.DeliveryHandle) != "null" {
-		return it.DeliveryHandle
-	}
-	var meta struct {
-		DeviceID  *string `json:"device_id"`
-		SessionID string  `json:"session_id"`
-	}
-	if json.Unmarshal(it.Metadata, &meta) != nil || meta.DeviceID == nil {
-		return nil
-	}
-	b, _ := json.Marshal(map[string]string{"kind": replyto.KindDevice, "device_id": *meta.DeviceID, "session_id": meta.SessionID})
-	return b
 }
