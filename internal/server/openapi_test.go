@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -18,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -686,6 +688,49 @@ func TestOpenAPIAnswers(t *testing.T) {
 	want(204, "DELETE /v1/subscriptions/{name}", "/v1/subscriptions/gh-reader", "", nil)
 	want(204, delSrc, "/v1/sources/gh", "", nil)
 	want(404, delSrc, "/v1/sources/gh", "", nil)
+
+	// Replies, to a webhook whose handle header names a stand-in that
+	// fails the first reply (a dead letter: MaxAttempts is 1) and takes
+	// the others.
+	var standInCalls atomic.Int32
+	standIn := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if standInCalls.Add(1) == 1 {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer standIn.Close()
+	want(201, srcs, "/v1/sources", `{"name": "talk", "kind": "webhook", "settings": {"handle_header": "X-Reply-To"}}`, nil)
+	want(201, subs, "/v1/subscriptions", `{"name": "talk-in", "source": "talk"}`, nil)
+	want(202, srcHook, "/webhooks/talk", `{"n": 1}`, map[string]string{"Idempotency-Key": "oa-t-1", "X-Reply-To": standIn.URL + "/replies"})
+	var talk any
+	waitFor(t, 10*time.Second, "the item of oa-t-1", func() bool {
+		_, v := do("GET /v1/inboxes/{inbox}/items", "/v1/inboxes/talk-in/items", "", nil)
+		talk = jget(v, "items", 0, "id")
+		return talk != nil
+	})
+	const reply, replies, retryReply = "POST /v1/inboxes/{inbox}/items/{id}/reply", "GET /v1/inboxes/{inbox}/items/{id}/replies",
+		"POST /v1/inboxes/{inbox}/items/{id}/replies/{key}/retry"
+	talkPath := fmt.Sprint("/v1/inboxes/talk-in/items/", talk)
+	want(202, reply, talkPath+"/reply", `{"key": "k", "body": {"text": "hi"}}`, nil)
+	want(200, reply, talkPath+"/reply", `{"key": "k", "body": {"text": "hi"}}`, nil)
+	want(409, reply, talkPath+"/reply", `{"key": "k", "body": {"text": "other"}}`, nil)
+	want(400, reply, talkPath+"/reply", `{"key": "k\n", "body": {}}`, nil)
+	want(400, reply, talkPath+"/reply", `{"body": {}, "to": "elsewhere"}`, nil)
+	want(400, reply, "/v1/inboxes/talk-in/items/first/reply", `{"body": {}}`, nil)
+	want(404, reply, "/v1/inboxes/talk-in/items/999999/reply", `{"body": {}}`, nil)
+	waitFor(t, 10*time.Second, "the reply to fail", func() bool {
+		_, v := do(replies, talkPath+"/replies", "", nil)
+		return jget(v, "replies", 0, "state") == "failed"
+	})
+	want(200, replies, talkPath+"/replies", "", nil)
+	want(400, replies, "/v1/inboxes/talk-in/items/first/replies", "", nil)
+	want(404, replies, "/v1/inboxes/talk-in/items/999999/replies", "", nil)
+	want(202, retryReply, talkPath+"/replies/k/retry", "", nil)
+	want(409, retryReply, talkPath+"/replies/k/retry", "", nil) // pending or, sent, completed
+	want(404, retryReply, talkPath+"/replies/no-such-key/retry", "", nil)
+	want(400, retryReply, "/v1/inboxes/talk-in/items/first/replies/k/retry", "", nil)
 
 	// Inboxes: wait for the items, then page, lease, ack and nack them.
 	const items = "GET /v1/inboxes/{inbox}/items"
