@@ -74,3 +74,45 @@ async def test_pause_test_event_search_cancel_discard(server, target):
         out = await api.discard_dead_letters(inbox="webhooks", ids=[i0["id"]])
         assert out == {"discarded": 1, "ids": [i0["id"]]}
         assert (await api.dead_letters(inbox="webhooks"))["items"] == []
+
+
+async def test_reply(server, target):
+    """A reply to a webhook whose handle header names the target arrives
+    there, once per key: the same key and body again is the same reply,
+    another body a 409."""
+    import json
+    import urllib.request
+
+    def post(path: str, body: bytes, headers: dict[str, str]) -> int:
+        req = urllib.request.Request(server.base + path, data=body, method="POST",
+                                     headers={"Content-Type": "application/json", **headers})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+
+    source = {"name": "talk", "kind": "webhook", "settings": {"handle_header": "X-Reply-To"}}
+    assert post("/v1/sources", json.dumps(source).encode(), {}) == 201
+    async with API(server.base) as api:
+        await api.create_subscription("talk-in", "talk")
+        assert post("/webhooks/talk", b'{"n": 1}', {"Idempotency-Key": "t-1", "X-Reply-To": target.url}) == 202
+        deadline = time.monotonic() + 30
+        while not (items := (await api.items("talk-in"))["items"]):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        item = items[0]
+        assert item["delivery_handle"] == {"kind": "webhook", "url": target.url}
+        r = await api.reply("talk-in", item["id"], {"text": "hi"}, key="k")
+        assert r["key"] == "k" and r["url"] == target.url and r["state"] == "pending"
+        headers, body = (await asyncio.to_thread(target.take, 1, 30.0, server.proc))[0]
+        assert body == b'{"text":"hi"}' and headers["content-type"] == "application/json"
+        assert (await api.reply("talk-in", item["id"], {"text": "hi"}, key="k"))["key"] == "k"
+        with pytest.raises(APIError) as e:
+            await api.reply("talk-in", item["id"], {"text": "other"}, key="k")
+        assert e.value.status == 409 and e.value.code == "conflict"
+        deadline = time.monotonic() + 30
+        while (rs := await api.replies("talk-in", item["id"]))[0]["state"] != "completed":
+            assert time.monotonic() < deadline, rs
+            await asyncio.sleep(0.05)
+        assert len(rs) == 1 and rs[0]["attempt_log"][0]["status_code"] == 200
+        with pytest.raises(APIError) as e:
+            await api.retry_reply("talk-in", item["id"], "k")
+        assert e.value.status == 409 and e.value.code == "invalid_state"

@@ -114,3 +114,48 @@ test('pause, resume, a test event, an event with its deliveries, search, cancel 
   assert.deepEqual(await api.discardDeadLetters({ inbox: 'webhooks', ids: [i0.id] }), { discarded: 1, ids: [i0.id] });
   assert.deepEqual((await api.deadLetters({ inbox: 'webhooks' })).items, []);
 });
+
+test('a reply to an item goes to the url of its delivery handle, once per key', async (t) => {
+  const bin = postboxBin(t);
+  if (!bin) return;
+  const serve = await startServe(t, bin);
+  const api = new Api(serve.base);
+  /** @type {string[]} */
+  const bodies = [];
+  const srv = createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => { body += c; });
+    req.on('end', () => {
+      bodies.push(body);
+      res.writeHead(201).end();
+    });
+  });
+  await new Promise((r) => srv.listen(0, '127.0.0.1', () => r(undefined)));
+  t.after(() => new Promise((r) => srv.close(r)));
+  const { port } = /** @type {import('node:net').AddressInfo} */ (srv.address());
+  const url = `http://127.0.0.1:${port}/replies`;
+
+  const created = await fetch(`${serve.base}/v1/sources`, {
+    method: 'POST', headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ name: 'talk', kind: 'webhook', settings: { handle_header: 'X-Reply-To' } }),
+  });
+  assert.equal(created.status, 201);
+  await api.createSubscription({ name: 'talk-in', source: 'talk' });
+  const hook = await fetch(`${serve.base}/webhooks/talk`, {
+    method: 'POST', body: '{"n":1}', headers: { 'content-type': 'application/json', 'idempotency-key': 't-1', 'x-reply-to': url },
+  });
+  assert.equal(hook.status, 202);
+  /** @type {import('../index.js').Item[]} */
+  let items = [];
+  await until('the item of t-1', 30_000, async () => (items = (await api.items('talk-in')).items).length === 1);
+  assert.deepEqual(items[0].delivery_handle, { kind: 'webhook', url });
+
+  const r = await api.reply('talk-in', items[0].id, { text: 'hi' }, { key: 'k' });
+  assert.equal(r.key, 'k');
+  assert.equal(r.url, url);
+  assert.equal((await api.reply('talk-in', items[0].id, { text: 'hi' }, { key: 'k' })).key, 'k');
+  await rejects(api.reply('talk-in', items[0].id, { text: 'other' }, { key: 'k' }), 409, 'conflict');
+  await until('the reply to complete', 30_000, async () => (await api.replies('talk-in', items[0].id))[0].state === 'completed');
+  assert.deepEqual(bodies, ['{"text":"hi"}']);
+  await rejects(api.retryReply('talk-in', items[0].id, 'k'), 409, 'invalid_state');
+});
