@@ -13,6 +13,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/postbox-events/postbox/internal/delivery"
 	"github.com/postbox-events/postbox/internal/server"
 	"github.com/postbox-events/postbox/internal/servertest"
 	"github.com/postbox-events/postbox/internal/testenv"
@@ -404,4 +405,56 @@ func TestOverviewStuck(t *testing.T) {
 	wait(t, ctx, "what is stuck", `document.querySelector('#stuck-table tr[data-name=held] a') !== null`)
 	do(t, ctx, "follow held", chromedp.Click(chromedp.CSS(`#stuck-table tr[data-name=held] td a`)))
 	wait(t, ctx, "held's page", `document.querySelector('#resume-btn') !== null`)
+}
+
+// TestReplyRetry: an item's page shows its delivery handle and its
+// replies; a failed reply (a dead letter) is sent again from there and
+// reaches the handle's url.
+func TestReplyRetry(t *testing.T) {
+	tg := newTarget(t)
+	tg.down = true
+	srv := servertest.Start(t, server.Config{Delivery: delivery.Config{MaxAttempts: 1}}, nil)
+	call(t, srv, "", "POST", "/v1/sources", map[string]any{"name": "talk", "kind": "webhook", "settings": map[string]any{"handle_header": "X-Reply-To"}},
+		http.StatusCreated, nil)
+	call(t, srv, "", "POST", "/v1/subscriptions", map[string]any{"name": "talk-in", "source": "talk"}, http.StatusCreated, nil)
+	req, _ := http.NewRequest("POST", srv.Base+"/webhooks/talk", strings.NewReader(`{"n":1}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "r-1")
+	req.Header.Set("X-Reply-To", tg.URL+"/replies")
+	resp, err := srv.HTTP.Do(req)
+	if err != nil || resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("webhook: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	var page struct{ Items []struct{ ID int64 } }
+	testenv.Eventually(t, 10*time.Second, "the item", func() bool {
+		call(t, srv, "", "GET", "/v1/inboxes/talk-in/items", nil, http.StatusOK, &page)
+		return len(page.Items) == 1
+	})
+	path := fmt.Sprintf("/v1/inboxes/talk-in/items/%d", page.Items[0].ID)
+	call(t, srv, "", "POST", path+"/reply", map[string]any{"key": "ack", "body": map[string]string{"text": "hi"}}, http.StatusAccepted, nil)
+	var rs struct{ Replies []struct{ State string } }
+	testenv.Eventually(t, 10*time.Second, "the reply to fail", func() bool {
+		call(t, srv, "", "GET", path+"/replies", nil, http.StatusOK, &rs)
+		return len(rs.Replies) == 1 && rs.Replies[0].State == "failed"
+	})
+
+	ctx := tab(t, 1280, 900)
+	do(t, ctx, "the item", chromedp.Navigate(fmt.Sprintf("%s/ui/#/item/talk-in/%d", srv.Base, page.Items[0].ID)),
+		chromedp.WaitVisible(chromedp.CSS(`#replies-table .retry-reply`)))
+	if got := text(t, ctx, `#item-handle`); !strings.Contains(got, tg.URL+"/replies") {
+		t.Errorf("the delivery handle on the page: %q", got)
+	}
+	if got := text(t, ctx, `#replies-table`); !strings.Contains(got, "ack") || !strings.Contains(got, "failed") || !strings.Contains(got, "503") {
+		t.Errorf("the replies on the page: %q", got)
+	}
+	tg.mu.Lock()
+	tg.down = false
+	tg.mu.Unlock()
+	do(t, ctx, "send again", chromedp.Click(chromedp.CSS(`#replies-table .retry-reply`)))
+	wait(t, ctx, "the note", `document.querySelector('#item-note') !== null`)
+	testenv.Eventually(t, 10*time.Second, "the reply to complete", func() bool {
+		call(t, srv, "", "GET", path+"/replies", nil, http.StatusOK, &rs)
+		return rs.Replies[0].State == "completed"
+	})
 }

@@ -6,7 +6,7 @@
 import { api, q, forget, token, APIError } from './api.js';
 import { lineChart, fmt } from './chart.js';
 import { eventPages, eventHref, deliveriesTable } from './events.js';
-import { stuck, delivery, newSubscription, subscription, itemActions, discardButtons } from './operate.js';
+import { stuck, delivery, newSubscription, subscription, itemActions, replyTable, discardButtons } from './operate.js';
 
 const root = document.getElementById('view');
 
@@ -320,7 +320,7 @@ async function item(live, _, [inboxName, id]) {
   const { view } = live;
   const path = `/v1/inboxes/${encodeURIComponent(inboxName)}/items/${encodeURIComponent(id)}`;
   const render = async (note, err) => {
-    const [it, att] = await Promise.all([api(path), api(path + '/attempts')]);
+    const [it, att, rep] = await Promise.all([api(path), api(path + '/attempts'), api(path + '/replies')]);
     const field = (k, v) => [h('dt', {}, k), h('dd', {}, v)];
     const replay = it.state === 'failed' ? h('button', {
       type: 'button', id: 'replay-item', class: 'danger',
@@ -347,6 +347,9 @@ async function item(live, _, [inboxName, id]) {
         it.last_error_past ? field('Earlier error', it.last_error) : field('Last error', it.last_error || '–'))),
       h('h2', {}, 'Payload'), h('pre', { id: 'item-payload' }, JSON.stringify(it.payload, null, 2)),
       h('h2', {}, 'Metadata'), h('pre', {}, JSON.stringify(it.metadata, null, 2)),
+      h('h2', {}, 'Delivery handle'), h('pre', { id: 'item-handle' }, it.delivery_handle ? JSON.stringify(it.delivery_handle, null, 2) : 'none'),
+      h('h2', {}, 'Replies'),
+      replyTable(it, rep.replies, render),
       h('h2', {}, 'Attempts'),
       table('attempts-table', [h('th', { class: 'num' }, '#'), 'At', 'Endpoint', h('th', { class: 'num' }, 'Status'),
         h('th', { class: 'num' }, 'Latency ms'), 'Error'],

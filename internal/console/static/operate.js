@@ -5,7 +5,7 @@
 // it as it checks the CLI's; its refusal is shown on the page as it came.
 
 import { api, q } from './api.js';
-import { h, put, time, state, table, errorBox, confirmDialog } from './app.js';
+import { h, put, time, state, table, num, errorBox, confirmDialog } from './app.js';
 
 const enc = encodeURIComponent;
 
@@ -367,6 +367,19 @@ export function itemActions(it, done) {
     } }, 'Discard…'));
   }
   return out;
+}
+
+// replyTable lists the replies to an item's event, a failed one with a
+// button that sends it again. done(note) draws the page again.
+export function replyTable(it, replies, done) {
+  const base = `/v1/inboxes/${enc(it.inbox)}/items/${it.id}/replies/`;
+  return table('replies-table', ['Key', 'State', h('th', { class: 'num' }, 'Attempts'), 'To', 'Last error', ''],
+    replies.map((r) => h('tr', {}, h('td', { class: 'clip' }, r.key), h('td', {}, state(r.state)), num(r.attempts),
+      h('td', { class: 'clip' }, r.url), h('td', { class: 'clip', title: r.last_error || '' }, r.last_error || ''),
+      h('td', {}, r.state === 'failed' ? h('button', { type: 'button', class: 'secondary retry-reply', onclick: async () => {
+        try { await api(base + enc(r.key) + '/retry', { method: 'POST' }); await done('Sending the reply again.'); } catch (err) { await done(null, err); }
+      } }, 'Send again') : null))),
+    it.delivery_handle && it.delivery_handle.url ? 'No replies.' : 'No replies (the event\'s handle names no url to reply to).');
 }
 
 // ---- dead letters: discard -------------------------------------------------
