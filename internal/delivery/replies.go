@@ -279,18 +279,30 @@ func (d *Delivery) RetryReply(ctx context.Context, inbox string, item int64, key
 	return d.reply(ctx, inbox, item, key)
 }
 
-// replyBatch is how many due replies one lease of the reply loop takes,
-// and how many it sends at once.
-const replyBatch = 8
+// replyWorkers is how many replies a process sends at once.
+const replyWorkers = 8
 
-// runReplies sends the due replies until ctx ends: it leases them, sends
-// each with its source's reply settings, and settles it with its
-// attempt. It looks when a reply is stored or sent again here, and every
-// idleLook for those due later or stored by another process.
+// runReplies sends the due replies until ctx ends: it leases them as
+// workers are free, sends each with its source's reply settings, and
+// settles it with its attempt. It looks when a reply is stored or sent
+// again here, and every idleLook for those due later or stored by another
+// process. A slow target holds one worker, not the others.
 func (d *Delivery) runReplies(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	busy := make(chan struct{}, replyWorkers) // a token per reply in flight
+	freed := make(chan struct{}, 1)
 	for ctx.Err() == nil {
 		wake := d.inboxes.channel(repliesWake)
-		rs, token, err := d.leaseReplies(ctx)
+		free := replyWorkers - len(busy)
+		if free == 0 {
+			select {
+			case <-freed:
+			case <-ctx.Done():
+			}
+			continue
+		}
+		rs, token, err := d.leaseReplies(ctx, free)
 		if err != nil {
 			if ctx.Err() == nil {
 				d.log.Error("delivery: leasing replies failed; retrying", "err", err)
@@ -298,13 +310,21 @@ func (d *Delivery) runReplies(ctx context.Context) {
 			}
 			continue
 		}
-		if len(rs) > 0 {
-			var wg sync.WaitGroup
-			for _, r := range rs {
-				wg.Go(func() { d.sendReply(ctx, r, token) })
-			}
-			wg.Wait()
-			continue
+		for _, r := range rs {
+			busy <- struct{}{}
+			wg.Go(func() {
+				defer func() {
+					<-busy
+					select {
+					case freed <- struct{}{}:
+					default:
+					}
+				}()
+				d.sendReply(ctx, r, token)
+			})
+		}
+		if len(rs) == free {
+			continue // more may be due
 		}
 		t := time.NewTimer(idleLook)
 		select {
@@ -316,9 +336,9 @@ func (d *Delivery) runReplies(ctx context.Context) {
 	}
 }
 
-// leaseReplies takes up to replyBatch due replies: pending, due, and not
-// leased by a process whose lease has not expired.
-func (d *Delivery) leaseReplies(ctx context.Context) (_ []Reply, token string, _ error) {
+// leaseReplies takes up to n due replies: pending, due, and not leased by
+// a process whose lease has not expired.
+func (d *Delivery) leaseReplies(ctx context.Context, n int) (_ []Reply, token string, _ error) {
 	now := d.now().UTC()
 	at := now.Truncate(time.Microsecond).Format(sqlitedb.Time)
 	until := now.Add(2*d.cfg.HandlerTimeout + 10*time.Second).Format(sqlitedb.Time)
@@ -332,7 +352,7 @@ func (d *Delivery) leaseReplies(ctx context.Context) (_ []Reply, token string, _
 		rows, err := tx.QueryContext(ctx, `UPDATE replies SET lease_token = ?1, lease_expires_at = ?2, attempts = attempts + 1, updated_at = ?3
 			WHERE reply_id IN (SELECT reply_id FROM replies WHERE state = 'pending' AND next_attempt_at <= ?3
 				AND (lease_expires_at IS NULL OR lease_expires_at <= ?3) ORDER BY next_attempt_at LIMIT ?4`+skip+`)
-			RETURNING `+replyColumns, token, until, at, replyBatch)
+			RETURNING `+replyColumns, token, until, at, n)
 		if err != nil {
 			return err
 		}
