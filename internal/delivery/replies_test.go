@@ -200,3 +200,29 @@ func testReplies(t *testing.T, kind storeKind) {
 		t.Errorf("reply to no item: %v, want ErrNotFound", err)
 	}
 }
+
+// TestReplySlowTarget: a reply whose target hangs holds one reply worker;
+// a reply to another target goes meanwhile.
+func TestReplySlowTarget(t *testing.T) {
+	e := setup(t, sqliteStore, delivery.Config{})
+	e.create(t, delivery.Subscription{Name: "replies", Source: "devices"})
+	release := make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release }))
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() { close(release) })
+	fast := newReplyTarget(t, http.StatusOK)
+	ctx := context.Background()
+	a := e.replyItem(t, "slow", `{"kind":"webhook","url":"`+slow.URL+`"}`, `{}`)
+	if _, _, err := e.d.Reply(ctx, a.Inbox, a.ID, "k", json.RawMessage(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the slow reply to be in its attempt", func() bool {
+		rs, _ := e.d.Replies(ctx, a.Inbox, a.ID)
+		return len(rs) == 1 && rs[0].Attempts == 1
+	})
+	b := e.replyItem(t, "fast", `{"kind":"webhook","url":"`+fast.URL+`"}`, `{}`)
+	if _, _, err := e.d.Reply(ctx, b.Inbox, b.ID, "k", json.RawMessage(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	e.waitReply(t, b, "k", delivery.ReplyCompleted, 1)
+}
