@@ -214,18 +214,7 @@ func (s Settings) Redacted(fingerprint func(string) string) Settings {
 // header builds the request headers, reading env:NAME values with
 // lookup; a variable that is not set is an error naming it.
 func (s Settings) header(lookup func(string) (string, bool)) (http.Header, error) {
-	h := http.Header{}
-	for name, v := range s.Headers {
-		if env, ok := strings.CutPrefix(v, "env:"); ok {
-			val, set := lookup(env)
-			if !set {
-				return nil, fmt.Errorf("header %s: the environment variable %s is not set", name, env)
-			}
-			v = val
-		}
-		h.Set(name, v)
-	}
-	return h, nil
+	return replyto.EnvHeader(s.Headers, lookup)
 }
 
 // DecodeSettings decodes a source's stored or requested settings,

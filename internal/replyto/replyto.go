@@ -11,6 +11,8 @@ import (
 	"net/url"
 	"strings"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/stdwebhook"
 )
@@ -63,7 +65,7 @@ func (s Settings) Validate(prefix string) error {
 		return fmt.Errorf("%s.headers: %d headers, at most %d", prefix, len(s.Headers), maxHeaders)
 	}
 	for name, v := range s.Headers {
-		if !validHeaderName(name) {
+		if !httpguts.ValidHeaderFieldName(name) {
 			return fmt.Errorf("%s.headers: %q is not a header name", prefix, name)
 		}
 		lower := strings.ToLower(name)
@@ -115,12 +117,19 @@ func (s Settings) Redacted(fingerprint func(string) string) Settings {
 // Header builds a reply's headers, reading env:NAME values with lookup;
 // a variable that is not set is an error naming it.
 func (s Settings) Header(lookup func(string) (string, bool)) (http.Header, error) {
+	return EnvHeader(s.Headers, lookup)
+}
+
+// EnvHeader builds request headers of name → value, a value "env:NAME"
+// read with lookup when the request is made (a reply's, a poll's); a
+// variable that is not set is an error naming it.
+func EnvHeader(values map[string]string, lookup func(string) (string, bool)) (http.Header, error) {
 	h := http.Header{}
-	for name, v := range s.Headers {
+	for name, v := range values {
 		if env, ok := strings.CutPrefix(v, "env:"); ok {
 			val, set := lookup(env)
 			if !set {
-				return nil, fmt.Errorf("reply header %s: the environment variable %s is not set", name, env)
+				return nil, fmt.Errorf("header %s: the environment variable %s is not set", name, env)
 			}
 			v = val
 		}
@@ -149,16 +158,4 @@ func Target(h Handle) (string, error) {
 		return "", fmt.Errorf("%w: the handle's url %.200q is not an http(s) URL", ErrNoURL, h.URL)
 	}
 	return h.URL, nil
-}
-
-func validHeaderName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for _, c := range []byte(name) {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return true
 }
