@@ -56,7 +56,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		deleted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postbox_retention_deleted_total",
-			Help: "Rows retention deleted: completed and failed items and replies, and stream events every consumer had read.",
+			Help: "Rows retention deleted: completed and failed items, and stream events every consumer had read.",
 		}, []string{"kind"}),
 	}
 	m.breakers = prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -179,7 +179,6 @@ func (m *Metrics) cleaned(c Cleaned) {
 		return
 	}
 	m.deleted.WithLabelValues("items").Add(float64(c.Items))
-	m.deleted.WithLabelValues("replies").Add(float64(c.Replies))
 	m.deleted.WithLabelValues("events").Add(float64(c.Events))
 }
 

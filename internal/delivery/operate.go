@@ -85,8 +85,10 @@ func (d *Delivery) DiscardItem(ctx context.Context, inbox string, id int64) (Ite
 		if err := t.write(ctx, d, tx); err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `DELETE FROM delivery_attempts WHERE item_id = ?`, id)
-		return err
+		if _, err := tx.ExecContext(ctx, `DELETE FROM delivery_attempts WHERE item_id = ?`, id); err != nil {
+			return err
+		}
+		return deleteReplies(ctx, tx, []move{{id: id}})
 	})
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
@@ -136,7 +138,10 @@ func (d *Delivery) Discard(ctx context.Context, f DeadLetters) ([]int64, error) 
 			if err := t.write(ctx, d, tx); err != nil {
 				return err
 			}
-			return execIn(ctx, tx, `DELETE FROM delivery_attempts WHERE item_id IN (%s)`, gone)
+			if err := execIn(ctx, tx, `DELETE FROM delivery_attempts WHERE item_id IN (%s)`, gone); err != nil {
+				return err
+			}
+			return deleteReplies(ctx, tx, gone)
 		})
 		if err != nil {
 			return all, fmt.Errorf("discard dead letters: %w", err)

@@ -128,7 +128,7 @@ func (d *Delivery) Reply(ctx context.Context, inbox string, id int64, key string
 	err = d.update(ctx, func(tx conn) error {
 		res, err := tx.ExecContext(ctx, `INSERT INTO replies (inbox_id, item_id, reply_key, source_id, url, body, state, attempts,
 			next_attempt_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?)
-			ON CONFLICT (inbox_id, item_id, reply_key) DO NOTHING`, inbox, id, key, it.Stream, url, string(body), now, now, now)
+			ON CONFLICT (item_id, inbox_id, reply_key) DO NOTHING`, inbox, id, key, it.Stream, url, string(body), now, now, now)
 		if err != nil {
 			return err
 		}
@@ -464,4 +464,14 @@ func (d *Delivery) settleReply(ctx context.Context, id int64, token, state strin
 			rec.Latency.Microseconds(), nullString(rec.Error), nullString(rec.Excerpt))
 		return err
 	})
+}
+
+// deleteReplies deletes the replies to the items gone, with their attempt
+// log, in the transaction that deletes the items: an item id SQLite gives
+// again after its item is deleted starts with none.
+func deleteReplies(ctx context.Context, tx conn, gone []move) error {
+	if err := execIn(ctx, tx, `DELETE FROM reply_attempts WHERE reply_id IN (SELECT reply_id FROM replies WHERE item_id IN (%s))`, gone); err != nil {
+		return err
+	}
+	return execIn(ctx, tx, `DELETE FROM replies WHERE item_id IN (%s)`, gone)
 }

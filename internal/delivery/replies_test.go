@@ -174,6 +174,17 @@ func testReplies(t *testing.T, kind storeKind) {
 	}
 	e.waitReply(t, it2, key, delivery.ReplyCompleted, 3)
 
+	// A reply goes with its item.
+	if _, err := e.d.DiscardItem(ctx, it2.Inbox, it2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count(t, `SELECT count(*) FROM replies WHERE item_id = ?`, it2.ID); n != 0 {
+		t.Errorf("%d replies of a discarded item left", n)
+	}
+	if n := e.count(t, `SELECT count(*) FROM reply_attempts`); n != 2 {
+		t.Errorf("%d reply attempts left, want the 2 of the first item's reply", n)
+	}
+
 	// Handles a reply cannot go to.
 	for _, c := range []struct{ id, handle, meta, want string }{
 		{"none", "", `{}`, "no delivery handle"},

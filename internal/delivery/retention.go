@@ -15,14 +15,13 @@ const cleanupBatch = 1000
 
 // Cleaned is what one Cleanup deleted.
 type Cleaned struct {
-	Items   int // completed and failed inbox items
-	Replies int // completed and failed replies
-	Events  int // stream events
+	Items  int // completed and failed inbox items, with their replies
+	Events int // stream events
 }
 
 // Cleanup deletes, in batches of 1000, the completed and failed items that
 // reached that state before cutoff (never pending or processing ones)
-// with their attempt log, and,
+// with their attempt log and their replies, and,
 // when the stream backend is a stream.Trimmer, the stream events stored
 // before cutoff that every consumer of their stream has read: no
 // subscription needs them any more, since items carry their own copy of
@@ -66,8 +65,11 @@ func (d *Delivery) Cleanup(ctx context.Context, cutoff time.Time) (Cleaned, erro
 			if err := t.write(ctx, d, tx); err != nil {
 				return err
 			}
-			// Their attempt log goes with them.
-			return execIn(ctx, tx, `DELETE FROM delivery_attempts WHERE item_id IN (%s)`, gone)
+			// Their attempt log and their replies go with them.
+			if err := execIn(ctx, tx, `DELETE FROM delivery_attempts WHERE item_id IN (%s)`, gone); err != nil {
+				return err
+			}
+			return deleteReplies(ctx, tx, gone)
 		})
 		if err != nil {
 			return c, fmt.Errorf("retention: items: %w", err)
@@ -77,11 +79,6 @@ func (d *Delivery) Cleanup(ctx context.Context, cutoff time.Time) (Cleaned, erro
 			break
 		}
 	}
-	n, err := d.cleanReplies(ctx, before)
-	if err != nil {
-		return c, fmt.Errorf("retention: replies: %w", err)
-	}
-	c.Replies = n
 	trimmer, ok := d.streams.(stream.Trimmer)
 	if !ok {
 		d.cfg.Metrics.cleaned(c)
@@ -134,46 +131,6 @@ func (d *Delivery) retain(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		}
-	}
-}
-
-// cleanReplies deletes, in batches, the completed and failed replies last
-// changed before before, with their attempt log.
-func (d *Delivery) cleanReplies(ctx context.Context, before string) (int, error) {
-	total := 0
-	for {
-		var gone []int64
-		err := d.update(ctx, func(tx conn) error {
-			gone = gone[:0]
-			rows, err := tx.QueryContext(ctx, `DELETE FROM replies WHERE reply_id IN (SELECT reply_id FROM replies
-				WHERE state IN ('completed', 'failed') AND updated_at < ?1 LIMIT ?2)
-				AND state IN ('completed', 'failed') AND updated_at < ?1 RETURNING reply_id`, before, cleanupBatch)
-			if err != nil {
-				return err
-			}
-			for rows.Next() {
-				var id int64
-				if err := rows.Scan(&id); err != nil {
-					rows.Close()
-					return err
-				}
-				gone = append(gone, id)
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil || len(gone) == 0 {
-				return err
-			}
-			list, arg := idList(tx.PostgreSQL, gone)
-			_, err = tx.ExecContext(ctx, `DELETE FROM reply_attempts WHERE reply_id IN (`+list+`)`, arg)
-			return err
-		})
-		if err != nil {
-			return total, err
-		}
-		total += len(gone)
-		if len(gone) < cleanupBatch {
-			return total, nil
 		}
 	}
 }

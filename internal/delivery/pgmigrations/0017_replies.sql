@@ -16,7 +16,7 @@ CREATE TABLE replies (
   last_error       TEXT,
   created_at       TEXT NOT NULL,
   updated_at       TEXT NOT NULL,
-  UNIQUE (inbox_id, item_id, reply_key)
+  UNIQUE (item_id, inbox_id, reply_key)      -- also deletes them with their item
 );
 CREATE INDEX replies_due ON replies (state, next_attempt_at);
 
