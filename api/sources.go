@@ -76,9 +76,14 @@ type WebhookSourceSettings struct {
 // stored, and a Standard Webhooks secret ("whsec_…") that signs each
 // reply. The API shows header values that are not env:NAME, and the
 // secret, as fingerprints.
+//
+// The headers go only to a preset's API (its api_url) and to Origins
+// ("https://chat.example"): a generic webhook's or a poll's handle url
+// comes with the event.
 type ReplySettings struct {
 	Headers       map[string]string `json:"headers,omitempty"`
 	SigningSecret string            `json:"signing_secret,omitempty"`
+	Origins       []string          `json:"origins,omitempty"`
 }
 
 // RateLimit is an intake rate limit: a token bucket of PerSecond

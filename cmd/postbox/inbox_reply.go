@@ -115,6 +115,9 @@ A reply that is not failed is refused (exit status 1).`)
 		return usagef("inbox reply-retry: takes INBOX, an item ID and the reply's KEY, got %d arguments", fs.NArg())
 	}
 	inbox := fs.Arg(0)
+	if err := checkName("inbox reply-retry", "INBOX", inbox); err != nil {
+		return err
+	}
 	ids, err := itemIDs("inbox reply-retry", fs.Args()[1:2])
 	if err != nil {
 		return err

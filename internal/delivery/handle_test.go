@@ -28,11 +28,15 @@ func testPushDeliveryHandle(t *testing.T, kind storeKind) {
 		{NativeID: "dev", Variant: "pi-1", Type: "t", OccurredAt: time.Now(), Metadata: json.RawMessage(`{"device_id":"pi-1","session_id":"s-1","schema_version":1}`),
 			Payload: json.RawMessage(`{}`)},
 		{NativeID: "none", Type: "t", OccurredAt: time.Now(), Metadata: json.RawMessage(`{"headers":{}}`), Payload: json.RawMessage(`{}`)},
+		{NativeID: "uni", Type: "u", OccurredAt: time.Now(), Metadata: json.RawMessage(`{"headers":{}}`), Payload: json.RawMessage(`{}`),
+			DeliveryHandle: json.RawMessage(`{"kind":"poll","thread":"Grüße \u007f 😀"}`)},
+		{NativeID: "big", Type: "b", OccurredAt: time.Now(), Metadata: json.RawMessage(`{"headers":{}}`), Payload: json.RawMessage(`{}`),
+			DeliveryHandle: json.RawMessage(`{"kind":"poll","thread":"` + strings.Repeat("x", 5000) + `"}`)},
 	}
 	if _, err := e.streams.Append(context.Background(), "devices", evs); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, "three pushes", func() bool { return tg.calls() == 3 })
+	testenv.Eventually(t, 10*time.Second, "five pushes", func() bool { return tg.calls() == 5 })
 	tg.mu.Lock()
 	defer tg.mu.Unlock()
 	got := map[string]string{}
@@ -54,5 +58,14 @@ func testPushDeliveryHandle(t *testing.T, kind storeKind) {
 	}
 	if v, ok := got["t/none"]; !ok || v != "" {
 		t.Errorf("the item without a handle: header %q (all: %v)", v, got)
+	}
+	// In ASCII: what is not, and DEL, escaped; the JSON is the same.
+	var uni map[string]string
+	if v := got["u/uni"]; strings.ContainsFunc(v, func(r rune) bool { return r >= 0x7f }) || json.Unmarshal([]byte(v), &uni) != nil ||
+		uni["thread"] != "Grüße \u007f 😀" {
+		t.Errorf("a handle beyond ASCII: header %q, read as %q", v, uni["thread"])
+	}
+	if v := got["b/big"]; v != "" {
+		t.Errorf("a handle of 5 KB: header of %d bytes, want none", len(v))
 	}
 }

@@ -52,6 +52,7 @@ type Reply struct {
 	Item          int64
 	Key           string
 	Source        string // the item's stream, whose reply settings the reply is sent with
+	Kind          string // the kind of the item's delivery handle
 	URL           string
 	Body          json.RawMessage
 	State         string
@@ -103,18 +104,25 @@ func (d *Delivery) Reply(ctx context.Context, inbox string, id int64, key string
 	if key == "" {
 		key = ReplyKey(body)
 	}
-	if len(key) > maxReplyKey || !utf8.ValidString(key) || strings.ContainsAny(key, "\x00\r\n") {
-		return Reply{}, false, errorf(ErrInvalid, "key: at most %d bytes of UTF-8, no line breaks", maxReplyKey)
+	if len(key) > maxReplyKey || !utf8.ValidString(key) || strings.ContainsAny(key, "\x00\r\n") || key == "." || key == ".." {
+		return Reply{}, false, errorf(ErrInvalid, "key: at most %d bytes of UTF-8, no line breaks, not . or ..", maxReplyKey)
+	}
+	// A reply stored under the key is the answer, whatever changed since.
+	if r, err := d.reply(ctx, inbox, id, key); err == nil {
+		if !bytes.Equal(r.Body, body) {
+			return r, false, errorf(ErrConflict, "key %q: item %d has a reply under this key with another body (give another key for another reply)", key, id)
+		}
+		return r, false, nil
+	} else if !errors.Is(err, ErrNotFound) {
+		return r, false, err
 	}
 	it, err := d.Item(ctx, inbox, id)
 	if err != nil {
 		return Reply{}, false, err
 	}
-	var h replyto.Handle
-	if handle := replyto.Of(it.DeliveryHandle, it.Metadata); len(handle) > 0 {
-		if err := json.Unmarshal(handle, &h); err != nil {
-			return Reply{}, false, errorf(ErrInvalid, "item %d: its delivery handle is not a JSON object: %v", id, err)
-		}
+	h, err := replyto.Parse(replyto.Of(it.DeliveryHandle, it.Metadata))
+	if err != nil {
+		return Reply{}, false, errorf(ErrInvalid, "item %d: cannot reply: %v", id, err)
 	}
 	url, err := replyto.Target(h)
 	if err != nil {
@@ -123,12 +131,19 @@ func (d *Delivery) Reply(ctx context.Context, inbox string, id int64, key string
 	if err := d.cfg.checkTarget(url); err != nil {
 		return Reply{}, false, errorf(ErrInvalid, "item %d: cannot reply to its handle's url: %v", id, err)
 	}
+	set, err := d.replySettings(ctx, it.Stream)
+	if err != nil {
+		return Reply{}, false, err
+	}
+	if err := set.Allows(h.Kind, url); err != nil {
+		return Reply{}, false, errorf(ErrInvalid, "item %d: cannot reply: %v", id, err)
+	}
 	now := d.now().UTC().Truncate(time.Microsecond).Format(sqlitedb.Time)
 	var made bool
 	err = d.update(ctx, func(tx conn) error {
-		res, err := tx.ExecContext(ctx, `INSERT INTO replies (inbox_id, item_id, reply_key, source_id, url, body, state, attempts,
-			next_attempt_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?)
-			ON CONFLICT (item_id, inbox_id, reply_key) DO NOTHING`, inbox, id, key, it.Stream, url, string(body), now, now, now)
+		res, err := tx.ExecContext(ctx, `INSERT INTO replies (inbox_id, item_id, reply_key, source_id, handle_kind, url, body, state,
+			attempts, next_attempt_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?)
+			ON CONFLICT (item_id, inbox_id, reply_key) DO NOTHING`, inbox, id, key, it.Stream, h.Kind, url, string(body), now, now, now)
 		if err != nil {
 			return err
 		}
@@ -157,8 +172,8 @@ func (d *Delivery) Reply(ctx context.Context, inbox string, id int64, key string
 // named so.
 const repliesWake = "\x00replies"
 
-const replyColumns = `reply_id, inbox_id, item_id, reply_key, source_id, url, body, state, attempts, next_attempt_at,
-	last_error, created_at, updated_at`
+const replyColumns = `reply_id, inbox_id, item_id, reply_key, source_id, handle_kind, url, body, state, attempts,
+	next_attempt_at, last_error, created_at, updated_at`
 
 func scanReplies(rows *sql.Rows) ([]Reply, error) {
 	defer rows.Close()
@@ -167,7 +182,7 @@ func scanReplies(rows *sql.Rows) ([]Reply, error) {
 		var r Reply
 		var body, next, created, updated string
 		var last sql.NullString
-		if err := rows.Scan(&r.ID, &r.Inbox, &r.Item, &r.Key, &r.Source, &r.URL, &body, &r.State, &r.Attempts, &next,
+		if err := rows.Scan(&r.ID, &r.Inbox, &r.Item, &r.Key, &r.Source, &r.Kind, &r.URL, &body, &r.State, &r.Attempts, &next,
 			&last, &created, &updated); err != nil {
 			return nil, err
 		}
@@ -222,24 +237,19 @@ func (d *Delivery) Replies(ctx context.Context, inbox string, id int64) ([]Reply
 // replyLog reads the attempt log of each of rs.
 func (d *Delivery) replyLog(ctx context.Context, rs []Reply) error {
 	for i := range rs {
-		rows, err := d.db.QueryContext(ctx, `SELECT attempt_id, attempt, attempted_at, endpoint_url, status_code, latency_us, error,
-			response_excerpt FROM reply_attempts WHERE reply_id = ? ORDER BY attempt_id`, rs[i].ID)
+		rows, err := d.db.QueryContext(ctx, `SELECT a.attempt_id, r.item_id, r.inbox_id, a.attempt, a.attempted_at, a.endpoint_url,
+			a.status_code, a.latency_us, a.error, a.response_excerpt FROM reply_attempts a JOIN replies r ON r.reply_id = a.reply_id
+			WHERE a.reply_id = ? ORDER BY a.attempt_id`, rs[i].ID)
 		if err != nil {
 			return fmt.Errorf("attempts of reply %d: %w", rs[i].ID, err)
 		}
 		rs[i].Log = []Attempt{}
 		for rows.Next() {
-			a := Attempt{Item: rs[i].Item, Inbox: rs[i].Inbox}
-			var at string
-			var latency int64
-			var errText, excerpt sql.NullString
-			if err := rows.Scan(&a.ID, &a.Number, &at, &a.URL, &a.Status, &latency, &errText, &excerpt); err != nil {
+			a, err := scanAttempt(rows)
+			if err != nil {
 				rows.Close()
-				return fmt.Errorf("attempts of reply %d: %w", rs[i].ID, err)
+				return fmt.Errorf("reply %d: %w", rs[i].ID, err)
 			}
-			a.At, _ = sqlitedb.ParseTime(at)
-			a.Latency = time.Duration(latency) * time.Microsecond
-			a.Error, a.Excerpt = errText.String, excerpt.String
 			rs[i].Log = append(rs[i].Log, a)
 		}
 		rows.Close()
@@ -281,6 +291,9 @@ func (d *Delivery) RetryReply(ctx context.Context, inbox string, item int64, key
 
 // replyWorkers is how many replies a process sends at once.
 const replyWorkers = 8
+
+// replySettleTimeout bounds the recording of a reply's attempt.
+const replySettleTimeout = 30 * time.Second
 
 // runReplies sends the due replies until ctx ends: it leases them as
 // workers are free, sends each with its source's reply settings, and
@@ -341,7 +354,8 @@ func (d *Delivery) runReplies(ctx context.Context) {
 func (d *Delivery) leaseReplies(ctx context.Context, n int) (_ []Reply, token string, _ error) {
 	now := d.now().UTC()
 	at := now.Truncate(time.Microsecond).Format(sqlitedb.Time)
-	until := now.Add(2*d.cfg.HandlerTimeout + 10*time.Second).Format(sqlitedb.Time)
+	// The lease outlasts the attempt and its settle, however slow.
+	until := now.Add(d.cfg.HandlerTimeout + replySettleTimeout + 10*time.Second).Format(sqlitedb.Time)
 	token = newToken()
 	skip := ``
 	if d.pg {
@@ -370,8 +384,18 @@ func (d *Delivery) sendReply(ctx context.Context, r Reply, token string) {
 	hctx, cancel := context.WithTimeout(ctx, ep.timeout)
 	err := d.postReply(hctx, r, rec)
 	cancel()
-	if err != nil && ctx.Err() != nil {
-		return // stopping: the lease expires and the reply is sent again, this attempt counted
+	if err != nil && ctx.Err() != nil { // stopping: the attempt is cut short, and not counted
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), replySettleTimeout)
+		defer cancel()
+		if err := d.update(hctx, func(tx conn) error {
+			_, err := tx.ExecContext(hctx, `UPDATE replies SET lease_token = NULL, lease_expires_at = NULL, attempts = attempts - 1
+				WHERE reply_id = ? AND lease_token = ?`, r.ID, token)
+			return err
+		}); err != nil {
+			d.log.Warn("delivery: handing back a reply cut short failed; it is sent again when its lease expires", "inbox", r.Inbox,
+				"item", r.Item, "key", r.Key, "err", err)
+		}
+		return
 	}
 	rec.Latency = time.Since(start)
 	state, next := ReplyCompleted, time.Time{}
@@ -383,7 +407,7 @@ func (d *Delivery) sendReply(ctx context.Context, r Reply, token string) {
 			state, next = ReplyPending, d.now().Add(d.delay(ep, min(o.After, ep.most))(r.Attempts))
 		}
 	}
-	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), replySettleTimeout)
 	defer scancel()
 	if serr := d.settleReply(sctx, r.ID, token, state, next, rec); serr != nil {
 		d.log.Error("delivery: recording a reply's attempt failed; it is sent again when its lease expires", "inbox", r.Inbox,
@@ -405,16 +429,29 @@ func (d *Delivery) sendReply(ctx context.Context, r Reply, token string) {
 	}
 }
 
+// replySettings returns the reply settings of source.
+func (d *Delivery) replySettings(ctx context.Context, source string) (replyto.Settings, error) {
+	if d.cfg.ReplySettings == nil {
+		return replyto.Settings{}, nil
+	}
+	set, err := d.cfg.ReplySettings(ctx, source)
+	if err != nil {
+		return set, fmt.Errorf("reply settings of source %s: %w", source, err)
+	}
+	return set, nil
+}
+
 // postReply POSTs r's body to its url with its source's reply settings:
-// their headers (env:NAME read now) and, with a signing secret, a
-// Standard Webhooks signature whose webhook-id is reply_ID.
+// their headers (env:NAME read now), when they may go there, and, with a
+// signing secret, a Standard Webhooks signature whose webhook-id is
+// reply_ID.
 func (d *Delivery) postReply(ctx context.Context, r Reply, rec *Attempt) error {
-	var set replyto.Settings
-	if d.cfg.ReplySettings != nil {
-		var err error
-		if set, err = d.cfg.ReplySettings(ctx, r.Source); err != nil {
-			return fmt.Errorf("reply settings of source %s: %w", r.Source, err)
-		}
+	set, err := d.replySettings(ctx, r.Source)
+	if err != nil {
+		return err
+	}
+	if err := set.Allows(r.Kind, r.URL); err != nil {
+		return retry.Permanent(err) // the settings changed since the reply was stored
 	}
 	h, err := set.Header(d.cfg.LookupEnv)
 	if err != nil {

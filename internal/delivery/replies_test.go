@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -100,12 +101,15 @@ func TestReplies(t *testing.T) { eachStore(t, testReplies) }
 
 func testReplies(t *testing.T, kind storeKind) {
 	env := map[string]string{"GH_TOKEN": "Bearer t0ken"}
+	var origins atomic.Value // []string: where the headers may go for handles whose url comes with the event
+	origins.Store([]string(nil))
 	e := setup(t, kind, delivery.Config{RetryBaseDelay: time.Second, RetryMaxDelay: time.Second, Jitter: retry.NoJitter, MaxAttempts: 2,
 		ReplySettings: func(_ context.Context, source string) (replyto.Settings, error) {
 			if source != "devices" {
 				return replyto.Settings{}, errors.New("asked for the settings of " + source)
 			}
-			return replyto.Settings{Headers: map[string]string{"Authorization": "env:GH_TOKEN"}, SigningSecret: secretA}, nil
+			return replyto.Settings{Headers: map[string]string{"Authorization": "env:GH_TOKEN"}, SigningSecret: secretA,
+				Origins: origins.Load().([]string)}, nil
 		},
 		LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok },
 	})
@@ -155,6 +159,13 @@ func testReplies(t *testing.T, kind storeKind) {
 	// again by RetryReply.
 	down := newReplyTarget(t, http.StatusInternalServerError, http.StatusInternalServerError, http.StatusOK)
 	it2 := e.replyItem(t, "issue-2", `{"kind":"webhook","url":"`+down.URL+`/hook"}`, `{}`)
+	// A webhook handle's url comes with the event: the source's headers go
+	// there only when its origin is among the reply settings' origins.
+	if _, _, err := e.d.Reply(ctx, it2.Inbox, it2.ID, "", json.RawMessage(`{"ok":true}`)); !errors.Is(err, delivery.ErrInvalid) ||
+		!strings.Contains(err.Error(), "settings.reply.origins") {
+		t.Fatalf("a reply with headers to an origin not listed: %v, want ErrInvalid naming settings.reply.origins", err)
+	}
+	origins.Store([]string{"https://elsewhere.example", down.URL})
 	if _, _, err := e.d.Reply(ctx, it2.Inbox, it2.ID, "", json.RawMessage(`{"ok":true}`)); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf16"
 
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/forwarded"
@@ -718,6 +719,64 @@ func idempotencyKey(device, eventID string) string {
 // excerptSize is how much of a target's answer an attempt records.
 const excerptSize = 1024
 
+// deliveryHandle is the value of api.HeaderDeliveryHandle for an item whose
+// stored handle is handle, of the device deviceID's session sessionID
+// (read from its metadata) when it is a device's: its handle compact
+// (replyto.Of) and in ASCII (what is not, and DEL, as \u escapes: a header
+// value holds no DEL, and receivers read other bytes as Latin-1); "" for
+// none, and for one over maxHandleHeader bytes (many servers refuse a
+// request whose headers are over 8 KiB).
+func deliveryHandle(handle json.RawMessage, deviceID, sessionID string) string {
+	if len(handle) > 0 && !bytes.Equal(handle, []byte("null")) {
+		var c bytes.Buffer
+		if json.Compact(&c, handle) != nil {
+			return ""
+		}
+		v := asciiJSON(c.Bytes())
+		if len(v) > maxHandleHeader {
+			return ""
+		}
+		return v
+	}
+	if deviceID != "" {
+		return asciiJSON(replyto.Device(deviceID, sessionID))
+	}
+	return ""
+}
+
+// maxHandleHeader bounds the X-Postbox-Delivery-Handle header a push
+// carries; a larger handle is left out (the item, pulled, shows it).
+const maxHandleHeader = 4096
+
+// asciiJSON returns compact JSON b with every rune that is not printable
+// ASCII (in a string: outside one there is none) written as a \u escape,
+// a pair of them beyond the BMP.
+func asciiJSON(b []byte) string {
+	plain := true
+	for _, c := range b {
+		if c >= 0x7f {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return string(b)
+	}
+	out := make([]byte, 0, len(b)+32)
+	for _, r := range string(b) {
+		switch {
+		case r < 0x7f:
+			out = append(out, byte(r))
+		case r > 0xffff:
+			r1, r2 := utf16.EncodeRune(r)
+			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+		default:
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+	}
+	return string(out)
+}
+
 // send POSTs an item's payload to ep's URL and returns the attempt to
 // record: 2xx completes the item; any other status, a timeout or a
 // refused connection is a failed attempt; 410 Gone dead-letters it;
@@ -728,24 +787,6 @@ const excerptSize = 1024
 // headers and, when it has secrets, a Standard Webhooks signature:
 // webhook-id (item_ID, the same at every attempt), webhook-timestamp (this
 // attempt's) and webhook-signature (one per live secret).
-// deliveryHandle is the value of api.HeaderDeliveryHandle for an item whose
-// stored handle is handle, of the device deviceID's session sessionID
-// (read from its metadata) when it is a device's: its handle compact
-// (replyto.Of), "" for none.
-func deliveryHandle(handle json.RawMessage, deviceID, sessionID string) string {
-	if len(handle) > 0 && !bytes.Equal(handle, []byte("null")) {
-		var c bytes.Buffer
-		if json.Compact(&c, handle) != nil {
-			return ""
-		}
-		return c.String()
-	}
-	if deviceID != "" {
-		return string(replyto.Device(deviceID, sessionID))
-	}
-	return ""
-}
-
 func (d *Delivery) send(ctx context.Context, ep *endpoint, it *Item) (*Attempt, error) {
 	now := d.now()
 	rec := &Attempt{Item: it.ID, Number: it.Attempts, At: now.UTC().Truncate(time.Microsecond), URL: ep.url}

@@ -46,15 +46,50 @@ const (
 // settings): the headers a reply carries, a value "env:NAME" read from
 // the environment variable NAME at each attempt and never stored, and a
 // Standard Webhooks secret ("whsec_…") that signs each reply.
+//
+// The headers go only where the source's settings, not its senders, say:
+// to a preset's API (the url of a github or stripe handle is built from
+// the source's api_url) and to Origins. A generic webhook's or a poll's
+// handle url comes with the data, so a reply with headers to one goes
+// only to an origin listed in Origins ("https://chat.example").
 type Settings struct {
 	Headers       map[string]string `json:"headers,omitempty"`
 	SigningSecret string            `json:"signing_secret,omitempty"`
+	Origins       []string          `json:"origins,omitempty"`
+}
+
+// maxOrigins bounds Settings.Origins.
+const maxOrigins = 16
+
+// Allows reports whether a reply with s's headers may go to url of a
+// handle of kind, and when not, an error saying what to change.
+func (s Settings) Allows(kind, target string) error {
+	if len(s.Headers) == 0 || kind == KindGitHub || kind == KindStripe {
+		return nil
+	}
+	origin := originOf(target)
+	for _, o := range s.Origins {
+		if strings.EqualFold(strings.TrimRight(o, "/"), origin) {
+			return nil
+		}
+	}
+	return fmt.Errorf("the handle's url %.200q is not at an origin of the source's settings.reply.origins, and the source's reply headers go only there: add %q to them if it is yours (a %s handle's url comes with the event, from its sender)", target, origin, kind)
+}
+
+// originOf returns scheme://host[:port] of a URL, lower case.
+func originOf(target string) string {
+	u, err := url.Parse(target)
+	if err != nil {
+		return ""
+	}
+	return strings.ToLower(u.Scheme + "://" + u.Host)
 }
 
 // refused are headers reply settings may not set: hop-by-hop, what
 // describes the body, and what postbox sets itself.
 var refused = []string{
-	"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "host",
+	"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding",
+	"upgrade", "host",
 	"content-length", "content-type", "content-encoding", "expect", "idempotency-key", "user-agent",
 }
 
@@ -64,7 +99,12 @@ func (s Settings) Validate(prefix string) error {
 	if len(s.Headers) > maxHeaders {
 		return fmt.Errorf("%s.headers: %d headers, at most %d", prefix, len(s.Headers), maxHeaders)
 	}
+	seen := make(map[string]string, len(s.Headers))
 	for name, v := range s.Headers {
+		if other, dup := seen[http.CanonicalHeaderKey(name)]; dup {
+			return fmt.Errorf("%s.headers: %s and %s are one header", prefix, other, name)
+		}
+		seen[http.CanonicalHeaderKey(name)] = name
 		if !httpguts.ValidHeaderFieldName(name) {
 			return fmt.Errorf("%s.headers: %q is not a header name", prefix, name)
 		}
@@ -82,6 +122,16 @@ func (s Settings) Validate(prefix string) error {
 		}
 		if len(v) > maxHeaderValue || strings.ContainsAny(v, "\r\n\x00") {
 			return fmt.Errorf("%s.headers.%s: at most %d bytes, no line breaks", prefix, name, maxHeaderValue)
+		}
+	}
+	if len(s.Origins) > maxOrigins {
+		return fmt.Errorf("%s.origins: %d, at most %d", prefix, len(s.Origins), maxOrigins)
+	}
+	for _, o := range s.Origins {
+		u, err := url.Parse(o)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
+			strings.TrimRight(u.Path, "/") != "" || u.RawQuery != "" || u.Fragment != "" {
+			return fmt.Errorf("%s.origins: %.200q: want an origin, scheme://host[:port], e.g. https://chat.example", prefix, o)
 		}
 	}
 	if s.SigningSecret != "" {

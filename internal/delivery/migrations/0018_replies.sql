@@ -9,6 +9,7 @@ CREATE TABLE replies (
   item_id          INTEGER NOT NULL,
   reply_key        TEXT NOT NULL,
   source_id        TEXT NOT NULL,             -- the item's stream: its reply settings sign and authorise it
+  handle_kind      TEXT NOT NULL,             -- the kind of the item's delivery handle
   url              TEXT NOT NULL,
   body             TEXT NOT NULL,             -- JSON
   state            TEXT NOT NULL,             -- pending, completed, failed (a dead letter)

@@ -6,6 +6,7 @@ CREATE TABLE replies (
   item_id          BIGINT NOT NULL,
   reply_key        TEXT NOT NULL,
   source_id        TEXT NOT NULL,
+  handle_kind      TEXT NOT NULL,             -- the kind of the item's delivery handle
   url              TEXT NOT NULL,
   body             TEXT NOT NULL,
   state            TEXT NOT NULL,
