@@ -747,15 +747,20 @@ func handleMembers(h map[string]string) []handleMember {
 	return out
 }
 
+// maxHandleMember bounds the value a handle's member takes from an item:
+// a handle is stored with every event and sent in a header with every
+// push.
+const maxHandleMember = 1024
+
 // handleOf returns the delivery handle of item (valid JSON):
 // {"kind":"poll"} and each member whose pointer finds a value other than
-// null, compact; nil when none does.
+// null of at most maxHandleMember bytes, compact; nil when none does.
 func handleOf(members []handleMember, item []byte) json.RawMessage {
 	var b []byte
 	for _, m := range members {
 		v, ok, _ := m.ptr.Find(item)
 		v = bytes.TrimSpace(v)
-		if !ok || len(v) == 0 || bytes.Equal(v, []byte("null")) {
+		if !ok || len(v) == 0 || len(v) > maxHandleMember || bytes.Equal(v, []byte("null")) {
 			continue
 		}
 		if b == nil {
