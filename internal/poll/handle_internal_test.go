@@ -24,7 +24,8 @@ func TestPollHandle(t *testing.T) {
 		{"id":1,"type":"t","links":{"reply":"https://chat.example/r/1"},"thread":{"id": 7, "name": "a b"},"meta":{"chan":["c1","c2"]}},
 		{"id":2,"type":"t","thread":"t2","links":null},
 		{"id":3,"type":"t","thread":null},
-		{"id":4,"type":"t","links":{"reply":"not a url"}}]}`
+		{"id":4,"type":"t","links":{"reply":"not a url"}},
+		{"id":5,"type":"t","thread":"t5","links":{"reply":"https://chat.example/` + strings.Repeat("x", 1100) + `"}}]}`
 	pg, err := p.decode([]byte(body))
 	if err != nil {
 		t.Fatal(err)
@@ -34,6 +35,7 @@ func TestPollHandle(t *testing.T) {
 		`{"kind":"poll","thread":"t2"}`,
 		``,
 		`{"kind":"poll","url":"not a url"}`,
+		`{"kind":"poll","thread":"t5"}`, // the url is over 1 KiB
 	}
 	if len(pg.events) != len(want) {
 		t.Fatalf("%d events, want %d", len(pg.events), len(want))
