@@ -411,7 +411,7 @@ func (d *Delivery) attempt(actx context.Context, j job) {
 	}
 	if err == nil { // the acker acks a batch of completions in one transaction
 		d.completions <- completion{inbox: j.inbox, lease: j.lease, id: j.item.ID, attempts: j.item.Attempts, took: took, rec: rec,
-			event: eventRef{j.item.Stream, j.item.EventID, j.item.Type, j.item.Offset}}
+			event: eventRef{j.item.Stream, j.item.EventID, j.item.Type, j.item.Offset}, ordered: j.item.OrderKey != nil}
 		return
 	}
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -510,6 +510,7 @@ type completion struct {
 	took         time.Duration
 	rec          *Attempt // the endpoint's attempt to record; nil: none
 	event        eventRef // for the log
+	ordered      bool     // the item has an order key: its ack frees the key's next item
 }
 
 // eventRef is the identity of an item's event, for the log lines of its
@@ -609,6 +610,7 @@ func (d *Delivery) ackBatch(batch []completion) {
 			left = append(left, onceAt[i])
 		}
 	}
+	d.freeKeys(batch)
 	for i, c := range batch {
 		if fast[i] {
 			d.cfg.Metrics.settled(c.inbox, StateCompleted, 1)
@@ -648,6 +650,19 @@ func (d *Delivery) ackBatch(batch []completion) {
 			} else {
 				d.attempted(jb, sts[i].results[j:j+1], nil, nil, c.took)
 			}
+		}
+	}
+}
+
+// freeKeys wakes the dispatchers of the inboxes of a batch's items that
+// have an order key: the next item of each key may go now, and nothing
+// else tells a dispatcher that found none free.
+func (d *Delivery) freeKeys(batch []completion) {
+	var last string
+	for _, c := range batch {
+		if c.ordered && c.inbox != last {
+			d.inboxes.notify(c.inbox)
+			last = c.inbox
 		}
 	}
 }
