@@ -60,6 +60,9 @@ type Item struct {
 	FailedAt       *time.Time      `json:"failed_at"`
 	ReplayedAt     *time.Time      `json:"replayed_at"`
 	Replays        int             `json:"replays"`
+	// OrderKey is the item's key in an ordered subscription; null in an
+	// unordered one.
+	OrderKey *string `json:"order_key"`
 
 	// LastErrorPast is true when the item was completed after LastError:
 	// the error is history, from an earlier attempt, not its state.
