@@ -193,7 +193,9 @@ func keyText(v json.RawMessage) string {
 // subscription is taken only when no other item of its key is
 // processing, no earlier one is pending, and no earlier one failed unless
 // its subscription skips dead letters. Each NOT EXISTS is one seek of
-// inbox_items_by_order_key. Only the first unfinished item of a key
+// inbox_items_by_order_key (state <> 'completed' lets the planner use
+// that partial index); the first is the one that turns away the items
+// behind the first of their key. Only the first unfinished item of a key
 // passes, so one statement takes at most one item of a key, and while it
 // is processing the key's next waits.
 //
@@ -216,11 +218,11 @@ func keyText(v json.RawMessage) string {
 // snapshot. No lock is held beyond the lease's own transaction.
 const orderFree = ` AND (order_key IS NULL OR (
 	NOT EXISTS (SELECT 1 FROM inbox_items k WHERE k.subscription_uid = inbox_items.subscription_uid
-		AND k.order_key = inbox_items.order_key AND k.state = 'processing' AND k.item_id <> inbox_items.item_id)
+		AND k.order_key = inbox_items.order_key AND k.state = 'pending' AND k."offset" < inbox_items."offset" AND k.state <> 'completed')
 	AND NOT EXISTS (SELECT 1 FROM inbox_items k WHERE k.subscription_uid = inbox_items.subscription_uid
-		AND k.order_key = inbox_items.order_key AND k.state = 'pending' AND k."offset" < inbox_items."offset")
+		AND k.order_key = inbox_items.order_key AND k.state = 'processing' AND k.item_id <> inbox_items.item_id AND k.state <> 'completed')
 	AND (NOT EXISTS (SELECT 1 FROM inbox_items k WHERE k.subscription_uid = inbox_items.subscription_uid
-			AND k.order_key = inbox_items.order_key AND k.state = 'failed' AND k."offset" < inbox_items."offset")
+			AND k.order_key = inbox_items.order_key AND k.state = 'failed' AND k."offset" < inbox_items."offset" AND k.state <> 'completed')
 		OR inbox_items.subscription_uid IN (SELECT subscription_uid FROM subscriptions WHERE inbox_id = ?4 AND on_dead_letter = 'skip'))))`
 
 // Held is what holds back the keys of an ordered subscription.
@@ -246,7 +248,7 @@ func (d *Delivery) Held(ctx context.Context, s Subscription) (Held, error) {
 	var oldest *string
 	err := d.db.QueryRowContext(ctx, `SELECT count(DISTINCT order_key), min(waiting) FROM (
 		SELECT h.order_key, (SELECT w.created_at FROM inbox_items w WHERE w.subscription_uid = h.subscription_uid
-			AND w.order_key = h.order_key AND w.state = 'pending' AND w."offset" > h."offset" ORDER BY w."offset" LIMIT 1) AS waiting
+			AND w.order_key = h.order_key AND w.state = 'pending' AND w.state <> 'completed' AND w."offset" > h."offset" ORDER BY w."offset" LIMIT 1) AS waiting
 		FROM inbox_items h WHERE h.inbox_id = ?1 AND h.subscription_uid = ?2 AND h.order_key IS NOT NULL
 			AND ((h.state = 'failed' AND ?3) OR (h.state = 'pending' AND h.attempts > 0 AND h.next_attempt_at > ?4))) AS held
 		WHERE waiting IS NOT NULL`, s.Inbox, s.UID, s.OnDeadLetter != OnDeadLetterSkip, d.now().UTC().Format(sqlitedb.Time)).Scan(&h.Keys, &oldest)

@@ -7,8 +7,9 @@ ALTER TABLE subscriptions ADD COLUMN on_dead_letter TEXT;
 -- The key of an item of an ordered subscription, computed when the item
 -- is made; NULL for the items of an unordered one.
 ALTER TABLE inbox_items ADD COLUMN order_key TEXT;
--- A lease asks, for each item it could take, whether another item of
--- its key is processing, or an earlier one pending or failed: three seeks
--- of this index. Items of unordered subscriptions are not in it.
+-- A lease asks, for each item it could take, whether an earlier item of
+-- its key is pending or failed, or another one processing: seeks of this
+-- index. It holds the unfinished items of ordered subscriptions only:
+-- completed ones (kept for the retention) leave it.
 CREATE INDEX inbox_items_by_order_key ON inbox_items (subscription_uid, order_key, state, "offset")
-  WHERE order_key IS NOT NULL;
+  WHERE order_key IS NOT NULL AND state <> 'completed';
