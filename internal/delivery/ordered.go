@@ -190,40 +190,52 @@ func keyText(v json.RawMessage) string {
 
 // orderFree ends the WHERE of a lease's choice of items (written over
 // inbox_items, unaliased, of inbox ?4): an item of an ordered
-// subscription is taken only when no other item of its key is
-// processing, no earlier one is pending, and no earlier one failed unless
-// its subscription skips dead letters. Each NOT EXISTS is one seek of
-// inbox_items_by_order_key (state <> 'completed' lets the planner use
-// that partial index); the first is the one that turns away the items
-// behind the first of their key. Only the first unfinished item of a key
-// passes, so one statement takes at most one item of a key, and while it
-// is processing the key's next waits.
+// subscription is taken only when the item before it of its key (by
+// offset) is completed, or failed in a subscription that skips dead
+// letters, or there is none; no other item of its key is processing; and
+// no earlier one that an operator replayed is pending. The first is a
+// step back in inbox_items_by_order_key and a read of that row, the others
+// seeks in inbox_items_processing_by_key and inbox_items_replayed_by_key,
+// small indexes of the items under way and of replayed ones that wait: no
+// index a lease or an ack writes holds more than those.
+//
+// Items of a key complete in offset order, so the item before is the
+// last of the key not yet completed when it is not completed itself:
+// only the first unfinished item of a key passes, one statement takes at
+// most one item of a key, and while it is processing the key's next
+// waits. Only an operator's replay (of a completed item, or of a dead
+// letter under skip) makes an item pending again behind completed ones:
+// such an item has replays > 0, and holds back the pending items of its
+// key after it until it completed again, through the third check.
 //
 // On PostgreSQL, where leases of several processes run at once under
 // READ COMMITTED, the statement sees the items as they were when it
 // started (its snapshot) and locks the rows it takes with FOR UPDATE SKIP
 // LOCKED, re-reading each (EvalPlanQual) before it takes it: a row that
 // another lease took meanwhile is locked (skipped) or no longer pending
-// (dropped). Two leases L1 and L2 that take items A < B of one key would
-// need B free in L2's snapshot, so A not pending there, and A pending in
-// L1's: A became pending after L2's snapshot and before L1's. Ways into
-// pending are a nack or expired lease of A (then A was processing, and B
-// was not free for L2), the materialisation of A (offsets of a
-// subscription are made in order, by its one loop: A, earlier, was made
-// first) and an operator's replay of A after it completed or failed. Only
-// the last can race, and only within the few milliseconds between two
-// statements' snapshots; the replayed item then goes out beside B rather
-// than after it. Every other interleaving either finds the other lease's
-// row locked, re-reads it as processing, or sees it processing in its
-// snapshot. No lock is held beyond the lease's own transaction.
+// (dropped). Two leases L1 and L2 that take items A < B of one key:
+// L2 found B's predecessor completed and no replayed item before B
+// pending, so A was not pending in L2's snapshot (the items before a
+// completed one are completed, unless replayed); L1 found A pending and
+// B not processing. A became pending between the two snapshots, and only
+// an operator's replay makes an item before a completed one pending: a
+// race of a few milliseconds, documented. Every other interleaving has
+// one lease find the other's row locked, re-read it as processing, or see
+// it processing or pending in its snapshot: a lease of B that commits
+// before L1's snapshot shows B processing to L1; one that commits after
+// it found A completed, and A completed before L1's snapshot is not
+// pending in it. No lock is held beyond the lease's own transaction, and
+// none per key.
 const orderFree = ` AND (order_key IS NULL OR (
-	NOT EXISTS (SELECT 1 FROM inbox_items k WHERE k.subscription_uid = inbox_items.subscription_uid
-		AND k.order_key = inbox_items.order_key AND k.state = 'pending' AND k."offset" < inbox_items."offset" AND k.state <> 'completed')
+	coalesce((SELECT k.state = 'completed' OR k.state = 'failed' AND k.subscription_uid IN
+			(SELECT subscription_uid FROM subscriptions WHERE inbox_id = ?4 AND on_dead_letter = 'skip')
+		FROM inbox_items k WHERE k.subscription_uid = inbox_items.subscription_uid AND k.order_key = inbox_items.order_key
+			AND k."offset" < inbox_items."offset"
+		ORDER BY k."offset" DESC LIMIT 1), TRUE)
 	AND NOT EXISTS (SELECT 1 FROM inbox_items k WHERE k.subscription_uid = inbox_items.subscription_uid
-		AND k.order_key = inbox_items.order_key AND k.state = 'processing' AND k.item_id <> inbox_items.item_id AND k.state <> 'completed')
-	AND (NOT EXISTS (SELECT 1 FROM inbox_items k WHERE k.subscription_uid = inbox_items.subscription_uid
-			AND k.order_key = inbox_items.order_key AND k.state = 'failed' AND k."offset" < inbox_items."offset" AND k.state <> 'completed')
-		OR inbox_items.subscription_uid IN (SELECT subscription_uid FROM subscriptions WHERE inbox_id = ?4 AND on_dead_letter = 'skip'))))`
+		AND k.order_key = inbox_items.order_key AND k.state = 'processing' AND k.item_id <> inbox_items.item_id)
+	AND NOT EXISTS (SELECT 1 FROM inbox_items k WHERE k.subscription_uid = inbox_items.subscription_uid
+		AND k.order_key = inbox_items.order_key AND k.replays > 0 AND k.state = 'pending' AND k."offset" < inbox_items."offset")))`
 
 // Held is what holds back the keys of an ordered subscription.
 type Held struct {
@@ -236,22 +248,36 @@ type Held struct {
 	Oldest time.Time
 }
 
-// Held reports what holds back the keys of subscription uid (zero for an
-// unordered one). It reads the subscription's dead letters and the
-// pending items of its inbox: asked for by the API and a scrape, not by
-// delivery.
+// Held reports what holds back the keys of s (zero for an unordered
+// subscription). It reads the dead letters of s and the pending items of
+// its inbox, and for each that failed a step of inbox_items_by_order_key:
+// for the API, when asked, not for delivery.
 func (d *Delivery) Held(ctx context.Context, s Subscription) (Held, error) {
 	var h Held
 	if s.OrderBy == "" {
 		return h, nil
 	}
+	// On SQLite, +subscription_uid keeps the planner off the order key
+	// index (every item of the subscription, completed ones too): the
+	// heads are read from the dead letters and from the inbox's pending
+	// items.
+	sub := `+h.subscription_uid`
+	if d.pg {
+		sub = `h.subscription_uid`
+	}
+	head := func(where string) string {
+		return `SELECT h.order_key, (SELECT CASE WHEN w.state = 'pending' THEN w.created_at END FROM inbox_items w
+			WHERE w.subscription_uid = h.subscription_uid AND w.order_key = h.order_key AND w."offset" > h."offset"
+			ORDER BY w."offset" LIMIT 1) AS waiting
+		FROM inbox_items h WHERE ` + where + ` AND ` + sub + ` = ?2`
+	}
+	heads := head(`h.inbox_id = ?1 AND h.state = 'pending' AND h.attempts > 0 AND h.next_attempt_at > ?3`)
+	if s.OnDeadLetter != OnDeadLetterSkip {
+		heads += ` UNION ALL ` + head(`h.state = 'failed'`)
+	}
 	var oldest *string
-	err := d.db.QueryRowContext(ctx, `SELECT count(DISTINCT order_key), min(waiting) FROM (
-		SELECT h.order_key, (SELECT w.created_at FROM inbox_items w WHERE w.subscription_uid = h.subscription_uid
-			AND w.order_key = h.order_key AND w.state = 'pending' AND w.state <> 'completed' AND w."offset" > h."offset" ORDER BY w."offset" LIMIT 1) AS waiting
-		FROM inbox_items h WHERE h.inbox_id = ?1 AND h.subscription_uid = ?2 AND h.order_key IS NOT NULL
-			AND ((h.state = 'failed' AND ?3) OR (h.state = 'pending' AND h.attempts > 0 AND h.next_attempt_at > ?4))) AS held
-		WHERE waiting IS NOT NULL`, s.Inbox, s.UID, s.OnDeadLetter != OnDeadLetterSkip, d.now().UTC().Format(sqlitedb.Time)).Scan(&h.Keys, &oldest)
+	err := d.db.QueryRowContext(ctx, `SELECT count(DISTINCT order_key), min(waiting) FROM (`+heads+`) AS held WHERE waiting IS NOT NULL`,
+		s.Inbox, s.UID, d.now().UTC().Format(sqlitedb.Time)).Scan(&h.Keys, &oldest)
 	if err != nil {
 		return h, fmt.Errorf("held keys of %s: %w", s.Name, err)
 	}

@@ -346,3 +346,53 @@ func TestOrderByInvalid(t *testing.T) {
 		}
 	}
 }
+
+// TestOrderedReplay: under skip, a dead letter replayed while a later
+// item of its key is processing waits for it, then goes before the
+// key's next pending item, which waits for it in turn.
+func TestOrderedReplay(t *testing.T) { eachStore(t, testOrderedReplay) }
+
+func testOrderedReplay(t *testing.T, kind storeKind) {
+	ctx := context.Background()
+	e := setup(t, kind, delivery.Config{})
+	e.create(t, delivery.Subscription{Name: "orders", Source: "devices", Start: stream.Start{Policy: stream.StartEarliest},
+		OrderBy: "/k", OnDeadLetter: delivery.OnDeadLetterSkip})
+	e.appendKeyed(t, keyNames(1), 4)
+	e.waitLag(t, "orders", 0)
+	lease := func(wantSeq ...int) delivery.Lease {
+		t.Helper()
+		l, err := e.d.Lease(ctx, "orders", 10, time.Minute, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []int
+		for _, it := range l.Items {
+			var p struct{ Seq int }
+			json.Unmarshal(it.Payload, &p)
+			got = append(got, p.Seq)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(wantSeq) {
+			t.Fatalf("lease took seqs %v, want %v", got, wantSeq)
+		}
+		return l
+	}
+	ids := func(l delivery.Lease) []int64 { return []int64{l.Items[0].ID} }
+	first := lease(1)
+	if _, err := e.d.NackDead(ctx, "orders", ids(first), first.Token, "poison"); err != nil {
+		t.Fatal(err)
+	}
+	second := lease(2) // skip: the dead letter holds nothing back
+	if _, err := e.d.Replay(ctx, delivery.DeadLetters{ID: first.Items[0].ID}); err != nil {
+		t.Fatal(err)
+	}
+	lease() // seq 2 is processing: the replayed seq 1 waits
+	if _, err := e.d.Ack(ctx, "orders", ids(second), second.Token); err != nil {
+		t.Fatal(err)
+	}
+	again := lease(1) // the replayed one, before seq 3
+	lease()
+	if _, err := e.d.Ack(ctx, "orders", ids(again), again.Token); err != nil {
+		t.Fatal(err)
+	}
+	lease(3)
+}
