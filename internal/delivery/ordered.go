@@ -193,11 +193,13 @@ func keyText(v json.RawMessage) string {
 // subscription is taken only when the item before it of its key (by
 // offset) is completed, or failed in a subscription that skips dead
 // letters, or there is none; no other item of its key is processing; and
-// no earlier one that an operator replayed is pending. The first is a
-// step back in inbox_items_by_order_key and a read of that row, the others
-// seeks in inbox_items_processing_by_key and inbox_items_replayed_by_key,
-// small indexes of the items under way and of replayed ones that wait: no
-// index a lease or an ack writes holds more than those.
+// no earlier one that an operator replayed is pending. The last is a
+// step back in inbox_items_by_order_key and a read of that row, the
+// others seeks in inbox_items_processing_by_key and
+// inbox_items_replayed_by_key, small indexes of the items under way and
+// of replayed ones that wait: no index a lease or an ack writes holds
+// more than those. The seek of the items under way comes first: it turns
+// away at the least cost the items behind a key at work.
 //
 // Items of a key complete in offset order, so the item before is the
 // last of the key not yet completed when it is not completed itself:
@@ -206,7 +208,7 @@ func keyText(v json.RawMessage) string {
 // waits. Only an operator's replay (of a completed item, or of a dead
 // letter under skip) makes an item pending again behind completed ones:
 // such an item has replays > 0, and holds back the pending items of its
-// key after it until it completed again, through the third check.
+// key after it until it completed again, through the second check.
 //
 // On PostgreSQL, where leases of several processes run at once under
 // READ COMMITTED, the statement sees the items as they were when it
@@ -227,15 +229,15 @@ func keyText(v json.RawMessage) string {
 // pending in it. No lock is held beyond the lease's own transaction, and
 // none per key.
 const orderFree = ` AND (order_key IS NULL OR (
-	coalesce((SELECT k.state = 'completed' OR k.state = 'failed' AND k.subscription_uid IN
+	NOT EXISTS (SELECT 1 FROM inbox_items k WHERE k.subscription_uid = inbox_items.subscription_uid
+		AND k.order_key = inbox_items.order_key AND k.state = 'processing' AND k.item_id <> inbox_items.item_id)
+	AND NOT EXISTS (SELECT 1 FROM inbox_items k WHERE k.subscription_uid = inbox_items.subscription_uid
+		AND k.order_key = inbox_items.order_key AND k.replays > 0 AND k.state = 'pending' AND k."offset" < inbox_items."offset")
+	AND coalesce((SELECT k.state = 'completed' OR k.state = 'failed' AND k.subscription_uid IN
 			(SELECT subscription_uid FROM subscriptions WHERE inbox_id = ?4 AND on_dead_letter = 'skip')
 		FROM inbox_items k WHERE k.subscription_uid = inbox_items.subscription_uid AND k.order_key = inbox_items.order_key
 			AND k."offset" < inbox_items."offset"
-		ORDER BY k."offset" DESC LIMIT 1), TRUE)
-	AND NOT EXISTS (SELECT 1 FROM inbox_items k WHERE k.subscription_uid = inbox_items.subscription_uid
-		AND k.order_key = inbox_items.order_key AND k.state = 'processing' AND k.item_id <> inbox_items.item_id)
-	AND NOT EXISTS (SELECT 1 FROM inbox_items k WHERE k.subscription_uid = inbox_items.subscription_uid
-		AND k.order_key = inbox_items.order_key AND k.replays > 0 AND k.state = 'pending' AND k."offset" < inbox_items."offset")))`
+		ORDER BY k."offset" DESC LIMIT 1), TRUE)))`
 
 // Held is what holds back the keys of an ordered subscription.
 type Held struct {
