@@ -141,6 +141,9 @@ type UpdateSubscription struct {
 	// Target is the new target URL; "" removes the target (the inbox is
 	// then left to runtimes that lease it).
 	Target *string
+	// OnDeadLetter, of an ordered subscription, becomes its
+	// on_dead_letter: "block" or "skip".
+	OnDeadLetter *string
 	EndpointSettings
 	// Reset names endpoint settings (their JSON names: "timeout",
 	// "retry_schedule", "secret", ...) to set back to the server's
@@ -170,6 +173,9 @@ func (u UpdateSubscription) MarshalJSON() ([]byte, error) {
 		if *u.Target != "" {
 			fields["target"], _ = json.Marshal(*u.Target)
 		}
+	}
+	if u.OnDeadLetter != nil {
+		fields["on_dead_letter"], _ = json.Marshal(*u.OnDeadLetter)
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)

@@ -325,6 +325,8 @@ export interface UpdateSubscription {
   rate?: string;
   concurrency?: number;
   format?: string;
+  /** Of an ordered subscription: 'block' or 'skip' from now on. */
+  on_dead_letter?: 'block' | 'skip';
 }
 export interface Source {
   name: string;

@@ -784,6 +784,10 @@ type Change struct {
 	// longer signed.
 	Secret        *string
 	SecretOverlap time.Duration
+	// OnDeadLetter, of an ordered subscription, becomes its
+	// OnDeadLetter: skip lets the keys held behind their dead letters go
+	// on at once, block holds the keys whose next item waits behind one.
+	OnDeadLetter *string
 }
 
 // Update applies c to subscription name and to every subscription that
@@ -813,6 +817,23 @@ func (d *Delivery) Update(ctx context.Context, name string, c Change) (Subscript
 	}
 	if c.SecretOverlap < 0 {
 		return old, errorf(ErrInvalid, "secret_overlap %s: want a positive duration", c.SecretOverlap)
+	}
+	if c.OnDeadLetter != nil {
+		switch {
+		case s.OrderBy == "":
+			return old, errorf(ErrInvalid, "on_dead_letter: only for a subscription with order_by")
+		case *c.OnDeadLetter == "":
+			return old, errorf(ErrInvalid, "on_dead_letter \"\": want block or skip")
+		}
+		s.OnDeadLetter = *c.OnDeadLetter
+		if err := s.validOrdering(); err != nil {
+			return old, err
+		}
+		if s.OnDeadLetter != old.OnDeadLetter {
+			if err := d.setOnDeadLetter(ctx, s); err != nil {
+				return old, err
+			}
+		}
 	}
 	now := d.now().UTC().Truncate(time.Microsecond)
 	if c.Secret != nil {

@@ -239,6 +239,23 @@ const orderFree = ` AND (order_key IS NULL OR (
 			AND k."offset" < inbox_items."offset"
 		ORDER BY k."offset" DESC LIMIT 1), TRUE)))`
 
+// setOnDeadLetter stores the OnDeadLetter of s and wakes its inbox: under
+// skip, keys that waited behind a dead letter go on. A lease reads it from
+// the store at each statement.
+func (d *Delivery) setOnDeadLetter(ctx context.Context, s Subscription) error {
+	err := d.update(ctx, func(tx conn) error {
+		_, err := tx.ExecContext(ctx, `UPDATE subscriptions SET on_dead_letter = ? WHERE subscription_uid = ?`, s.OnDeadLetter, s.UID)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("update subscription %s: %w", s.Name, err)
+	}
+	d.broadcast(ctx, "subs")
+	d.inboxes.notify(s.Inbox)
+	d.log.Info("delivery: subscription on_dead_letter set", "subscription", s.Name, "on_dead_letter", s.OnDeadLetter)
+	return nil
+}
+
 // Held is what holds back the keys of an ordered subscription.
 type Held struct {
 	// Keys is how many keys have items waiting behind an earlier item of

@@ -396,3 +396,42 @@ func testOrderedReplay(t *testing.T, kind storeKind) {
 	}
 	lease(3)
 }
+
+// TestOrderedSwitchToSkip: a key held behind its dead letter goes on once
+// the subscription is changed to on_dead_letter skip.
+func TestOrderedSwitchToSkip(t *testing.T) { eachStore(t, testOrderedSwitchToSkip) }
+
+func testOrderedSwitchToSkip(t *testing.T, kind storeKind) {
+	ctx := context.Background()
+	e := setup(t, kind, delivery.Config{})
+	e.create(t, delivery.Subscription{Name: "orders", Source: "devices", Start: stream.Start{Policy: stream.StartEarliest}, OrderBy: "/k"})
+	e.appendKeyed(t, keyNames(1), 2)
+	e.waitLag(t, "orders", 0)
+	l, err := e.d.Lease(ctx, "orders", 10, time.Minute, 0)
+	if err != nil || len(l.Items) != 1 {
+		t.Fatalf("lease: %d items, %v", len(l.Items), err)
+	}
+	if _, err := e.d.NackDead(ctx, "orders", []int64{l.Items[0].ID}, l.Token, "poison"); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := e.d.Lease(ctx, "orders", 10, time.Minute, 0); err != nil || len(l.Items) != 0 {
+		t.Fatalf("a lease behind a dead letter under block took %d items, %v", len(l.Items), err)
+	}
+	for _, bad := range []string{"", "drop"} {
+		if _, err := e.d.Update(ctx, "orders", delivery.Change{OnDeadLetter: &bad}); !errors.Is(err, delivery.ErrInvalid) ||
+			!strings.HasPrefix(err.Error(), "on_dead_letter") {
+			t.Fatalf("on_dead_letter %q: %v, want ErrInvalid naming on_dead_letter", bad, err)
+		}
+	}
+	skip := delivery.OnDeadLetterSkip
+	if s, err := e.d.Update(ctx, "orders", delivery.Change{OnDeadLetter: &skip}); err != nil || s.OnDeadLetter != skip {
+		t.Fatalf("update: %+v, %v", s, err)
+	}
+	if s, _ := e.d.Subscription(ctx, "orders"); s.OnDeadLetter != skip {
+		t.Fatalf("stored on_dead_letter %q, want skip", s.OnDeadLetter)
+	}
+	l, err = e.d.Lease(ctx, "orders", 10, time.Minute, 0)
+	if err != nil || len(l.Items) != 1 || l.Items[0].Offset != 2 {
+		t.Fatalf("a lease after the switch to skip: %+v, %v; want the key's second item", l.Items, err)
+	}
+}

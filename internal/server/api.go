@@ -508,17 +508,18 @@ func (s *Server) getSubscription(w http.ResponseWriter, r *http.Request) {
 // and is fixed: create another subscription for another definition.
 func (s *Server) patchSubscription(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		Target json.RawMessage `json:"target"` // null stays "null": absent is empty
+		Target       json.RawMessage `json:"target"` // null stays "null": absent is empty
+		OnDeadLetter *string         `json:"on_dead_letter"`
 		endpointRequest
 	}
 	if !checkName(w, "subscription", r.PathValue("name")) || !decodeBody(w, r, &req, false) {
 		return
 	}
-	if len(req.Target) == 0 && !req.endpointRequest.any() {
-		writeError(w, api.CodeMissingField, "target: required (a URL, or null for none), or an endpoint setting (docs/API.md)")
+	if len(req.Target) == 0 && !req.endpointRequest.any() && req.OnDeadLetter == nil {
+		writeError(w, api.CodeMissingField, "target: required (a URL, or null for none), an endpoint setting or on_dead_letter (docs/API.md)")
 		return
 	}
-	var change delivery.Change
+	change := delivery.Change{OnDeadLetter: req.OnDeadLetter}
 	if len(req.Target) > 0 {
 		var target *string
 		if err := json.Unmarshal(req.Target, &target); err != nil {

@@ -140,6 +140,8 @@ func TestAPIBadInput(t *testing.T) {
 		{"POST", "/v1/inboxes/x/ack", `{"ids":[1],"lease":""}`, 400, "invalid_field", "lease: empty"},
 		{"POST", "/v1/inboxes/x/nack", `{"ids":[1],"lease":"","dead":true}`, 400, "invalid_field", "lease: empty"},
 		{"PATCH", "/v1/subscriptions/webhooks", `{"target":""}`, 400, "invalid_field", "null to remove"},
+		{"PATCH", "/v1/subscriptions/webhooks", `{"on_dead_letter":"skip"}`, 400, "invalid_field", "on_dead_letter: only for a subscription with order_by"},
+		{"PATCH", "/v1/subscriptions/webhooks", `{"on_dead_letter":1}`, 400, "invalid_json", "on_dead_letter"},
 		{"GET", "/v1/streams/devices/events?limit=0", ``, 400, "invalid_field", "limit"},
 		{"POST", "/v1/inboxes/x/extend", `{"ids":[1]}`, 400, "missing_field", "lease"},
 		{"POST", "/v1/subscriptions", `null`, 400, "invalid_json", "null"},

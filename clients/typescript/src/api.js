@@ -33,7 +33,8 @@ export const ROUTES = Object.freeze({
   },
   updateSubscription: {
     method: 'PATCH', path: '/v1/subscriptions/{name}', response: 'Subscription',
-    body: ['target', 'secret', 'secret_overlap', 'headers', 'timeout', 'retry_schedule', 'retry_base_delay', 'retry_max_delay', 'max_attempts', 'rate', 'concurrency', 'format'],
+    body: ['target', 'secret', 'secret_overlap', 'headers', 'timeout', 'retry_schedule', 'retry_base_delay', 'retry_max_delay', 'max_attempts', 'rate', 'concurrency', 'format',
+      'on_dead_letter'],
   },
   deleteSubscription: { method: 'DELETE', path: '/v1/subscriptions/{name}' },
   enableSubscription: { method: 'POST', path: '/v1/subscriptions/{name}/enable', response: 'Subscription' },
