@@ -441,7 +441,7 @@ type Subscription struct {
 	OrderBy string
 	// OnDeadLetter is what a dead letter of a key does to the key's next
 	// items: OnDeadLetterBlock (the default with an OrderBy) or
-	// OnDeadLetterSkip. Set at create.
+	// OnDeadLetterSkip. Update changes it (Change.OnDeadLetter).
 	OnDeadLetter string
 }
 
