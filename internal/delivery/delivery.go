@@ -255,6 +255,10 @@ type Delivery struct {
 	// name): only their next lease looks first whether they are paused
 	// (allPaused), so a lease of a busy inbox makes no extra trip.
 	empty sync.Map
+	// ordered holds the inboxes whose leases took items with an order
+	// key: an ack of their items wakes the leases waiting for them, since
+	// the next item of an acked one's key may go now.
+	ordered sync.Map
 
 	// sample bounds the INFO lines of attempts started and completed: at
 	// most 10 a second of each (logsample).

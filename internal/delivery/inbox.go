@@ -305,6 +305,9 @@ func (d *Delivery) lease(ctx context.Context, inbox string, max int, visibility 
 	} else {
 		d.empty.Delete(inbox)
 	}
+	if len(l.Items) > 0 && l.Items[0].OrderKey != nil {
+		d.ordered.Store(inbox, true)
+	}
 	slices.SortFunc(l.Items, func(a, b Item) int { return int(a.ID - b.ID) })
 	d.cfg.Metrics.leased(inbox, len(l.Items))
 	return l, nil
@@ -432,11 +435,11 @@ type Result struct {
 // hold that lease; without one (an operator), any pending or processing
 // item may be acked. Acking a completed item again changes nothing.
 //
-// It wakes the leases waiting for the inbox's items: in an ordered
-// subscription the next item of an acked item's key may go now.
+// In an inbox whose leases took ordered items it wakes the leases
+// waiting for its items: the next item of an acked one's key may go now.
 func (d *Delivery) Ack(ctx context.Context, inbox string, ids []int64, lease string) ([]Result, error) {
 	res, err := d.settle(ctx, inbox, ids, lease, StateCompleted, complete(ctx))
-	if err == nil {
+	if _, ordered := d.ordered.Load(inbox); ordered && err == nil {
 		d.inboxes.notify(inbox)
 	}
 	return res, err
