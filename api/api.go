@@ -60,13 +60,14 @@ type Item struct {
 	FailedAt       *time.Time      `json:"failed_at"`
 	ReplayedAt     *time.Time      `json:"replayed_at"`
 	Replays        int             `json:"replays"`
-	// OrderKey is the item's key in an ordered subscription; null in an
-	// unordered one.
-	OrderKey *string `json:"order_key"`
 
 	// LastErrorPast is true when the item was completed after LastError:
 	// the error is history, from an earlier attempt, not its state.
 	LastErrorPast bool `json:"last_error_past"`
+
+	// OrderKey is the item's key in an ordered subscription; null in an
+	// unordered one.
+	OrderKey *string `json:"order_key"`
 }
 
 // ItemPage is a page of items (GET /v1/inboxes/{inbox}/items, GET
