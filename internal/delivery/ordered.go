@@ -127,7 +127,7 @@ func (s *Subscription) orderKey(ev *stream.StoredEvent) any {
 	default:
 		v = ev.Payload
 		for _, tok := range strings.Split(by[1:], "/") {
-			if v = jsonAt(v, strings.NewReplacer("~1", "/", "~0", "~").Replace(tok)); v == nil {
+			if v = jsonAt(v, pointerUnescape.Replace(tok)); v == nil {
 				break
 			}
 		}
@@ -139,6 +139,10 @@ func (s *Subscription) orderKey(ev *stream.StoredEvent) any {
 	}
 	return key
 }
+
+// pointerUnescape turns a JSON pointer's reference token into the name
+// it stands for (RFC 6901: ~1 is /, then ~0 is ~).
+var pointerUnescape = strings.NewReplacer("~1", "/", "~0", "~")
 
 // jsonAt returns the member name of the JSON object doc, or the element
 // of index name of the JSON array doc; nil when there is none.

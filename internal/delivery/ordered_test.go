@@ -435,3 +435,31 @@ func testOrderedSwitchToSkip(t *testing.T, kind storeKind) {
 		t.Fatalf("a lease after the switch to skip: %+v, %v; want the key's second item", l.Items, err)
 	}
 }
+
+// TestOrderedInlineItems: items written with their events (InlineHook)
+// carry their order key as the loop's do.
+func TestOrderedInlineItems(t *testing.T) {
+	ctx := context.Background()
+	e := setup(t, sqliteStore, delivery.Config{})
+	e.create(t, delivery.Subscription{Name: "hooked", Source: "devices", OrderBy: "/k"})
+	testenv.Eventually(t, 30*time.Second, "the loop to record its position", func() bool {
+		return e.count(t, `SELECT count(*) FROM positions WHERE subscription_id = 'hooked'`) == 1
+	})
+	fn, err := e.d.InlineHook(ctx, "hooked")
+	if err != nil || fn == nil {
+		t.Fatalf("InlineHook: %v, %v", fn != nil, err)
+	}
+	e.streams.Hook("devices", fn)
+	e.appendKeyed(t, keyNames(3), 2)
+	items, err := e.d.List(ctx, "hooked", "", 0, 100)
+	if err != nil || len(items) != 6 {
+		t.Fatalf("%d items right after the append, %v; want 6 written with their events", len(items), err)
+	}
+	for _, it := range items {
+		var p struct{ K string }
+		json.Unmarshal(it.Payload, &p)
+		if it.OrderKey == nil || *it.OrderKey != p.K {
+			t.Errorf("item at offset %d: order key %v, want %q", it.Offset, it.OrderKey, p.K)
+		}
+	}
+}
