@@ -567,6 +567,7 @@ func (d *Delivery) ack(completions <-chan completion) {
 // lost) then settle the long way, which says why.
 func (d *Delivery) ackBatch(batch []completion) {
 	type group struct{ inbox, lease string }
+	defer d.freeKeys(batch) // once every item of the batch settled
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	nowText := d.now().UTC().Format(sqlitedb.Time)
@@ -610,7 +611,6 @@ func (d *Delivery) ackBatch(batch []completion) {
 			left = append(left, onceAt[i])
 		}
 	}
-	d.freeKeys(batch)
 	for i, c := range batch {
 		if fast[i] {
 			d.cfg.Metrics.settled(c.inbox, StateCompleted, 1)
