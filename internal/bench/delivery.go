@@ -51,9 +51,11 @@ type DeliveryConfig struct {
 	// OrderBy, when set, is the subscription's order_by (ordered delivery
 	// per key; "/order" keys by the payload's order). Keys spreads the
 	// events' payloads over that many orders (o-0, o-1, …) round-robin;
-	// 0: every event is of order o-1.
+	// 0: every event is of order o-1. Runs puts each order's events
+	// together (o-0's, then o-1's, …) instead.
 	OrderBy string
 	Keys    int
+	Runs    bool
 
 	// Baseline also runs, after postbox and with its servers stopped, a
 	// minimal River-style loop on a SQLite file of its own with postbox's
@@ -82,6 +84,7 @@ type DeliveryResult struct {
 	Signed      bool    `json:"signed"` // every request carried a webhook-signature (Secret was set)
 	OrderBy     string  `json:"order_by,omitempty"`
 	Keys        int     `json:"keys,omitempty"`
+	Runs        bool    `json:"runs,omitempty"`
 
 	// BaselineItemsPerSec is the River-style loop's rate (Baseline), and
 	// Ratio ItemsPerSec / BaselineItemsPerSec; zero without a baseline.
@@ -185,7 +188,7 @@ func deliverPostbox(ctx context.Context, cfg DeliveryConfig) (*DeliveryResult, e
 		}
 	}
 	const source = "bench"
-	if err := fill(gctx, srvs[0].Streams(), source, "bench_"+run+"_", cfg.Items, cfg.Keys); err != nil {
+	if err := fill(gctx, srvs[0].Streams(), source, "bench_"+run+"_", cfg.Items, cfg.Keys, cfg.Runs); err != nil {
 		return nil, err
 	}
 	api := addrs[0] + "/v1/subscriptions"
@@ -237,7 +240,7 @@ func deliverPostbox(ctx context.Context, cfg DeliveryConfig) (*DeliveryResult, e
 	}
 	return &DeliveryResult{Store: strings.SplitN(storeSpec, ":", 2)[0], Streams: cfg.StreamsKind, Nodes: cfg.Nodes, Workers: cfg.Workers,
 		Items: cfg.Items, Seconds: took.Seconds(), ItemsPerSec: float64(cfg.Items) / took.Seconds(), Posts: posts.Load(),
-		Signed: cfg.Secret != "", OrderBy: cfg.OrderBy, Keys: cfg.Keys}, nil
+		Signed: cfg.Secret != "", OrderBy: cfg.OrderBy, Keys: cfg.Keys, Runs: cfg.Runs && cfg.Keys > 0}, nil
 }
 
 // ownSchema gives a postgres:// spec without ?schema= the schema schema,
@@ -264,8 +267,9 @@ func ownSchema(spec, schema string) (string, func(context.Context) error) {
 }
 
 // fill appends n small events to source, in batches: their payloads are
-// benchPayload, or with keys > 0 of orders o-0 … o-(keys-1) in turn.
-func fill(ctx context.Context, b stream.Backend, source, prefix string, n, keys int) error {
+// benchPayload, or with keys > 0 of orders o-0 … o-(keys-1) in turn (with
+// runs, each order's events together).
+func fill(ctx context.Context, b stream.Backend, source, prefix string, n, keys int, runs bool) error {
 	if _, err := b.EnsureStream(ctx, source); err != nil {
 		return err
 	}
@@ -275,7 +279,11 @@ func fill(ctx context.Context, b stream.Backend, source, prefix string, n, keys 
 		for ; i < n && len(evs) < cap(evs); i++ {
 			p := payload
 			if keys > 0 {
-				p = json.RawMessage(strings.Replace(benchPayload, `"o-1"`, `"o-`+strconv.Itoa(i%keys)+`"`, 1))
+				order := i % keys
+				if runs {
+					order = i * keys / n
+				}
+				p = json.RawMessage(strings.Replace(benchPayload, `"o-1"`, `"o-`+strconv.Itoa(order)+`"`, 1))
 			}
 			evs = append(evs, stream.Event{NativeID: prefix + strconv.Itoa(i), Type: "bench", OccurredAt: time.Now(),
 				Metadata: json.RawMessage(`{}`), Payload: p})
