@@ -68,6 +68,10 @@ type Item struct {
 	// LastErrorPast is true when the item was completed after LastError:
 	// the error is history, from an earlier attempt, not its state.
 	LastErrorPast bool `json:"last_error_past"`
+
+	// OrderKey is the item's key in an ordered subscription; null in an
+	// unordered one.
+	OrderKey *string `json:"order_key"`
 }
 
 // ItemPage is a page of items (GET /v1/inboxes/{inbox}/items, GET

@@ -11,7 +11,7 @@ import (
 // TestUpdateSubscriptionJSON: a patch sends what it sets, null for what
 // it resets and for an empty target, and nothing else.
 func TestUpdateSubscriptionJSON(t *testing.T) {
-	url, none, timeout, conc := "https://example.com/hook", "", "5s", 4
+	url, none, timeout, conc, skip := "https://example.com/hook", "", "5s", 4, "skip"
 	for _, c := range []struct {
 		name string
 		u    api.UpdateSubscription
@@ -22,6 +22,7 @@ func TestUpdateSubscriptionJSON(t *testing.T) {
 		{"no target", api.UpdateSubscription{Target: &none}, `{"target":null}`},
 		{"settings", api.UpdateSubscription{EndpointSettings: api.EndpointSettings{Timeout: &timeout, Concurrency: &conc}},
 			`{"concurrency":4,"timeout":"5s"}`},
+		{"on_dead_letter", api.UpdateSubscription{OnDeadLetter: &skip}, `{"on_dead_letter":"skip"}`},
 		{"reset", api.UpdateSubscription{EndpointSettings: api.EndpointSettings{Timeout: &timeout}, Reset: []string{"secret", "rate"}},
 			`{"rate":null,"secret":null,"timeout":"5s"}`},
 	} {
@@ -43,7 +44,7 @@ func TestItemRoundTrip(t *testing.T) {
 		`"event_id":"evt-1","type":"t","occurred_at":"2026-11-21T10:00:00Z","source_sequence":null,"stored_at":"2026-11-21T10:00:01Z",` +
 		`"metadata":{"device_id":"pi-7"},"payload":{"a":[1,2]},"delivery_handle":null,"state":"processing","attempts":1,` +
 		`"next_attempt_at":"2026-11-21T10:00:01Z","lease_expires_at":"2026-11-21T10:00:31Z","last_error":null,` +
-		`"created_at":"2026-11-21T10:00:01Z","updated_at":"2026-11-21T10:00:01Z","failed_at":null,"replayed_at":null,"replays":0,"last_error_past":false}`
+		`"created_at":"2026-11-21T10:00:01Z","updated_at":"2026-11-21T10:00:01Z","failed_at":null,"replayed_at":null,"replays":0,"last_error_past":false,"order_key":"o-1"}`
 	var it api.Item
 	if err := json.Unmarshal([]byte(in), &it); err != nil {
 		t.Fatal(err)

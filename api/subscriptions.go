@@ -31,6 +31,18 @@ type Subscription struct {
 	Paused       bool       `json:"paused"`
 	PausedAt     *time.Time `json:"paused_at"`
 	PausedReason *string    `json:"paused_reason"`
+	// OrderBy, when not null, orders the subscription's items per key:
+	// where an event's key comes from (device_id, session_id,
+	// metadata.NAME, header.NAME, or a JSON pointer into the payload such
+	// as /order/id). The items of a key are handed out one at a time, in
+	// offset order. OnDeadLetter says what a dead letter of a key does to
+	// the key's next items: "block" (they wait for an operator) or "skip";
+	// null when the subscription is not ordered.
+	OrderBy      *string `json:"order_by"`
+	OnDeadLetter *string `json:"on_dead_letter"`
+	// Held is what holds back the keys of an ordered subscription; in
+	// the list and a get, nil elsewhere and for an unordered one.
+	Held *SubscriptionHeld `json:"held,omitempty"`
 	// Counts are the subscription's items by state (its share of its
 	// inbox's), as the server keeps them; in the list and a get, nil
 	// elsewhere.
@@ -116,6 +128,10 @@ type CreateSubscription struct {
 	StartOffset int64             `json:"start_offset,omitempty"` // with start at_offset
 	StartTime   string            `json:"start_time,omitempty"`   // with start at_time: RFC 3339
 	Target      string            `json:"target,omitempty"`       // the URL to push items to; "": runtimes lease them
+	// OrderBy orders the items per key (see Subscription.OrderBy);
+	// OnDeadLetter is "block" (the default with OrderBy) or "skip".
+	OrderBy      string `json:"order_by,omitempty"`
+	OnDeadLetter string `json:"on_dead_letter,omitempty"`
 	EndpointSettings
 }
 
@@ -125,6 +141,9 @@ type UpdateSubscription struct {
 	// Target is the new target URL; "" removes the target (the inbox is
 	// then left to runtimes that lease it).
 	Target *string
+	// OnDeadLetter, of an ordered subscription, becomes its
+	// on_dead_letter: "block" or "skip".
+	OnDeadLetter *string
 	EndpointSettings
 	// Reset names endpoint settings (their JSON names: "timeout",
 	// "retry_schedule", "secret", ...) to set back to the server's
@@ -154,6 +173,9 @@ func (u UpdateSubscription) MarshalJSON() ([]byte, error) {
 		if *u.Target != "" {
 			fields["target"], _ = json.Marshal(*u.Target)
 		}
+	}
+	if u.OnDeadLetter != nil {
+		fields["on_dead_letter"], _ = json.Marshal(*u.OnDeadLetter)
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -196,6 +218,18 @@ type Stream struct {
 // StreamList is the answer of GET /v1/streams.
 type StreamList struct {
 	Streams []Stream `json:"streams"`
+}
+
+// SubscriptionHeld is what holds back the keys of an ordered
+// subscription.
+type SubscriptionHeld struct {
+	// Keys is how many keys have items waiting behind an earlier item of
+	// theirs that failed: one waiting for a retry, or a dead letter (with
+	// on_dead_letter block).
+	Keys int64 `json:"keys"`
+	// OldestAt is when the oldest item waiting behind such an item was
+	// made; null when none waits.
+	OldestAt *time.Time `json:"oldest_at"`
 }
 
 // SubscriptionCounts is a subscription's items by state: its share of

@@ -165,6 +165,8 @@ export interface Item {
   replays: number;
   /** True when the item completed after last_error: the error is history. */
   last_error_past: boolean;
+  /** The item's key in an ordered subscription (order_by); null in an unordered one. */
+  order_key: string | null;
 }
 export interface ItemPage {
   items: Item[];
@@ -208,7 +210,20 @@ export interface Subscription {
   paused: boolean;
   paused_at: string | null;
   paused_reason: string | null;
+  /** Ordered delivery per key: where the key comes from; null when unordered. */
+  order_by: string | null;
+  /** With order_by: what a key's dead letter does to its next items. */
+  on_dead_letter: 'block' | 'skip' | null;
+  /** In the list and a get of an ordered subscription. */
+  held?: SubscriptionHeld;
   [field: string]: unknown;
+}
+/** What holds back the keys of an ordered subscription. */
+export interface SubscriptionHeld {
+  /** Keys whose next items wait behind a failed item of theirs (a retry, or a dead letter under block). */
+  keys: number;
+  /** When the oldest item waiting behind one was made; null when none waits. */
+  oldest_at: string | null;
 }
 /** A subscription's items by state: its share of its inbox's. */
 export interface SubscriptionCounts {
@@ -309,6 +324,10 @@ export interface CreateSubscription {
   rate?: string;
   concurrency?: number;
   format?: string;
+  /** Ordered delivery per key: device_id, session_id, metadata.NAME, header.NAME or a JSON pointer (/order/id). */
+  order_by?: string;
+  /** With order_by: 'block' (the default) or 'skip'. */
+  on_dead_letter?: 'block' | 'skip';
 }
 export interface UpdateSubscription {
   target?: string;
@@ -323,6 +342,8 @@ export interface UpdateSubscription {
   rate?: string;
   concurrency?: number;
   format?: string;
+  /** Of an ordered subscription: 'block' or 'skip' from now on. */
+  on_dead_letter?: 'block' | 'skip';
 }
 export interface Source {
   name: string;

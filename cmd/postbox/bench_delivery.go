@@ -24,7 +24,12 @@ them in group commits of up to 1,000, for the same items and payload; and prints
 
 A postgres:// --store or --streams without ?schema= gets a schema of the run's own, dropped at
 the end; a nats:// --streams gets a prefix of its own, deleted at the end. Several --nodes need
-a store and streams they share: --store postgres://… with --streams nats://… or postgres://….`)
+a store and streams they share: --store postgres://… with --streams nats://… or postgres://….
+
+--keys spreads the events over that many orders (the payload's "order": o-0, o-1, …);
+--order-by makes the subscription ordered per key (--order-by /order: one item of an
+order in flight at a time). Run with and without --order-by, same --keys, to compare.
+--runs puts each order's events together (o-0's, then o-1's, …) instead of in turn.`)
 	storeSpec := fs.String("store", "sqlite", "delivery `store`: sqlite (a temporary file) or postgres://…[?schema=NAME]")
 	streams := fs.String("streams", "sqlite", "stream `backend`: sqlite, nats://host:4222 or postgres://…[?schema=NAME]")
 	nodes := positiveInt(1)
@@ -35,6 +40,9 @@ a store and streams they share: --store postgres://… with --streams nats://…
 	fs.Var(&workers, "workers", "`workers` of each node")
 	sign := fs.Bool("sign", false, "give the target a signing secret: every request carries Standard Webhooks signatures")
 	baseline := fs.Bool("baseline", true, "also run the River-style loop on SQLite and print postbox's ratio to it (SQLite --store only)")
+	orderBy := fs.String("order-by", "", "the subscription's `order_by`: ordered delivery per key, e.g. /order (default: unordered)")
+	keys := fs.Int("keys", 0, "spread the events over this many `orders` (payload \"order\": o-0, o-1, …); 0: all of o-1")
+	runs := fs.Bool("runs", false, "with --keys, each order's events together instead of in turn")
 	asJSON := fs.Bool("json", false, "print the result as one JSON object on the last line")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the delivery part of the run to this file")
 	traceFile := fs.String("trace", "", "write an execution trace (go tool trace) of the delivery part of the run to this file")
@@ -55,6 +63,9 @@ a store and streams they share: --store postgres://… with --streams nats://…
 	if nodes > 1 && (!shared || kind == "sqlite") {
 		return usagef("--nodes %d: several nodes need --store postgres://… and --streams nats://… or postgres://…", nodes)
 	}
+	if *keys < 0 {
+		return usagef("--keys %d: want 0 or more", *keys)
+	}
 	secret := ""
 	if *sign {
 		key := make([]byte, 32)
@@ -64,7 +75,7 @@ a store and streams they share: --store postgres://… with --streams nats://…
 	res, err := bench.Delivery(ctx, bench.DeliveryConfig{
 		Store: *storeSpec, Streams: *streams, StreamsKind: kind,
 		Nodes: int(nodes), Items: int(items), Workers: int(workers),
-		Secret: secret, Baseline: *baseline, CPUProfile: *cpuprofile, Trace: *traceFile, Open: openBench, Progress: env.stderr,
+		Secret: secret, OrderBy: *orderBy, Keys: *keys, Runs: *runs, Baseline: *baseline, CPUProfile: *cpuprofile, Trace: *traceFile, Open: openBench, Progress: env.stderr,
 	})
 	if err != nil {
 		return benchErr(err)
@@ -75,6 +86,15 @@ a store and streams they share: --store postgres://… with --streams nats://…
 	signed := ""
 	if res.Signed {
 		signed = ", signed"
+	}
+	if res.OrderBy != "" {
+		signed += ", ordered by " + res.OrderBy
+	}
+	if res.Keys > 0 {
+		signed += fmt.Sprintf(", %d keys", res.Keys)
+	}
+	if res.Runs {
+		signed += " in runs"
 	}
 	fmt.Fprintf(env.stdout, "delivered %d items in %.2fs: %.0f items/s (%d node(s) × %d workers, store %s, streams %s; %d POSTs%s)\n",
 		res.Items, res.Seconds, res.ItemsPerSec, res.Nodes, res.Workers, res.Store, res.Streams, res.Posts, signed)

@@ -19,6 +19,8 @@ func benchDelivery(t *testing.T, args ...string) (res struct {
 	Signed      bool    `json:"signed"`
 	Baseline    float64 `json:"baseline_items_per_sec"`
 	Ratio       float64 `json:"ratio"`
+	OrderBy     string  `json:"order_by"`
+	Keys        int     `json:"keys"`
 }) {
 	t.Helper()
 	out, err := exec.Command(binary, append([]string{"bench", "delivery", "--json"}, args...)...).Output()
@@ -49,6 +51,10 @@ func TestBenchDelivery(t *testing.T) {
 	}
 	if res := benchDelivery(t, "--items", "300", "--sign", "--baseline=false"); !res.Signed || res.Posts < 300 || res.Ratio != 0 {
 		t.Errorf("--sign --baseline=false: want 300 signed items delivered and no baseline, got %+v", res)
+	}
+	if res := benchDelivery(t, "--items", "300", "--keys", "30", "--order-by", "/order", "--baseline=false"); res.OrderBy != "/order" ||
+		res.Keys != 30 || res.Posts < 300 || res.ItemsPerSec <= 0 {
+		t.Errorf("--keys 30 --order-by /order: want 300 items of 30 orders delivered in order, got %+v", res)
 	}
 	out, err := exec.Command(binary, "bench", "delivery", "--nodes", "2").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "--store postgres") {

@@ -111,6 +111,7 @@ func TestOperatorUsageErrors(t *testing.T) {
 		{[]string{"subscriptions", "get"}, "NAME is required"},
 		{[]string{"subscriptions", "delete", "a", "b"}, "takes one NAME"},
 		{create("--start", "sometime"), "--start must be latest, earliest, at_offset or at_time"},
+		{create("--on-dead-letter", "skip"), "--on-dead-letter needs --order-by"},
 		{create("--start", "at_offset"), "needs --start-offset"},
 		{create("--start", "at_time"), "needs --start-time"},
 		{create("--start-time", "yesterday"), "not an RFC 3339 time"},
@@ -236,6 +237,24 @@ func TestSubscriptionsAgainstServer(t *testing.T) {
 	r = cli(t, append([]string{"subscriptions", "create", "elsewhere", "--source", "nosuchsource"}, srv...)...)
 	if r.code != 1 || !strings.Contains(r.stderr, "server: 404 not_found: ") {
 		t.Fatalf("create on an unknown source: %v", r)
+	}
+	// Ordered per key: the CLI sends order_by and on_dead_letter, get
+	// shows them and the keys held back; a bad form is the server's 400.
+	if r := cli(t, append([]string{"subscriptions", "create", "by-order", "--source", "devices", "--order-by", "/order/id",
+		"--on-dead-letter", "skip"}, srv...)...); r.code != 0 {
+		t.Fatalf("create --order-by: %v", r)
+	}
+	r = cli(t, append([]string{"subscriptions", "get", "by-order"}, srv...)...)
+	if r.code != 0 || !regexp.MustCompile(`order_by:\s+/order/id`).MatchString(r.stdout) ||
+		!regexp.MustCompile(`on_dead_letter:\s+skip`).MatchString(r.stdout) || !regexp.MustCompile(`held_keys:\s+0`).MatchString(r.stdout) {
+		t.Fatalf("get of an ordered subscription: %v", r)
+	}
+	r = cli(t, append([]string{"subscriptions", "create", "bad-order", "--source", "devices", "--order-by", "order.id"}, srv...)...)
+	if r.code != 1 || !strings.Contains(r.stderr, "400 invalid_field: order_by \"order.id\"") {
+		t.Fatalf("create with a bad --order-by: %v", r)
+	}
+	if r := cli(t, append([]string{"subscriptions", "delete", "by-order"}, srv...)...); r.code != 0 {
+		t.Fatalf("delete by-order: %v", r)
 	}
 
 	var subs []map[string]any

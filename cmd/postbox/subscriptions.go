@@ -422,6 +422,13 @@ The target's endpoint settings (--secret, --header, --timeout, --retry-schedule 
 --retry-base-delay/--retry-max-delay, --max-attempts) default to the server's; every
 attempt is logged (postbox inbox attempts).
 
+With --order-by, the items of one key are handed out one at a time, in offset order
+(ordered delivery): the key is device_id, session_id, metadata.NAME, header.NAME (a
+header the webhook arrived with) or a JSON pointer into the payload (/order/id). A
+failing item holds back only its key. --on-dead-letter says what a dead letter of a
+key does to the key's next items: block (the default: they wait until it is replayed
+or discarded) or skip.
+
 Creating it again with the same definition succeeds and prints "exists"; another
 definition under the same name is a conflict (exit status 1).`)
 	af := addAPIFlags(fs, "print the subscription's JSON")
@@ -437,6 +444,8 @@ definition under the same name is a conflict (exit status 1).`)
 	inbox := fs.String("inbox", "", "the `inbox` its items go to (default: NAME)")
 	var target httpURL
 	fs.Var(&target, "target", "the http:// or https:// `URL` the server's workers POST each item to (default: none, runtimes lease the inbox)")
+	orderBy := fs.String("order-by", "", "deliver the items of one `key` at a time, in order: device_id, session_id, metadata.NAME, header.NAME or a JSON pointer (/order/id)")
+	onDead := fs.String("on-dead-letter", "", "with --order-by, what a key's dead letter does to its next items: `block` (the default) or skip")
 	ef := addEndpointFlags(fs, false)
 	c, err := parseAPI(env, fs, af, args)
 	if err != nil {
@@ -448,6 +457,9 @@ definition under the same name is a conflict (exit status 1).`)
 	}
 	if *source == "" {
 		return usagef("subscriptions create: --source is required (e.g. --source devices)")
+	}
+	if *onDead != "" && *orderBy == "" {
+		return usagef("subscriptions create: --on-dead-letter needs --order-by")
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
@@ -469,7 +481,7 @@ definition under the same name is a conflict (exit status 1).`)
 		return usagef("subscriptions create: endpoint settings (--secret, --header, --timeout, --retry-*, --max-attempts) need --target")
 	}
 	body := api.CreateSubscription{Name: name, Source: *source, Types: types, Inbox: *inbox, Start: *start, Target: string(target),
-		EndpointSettings: settings.set}
+		OrderBy: *orderBy, OnDeadLetter: *onDead, EndpointSettings: settings.set}
 	if len(match) > 0 {
 		body.Metadata = match
 	}
@@ -590,6 +602,16 @@ func runSubscriptionsGet(ctx context.Context, env *cmdEnv, args []string) error 
 	}
 	if s.Target != nil {
 		fields = append(fields, endpointFields(s)...)
+	}
+	if s.OrderBy != nil {
+		fields = append(fields, [2]string{"order_by", *s.OrderBy}, [2]string{"on_dead_letter", deref(s.OnDeadLetter)})
+	}
+	if s.Held != nil {
+		oldest := "-"
+		if s.Held.OldestAt != nil {
+			oldest = when(*s.Held.OldestAt)
+		}
+		fields = append(fields, [2]string{"held_keys", strconv.FormatInt(s.Held.Keys, 10)}, [2]string{"oldest_held_at", oldest})
 	}
 	return printFields(env, append(append(fields, [][2]string{
 		{"created_at", when(s.CreatedAt)},

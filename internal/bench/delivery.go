@@ -48,6 +48,15 @@ type DeliveryConfig struct {
 	// signature.
 	Secret string
 
+	// OrderBy, when set, is the subscription's order_by (ordered delivery
+	// per key; "/order" keys by the payload's order). Keys spreads the
+	// events' payloads over that many orders (o-0, o-1, …) round-robin;
+	// 0: every event is of order o-1. Runs puts each order's events
+	// together (o-0's, then o-1's, …) instead.
+	OrderBy string
+	Keys    int
+	Runs    bool
+
 	// Baseline also runs, after postbox and with its servers stopped, a
 	// minimal River-style loop on a SQLite file of its own with postbox's
 	// settings (see riverLoop) delivering the same number of items with
@@ -73,6 +82,9 @@ type DeliveryResult struct {
 	ItemsPerSec float64 `json:"items_per_sec"`
 	Posts       int64   `json:"posts"`  // requests the target received: Items unless an attempt was repeated
 	Signed      bool    `json:"signed"` // every request carried a webhook-signature (Secret was set)
+	OrderBy     string  `json:"order_by,omitempty"`
+	Keys        int     `json:"keys,omitempty"`
+	Runs        bool    `json:"runs,omitempty"`
 
 	// BaselineItemsPerSec is the River-style loop's rate (Baseline), and
 	// Ratio ItemsPerSec / BaselineItemsPerSec; zero without a baseline.
@@ -176,11 +188,15 @@ func deliverPostbox(ctx context.Context, cfg DeliveryConfig) (*DeliveryResult, e
 		}
 	}
 	const source = "bench"
-	if err := fill(gctx, srvs[0].Streams(), source, "bench_"+run+"_", cfg.Items); err != nil {
+	if err := fill(gctx, srvs[0].Streams(), source, "bench_"+run+"_", cfg.Items, cfg.Keys, cfg.Runs); err != nil {
 		return nil, err
 	}
 	api := addrs[0] + "/v1/subscriptions"
-	if err := callAPI(gctx, http.MethodPost, api, map[string]any{"name": source, "source": source, "start": "earliest"}); err != nil {
+	create := map[string]any{"name": source, "source": source, "start": "earliest"}
+	if cfg.OrderBy != "" {
+		create["order_by"] = cfg.OrderBy
+	}
+	if err := callAPI(gctx, http.MethodPost, api, create); err != nil {
 		return nil, err
 	}
 	fmt.Fprintf(progress, "bench delivery: materialising %d items\n", cfg.Items)
@@ -224,7 +240,7 @@ func deliverPostbox(ctx context.Context, cfg DeliveryConfig) (*DeliveryResult, e
 	}
 	return &DeliveryResult{Store: strings.SplitN(storeSpec, ":", 2)[0], Streams: cfg.StreamsKind, Nodes: cfg.Nodes, Workers: cfg.Workers,
 		Items: cfg.Items, Seconds: took.Seconds(), ItemsPerSec: float64(cfg.Items) / took.Seconds(), Posts: posts.Load(),
-		Signed: cfg.Secret != ""}, nil
+		Signed: cfg.Secret != "", OrderBy: cfg.OrderBy, Keys: cfg.Keys, Runs: cfg.Runs && cfg.Keys > 0}, nil
 }
 
 // ownSchema gives a postgres:// spec without ?schema= the schema schema,
@@ -250,8 +266,10 @@ func ownSchema(spec, schema string) (string, func(context.Context) error) {
 	}
 }
 
-// fill appends n small events to source, in batches.
-func fill(ctx context.Context, b stream.Backend, source, prefix string, n int) error {
+// fill appends n small events to source, in batches: their payloads are
+// benchPayload, or with keys > 0 of orders o-0 … o-(keys-1) in turn (with
+// runs, each order's events together).
+func fill(ctx context.Context, b stream.Backend, source, prefix string, n, keys int, runs bool) error {
 	if _, err := b.EnsureStream(ctx, source); err != nil {
 		return err
 	}
@@ -259,8 +277,16 @@ func fill(ctx context.Context, b stream.Backend, source, prefix string, n int) e
 	for i := 0; i < n; {
 		evs := make([]stream.Event, 0, 500)
 		for ; i < n && len(evs) < cap(evs); i++ {
+			p := payload
+			if keys > 0 {
+				order := i % keys
+				if runs {
+					order = i * keys / n
+				}
+				p = json.RawMessage(strings.Replace(benchPayload, `"o-1"`, `"o-`+strconv.Itoa(order)+`"`, 1))
+			}
 			evs = append(evs, stream.Event{NativeID: prefix + strconv.Itoa(i), Type: "bench", OccurredAt: time.Now(),
-				Metadata: json.RawMessage(`{}`), Payload: payload})
+				Metadata: json.RawMessage(`{}`), Payload: p})
 		}
 		res, err := b.Append(ctx, source, evs)
 		if err != nil {

@@ -304,9 +304,9 @@ const itemChunk = 4
 
 const itemInsert = `INSERT INTO inbox_items (inbox_id, subscription_id, subscription_uid, stream_id, "offset",
 	source_native_id, event_type, occurred_at, stored_at, metadata_json, payload_json, delivery_handle_json,
-	next_attempt_at, created_at, updated_at, source_sequence) VALUES `
+	next_attempt_at, created_at, updated_at, source_sequence, order_key) VALUES `
 
-const itemRow = `(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`
+const itemRow = `(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`
 
 // materialise writes items inside tx, and returns how many it added. An
 // item that exists already (its event was read again after a Reset
@@ -317,7 +317,7 @@ func (d *Delivery) materialise(ctx context.Context, tx conn, s Subscription, ite
 	}
 	now := d.now().UTC().Format(sqlitedb.Time)
 	var full *sql.Stmt
-	args := make([]any, 0, itemChunk*16)
+	args := make([]any, 0, itemChunk*17)
 	added := 0
 	for rest := items; len(rest) > 0; {
 		part := rest[:min(itemChunk, len(rest))]

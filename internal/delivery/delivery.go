@@ -255,6 +255,10 @@ type Delivery struct {
 	// name): only their next lease looks first whether they are paused
 	// (allPaused), so a lease of a busy inbox makes no extra trip.
 	empty sync.Map
+	// ordered holds the inboxes whose leases took items with an order
+	// key: an ack of their items wakes the leases waiting for them, since
+	// the next item of an acked one's key may go now.
+	ordered sync.Map
 
 	// sample bounds the INFO lines of attempts started and completed: at
 	// most 10 a second of each (logsample).
@@ -434,6 +438,15 @@ type Subscription struct {
 	// (Pause); zero: it delivers. PausedReason is what they said.
 	PausedAt     time.Time
 	PausedReason string
+	// OrderBy, when set, orders the subscription's items per key: where
+	// an event's key comes from (device_id, session_id, metadata.NAME,
+	// header.NAME or a JSON pointer into the payload). The items of a
+	// key are handed out one at a time, in offset order. Set at create.
+	OrderBy string
+	// OnDeadLetter is what a dead letter of a key does to the key's next
+	// items: OnDeadLetterBlock (the default with an OrderBy) or
+	// OnDeadLetterSkip. Update changes it (Change.OnDeadLetter).
+	OnDeadLetter string
 }
 
 // validate checks s and fills its defaults.
@@ -487,6 +500,9 @@ func (s *Subscription) validate() error {
 	if s.Target == "" && (len(s.Secrets) > 0 || !sameEndpoint(s.Endpoint, Endpoint{})) {
 		return errorf(ErrInvalid, "target: required with a secret or endpoint settings")
 	}
+	if err := s.validOrdering(); err != nil {
+		return err
+	}
 	s.Stream = s.Source // one source, one stream
 	return nil
 }
@@ -507,7 +523,8 @@ func sameDefinition(a, b Subscription) bool {
 	return a.Source == b.Source && a.Inbox == b.Inbox && slices.Equal(a.Types, b.Types) &&
 		fmt.Sprint(a.Metadata) == fmt.Sprint(b.Metadata) && a.Start.Policy == b.Start.Policy &&
 		a.Start.Offset == b.Start.Offset && a.Start.Time.Equal(b.Start.Time) && a.Target == b.Target &&
-		sameEndpoint(a.Endpoint, b.Endpoint) && currentSecret(a.Secrets) == currentSecret(b.Secrets)
+		sameEndpoint(a.Endpoint, b.Endpoint) && currentSecret(a.Secrets) == currentSecret(b.Secrets) &&
+		a.OrderBy == b.OrderBy && a.OnDeadLetter == b.OnDeadLetter
 }
 
 // Create stores s, creates its consumer at its start and starts its loop.
@@ -558,9 +575,10 @@ func (d *Delivery) Create(ctx context.Context, s Subscription) (_ Subscription, 
 	// between, the loop creates the consumer at the next start.
 	err := d.update(ctx, func(tx conn) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO subscriptions (subscription_id, subscription_uid, source_id, stream_id, inbox_id,
-			match_types_json, match_metadata_json, start_policy, start_offset, start_time, created_at, target_url, `+endpointColumns+`)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, `+endpointMarks+`)`, append([]any{s.Name, s.UID, s.Source, s.Stream, s.Inbox,
-			string(types), string(meta), s.Start.Policy, s.Start.Offset, startTime, s.CreatedAt.Format(sqlitedb.Time), nullString(s.Target)},
+			match_types_json, match_metadata_json, start_policy, start_offset, start_time, created_at, target_url, order_by, on_dead_letter, `+endpointColumns+`)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, `+endpointMarks+`)`, append([]any{s.Name, s.UID, s.Source, s.Stream, s.Inbox,
+			string(types), string(meta), s.Start.Policy, s.Start.Offset, startTime, s.CreatedAt.Format(sqlitedb.Time), nullString(s.Target),
+			nullString(s.OrderBy), nullString(s.OnDeadLetter)},
 			endpointValues(s.Endpoint, s.Secrets)...)...)
 		return err
 	})
@@ -639,7 +657,7 @@ func (d *Delivery) Delete(ctx context.Context, name string) error {
 
 const subscriptionColumns = `subscription_id, subscription_uid, source_id, stream_id, inbox_id, match_types_json,
 	match_metadata_json, start_policy, start_offset, start_time, created_at, target_url, ` + endpointColumns + `,
-	paused_at, paused_reason`
+	paused_at, paused_reason, order_by, on_dead_letter`
 
 // Subscription returns the subscription name, or ErrNotFound.
 func (d *Delivery) Subscription(ctx context.Context, name string) (Subscription, error) {
@@ -698,10 +716,10 @@ func scanSubscriptions(rows *sql.Rows) ([]Subscription, error) {
 		var s Subscription
 		var types, meta, created string
 		var startOffset sql.NullInt64
-		var startTime, target, pausedAt, pausedReason sql.NullString
+		var startTime, target, pausedAt, pausedReason, orderBy, onDead sql.NullString
 		var ep endpointScan
 		if err := rows.Scan(append(append([]any{&s.Name, &s.UID, &s.Source, &s.Stream, &s.Inbox, &types, &meta, &s.Start.Policy,
-			&startOffset, &startTime, &created, &target}, ep.dest()...), &pausedAt, &pausedReason)...); err != nil {
+			&startOffset, &startTime, &created, &target}, ep.dest()...), &pausedAt, &pausedReason, &orderBy, &onDead)...); err != nil {
 			return nil, fmt.Errorf("read subscriptions: %w", err)
 		}
 		if err := json.Unmarshal([]byte(types), &s.Types); err != nil {
@@ -720,6 +738,7 @@ func scanSubscriptions(rows *sql.Rows) ([]Subscription, error) {
 			s.PausedAt, _ = sqlitedb.ParseTime(pausedAt.String)
 		}
 		s.PausedReason = pausedReason.String
+		s.OrderBy, s.OnDeadLetter = orderBy.String, onDead.String
 		if err := ep.into(&s); err != nil {
 			return nil, fmt.Errorf("subscription %s: %w", s.Name, err)
 		}
@@ -769,6 +788,10 @@ type Change struct {
 	// longer signed.
 	Secret        *string
 	SecretOverlap time.Duration
+	// OnDeadLetter, of an ordered subscription, becomes its
+	// OnDeadLetter: skip lets the keys held behind their dead letters go
+	// on at once, block holds the keys whose next item waits behind one.
+	OnDeadLetter *string
 }
 
 // Update applies c to subscription name and to every subscription that
@@ -798,6 +821,23 @@ func (d *Delivery) Update(ctx context.Context, name string, c Change) (Subscript
 	}
 	if c.SecretOverlap < 0 {
 		return old, errorf(ErrInvalid, "secret_overlap %s: want a positive duration", c.SecretOverlap)
+	}
+	if c.OnDeadLetter != nil {
+		switch {
+		case s.OrderBy == "":
+			return old, errorf(ErrInvalid, "on_dead_letter: only for a subscription with order_by")
+		case *c.OnDeadLetter == "":
+			return old, errorf(ErrInvalid, "on_dead_letter \"\": want block or skip")
+		}
+		s.OnDeadLetter = *c.OnDeadLetter
+		if err := s.validOrdering(); err != nil {
+			return old, err
+		}
+		if s.OnDeadLetter != old.OnDeadLetter {
+			if err := d.setOnDeadLetter(ctx, s); err != nil {
+				return old, err
+			}
+		}
 	}
 	now := d.now().UTC().Truncate(time.Microsecond)
 	if c.Secret != nil {

@@ -52,11 +52,14 @@ type Item struct {
 	FailedAt       *time.Time // when it became a dead letter
 	ReplayedAt     *time.Time // when an operator last replayed it
 	Replays        int
+	// OrderKey is the item's key in an ordered subscription (see
+	// Subscription.OrderBy), nil in an unordered one.
+	OrderKey *string
 }
 
 const itemColumns = `item_id, inbox_id, subscription_id, stream_id, "offset", source_native_id, event_type,
 	occurred_at, stored_at, metadata_json, payload_json, delivery_handle_json, state, attempts, next_attempt_at,
-	lease_expires_at, last_error, created_at, updated_at, failed_at, replayed_at, replays, source_sequence`
+	lease_expires_at, last_error, created_at, updated_at, failed_at, replayed_at, replays, source_sequence, order_key`
 
 const itemSelect = `SELECT ` + itemColumns + ` FROM inbox_items`
 
@@ -73,12 +76,12 @@ func scanItemsWith(rows *sql.Rows, extra []any, each func(it *Item)) ([]Item, er
 	for rows.Next() {
 		var it Item
 		var occurred, stored, next, created, updated string
-		var lease, lastErr, failed, replayed sql.NullString
+		var lease, lastErr, failed, replayed, key sql.NullString
 		var handle []byte
 		var seq sql.NullInt64
 		if err := rows.Scan(append([]any{&it.ID, &it.Inbox, &it.Subscription, &it.Stream, &it.Offset, &it.EventID, &it.Type,
 			&occurred, &stored, (*[]byte)(&it.Metadata), (*[]byte)(&it.Payload), &handle, &it.State, &it.Attempts, &next,
-			&lease, &lastErr, &created, &updated, &failed, &replayed, &it.Replays, &seq}, extra...)...); err != nil {
+			&lease, &lastErr, &created, &updated, &failed, &replayed, &it.Replays, &seq, &key}, extra...)...); err != nil {
 			return nil, fmt.Errorf("read items: %w", err)
 		}
 		it.StreamEventID = fmt.Sprintf("%s/%d", it.Stream, it.Offset)
@@ -98,6 +101,9 @@ func scanItemsWith(rows *sql.Rows, extra []any, each func(it *Item)) ([]Item, er
 		it.ReplayedAt = nullTime(replayed)
 		if lastErr.Valid {
 			it.LastError = &lastErr.String
+		}
+		if key.Valid {
+			it.OrderKey = &key.String
 		}
 		if each != nil {
 			each(&it)
@@ -299,6 +305,9 @@ func (d *Delivery) lease(ctx context.Context, inbox string, max int, visibility 
 	} else {
 		d.empty.Delete(inbox)
 	}
+	if len(l.Items) > 0 && l.Items[0].OrderKey != nil {
+		d.ordered.Store(inbox, true)
+	}
 	slices.SortFunc(l.Items, func(a, b Item) int { return int(a.ID - b.ID) })
 	d.cfg.Metrics.leased(inbox, len(l.Items))
 	return l, nil
@@ -382,11 +391,11 @@ const (
 	leaseExpiredSQLite = `UPDATE inbox_items SET state = 'processing', attempts = attempts + 1,
 	lease_token = ?1, lease_expires_at = ?2, updated_at = ?3
 	WHERE item_id IN (SELECT item_id FROM inbox_items INDEXED BY inbox_items_leases
-		WHERE state = 'processing' AND lease_expires_at <= ?3 AND inbox_id = ?4 AND attempts < ?6` + notPaused + `
+		WHERE state = 'processing' AND lease_expires_at <= ?3 AND inbox_id = ?4 AND attempts < ?6` + notPaused + orderFree + `
 		ORDER BY item_id LIMIT ?5) RETURNING item_id, attempts, subscription_uid`
 	leaseDueSQLite = `UPDATE inbox_items SET state = 'processing', attempts = attempts + 1,
 	lease_token = ?1, lease_expires_at = ?2, updated_at = ?3
-	WHERE item_id IN (SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3` + notPaused + `
+	WHERE item_id IN (SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3` + notPaused + orderFree + `
 		ORDER BY item_id LIMIT ?5) RETURNING item_id, attempts, subscription_uid`
 )
 
@@ -396,10 +405,10 @@ const (
 // wait for none. It returns each item's subscription uid and the state it
 // left, for the kept counts.
 const leasePostgres = `WITH expired AS (
-		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'processing' AND lease_expires_at <= ?3 AND attempts < ?6` + notPaused + `
+		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'processing' AND lease_expires_at <= ?3 AND attempts < ?6` + notPaused + orderFree + `
 		ORDER BY item_id LIMIT ?5 FOR UPDATE SKIP LOCKED),
 	due AS (
-		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3` + notPaused + `
+		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3` + notPaused + orderFree + `
 		ORDER BY item_id LIMIT ?5 FOR UPDATE SKIP LOCKED),
 	ready AS (
 		SELECT item_id AS ready_id, was FROM (SELECT item_id, 'processing' AS was FROM expired
@@ -425,8 +434,15 @@ type Result struct {
 // Ack marks items of inbox completed. With a lease token, each item must
 // hold that lease; without one (an operator), any pending or processing
 // item may be acked. Acking a completed item again changes nothing.
+//
+// In an inbox whose leases took ordered items it wakes the leases
+// waiting for its items: the next item of an acked one's key may go now.
 func (d *Delivery) Ack(ctx context.Context, inbox string, ids []int64, lease string) ([]Result, error) {
-	return d.settle(ctx, inbox, ids, lease, StateCompleted, complete(ctx))
+	res, err := d.settle(ctx, inbox, ids, lease, StateCompleted, complete(ctx))
+	if _, ordered := d.ordered.Load(inbox); ordered && err == nil {
+		d.inboxes.notify(inbox)
+	}
+	return res, err
 }
 
 // complete is the apply of a settle that acks.

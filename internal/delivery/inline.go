@@ -129,7 +129,7 @@ func (in *inliner) write(tx *sql.Tx, events []stream.StoredEvent) (func(), error
 		rest = rest[len(part):]
 		args := in.args[:0]
 		for _, it := range part {
-			args = rows.append(args, &in.subArgs, it.ev)
+			args = rows.append(args, &in.subArgs, it.ev, s.orderKey(it.ev))
 		}
 		in.args = args
 		r, err := tx.StmtContext(ctx, in.inserts[len(part)]).ExecContext(ctx, args...)
@@ -189,8 +189,9 @@ type inlineRows struct {
 }
 
 // append appends the values of itemRow for ev's item, of the subscription
-// whose Inbox, Name and UID sub holds boxed: what appendItemArgs appends.
-func (r *inlineRows) append(args []any, sub *[3]any, ev *stream.StoredEvent) []any {
+// whose Inbox, Name and UID sub holds boxed, with its order key: what
+// appendItemArgs appends.
+func (r *inlineRows) append(args []any, sub *[3]any, ev *stream.StoredEvent, key any) []any {
 	var handle, seq any
 	if len(ev.DeliveryHandle) > 0 {
 		handle = string(ev.DeliveryHandle)
@@ -203,7 +204,7 @@ func (r *inlineRows) append(args []any, sub *[3]any, ev *stream.StoredEvent) []a
 	}
 	return append(args, sub[0], sub[1], sub[2], r.stream, ev.Offset, ev.NativeID, ev.Type,
 		ev.OccurredAt.UTC().Format(sqlitedb.Time), r.storedArg,
-		string(ev.Metadata), string(ev.Payload), handle, r.now, r.now, r.now, seq)
+		string(ev.Metadata), string(ev.Payload), handle, r.now, r.now, r.now, seq, key)
 }
 
 // appendItemArgs appends the values of itemRow for ev's item in s.
@@ -214,7 +215,7 @@ func appendItemArgs(args []any, s *Subscription, ev *stream.StoredEvent, now str
 	}
 	return append(args, s.Inbox, s.Name, s.UID, ev.StreamID, ev.Offset, ev.NativeID, ev.Type,
 		ev.OccurredAt.UTC().Format(sqlitedb.Time), ev.StoredAt.UTC().Format(sqlitedb.Time),
-		string(ev.Metadata), string(ev.Payload), handle, now, now, now, ev.Sequence)
+		string(ev.Metadata), string(ev.Payload), handle, now, now, now, ev.Sequence, s.orderKey(ev))
 }
 
 // inlined records that inline items moved subscription uid's position to

@@ -69,7 +69,8 @@ func testKeptCountsProperty(t *testing.T, kind storeKind) {
 	subs := []delivery.Subscription{
 		{Name: "a", Source: "devices"},
 		{Name: "b", Source: "devices", Inbox: "shared"},
-		{Name: "c", Source: "devices", Inbox: "shared", Types: []string{"t.odd"}, Start: stream.Start{Policy: stream.StartEarliest}},
+		{Name: "c", Source: "devices", Inbox: "shared", Types: []string{"t.odd"}, Start: stream.Start{Policy: stream.StartEarliest},
+			OrderBy: delivery.OrderByDevice}, // ordered per device, beside b in its inbox
 	}
 	for _, s := range subs {
 		e.create(t, s)

@@ -99,6 +99,7 @@ func (d *Delivery) DiscardItem(ctx context.Context, inbox string, id int64) (Ite
 		return Item{}, errorf(ErrInvalidState, "item %d is processing: an attempt is under way; cancel or discard it once it settles", id)
 	}
 	it.State = state
+	d.inboxes.notify(inbox) // a dead letter that held back its key no longer does
 	d.log.Info("delivery: item discarded", "inbox", inbox, "item", id, "state", state)
 	return it, nil
 }
@@ -107,6 +108,12 @@ func (d *Delivery) DiscardItem(ctx context.Context, inbox string, id int64) (Ite
 // for good, in batches of 1000, and returns the ids it deleted.
 func (d *Delivery) Discard(ctx context.Context, f DeadLetters) ([]int64, error) {
 	var all []int64
+	inboxes := map[string]bool{} // whose keys a dead letter held back, perhaps
+	defer func() {
+		for inbox := range inboxes {
+			d.inboxes.notify(inbox)
+		}
+	}()
 	for {
 		where, args := f.where()
 		var ids []int64
@@ -130,6 +137,7 @@ func (d *Delivery) Discard(ctx context.Context, f DeadLetters) ([]int64, error) 
 				}
 				ids, gone = append(ids, id), append(gone, move{id: id})
 				t.move(inbox, sub, StateFailed, "", 1)
+				inboxes[inbox] = true
 			}
 			rows.Close()
 			if err := rows.Err(); err != nil || len(gone) == 0 {

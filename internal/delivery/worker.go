@@ -414,7 +414,7 @@ func (d *Delivery) attempt(actx context.Context, j job) {
 	}
 	if err == nil { // the acker acks a batch of completions in one transaction
 		d.completions <- completion{inbox: j.inbox, lease: j.lease, id: j.item.ID, attempts: j.item.Attempts, took: took, rec: rec,
-			event: eventRef{j.item.Stream, j.item.EventID, j.item.Type, j.item.Offset}}
+			event: eventRef{j.item.Stream, j.item.EventID, j.item.Type, j.item.Offset}, ordered: j.item.OrderKey != nil}
 		return
 	}
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -513,6 +513,7 @@ type completion struct {
 	took         time.Duration
 	rec          *Attempt // the endpoint's attempt to record; nil: none
 	event        eventRef // for the log
+	ordered      bool     // the item has an order key: its ack frees the key's next item
 }
 
 // eventRef is the identity of an item's event, for the log lines of its
@@ -569,6 +570,7 @@ func (d *Delivery) ack(completions <-chan completion) {
 // lost) then settle the long way, which says why.
 func (d *Delivery) ackBatch(batch []completion) {
 	type group struct{ inbox, lease string }
+	defer d.freeKeys(batch) // once every item of the batch settled
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	nowText := d.now().UTC().Format(sqlitedb.Time)
@@ -651,6 +653,19 @@ func (d *Delivery) ackBatch(batch []completion) {
 			} else {
 				d.attempted(jb, sts[i].results[j:j+1], nil, nil, c.took)
 			}
+		}
+	}
+}
+
+// freeKeys wakes the dispatchers of the inboxes of a batch's items that
+// have an order key: the next item of each key may go now, and nothing
+// else tells a dispatcher that found none free.
+func (d *Delivery) freeKeys(batch []completion) {
+	var last string
+	for _, c := range batch {
+		if c.ordered && c.inbox != last {
+			d.inboxes.notify(c.inbox)
+			last = c.inbox
 		}
 	}
 }

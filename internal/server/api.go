@@ -338,23 +338,45 @@ func (s *Server) subscriptionJSON(r *http.Request, sub delivery.Subscription) ap
 			j.PausedReason = &reason
 		}
 	}
+	if sub.OrderBy != "" {
+		j.OrderBy, j.OnDeadLetter = &sub.OrderBy, &sub.OnDeadLetter
+	}
 	if lag, err := s.subs.Lag(r.Context(), sub.Name); err == nil {
 		j.NextOffset, j.HighWatermark, j.Lag = lag.NextOffset, lag.HighWatermark, lag.Events
 	}
 	return j
 }
 
+// heldJSON is what holds back the keys of sub, for the list and a get;
+// nil for an unordered subscription.
+func (s *Server) heldJSON(r *http.Request, sub delivery.Subscription) (*api.SubscriptionHeld, error) {
+	if sub.OrderBy == "" {
+		return nil, nil
+	}
+	h, err := s.subs.Held(r.Context(), sub)
+	if err != nil {
+		return nil, err
+	}
+	j := &api.SubscriptionHeld{Keys: h.Keys}
+	if !h.Oldest.IsZero() {
+		j.OldestAt = &h.Oldest
+	}
+	return j, nil
+}
+
 func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		Name        *string           `json:"name"`
-		Source      *string           `json:"source"`
-		Types       []string          `json:"types"`
-		Metadata    map[string]string `json:"metadata"`
-		Inbox       string            `json:"inbox"`
-		Start       string            `json:"start"`
-		StartOffset int64             `json:"start_offset"`
-		StartTime   string            `json:"start_time"`
-		Target      string            `json:"target"`
+		Name         *string           `json:"name"`
+		Source       *string           `json:"source"`
+		Types        []string          `json:"types"`
+		Metadata     map[string]string `json:"metadata"`
+		Inbox        string            `json:"inbox"`
+		Start        string            `json:"start"`
+		StartOffset  int64             `json:"start_offset"`
+		StartTime    string            `json:"start_time"`
+		Target       string            `json:"target"`
+		OrderBy      string            `json:"order_by"`
+		OnDeadLetter string            `json:"on_dead_letter"`
 		endpointRequest
 	}
 	if !decodeBody(w, r, &req, false) {
@@ -397,7 +419,8 @@ func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	sub := delivery.Subscription{Name: *req.Name, Source: *req.Source, Types: req.Types, Metadata: req.Metadata, Inbox: req.Inbox,
-		Start: stream.Start{Policy: req.Start, Offset: req.StartOffset}, Target: req.Target, Endpoint: ep}
+		Start: stream.Start{Policy: req.Start, Offset: req.StartOffset}, Target: req.Target, Endpoint: ep,
+		OrderBy: req.OrderBy, OnDeadLetter: req.OnDeadLetter}
 	if secret != nil && *secret != "" {
 		sub.Secrets = []delivery.Secret{{Key: *secret}}
 	}
@@ -448,6 +471,10 @@ func (s *Server) listSubscriptions(w http.ResponseWriter, r *http.Request) {
 	for _, sub := range subs {
 		j := s.subscriptionJSON(r, sub)
 		j.Counts = countsJSON(sub, counts)
+		if j.Held, err = s.heldJSON(r, sub); err != nil {
+			s.writeErr(w, err)
+			return
+		}
 		out = append(out, j)
 	}
 	writeJSON(w, http.StatusOK, api.SubscriptionList{Subscriptions: out})
@@ -469,6 +496,10 @@ func (s *Server) getSubscription(w http.ResponseWriter, r *http.Request) {
 	}
 	j := s.subscriptionJSON(r, sub)
 	j.Counts = countsJSON(sub, counts)
+	if j.Held, err = s.heldJSON(r, sub); err != nil {
+		s.writeErr(w, err)
+		return
+	}
 	writeJSON(w, http.StatusOK, j)
 }
 
@@ -478,17 +509,18 @@ func (s *Server) getSubscription(w http.ResponseWriter, r *http.Request) {
 // and is fixed: create another subscription for another definition.
 func (s *Server) patchSubscription(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		Target json.RawMessage `json:"target"` // null stays "null": absent is empty
+		Target       json.RawMessage `json:"target"` // null stays "null": absent is empty
+		OnDeadLetter *string         `json:"on_dead_letter"`
 		endpointRequest
 	}
 	if !checkName(w, "subscription", r.PathValue("name")) || !decodeBody(w, r, &req, false) {
 		return
 	}
-	if len(req.Target) == 0 && !req.endpointRequest.any() {
-		writeError(w, api.CodeMissingField, "target: required (a URL, or null for none), or an endpoint setting (docs/API.md)")
+	if len(req.Target) == 0 && !req.endpointRequest.any() && req.OnDeadLetter == nil {
+		writeError(w, api.CodeMissingField, "target: required (a URL, or null for none), an endpoint setting or on_dead_letter (docs/API.md)")
 		return
 	}
-	var change delivery.Change
+	change := delivery.Change{OnDeadLetter: req.OnDeadLetter}
 	if len(req.Target) > 0 {
 		var target *string
 		if err := json.Unmarshal(req.Target, &target); err != nil {
@@ -665,7 +697,7 @@ func itemsJSON(items []delivery.Item) []api.Item {
 			Metadata: it.Metadata, Payload: it.Payload, DeliveryHandle: handle, State: it.State, Attempts: it.Attempts,
 			NextAttemptAt: it.NextAttemptAt, LeaseExpiresAt: it.LeaseExpiresAt, LastError: it.LastError,
 			LastErrorPast: it.LastError != nil && it.State == delivery.StateCompleted, CreatedAt: it.CreatedAt,
-			UpdatedAt: it.UpdatedAt, FailedAt: it.FailedAt, ReplayedAt: it.ReplayedAt, Replays: it.Replays}
+			UpdatedAt: it.UpdatedAt, FailedAt: it.FailedAt, ReplayedAt: it.ReplayedAt, Replays: it.Replays, OrderKey: it.OrderKey}
 	}
 	return out
 }

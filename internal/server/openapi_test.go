@@ -565,6 +565,10 @@ func TestOpenAPIAnswers(t *testing.T) {
 	want(413, subs, "/v1/subscriptions", big, nil)
 	want(200, "GET /v1/subscriptions", "/v1/subscriptions", "", nil)
 	want(200, "GET /v1/subscriptions/{name}", "/v1/subscriptions/planner", "", nil)
+	want(201, subs, "/v1/subscriptions", `{"name": "by-order", "source": "devices", "types": ["never.*"], "order_by": "/order/id", "on_dead_letter": "skip"}`, nil)
+	want(200, "GET /v1/subscriptions/{name}", "/v1/subscriptions/by-order", "", nil)
+	want(200, "PATCH /v1/subscriptions/{name}", "/v1/subscriptions/by-order", `{"on_dead_letter": "block"}`, nil)
+	want(400, "PATCH /v1/subscriptions/{name}", "/v1/subscriptions/by-order", `{"on_dead_letter": "drop"}`, nil)
 	want(404, "GET /v1/subscriptions/{name}", "/v1/subscriptions/nope", "", nil)
 	const patch = "PATCH /v1/subscriptions/{name}"
 	want(200, patch, "/v1/subscriptions/hooked", `{"target": "http://127.0.0.1:9/other"}`, nil)

@@ -37,6 +37,8 @@ type subscriptions interface {
 	// SubscriptionCounts returns the item counts of every subscription
 	// that has items, by uid.
 	SubscriptionCounts(ctx context.Context) (map[string]delivery.InboxCounts, error)
+	// Held reports what holds back the keys of an ordered subscription.
+	Held(ctx context.Context, s delivery.Subscription) (delivery.Held, error)
 	// Breaker returns the state of the breaker of inbox's endpoint.
 	Breaker(ctx context.Context, inbox string) (delivery.Breaker, error)
 	// Enable closes the breaker of the subscription's endpoint.

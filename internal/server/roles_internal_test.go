@@ -69,6 +69,10 @@ func (f *fakeSubscriptions) SubscriptionCounts(ctx context.Context) (map[string]
 	return map[string]delivery.InboxCounts{}, f.err
 }
 
+func (f *fakeSubscriptions) Held(ctx context.Context, s delivery.Subscription) (delivery.Held, error) {
+	return delivery.Held{}, f.err
+}
+
 func (f *fakeSubscriptions) Lag(ctx context.Context, name string) (stream.Lag, error) {
 	lag, ok := f.lags[name]
 	if !ok {

@@ -28,11 +28,13 @@ export const ROUTES = Object.freeze({
   createSubscription: {
     method: 'POST', path: '/v1/subscriptions', response: 'Subscription',
     body: ['name', 'source', 'types', 'metadata', 'inbox', 'start', 'start_offset', 'start_time', 'target', 'secret', 'headers',
-      'timeout', 'retry_schedule', 'retry_base_delay', 'retry_max_delay', 'max_attempts', 'rate', 'concurrency', 'format'],
+      'timeout', 'retry_schedule', 'retry_base_delay', 'retry_max_delay', 'max_attempts', 'rate', 'concurrency', 'format',
+      'order_by', 'on_dead_letter'],
   },
   updateSubscription: {
     method: 'PATCH', path: '/v1/subscriptions/{name}', response: 'Subscription',
-    body: ['target', 'secret', 'secret_overlap', 'headers', 'timeout', 'retry_schedule', 'retry_base_delay', 'retry_max_delay', 'max_attempts', 'rate', 'concurrency', 'format'],
+    body: ['target', 'secret', 'secret_overlap', 'headers', 'timeout', 'retry_schedule', 'retry_base_delay', 'retry_max_delay', 'max_attempts', 'rate', 'concurrency', 'format',
+      'on_dead_letter'],
   },
   deleteSubscription: { method: 'DELETE', path: '/v1/subscriptions/{name}' },
   enableSubscription: { method: 'POST', path: '/v1/subscriptions/{name}/enable', response: 'Subscription' },
@@ -74,7 +76,7 @@ export const ROUTES = Object.freeze({
 export const SCHEMA_FIELDS = Object.freeze({
   Item: ['id', 'inbox', 'subscription', 'stream', 'offset', 'stream_event_id', 'event_id', 'type', 'occurred_at', 'source_sequence',
     'stored_at', 'metadata', 'payload', 'delivery_handle', 'state', 'attempts', 'next_attempt_at', 'lease_expires_at', 'last_error',
-    'created_at', 'updated_at', 'failed_at', 'replayed_at', 'replays', 'last_error_past'],
+    'created_at', 'updated_at', 'failed_at', 'replayed_at', 'replays', 'last_error_past', 'order_key'],
   ItemPage: ['items', 'next_after'],
   Lease: ['lease', 'expires_at', 'items'],
   SettleResults: ['items'],
@@ -82,7 +84,7 @@ export const SCHEMA_FIELDS = Object.freeze({
   Inbox: ['inbox', 'pending', 'processing', 'completed', 'failed', 'oldest_pending_at'],
   InboxList: ['inboxes'],
   Subscription: ['name', 'source', 'stream', 'inbox', 'types', 'metadata', 'start', 'target', 'max_attempts', 'created_at', 'next_offset',
-    'high_watermark', 'lag', 'counts', 'paused', 'paused_at', 'paused_reason'],
+    'high_watermark', 'lag', 'counts', 'paused', 'paused_at', 'paused_reason', 'order_by', 'on_dead_letter', 'held'],
   SubscriptionCounts: ['inbox', 'pending', 'processing', 'completed', 'failed'],
   SubscriptionList: ['subscriptions'],
   Source: ['name', 'kind', 'stream', 'settings', 'created_at'],

@@ -323,6 +323,8 @@ export async function subscription(live, params, [name]) {
       field('Lag', `${s.lag} events`),
       field('Delivery', s.paused ? `paused since ${time(s.paused_at)}${s.paused_reason ? ': ' + s.paused_reason : ''}` : 'delivering'),
       field('Breaker', b ? [state(b.state), b.last_error ? ' ' + b.last_error : ''] : '–'),
+      s.order_by ? field('Ordered by', `${s.order_by} (dead letters: ${s.on_dead_letter})`) : null,
+      s.held ? field('Keys held back', s.held.keys ? `${s.held.keys}, the oldest item waiting since ${time(s.held.oldest_at)}` : 'none') : null,
       field('Dead letters', h('a', { href: '#/dead-letters' + q({ subscription: s.name }) }, 'list')))),
     h('h2', {}, 'Delivery'),
     h('div', { class: 'actions' }, s.paused ? null : reason, pauseBtn, testBtn),

@@ -88,6 +88,8 @@ class Item(TypedDict):
     replayed_at: Optional[str]
     replays: int
     last_error_past: bool  # completed after last_error: it is history
+    #: The item's key in an ordered subscription (``order_by``); None in an unordered one.
+    order_key: Optional[str]
 
 
 class Lease(TypedDict):
@@ -152,6 +154,12 @@ class Subscription(TypedDict, total=False):
     paused: bool
     paused_at: Optional[str]
     paused_reason: Optional[str]
+    #: Ordered delivery per key: where the key comes from, and "block" or
+    #: "skip" for a key's dead letter; None when unordered.
+    order_by: Optional[str]
+    on_dead_letter: Optional[str]
+    #: In the list and a get of an ordered subscription: {"keys", "oldest_at"}.
+    held: dict[str, Any]
 
 
 class Stream(TypedDict, total=False):
@@ -336,7 +344,8 @@ ROUTES: list[tuple[str, str, tuple[str, ...]]] = [
     ("GET", "/v1/subscriptions", ()),
     ("GET", "/v1/subscriptions/{name}", ()),
     ("POST", "/v1/subscriptions", ("name", "source", "types", "metadata", "inbox", "start", "start_offset",
-                                   "start_time", "target", "secret", "headers", "timeout", "max_attempts")),
+                                   "start_time", "target", "secret", "headers", "timeout", "max_attempts",
+                                   "order_by", "on_dead_letter")),
     ("DELETE", "/v1/subscriptions/{name}", ()),
     ("POST", "/v1/subscriptions/{name}/pause", ("reason",)),
     ("POST", "/v1/subscriptions/{name}/resume", ()),
@@ -610,7 +619,7 @@ class API:
     async def create_subscription(self, name: str, source: str, **fields: Any) -> Subscription:
         """Create a subscription (fields: types, metadata, inbox, start,
         start_offset, start_time, target, secret, headers, timeout,
-        max_attempts); one that exists with this definition is returned as
+        max_attempts, order_by, on_dead_letter); one that exists with this definition is returned as
         it is, one with another is ``APIError`` 409."""
         return await self.request("POST", "/v1/subscriptions", {"name": name, "source": source, **fields})
 
