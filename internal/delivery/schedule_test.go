@@ -20,11 +20,18 @@ import (
 // when at is zero), and returns its offset.
 func (e *env) appendAt(t testing.TB, id string, at time.Time) int64 {
 	t.Helper()
+	return e.appendTyped(t, id, "t", at)
+}
+
+// appendTyped appends one event of type typ whose metadata schedules it
+// for at (none when at is zero), and returns its offset.
+func (e *env) appendTyped(t testing.TB, id, typ string, at time.Time) int64 {
+	t.Helper()
 	meta := json.RawMessage(`{"device_id":"pi-1"}`)
 	if !at.IsZero() {
 		meta = json.RawMessage(`{"device_id":"pi-1","` + schedule.Key + `":"` + schedule.Format(at) + `"}`)
 	}
-	res, err := e.streams.Append(context.Background(), "devices", []stream.Event{{NativeID: id, Type: "t", OccurredAt: e.clock.Now(),
+	res, err := e.streams.Append(context.Background(), "devices", []stream.Event{{NativeID: id, Type: typ, OccurredAt: e.clock.Now(),
 		Metadata: meta, Payload: json.RawMessage(`{}`)}})
 	if err != nil || res[0].Err != nil {
 		t.Fatalf("append %s: %v %+v", id, err, res)
