@@ -3,7 +3,7 @@
 // metadata under Key, as RFC 3339 text in UTC, so that every stream
 // backend stores and hands it back unchanged; delivery reads it when it
 // writes the event's items (their next_attempt_at), and the intakes
-// (webhook headers) write it.
+// (a webhook's headers, an envelope's deliver_at) write it.
 package schedule
 
 import (
@@ -11,13 +11,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/postbox-events/postbox"
 )
 
 // Key is the key of an event's metadata that holds its delivery time.
 const Key = "deliver_at"
 
-// Max bounds how far ahead of now an event may be scheduled.
-const Max = 365 * 24 * time.Hour
+// Max bounds how far ahead of now an event may be scheduled: an
+// envelope's deliver_at as a webhook's headers.
+const Max = postbox.MaxDeliverAhead
 
 // Layout is how a delivery time is written into metadata: RFC 3339 in
 // UTC, to the microsecond (the precision of the delivery store).

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postbox-events/postbox"
+	"github.com/postbox-events/postbox/client"
 	"github.com/postbox-events/postbox/internal/server"
 )
 
@@ -138,5 +140,43 @@ func TestWebhookScheduleInvalid(t *testing.T) {
 	}
 	if status, page := call(t, ts, "GET", "/v1/inboxes/webhooks/items", ""); status != 200 || len(page["items"].([]any)) != 0 {
 		t.Fatalf("items after refusals: %d %v, want none", status, page)
+	}
+}
+
+// TestEnvelopeSchedule: an envelope's deliver_at makes its items due then
+// (their next_attempt_at, the event's metadata deliver_at in UTC), and a
+// lease does not take them before; one in the past is due at once.
+func TestEnvelopeSchedule(t *testing.T) {
+	ts := start(t, server.Config{}, nil)
+	if status, body := call(t, ts, "POST", "/v1/subscriptions", `{"name": "dev", "source": "devices", "start": "earliest"}`); status != 201 {
+		t.Fatalf("create: %d %v", status, body)
+	}
+	c := dial(t, ts.WS, client.Options{})
+	later := time.Now().Add(time.Hour).Truncate(time.Second)
+	scheduled := envelope("sched-1", "pi-1", `{"n":1}`)
+	scheduled.DeliverAt = later.In(time.FixedZone("", 2*3600)).Format(time.RFC3339) // an offset: stored in UTC
+	past := envelope("sched-2", "pi-1", `{"n":2}`)
+	past.DeliverAt = "2020-01-02T03:04:05Z"
+	for _, r := range send(t, c, message(t, scheduled), message(t, past)) {
+		if r.Status != postbox.StatusStored {
+			t.Fatalf("send: %+v", r)
+		}
+	}
+	var items []any
+	waitFor(t, 30*time.Second, "2 items in dev", func() bool {
+		_, page := call(t, ts, "GET", "/v1/inboxes/dev/items", "")
+		items, _ = page["items"].([]any)
+		return len(items) == 2
+	})
+	first := items[0].(map[string]any)
+	if due := dueAt(t, first); first["event_id"] != "sched-1" || !due.Equal(later) {
+		t.Fatalf("the scheduled item: %v, want due at %v", first, later)
+	}
+	if meta := first["metadata"].(map[string]any); meta["deliver_at"] != later.UTC().Format(time.RFC3339) {
+		t.Fatalf("metadata %v, want deliver_at %s", meta, later.UTC().Format(time.RFC3339))
+	}
+	status, l := call(t, ts, "POST", "/v1/inboxes/dev/lease", `{"max": 10}`)
+	if got := l["items"].([]any); status != 200 || len(got) != 1 || got[0].(map[string]any)["event_id"] != "sched-2" {
+		t.Fatalf("lease: %d %v, want sched-2 alone (sched-1 is due in an hour)", status, l)
 	}
 }
