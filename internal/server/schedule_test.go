@@ -59,7 +59,8 @@ func leasedKeys(t *testing.T, ts *testServer, wait string) (keys, ids []string) 
 // TestWebhookSchedule: a webhook sent with Postbox-Delay: 2s makes an
 // item due 2 s after it was received (its next_attempt_at) that a lease
 // does not take before then and takes after; Postbox-Deliver-At sets the
-// time itself, and one in the past is due at once. A scheduled item is
+// time itself (a redelivery with another time changes nothing), and one
+// in the past is due at once. A scheduled item is
 // cancelled before it is due (a dead letter, never leased), and cancelling
 // one that a lease took is 409.
 func TestWebhookSchedule(t *testing.T) {
@@ -82,6 +83,14 @@ func TestWebhookSchedule(t *testing.T) {
 	}
 	if due := dueAt(t, webhookItem(t, ts, "later")); !due.Equal(later) {
 		t.Fatalf("the later item is due at %v, want %v", due, later)
+	}
+	// Sent again with another time, it is the duplicate it is: the first
+	// schedule stands.
+	if status, body, _ := post(t, ts, `{"n":2}`, map[string]string{"Idempotency-Key": "later", "Postbox-Delay": "1s"}); status != http.StatusOK {
+		t.Fatalf("the later webhook sent again: %d %v, want 200 (a duplicate)", status, body)
+	}
+	if due := dueAt(t, webhookItem(t, ts, "later")); !due.Equal(later) {
+		t.Fatalf("after a redelivery, the later item is due at %v, want %v still", due, later)
 	}
 	webhookItem(t, ts, "past")
 
