@@ -482,6 +482,7 @@ const (
 	fieldDeviceID
 	fieldTraceParent
 	fieldTraceState
+	fieldDeliverAt
 	fieldSeq
 	fieldPayload
 )
@@ -495,6 +496,7 @@ var fieldNames = [...]string{
 	fieldDeviceID:      "device_id",
 	fieldTraceParent:   "traceparent",
 	fieldTraceState:    "tracestate",
+	fieldDeliverAt:     "deliver_at",
 	fieldSeq:           "seq",
 	fieldPayload:       "payload",
 }
@@ -520,6 +522,8 @@ func lookupField(key []byte) int {
 		return fieldTraceParent
 	case "tracestate":
 		return fieldTraceState
+	case "deliver_at":
+		return fieldDeliverAt
 	case "seq":
 		return fieldSeq
 	case "payload":
@@ -607,7 +611,7 @@ func (s *scanner) envelope(i int, env *Envelope) (int, *FieldError) {
 	var keyBuf []byte
 	// strs holds the string fields' values until the end, to make them
 	// strings at once.
-	var strs [fieldTraceState + 1][]byte
+	var strs [fieldDeliverAt + 1][]byte
 	// seen has bit f set once field f was given.
 	var seen uint32
 	idTwice := false
@@ -655,7 +659,7 @@ func (s *scanner) envelope(i int, env *Envelope) (int, *FieldError) {
 		}
 		c := data[i]
 		switch f {
-		case fieldEventID, fieldType, fieldTS, fieldSessionID, fieldDeviceID, fieldTraceParent, fieldTraceState:
+		case fieldEventID, fieldType, fieldTS, fieldSessionID, fieldDeviceID, fieldTraceParent, fieldTraceState, fieldDeliverAt:
 			if c == '"' {
 				var ok bool
 				if strs[f], i, ok = s.textValue(i); !ok && i >= 0 {
@@ -776,7 +780,7 @@ func notText(field string) *FieldError {
 }
 
 // setStrings sets env's string fields to strs, in one allocation.
-func setStrings(env *Envelope, strs *[fieldTraceState + 1][]byte) {
+func setStrings(env *Envelope, strs *[fieldDeliverAt + 1][]byte) {
 	n := 0
 	for _, b := range strs {
 		n += len(b)
@@ -791,7 +795,7 @@ func setStrings(env *Envelope, strs *[fieldTraceState + 1][]byte) {
 	}
 	all := sb.String()
 	for f, dst := range [...]*string{fieldEventID: &env.EventID, fieldType: &env.Type, fieldTS: &env.TS, fieldSessionID: &env.SessionID, fieldDeviceID: &env.DeviceID,
-		fieldTraceParent: &env.TraceParent, fieldTraceState: &env.TraceState} {
+		fieldTraceParent: &env.TraceParent, fieldTraceState: &env.TraceState, fieldDeliverAt: &env.DeliverAt} {
 		if dst != nil {
 			*dst, all = all[:len(strs[f])], all[len(strs[f]):]
 		}

@@ -20,7 +20,7 @@ import (
 func (e *Envelope) AppendJSON(dst []byte) ([]byte, error) {
 	for _, f := range [...]struct{ name, v string }{
 		{"event_id", e.EventID}, {"type", e.Type}, {"ts", e.TS}, {"session_id", e.SessionID},
-		{"device_id", e.DeviceID}, {"traceparent", e.TraceParent}, {"tracestate", e.TraceState},
+		{"device_id", e.DeviceID}, {"traceparent", e.TraceParent}, {"tracestate", e.TraceState}, {"deliver_at", e.DeliverAt},
 	} {
 		if !utf8.ValidString(f.v) {
 			return dst, &FieldError{Field: f.name, Code: CodeInvalidField, Message: f.name + ": not valid UTF-8"}
@@ -51,6 +51,10 @@ func (e *Envelope) AppendJSON(dst []byte) ([]byte, error) {
 	if e.TraceState != "" {
 		dst = append(dst, `,"tracestate":`...)
 		dst = appendString(dst, e.TraceState)
+	}
+	if e.DeliverAt != "" {
+		dst = append(dst, `,"deliver_at":`...)
+		dst = appendString(dst, e.DeliverAt)
 	}
 	if e.Seq != nil {
 		dst = append(dst, `,"seq":`...)

@@ -18,7 +18,10 @@ import (
 // identity. TraceParent and TraceState are optional too: the W3C trace
 // context (https://www.w3.org/TR/trace-context/) the event travels with,
 // stored with it and sent on with its deliveries; they are not part of its
-// identity either.
+// identity either. DeliverAt is optional: an RFC 3339 time, at most
+// MaxDeliverAhead after the receiver's now, before which the event's
+// deliveries do not start (one in the past: at once); it is stored with
+// the event (metadata deliver_at), not part of its identity.
 type Envelope struct {
 	SchemaVersion int             `json:"schema_version"`
 	EventID       string          `json:"event_id"`
@@ -28,6 +31,7 @@ type Envelope struct {
 	DeviceID      string          `json:"device_id"`
 	TraceParent   string          `json:"traceparent,omitempty"`
 	TraceState    string          `json:"tracestate,omitempty"`
+	DeliverAt     string          `json:"deliver_at,omitempty"`
 	Seq           *int64          `json:"seq,omitempty"`
 	Payload       json.RawMessage `json:"payload"`
 }
@@ -146,6 +150,18 @@ func (e *Envelope) Validate(lim Limits) error {
 	if e.Seq != nil && *e.Seq < 0 {
 		return &FieldError{Field: "seq", Code: CodeInvalidField, Message: "seq: must not be negative"}
 	}
+	if e.DeliverAt != "" {
+		if err := checkString("deliver_at", e.DeliverAt, 64); err != nil {
+			return err
+		}
+		at, err := time.Parse(time.RFC3339Nano, e.DeliverAt)
+		if err != nil {
+			return &FieldError{Field: "deliver_at", Code: CodeInvalidField, Message: fmt.Sprintf("deliver_at: %q is not an RFC 3339 timestamp", e.DeliverAt)}
+		}
+		if time.Until(at) > MaxDeliverAhead {
+			return &FieldError{Field: "deliver_at", Code: CodeInvalidField, Message: fmt.Sprintf("deliver_at: %s is more than %d days ahead", e.DeliverAt, MaxDeliverAhead/(24*time.Hour))}
+		}
+	}
 	if e.TraceParent != "" {
 		if err := CheckTraceParent(e.TraceParent); err != nil {
 			return &FieldError{Field: "traceparent", Code: CodeInvalidField, Message: "traceparent: " + err.Error()}
@@ -158,6 +174,10 @@ func (e *Envelope) Validate(lim Limits) error {
 	}
 	return nil
 }
+
+// MaxDeliverAhead bounds how far ahead of the receiver's now an event may
+// be scheduled (Envelope.DeliverAt).
+const MaxDeliverAhead = 365 * 24 * time.Hour
 
 // MaxTraceStateBytes bounds a tracestate, as W3C Trace Context's 32
 // list members of at most 256 characters would not; receivers may drop

@@ -8,8 +8,9 @@ import (
 func runInboxCancel(ctx context.Context, env *cmdEnv, args []string) error {
 	fs := newFlags(env, "inbox cancel", "INBOX ID [flags]", `Cancels the pending item ID of INBOX: it becomes a dead letter at once, with the last
 error "cancelled by an operator" (and --reason), and is not delivered unless it is
-replayed (postbox dlq replay ID). An item that is not pending is refused (exit status 1):
-a processing one is under an attempt; cancel it once it settles.`)
+replayed (postbox dlq replay ID). A scheduled item (its event's deliver_at, shown as its
+next attempt) is cancelled so before it is due. An item that is not pending is refused
+(exit status 1): a processing one is under an attempt; cancel it once it settles.`)
 	reason := fs.String("reason", "", "why, added to the item's last error (at most 500 bytes)")
 	af := addAPIFlags(fs, "print the item's JSON")
 	c, err := parseAPI(env, fs, af, args)

@@ -366,6 +366,8 @@ func TestIntakeRefusesBadInputNamingTheField(t *testing.T) {
 		{"ts a number", `{"type":"t","ts":5,"payload":{}}`, "invalid_field", "ts", -1},
 		{"unknown field", `{"type":"t","payload":{},"colour":"red"}`, "unknown_field", "colour", -1},
 		{"other device", `{"type":"t","device_id":"dev-2","payload":{}}`, "forbidden", "device_id", -1},
+		{"scheduled", `{"type":"t","deliver_at":"2030-01-02T03:04:05Z","payload":{}}`, "invalid_field", "deliver_at", -1},
+		{"bad deliver_at", `{"type":"t","deliver_at":"soon","payload":{}}`, "invalid_field", "deliver_at", -1},
 		{"bad schema version", `{"schema_version":9,"type":"t","payload":{}}`, "unsupported_version", "schema_version", -1},
 		{"one bad in an array", "[" + good + `,{"type":"t","ts":"yesterday","payload":{}},` + good + "]", "invalid_field", "ts", 1},
 		{"first bad in an array", `[{"type":"t","device_id":"dev-9","payload":{}},` + good + "]", "forbidden", "device_id", 0},

@@ -120,6 +120,12 @@ func (in *intake) handleEvents(w http.ResponseWriter, r *http.Request) {
 					"envelope is %d bytes once its missing fields are filled in, over the limit of %d", len(b), maxBytes)}
 			}
 		}
+		if err == nil && env.DeliverAt != "" {
+			// The outbox keeps an envelope's fields, and has none for it:
+			// refused rather than sent at once.
+			err = &postbox.FieldError{Field: "deliver_at", Code: postbox.CodeInvalidField,
+				Message: "deliver_at: the agent's outbox does not carry a delivery time; send a scheduled event to the server's ingress"}
+		}
 		if err == nil && env.DeviceID != in.deviceID {
 			err = &postbox.FieldError{Field: "device_id", Code: postbox.CodeForbidden, Message: fmt.Sprintf("device_id: this agent sends for %q, not %q", in.deviceID, env.DeviceID)}
 		}

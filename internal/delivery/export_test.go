@@ -49,3 +49,10 @@ func SetSearchScan(t interface{ Cleanup(func()) }, n int) {
 // Reap ends the leases that expired now, as the reap loop does each
 // ReapInterval.
 func (d *Delivery) Reap(ctx context.Context) error { return d.reap(ctx) }
+
+// LeaseDueSQL is the statement a SQLite lease takes due pending items
+// with, for EXPLAIN.
+const LeaseDueSQL = leaseDueSQLite
+
+// LeasePostgresSQL is the statement of a lease on PostgreSQL, for EXPLAIN.
+const LeasePostgresSQL = leasePostgres

@@ -230,7 +230,10 @@ type Lease struct {
 const MaxWait = time.Minute
 
 // Lease marks up to max ready items of inbox processing until now +
-// visibility, oldest first, counting an attempt on each. When none is
+// visibility, counting an attempt on each: those whose lease expired
+// first, then pending ones due longest first (by next_attempt_at, then
+// id: oldest first, as an item is due when it is made unless its event
+// was scheduled for later). When none is
 // ready it waits up to wait for one, or until ctx ends (then it returns
 // no items and no error).
 func (d *Delivery) Lease(ctx context.Context, inbox string, max int, visibility, wait time.Duration) (Lease, error) {
@@ -382,11 +385,18 @@ func (d *Delivery) leaseSQLite(ctx context.Context, inbox string, max, maxAttemp
 
 // leaseExpiredSQLite leases up to ?5 processing items of inbox ?4 whose
 // lease expired by ?3 before the reaper saw it and that have attempts left
-// (?6); leaseDueSQLite up to ?5 pending ones due by ?3. Neither takes an
-// item of a paused subscription. SQLite runs one writer at a time. The
-// expired ones are found by the index of leases by their end, where
-// there are usually none: by the inbox's index of states, every lease
-// read every item the workers held.
+// (?6); leaseDueSQLite up to ?5 pending ones due by ?3, those due
+// longest first. Neither takes an item of a paused subscription. SQLite
+// runs one writer at a time. The expired ones are found by the index of
+// leases by their end, where there are usually none: by the inbox's index
+// of states, every lease read every item the workers held. The due ones
+// are found by the index of pending items by when they are due
+// (inbox_items_due), which holds those due later (scheduled, or waiting
+// for a retry) after those due now: by the index of states, in id order,
+// a lease read every item scheduled for later that came before the due
+// ones. Its plan (TestLeasePlanSkipsLaterItems):
+//
+//	SEARCH inbox_items USING INDEX inbox_items_due (inbox_id=? AND next_attempt_at<?)
 const (
 	leaseExpiredSQLite = `UPDATE inbox_items SET state = 'processing', attempts = attempts + 1,
 	lease_token = ?1, lease_expires_at = ?2, updated_at = ?3
@@ -395,8 +405,9 @@ const (
 		ORDER BY item_id LIMIT ?5) RETURNING item_id, attempts, subscription_uid`
 	leaseDueSQLite = `UPDATE inbox_items SET state = 'processing', attempts = attempts + 1,
 	lease_token = ?1, lease_expires_at = ?2, updated_at = ?3
-	WHERE item_id IN (SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3` + notPaused + orderFree + `
-		ORDER BY item_id LIMIT ?5) RETURNING item_id, attempts, subscription_uid`
+	WHERE item_id IN (SELECT item_id FROM inbox_items INDEXED BY inbox_items_due
+		WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3` + notPaused + orderFree + `
+		ORDER BY next_attempt_at, item_id LIMIT ?5) RETURNING item_id, attempts, subscription_uid`
 )
 
 // leasePostgres is the SQLite lease in one statement for processes
@@ -409,7 +420,7 @@ const leasePostgres = `WITH expired AS (
 		ORDER BY item_id LIMIT ?5 FOR UPDATE SKIP LOCKED),
 	due AS (
 		SELECT item_id FROM inbox_items WHERE inbox_id = ?4 AND state = 'pending' AND next_attempt_at <= ?3` + notPaused + orderFree + `
-		ORDER BY item_id LIMIT ?5 FOR UPDATE SKIP LOCKED),
+		ORDER BY next_attempt_at, item_id LIMIT ?5 FOR UPDATE SKIP LOCKED),
 	ready AS (
 		SELECT item_id AS ready_id, was FROM (SELECT item_id, 'processing' AS was FROM expired
 			UNION ALL SELECT item_id, 'pending' AS was FROM due) AS r

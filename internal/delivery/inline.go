@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/postbox-events/postbox/internal/schedule"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -106,7 +107,8 @@ func (in *inliner) write(tx *sql.Tx, events []stream.StoredEvent) (func(), error
 	}
 	s := in.sub
 	first, last := events[0].Offset, events[len(events)-1].Offset
-	now := any(d.now().UTC().Format(sqlitedb.Time))
+	nowText := d.now().UTC().Format(sqlitedb.Time)
+	now := any(nowText)
 	r, err := tx.StmtContext(ctx, in.move).ExecContext(ctx, last+1, now, in.subArgs[2], first)
 	if err != nil {
 		return nil, fmt.Errorf("inline items of %s: move position: %w", s.Name, err)
@@ -122,7 +124,7 @@ func (in *inliner) write(tx *sql.Tx, events []stream.StoredEvent) (func(), error
 	}
 	in.items = items
 	defer clear(items)
-	rows := inlineRows{stream: events[0].StreamID, now: now}
+	rows := inlineRows{stream: events[0].StreamID, now: now, nowText: nowText}
 	var added int64
 	for rest := items; len(rest) > 0; {
 		part := rest[:min(itemChunk, len(rest))]
@@ -184,6 +186,7 @@ func (in *inliner) notAt(ctx context.Context, tx *sql.Tx, err error) error {
 // a group commit's events), formatted once.
 type inlineRows struct {
 	stream, now any
+	nowText     string // now, unboxed
 	stored      time.Time
 	storedArg   any
 }
@@ -202,9 +205,13 @@ func (r *inlineRows) append(args []any, sub *[3]any, ev *stream.StoredEvent, key
 	if r.storedArg == nil || !ev.StoredAt.Equal(r.stored) {
 		r.stored, r.storedArg = ev.StoredAt, ev.StoredAt.UTC().Format(sqlitedb.Time)
 	}
+	due := r.now
+	if at, ok := schedule.Of(ev.Metadata); ok {
+		due = dueText(at, r.nowText)
+	}
 	return append(args, sub[0], sub[1], sub[2], r.stream, ev.Offset, ev.NativeID, ev.Type,
 		ev.OccurredAt.UTC().Format(sqlitedb.Time), r.storedArg,
-		string(ev.Metadata), string(ev.Payload), handle, r.now, r.now, r.now, seq, key)
+		string(ev.Metadata), string(ev.Payload), handle, due, r.now, r.now, seq, key)
 }
 
 // appendItemArgs appends the values of itemRow for ev's item in s.
@@ -213,9 +220,24 @@ func appendItemArgs(args []any, s *Subscription, ev *stream.StoredEvent, now str
 	if len(ev.DeliveryHandle) > 0 {
 		handle = string(ev.DeliveryHandle)
 	}
+	due := now
+	if at, ok := schedule.Of(ev.Metadata); ok {
+		due = dueText(at, now)
+	}
 	return append(args, s.Inbox, s.Name, s.UID, ev.StreamID, ev.Offset, ev.NativeID, ev.Type,
 		ev.OccurredAt.UTC().Format(sqlitedb.Time), ev.StoredAt.UTC().Format(sqlitedb.Time),
-		string(ev.Metadata), string(ev.Payload), handle, now, now, now, ev.Sequence, s.orderKey(ev))
+		string(ev.Metadata), string(ev.Payload), handle, due, now, now, ev.Sequence, s.orderKey(ev))
+}
+
+// dueText is the next_attempt_at of an item whose event is scheduled for
+// at (its metadata's schedule.Key), made at now (in sqlitedb.Time): at,
+// or now when at is past. Its lease waits for it (leaseDueSQLite,
+// leasePostgres).
+func dueText(at time.Time, now string) string {
+	if t := at.UTC().Format(sqlitedb.Time); t > now {
+		return t
+	}
+	return now
 }
 
 // inlined records that inline items moved subscription uid's position to

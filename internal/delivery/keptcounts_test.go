@@ -40,7 +40,8 @@ func (e *env) checkSubscriptionCounts(t *testing.T, step string) {
 	}
 }
 
-// TestKeptCountsProperty: after every step of a random mix of appends,
+// TestKeptCountsProperty: after every step of a random mix of appends
+// (a third of them events scheduled for up to two hours ahead, or past),
 // leases, acks (by lease and by an operator), nacks, dead letters,
 // extensions, expired leases (taken again by a lease, or ended by the
 // reaper), replays of dead letters and of ranges, retention, folds, a
@@ -88,7 +89,14 @@ func testKeptCountsProperty(t *testing.T, kind storeKind) {
 		if rng.IntN(2) == 0 {
 			typ = "t.odd"
 		}
-		e.appendEvents(t, "e"+strconv.Itoa(events), typ, n)
+		if rng.IntN(3) == 0 { // scheduled: due in up to 2 hours, or past
+			for i := range n {
+				at := e.clock.Now().Add(time.Duration(rng.IntN(150)-30) * time.Minute)
+				e.appendTyped(t, "e"+strconv.Itoa(events+i), typ, at)
+			}
+		} else {
+			e.appendEvents(t, "e"+strconv.Itoa(events), typ, n)
+		}
 		events += n
 		for _, s := range []string{"a", "b", "c"} {
 			e.waitLag(t, s, 0)

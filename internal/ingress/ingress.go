@@ -19,6 +19,7 @@ import (
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/internal/intakerate"
 	"github.com/postbox-events/postbox/internal/logsample"
+	"github.com/postbox-events/postbox/internal/schedule"
 	"github.com/postbox-events/postbox/internal/tracing"
 	"github.com/postbox-events/postbox/internal/wsping"
 	"github.com/postbox-events/postbox/stream"
@@ -361,7 +362,8 @@ func (in *Ingress) decodeFrame(frame []byte, device, streamID string) decoded {
 // The payload is stored compacted, so that a redelivery that differs only
 // in insignificant whitespace is a duplicate, not a conflict. The trace
 // context, when the envelope has one, is kept in the metadata
-// (traceparent, tracestate).
+// (traceparent, tracestate), and so is its delivery time (deliver_at, in
+// UTC), which delivery makes its items due at.
 func toEvent(env *postbox.Envelope) stream.Event {
 	meta := make([]byte, 0, 64+len(env.DeviceID)+len(env.SessionID)+len(env.TraceParent)+len(env.TraceState))
 	meta = append(meta, `{"device_id":`...)
@@ -376,6 +378,12 @@ func toEvent(env *postbox.Envelope) stream.Event {
 		if env.TraceState != "" {
 			meta = append(meta, `,"tracestate":`...)
 			meta = appendString(meta, env.TraceState)
+		}
+	}
+	if env.DeliverAt != "" { // validated: an RFC 3339 time
+		if at, err := time.Parse(time.RFC3339Nano, env.DeliverAt); err == nil {
+			meta = append(meta, `,"`+schedule.Key+`":`...)
+			meta = appendString(meta, schedule.Format(at))
 		}
 	}
 	meta = append(meta, '}')

@@ -15,6 +15,7 @@ import (
 
 	"github.com/postbox-events/postbox"
 	"github.com/postbox-events/postbox/api"
+	"github.com/postbox-events/postbox/internal/schedule"
 	"github.com/postbox-events/postbox/internal/tracing"
 )
 
@@ -315,9 +316,10 @@ func webhookTrace(r *http.Request, ce *CloudEvent) (traceparent, tracestate stri
 }
 
 // withWebhookExtras adds a webhook's trace context and CloudEvent
-// attributes to the metadata webhookMetadata made.
-func withWebhookExtras(meta json.RawMessage, traceparent, tracestate string, ce *CloudEvent) json.RawMessage {
-	if traceparent == "" && ce == nil {
+// attributes, and its delivery time (schedule.Key), to the metadata
+// webhookMetadata made.
+func withWebhookExtras(meta json.RawMessage, traceparent, tracestate string, ce *CloudEvent, deliverAt time.Time) json.RawMessage {
+	if traceparent == "" && ce == nil && deliverAt.IsZero() {
 		return meta
 	}
 	var m map[string]any
@@ -332,6 +334,9 @@ func withWebhookExtras(meta json.RawMessage, traceparent, tracestate string, ce 
 	}
 	if ce != nil {
 		m["cloudevents"] = ce.attrs
+	}
+	if !deliverAt.IsZero() {
+		m[schedule.Key] = schedule.Format(deliverAt)
 	}
 	out, _ := json.Marshal(m)
 	return out

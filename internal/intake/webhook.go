@@ -23,6 +23,7 @@ import (
 	"github.com/postbox-events/postbox/internal/forwarded"
 	"github.com/postbox-events/postbox/internal/intakerate"
 	"github.com/postbox-events/postbox/internal/jsonenc"
+	"github.com/postbox-events/postbox/internal/schedule"
 	"github.com/postbox-events/postbox/internal/tracing"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -138,19 +139,22 @@ type Parsed struct {
 	// Handle is the event's delivery handle (internal/replyto); nil when
 	// it has none.
 	Handle json.RawMessage
+	// DeliverAt is when the webhook's items are due (HeaderDeliverAt,
+	// HeaderDelay); zero: at once.
+	DeliverAt time.Time
 
 	headers json.RawMessage // the kept headers and the remote address
 }
 
 // Event returns the event to append: the webhook's key, type and
-// payload, and as metadata its kept headers, its trace context and a
-// CloudEvent's attributes.
+// payload, and as metadata its kept headers, its trace context, a
+// CloudEvent's attributes and its delivery time (schedule.Key).
 func (p *Parsed) Event() stream.Event {
 	return stream.Event{
 		NativeID:       p.Key,
 		Type:           p.Type,
 		OccurredAt:     p.OccurredAt,
-		Metadata:       withWebhookExtras(p.headers, p.Traceparent, p.Tracestate, p.CloudEvent),
+		Metadata:       withWebhookExtras(p.headers, p.Traceparent, p.Tracestate, p.CloudEvent, p.DeliverAt),
 		Payload:        p.Payload,
 		DeliveryHandle: p.Handle,
 	}
@@ -230,6 +234,10 @@ func (wh *Webhook) Parse(r *http.Request, body []byte, now time.Time) (Parsed, *
 	if err == nil {
 		meta, err = webhookMetadata(r, &wh.Identity)
 	}
+	var deliverAt time.Time
+	if err == nil {
+		deliverAt, err = webhookSchedule(r, now)
+	}
 	if err != nil {
 		return Parsed{}, refuse(api.CodeInvalidField, "%v", err)
 	}
@@ -242,7 +250,7 @@ func (wh *Webhook) Parse(r *http.Request, body []byte, now time.Time) (Parsed, *
 	if fe := postbox.CheckPayloadDepth(body); fe != nil { // an inbox page holding it must stay readable JSON
 		return Parsed{}, refuse(api.CodeInvalidField, "the body's %s", strings.TrimPrefix(fe.Message, "payload: "))
 	}
-	p := Parsed{Key: key, Type: typ, OccurredAt: now, Payload: body, CloudEvent: ce, headers: meta}
+	p := Parsed{Key: key, Type: typ, OccurredAt: now, Payload: body, CloudEvent: ce, DeliverAt: deliverAt, headers: meta}
 	switch {
 	case wh.handle != nil:
 		var ref *Refusal
@@ -260,6 +268,26 @@ func (wh *Webhook) Parse(r *http.Request, body []byte, now time.Time) (Parsed, *
 	}
 	p.Traceparent, p.Tracestate = webhookTrace(r, ce)
 	return p, nil
+}
+
+// The headers that schedule a webhook's delivery: its items are due at
+// an RFC 3339 time, or after a delay (a Go duration: 90s, 2h) from when
+// it is received; one of them, at most schedule.Max ahead. A time in the
+// past is due at once. They are the sender's, as Idempotency-Key is,
+// and no signature covers them.
+const (
+	HeaderDeliverAt = "Postbox-Deliver-At"
+	HeaderDelay     = "Postbox-Delay"
+)
+
+// webhookSchedule returns the delivery time r's headers ask for (zero:
+// none), or an error naming the header at fault.
+func webhookSchedule(r *http.Request, now time.Time) (time.Time, error) {
+	at, delay := r.Header.Get(HeaderDeliverAt), r.Header.Get(HeaderDelay)
+	if at == "" && delay == "" {
+		return time.Time{}, nil
+	}
+	return schedule.Parse(strings.TrimSpace(at), strings.TrimSpace(delay), now, "header "+HeaderDeliverAt, "header "+HeaderDelay)
 }
 
 // IsJSONMediaType reports whether a Content-Type is application/json or

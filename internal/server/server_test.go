@@ -521,6 +521,10 @@ func badCases(t *testing.T, prefix string) []badCase {
 		{name: "over the size limit", frame: with(id("too-large"), "payload", map[string]string{"blob": strings.Repeat("a", 2*maxEnvelope)}),
 			id: id("too-large"), code: postbox.CodeTooLarge},
 		{name: "bad envelope in an array", frame: "[" + without(id("in-array"), "type") + "]", id: id("in-array"), code: postbox.CodeMissingField, field: "type"},
+		{name: "bad deliver_at", frame: with(id("deliver-at"), "deliver_at", "tomorrow"), id: id("deliver-at"), code: postbox.CodeInvalidField, field: "deliver_at"},
+		{name: "deliver_at a number", frame: with(id("deliver-at-number"), "deliver_at", 1771283421), id: id("deliver-at-number"), code: postbox.CodeInvalidField, field: "deliver_at"},
+		{name: "deliver_at too far", frame: with(id("deliver-at-far"), "deliver_at", time.Now().Add(400*24*time.Hour).UTC().Format(time.RFC3339)),
+			id: id("deliver-at-far"), code: postbox.CodeInvalidField, field: "deliver_at"},
 	}
 	for _, key := range []string{"type", "ts", "session_id", "device_id", "payload", "schema_version"} {
 		cases = append(cases, badCase{name: "missing " + key, frame: without(id("no-"+key), key), id: id("no-" + key), code: postbox.CodeMissingField, field: key})
