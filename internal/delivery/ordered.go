@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/postbox-events/postbox/internal/forwarded"
 	"github.com/postbox-events/postbox/internal/sqlitedb"
 	"github.com/postbox-events/postbox/stream"
 )
@@ -65,7 +66,13 @@ func validOrderBy(s string) error {
 	case strings.HasPrefix(s, orderByHeader):
 		name := s[len(orderByHeader):]
 		if name == "" || strings.IndexFunc(name, func(r rune) bool { return !isTokenChar(r) }) >= 0 {
-			return errorf(ErrInvalid, "order_by %q: header. needs a header name (header.x-shop-id)", s)
+			return errorf(ErrInvalid, "order_by %q: header. needs a header name (header.x-shopify-shop-domain)", s)
+		}
+		if !keptHeader(name) {
+			return errorf(ErrInvalid, "order_by %q: a webhook's metadata keeps only the headers postbox forwards to targets "+
+				"(X-GitHub-*, X-Shopify-Shop-Domain, X-Request-Id, … docs/API.md, Workers) and Content-Type, User-Agent, "+
+				"X-Event-Type: %s is not kept, so every item would have the empty key; order by a JSON pointer into the payload "+
+				"or a metadata field instead", s, name)
 		}
 		return nil
 	case strings.HasPrefix(s, "/"):
@@ -77,6 +84,18 @@ func validOrderBy(s string) error {
 		return nil
 	}
 	return errorf(ErrInvalid, "order_by %q: %s", s, want)
+}
+
+// keptHeader reports whether a webhook's header name (any case) is kept
+// in its event's metadata by every source: the headers forwarded to
+// targets, and those the intake keeps besides (a source's own key and
+// type headers are kept too, but neither makes a key that orders).
+func keptHeader(name string) bool {
+	switch strings.ToLower(name) {
+	case "content-type", "user-agent", "x-event-type":
+		return true
+	}
+	return forwarded.Header(name)
 }
 
 // isTokenChar reports whether r may appear in an HTTP header name.

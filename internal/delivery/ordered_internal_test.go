@@ -12,7 +12,7 @@ import (
 // key that is not there is the empty key.
 func TestOrderKey(t *testing.T) {
 	ev := &stream.StoredEvent{Event: stream.Event{
-		Metadata: json.RawMessage(`{"device_id":"pi-7","session_id":"s-1","tenant":42,"headers":{"x-shop-id":"shop-9"}}`),
+		Metadata: json.RawMessage(`{"device_id":"pi-7","session_id":"s-1","tenant":42,"headers":{"x-shopify-shop-domain":"shop-9"}}`),
 		Payload:  json.RawMessage(`{"order":{"id":"o-1","n":7,"flag":true,"none":null},"a/b":"slash","items":[{"sku":"x"},{"sku":"y"}],"long":"` + strings.Repeat("z", 300) + `"}`),
 	}}
 	for _, c := range []struct{ by, want string }{
@@ -20,8 +20,8 @@ func TestOrderKey(t *testing.T) {
 		{"session_id", "s-1"},
 		{"metadata.tenant", "42"},
 		{"metadata.missing", ""},
-		{"header.X-Shop-Id", "shop-9"},
-		{"header.x-other", ""},
+		{"header.X-Shopify-Shop-Domain", "shop-9"},
+		{"header.x-request-id", ""},
 		{"/order/id", "o-1"},
 		{"/order/n", "7"},
 		{"/order/flag", "true"},

@@ -333,6 +333,7 @@ func TestOrderByInvalid(t *testing.T) {
 		{"metadata.", "", "order_by"},
 		{"header.", "", "order_by"},
 		{"header.x y", "", "order_by"},
+		{"header.x-shop-id", "", "order_by"}, // not kept in a webhook's metadata
 		{"order/id", "", "order_by"},
 		{"/order/~2", "", "order_by"},
 		{"/a~", "", "order_by"},
@@ -343,6 +344,14 @@ func TestOrderByInvalid(t *testing.T) {
 		_, _, err := e.d.Create(context.Background(), delivery.Subscription{Name: "bad", Source: "devices", OrderBy: c.by, OnDeadLetter: c.onDead})
 		if !errors.Is(err, delivery.ErrInvalid) || !strings.HasPrefix(err.Error(), c.want) {
 			t.Errorf("order_by %q on_dead_letter %q: %v, want ErrInvalid naming %s", c.by, c.onDead, err, c.want)
+		}
+	}
+	for _, by := range []string{"header.X-Shopify-Shop-Domain", "header.x-github-event", "header.X-Request-Id"} {
+		if _, _, err := e.d.Create(context.Background(), delivery.Subscription{Name: "ok", Source: "devices", OrderBy: by}); err != nil {
+			t.Errorf("order_by %q, a kept header: %v", by, err)
+		}
+		if err := e.d.Delete(context.Background(), "ok"); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
