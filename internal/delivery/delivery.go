@@ -833,11 +833,6 @@ func (d *Delivery) Update(ctx context.Context, name string, c Change) (Subscript
 		if err := s.validOrdering(); err != nil {
 			return old, err
 		}
-		if s.OnDeadLetter != old.OnDeadLetter {
-			if err := d.setOnDeadLetter(ctx, s); err != nil {
-				return old, err
-			}
-		}
 	}
 	now := d.now().UTC().Truncate(time.Microsecond)
 	if c.Secret != nil {
@@ -858,13 +853,19 @@ func (d *Delivery) Update(ctx context.Context, name string, c Change) (Subscript
 	if s.Target == "" && (c.Secret != nil && *c.Secret != "" || c.Endpoint != nil && !sameEndpoint(*c.Endpoint, Endpoint{})) {
 		return old, errorf(ErrInvalid, "target: required with a secret or endpoint settings")
 	}
-	if s.Target == old.Target && sameEndpoint(s.Endpoint, old.Endpoint) && slices.Equal(s.Secrets, old.Secrets) {
-		return s, nil
-	}
 	if s.Target != old.Target {
 		if err := d.sharedInbox(ctx, s); err != nil {
 			return old, err
 		}
+	}
+	// Every check passed: nothing is written for a change that is refused.
+	if s.OnDeadLetter != old.OnDeadLetter {
+		if err := d.setOnDeadLetter(ctx, s); err != nil {
+			return old, err
+		}
+	}
+	if s.Target == old.Target && sameEndpoint(s.Endpoint, old.Endpoint) && slices.Equal(s.Secrets, old.Secrets) {
+		return s, nil
 	}
 	err = d.update(ctx, func(tx conn) error {
 		args := append([]any{nullString(s.Target)}, endpointValues(s.Endpoint, s.Secrets)...)

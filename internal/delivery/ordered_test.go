@@ -433,6 +433,14 @@ func testOrderedSwitchToSkip(t *testing.T, kind storeKind) {
 		}
 	}
 	skip := delivery.OnDeadLetterSkip
+	// A change refused for another field writes nothing of it.
+	badSecret := "not a secret"
+	if _, err := e.d.Update(ctx, "orders", delivery.Change{OnDeadLetter: &skip, Secret: &badSecret}); !errors.Is(err, delivery.ErrInvalid) {
+		t.Fatalf("on_dead_letter with a bad secret: %v, want ErrInvalid", err)
+	}
+	if s, _ := e.d.Subscription(ctx, "orders"); s.OnDeadLetter != delivery.OnDeadLetterBlock {
+		t.Fatalf("on_dead_letter %q after a refused change, want block", s.OnDeadLetter)
+	}
 	if s, err := e.d.Update(ctx, "orders", delivery.Change{OnDeadLetter: &skip}); err != nil || s.OnDeadLetter != skip {
 		t.Fatalf("update: %+v, %v", s, err)
 	}
