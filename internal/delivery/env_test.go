@@ -293,3 +293,18 @@ func (e *env) checkOnce(t testing.TB, sub string, n int) {
 		t.Fatalf("%s's kept counts count %d items, want %d", sub, got, n)
 	}
 }
+
+// hookInline has the items of subscription name (created, its loop
+// running) written with their events, as serve's default subscription's
+// are (InlineHook).
+func (e *env) hookInline(t testing.TB, name string) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, "the loop to record its position", func() bool {
+		return e.count(t, `SELECT count(*) FROM positions WHERE subscription_id = ?`, name) == 1
+	})
+	fn, err := e.d.InlineHook(context.Background(), name)
+	if err != nil || fn == nil {
+		t.Fatalf("InlineHook: %v, %v", fn != nil, err)
+	}
+	e.streams.Hook("devices", fn)
+}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/postbox-events/postbox/internal/delivery"
-	"github.com/postbox-events/postbox/internal/testenv"
 	"github.com/postbox-events/postbox/stream"
 )
 
@@ -19,14 +18,7 @@ func TestInlineItems(t *testing.T) {
 	ctx := context.Background()
 	e := setup(t, sqliteStore, delivery.Config{})
 	e.create(t, delivery.Subscription{Name: "hooked", Source: "devices", Types: []string{"keep.*"}})
-	testenv.Eventually(t, 30*time.Second, "the loop to record its position", func() bool {
-		return e.count(t, `SELECT count(*) FROM positions WHERE subscription_id = 'hooked'`) == 1
-	})
-	fn, err := e.d.InlineHook(ctx, "hooked")
-	if err != nil || fn == nil {
-		t.Fatalf("InlineHook: %v, %v", fn != nil, err)
-	}
-	e.streams.Hook("devices", fn)
+	e.hookInline(t, "hooked")
 
 	// One Append is one transaction: when it returns, the items are there.
 	appendMixed := func(prefix string) {
@@ -123,14 +115,7 @@ func BenchmarkInlineItems(b *testing.B) {
 			e := open(b, sqliteStore, openOptions{sync: "NORMAL"})
 			if hooked {
 				e.create(b, delivery.Subscription{Name: "hooked", Source: "devices"})
-				testenv.Eventually(b, 30*time.Second, "the loop to record its position", func() bool {
-					return e.count(b, `SELECT count(*) FROM positions WHERE subscription_id = 'hooked'`) == 1
-				})
-				fn, err := e.d.InlineHook(ctx, "hooked")
-				if err != nil || fn == nil {
-					b.Fatalf("InlineHook: %v, %v", fn != nil, err)
-				}
-				e.streams.Hook("devices", fn)
+				e.hookInline(b, "hooked")
 			}
 			evs := make([]stream.Event, batch)
 			b.ReportAllocs()

@@ -459,14 +459,7 @@ func TestOrderedInlineItems(t *testing.T) {
 	ctx := context.Background()
 	e := setup(t, sqliteStore, delivery.Config{})
 	e.create(t, delivery.Subscription{Name: "hooked", Source: "devices", OrderBy: "/k"})
-	testenv.Eventually(t, 30*time.Second, "the loop to record its position", func() bool {
-		return e.count(t, `SELECT count(*) FROM positions WHERE subscription_id = 'hooked'`) == 1
-	})
-	fn, err := e.d.InlineHook(ctx, "hooked")
-	if err != nil || fn == nil {
-		t.Fatalf("InlineHook: %v, %v", fn != nil, err)
-	}
-	e.streams.Hook("devices", fn)
+	e.hookInline(t, "hooked")
 	e.appendKeyed(t, keyNames(3), 2)
 	items, err := e.d.List(ctx, "hooked", "", 0, 100)
 	if err != nil || len(items) != 6 {

@@ -222,17 +222,9 @@ func testScheduledPush(t *testing.T, kind storeKind) {
 // TestScheduledInline: items written with their events (InlineHook) are
 // due when their events say, as the loop's are.
 func TestScheduledInline(t *testing.T) {
-	ctx := context.Background()
 	e := setup(t, sqliteStore, delivery.Config{})
 	e.create(t, delivery.Subscription{Name: "hooked", Source: "devices"})
-	testenv.Eventually(t, 30*time.Second, "the loop to record its position", func() bool {
-		return e.count(t, `SELECT count(*) FROM positions WHERE subscription_id = 'hooked'`) == 1
-	})
-	fn, err := e.d.InlineHook(ctx, "hooked")
-	if err != nil || fn == nil {
-		t.Fatalf("InlineHook: %v, %v", fn != nil, err)
-	}
-	e.streams.Hook("devices", fn)
+	e.hookInline(t, "hooked")
 	at := e.clock.Now().Add(time.Minute)
 	e.appendAt(t, "later", at)
 	e.appendAt(t, "now", time.Time{})
