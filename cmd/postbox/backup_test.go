@@ -470,7 +470,17 @@ func TestBackupAPI(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || resp.ContentLength != int64(len(body)) || !strings.HasPrefix(string(body), "SQLite format 3\x00") {
 		t.Fatalf("GET /v1/backup with the token: %d, Content-Length %d, %d bytes starting %.16q", resp.StatusCode, resp.ContentLength, len(body), body)
 	}
-	leftovers, _ := filepath.Glob(filepath.Join(dir, ".*"+sqlitedb.PartialSuffix))
+	// The handler removes its snapshot once the answer is written: a
+	// moment after the client read the last byte.
+	var leftovers []string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		leftovers, _ = filepath.Glob(filepath.Join(dir, ".*"+sqlitedb.PartialSuffix))
+		if len(leftovers) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if len(leftovers) > 0 {
 		t.Fatalf("the server left its snapshot files: %v", leftovers)
 	}

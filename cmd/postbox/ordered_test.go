@@ -66,8 +66,9 @@ func (tg *orderTarget) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	tg.inFlight[p.K][p.Seq]++
 	fail := tg.failEvery > 0 && tg.posts%tg.failEvery == 0
+	pause := time.Duration(100+tg.posts%400) * time.Microsecond // long enough for others to come in
 	tg.mu.Unlock()
-	time.Sleep(time.Duration(100+tg.posts%400) * time.Microsecond) // long enough for others to come in
+	time.Sleep(pause)
 	tg.mu.Lock()
 	tg.inFlight[p.K][p.Seq]--
 	if !fail {
