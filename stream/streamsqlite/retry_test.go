@@ -3,6 +3,7 @@ package streamsqlite_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -18,6 +19,14 @@ import (
 // again, and its appends succeed, stored once; a failure that outlasts the
 // retries reaches the caller, and the next append after it succeeds.
 func TestWriterRetriesIOErrors(t *testing.T) {
+	if os.Getenv("POSTBOX_TEST_FUSE_RETRY") == "" {
+		// On 2026-11-29 this test hung, intermittently, in CI and by hand:
+		// the process serves the FUSE file system it writes through, and a
+		// thread blocked in the kernel on a write to it outlived the test
+		// (a defunct process, the mount left behind). Until that is found,
+		// it runs on request only.
+		t.Skip("hangs intermittently (a FUSE self-deadlock, under investigation); set POSTBOX_TEST_FUSE_RETRY=1 to run it")
+	}
 	pc := powercut.Mount(t)
 	r := start(t, filepath.Join(pc.Dir(), "postbox.db"), streamsqlite.Config{})
 	t.Cleanup(func() { r.Close() })
