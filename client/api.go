@@ -428,13 +428,13 @@ func (c *API) Items(ctx context.Context, inbox string, q ItemsQuery) (api.ItemPa
 // Item returns one item of an inbox.
 func (c *API) Item(ctx context.Context, inbox string, id int64) (api.Item, error) {
 	var out api.Item
-	return out, c.get(ctx, fmt.Sprintf("/v1/inboxes/%s/items/%d", name(inbox), id), &out)
+	return out, c.get(ctx, itemPath(inbox, id), &out)
 }
 
 // Attempts returns the attempt log of an item pushed to an endpoint.
 func (c *API) Attempts(ctx context.Context, inbox string, id int64) ([]api.Attempt, error) {
 	var out api.AttemptList
-	return out.Attempts, c.get(ctx, fmt.Sprintf("/v1/inboxes/%s/items/%d/attempts", name(inbox), id), &out)
+	return out.Attempts, c.get(ctx, itemPath(inbox, id)+"/attempts", &out)
 }
 
 // LeaseOptions shape a lease. Zero fields are the server's defaults: 10

@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"net/http"
-	"strconv"
 
 	"github.com/postbox-events/postbox/api"
 )
@@ -33,7 +32,7 @@ func (c *API) TestSubscription(ctx context.Context, subscription string) (api.Te
 // replayed), recording reason (may be "").
 func (c *API) CancelItem(ctx context.Context, inbox string, id int64, reason string) (api.Item, error) {
 	var out api.Item
-	return out, c.send(ctx, http.MethodPost, "/v1/inboxes/"+name(inbox)+"/items/"+strconv.FormatInt(id, 10)+"/cancel",
+	return out, c.send(ctx, http.MethodPost, itemPath(inbox, id)+"/cancel",
 		api.CancelItem{Reason: reason}, &out)
 }
 
@@ -41,7 +40,7 @@ func (c *API) CancelItem(ctx context.Context, inbox string, id int64, reason str
 // returns it as it was.
 func (c *API) DiscardItem(ctx context.Context, inbox string, id int64) (api.Item, error) {
 	var out api.Item
-	return out, c.send(ctx, http.MethodPost, "/v1/inboxes/"+name(inbox)+"/items/"+strconv.FormatInt(id, 10)+"/discard", nil, &out)
+	return out, c.send(ctx, http.MethodPost, itemPath(inbox, id)+"/discard", nil, &out)
 }
 
 // DiscardDeadLetters deletes every dead letter sel names, for good.

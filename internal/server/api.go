@@ -750,15 +750,11 @@ func intParam(w http.ResponseWriter, v, name string, def, lo, hi int64) (int64, 
 }
 
 func (s *Server) getItem(w http.ResponseWriter, r *http.Request) {
-	if !checkName(w, "inbox", r.PathValue("inbox")) {
+	inbox, id, ok := itemPath(w, r)
+	if !ok {
 		return
 	}
-	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil || id < 1 {
-		writeError(w, api.CodeInvalidField, "item id %q: want a positive whole number", r.PathValue("id"))
-		return
-	}
-	it, err := s.inboxes.Item(r.Context(), r.PathValue("inbox"), id)
+	it, err := s.inboxes.Item(r.Context(), inbox, id)
 	if err != nil {
 		s.writeErr(w, err)
 		return

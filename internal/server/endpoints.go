@@ -307,15 +307,11 @@ func (s *Server) enableSubscription(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listAttempts(w http.ResponseWriter, r *http.Request) {
-	if !checkName(w, "inbox", r.PathValue("inbox")) {
+	inbox, id, ok := itemPath(w, r)
+	if !ok {
 		return
 	}
-	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil || id < 1 {
-		writeError(w, api.CodeInvalidField, "item id %q: want a positive whole number", r.PathValue("id"))
-		return
-	}
-	log, err := s.inboxes.Attempts(r.Context(), r.PathValue("inbox"), id)
+	log, err := s.inboxes.Attempts(r.Context(), inbox, id)
 	if err != nil {
 		s.writeErr(w, err)
 		return

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 
 	"github.com/postbox-events/postbox/api"
 	"github.com/postbox-events/postbox/internal/delivery"
@@ -27,22 +26,8 @@ func (s *Server) routeReplies() {
 	}
 }
 
-// itemParams reads the inbox and item id of a path, or answers 400.
-func itemParams(w http.ResponseWriter, r *http.Request) (string, int64, bool) {
-	inbox := r.PathValue("inbox")
-	if !checkName(w, "inbox", inbox) {
-		return "", 0, false
-	}
-	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil || id < 1 {
-		writeError(w, api.CodeInvalidField, "item id %q: want a positive whole number", r.PathValue("id"))
-		return "", 0, false
-	}
-	return inbox, id, true
-}
-
 func (s *Server) postReply(w http.ResponseWriter, r *http.Request) {
-	inbox, id, ok := itemParams(w, r)
+	inbox, id, ok := itemPath(w, r)
 	var req api.ReplyRequest
 	if !ok || !decodeBody(w, r, &req, false) {
 		return
@@ -64,7 +49,7 @@ func (s *Server) postReply(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listReplies(w http.ResponseWriter, r *http.Request) {
-	inbox, id, ok := itemParams(w, r)
+	inbox, id, ok := itemPath(w, r)
 	if !ok {
 		return
 	}
@@ -81,7 +66,7 @@ func (s *Server) listReplies(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) retryReply(w http.ResponseWriter, r *http.Request) {
-	inbox, id, ok := itemParams(w, r)
+	inbox, id, ok := itemPath(w, r)
 	if !ok {
 		return
 	}
