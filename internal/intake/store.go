@@ -358,11 +358,19 @@ func (s *Store) CheckpointWriter(ctx context.Context, name string, created time.
 		return t.UTC().Format(sqlitedb.Time)
 	}
 	now := s.now().UTC().Format(sqlitedb.Time)
+	// On PostgreSQL the source's row is locked (FOR SHARE) until the
+	// checkpoint commits: a DeleteSource at once waits for it, and then
+	// deletes the checkpoint too; one that committed first leaves no row
+	// to find. (SQLite has one writer.)
+	lock := ``
+	if s.pg {
+		lock = ` FOR SHARE`
+	}
 	return func(tx *sql.Tx) error {
 		c := sqlitedb.Conn{Tx: tx, PostgreSQL: s.pg}
 		res, err := c.ExecContext(ctx, `INSERT INTO source_checkpoints (source_id, next_cursor, last_event_at, last_error, last_poll_at, updated_at)
 			SELECT CAST(?1 AS TEXT), CAST(?2 AS TEXT), CAST(?3 AS TEXT), CAST(?4 AS TEXT), CAST(?5 AS TEXT), CAST(?6 AS TEXT)
-			WHERE EXISTS (SELECT 1 FROM sources WHERE source_id = ?1 AND created_at = ?7)
+			WHERE EXISTS (SELECT 1 FROM sources WHERE source_id = ?1 AND created_at = ?7`+lock+`)
 			ON CONFLICT (source_id) DO UPDATE SET next_cursor = excluded.next_cursor, last_event_at = excluded.last_event_at,
 				last_error = excluded.last_error, last_poll_at = excluded.last_poll_at, updated_at = excluded.updated_at`,
 			name, cp.Cursor, text(cp.LastEventAt), cp.LastError, text(cp.LastPollAt), now, created.UTC().Format(sqlitedb.Time))
